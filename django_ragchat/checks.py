@@ -1,0 +1,127 @@
+"""System checks: misconfiguration is reported by ``manage.py check`` (and at startup), with
+a hint that says how to fix it, never by a traceback on the first request.
+
+ragchat.E001  unknown key in RAGCHAT (a typo)
+ragchat.E002  invalid profile (unknown option, unknown component, bad value)
+ragchat.E003  DEFAULT_PROFILE is not a defined profile
+ragchat.E004  a plugin could not be loaded or failed while registering components
+ragchat.E005  a hook implementation matches no hook spec (misspelt hook name)
+ragchat.E006  a dotted path in settings cannot be imported
+ragchat.E007  a setting has a value of the wrong type or range
+"""
+
+from __future__ import annotations
+
+from django.core.checks import Error, Tags, register
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from django_ragchat.conf import DEFAULTS, ragchat_settings
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs=None, **kwargs):
+    errors = []
+    for key in ragchat_settings.unknown_keys():
+        errors.append(Error(
+            f"Unknown django-ragchat setting RAGCHAT[{key!r}].",
+            hint=f"Valid keys: {', '.join(sorted(DEFAULTS))}.", id="ragchat.E001",
+        ))
+    for key in ("MAX_MESSAGE_CHARS", "STALE_STREAM_SECONDS", "SQLITE_VECTOR_BATCH_SIZE"):
+        value = getattr(ragchat_settings, key)
+        if not isinstance(value, int) or value <= 0:
+            errors.append(Error(f"RAGCHAT[{key!r}] must be a positive integer, not {value!r}.",
+                                hint="Remove it to use the default.", id="ragchat.E007"))
+    for key in ("ANONYMOUS_RETENTION_DAYS", "USER_RETENTION_DAYS"):
+        value = getattr(ragchat_settings, key)
+        if value is not None and (not isinstance(value, (int, float)) or value < 0):
+            errors.append(Error(f"RAGCHAT[{key!r}] must be a number of days or None, not {value!r}.",
+                                hint="None keeps conversations forever.", id="ragchat.E007"))
+    try:
+        import_string(ragchat_settings.CONVERSATION_PERMISSION)
+    except ImportError as exc:
+        errors.append(Error(f"RAGCHAT['CONVERSATION_PERMISSION'] cannot be imported: {exc}",
+                            hint="Give the dotted path of a callable(user, conversation) -> bool.",
+                            id="ragchat.E006"))
+    return errors
+
+
+@register(Tags.compatibility)
+def check_plugins(app_configs=None, **kwargs):
+    from django_ragchat import plugins
+
+    errors = []
+    pm = plugins.get_plugin_manager()
+    registry = plugins.get_registry()
+    for message in registry.errors:
+        errors.append(Error(message, hint="Fix or uninstall the plugin, or remove it from RAGCHAT['PLUGINS'].",
+                            id="ragchat.E004"))
+    try:
+        pm.check_pending()
+    except Exception as exc:  # pluggy.PluginValidationError
+        errors.append(Error(
+            f"A plugin implements a hook that does not exist: {exc}",
+            hint="Check the function's name against django_ragchat.hookspecs (a misspelt hook is never called).",
+            id="ragchat.E005",
+        ))
+    return errors
+
+
+@register(Tags.compatibility)
+def check_profiles(app_configs=None, **kwargs):
+    from django_ragchat import plugins
+    from django_ragchat.profiles import (
+        CHOICE_STAGES, EMPTY_CONTEXT_POLICIES, LIST_STAGES, build_profile,
+    )
+
+    errors = []
+    profiles = ragchat_settings.PROFILES
+    if not isinstance(profiles, dict) or not profiles:
+        return [Error("RAGCHAT['PROFILES'] must be a non-empty dict of profile name -> options.",
+                      hint='For example {"default": {}}.', id="ragchat.E002")]
+    if ragchat_settings.DEFAULT_PROFILE not in profiles:
+        errors.append(Error(
+            f"RAGCHAT['DEFAULT_PROFILE'] is {ragchat_settings.DEFAULT_PROFILE!r}, which is not in RAGCHAT['PROFILES'].",
+            hint=f"Use one of {sorted(profiles)} or define it.", id="ragchat.E003",
+        ))
+    registry = plugins.get_registry()
+    for name, config in profiles.items():
+        try:
+            profile = build_profile(name, config or {})
+        except (ImproperlyConfigured, TypeError) as exc:
+            errors.append(Error(str(exc), hint="See docs/profiles.md for the options.", id="ragchat.E002"))
+            continue
+        problems = []
+        for field, kind in CHOICE_STAGES.items():
+            try:
+                registry.get(kind, getattr(profile, field))
+            except ImproperlyConfigured as exc:
+                problems.append(f"{field}: {exc}")
+        for field, kind in LIST_STAGES.items():
+            names = getattr(profile, field)
+            if names is not None:
+                for component in names:
+                    try:
+                        registry.get(kind, component)
+                    except ImproperlyConfigured as exc:
+                        problems.append(f"{field}: {exc}")
+        if profile.empty_context not in EMPTY_CONTEXT_POLICIES:
+            problems.append(f"empty_context must be one of {EMPTY_CONTEXT_POLICIES}, not {profile.empty_context!r}")
+        if not 0 <= profile.history_share <= 1:
+            problems.append("history_share must be between 0 and 1")
+        if profile.top_k < 1 or profile.retrieval_k < profile.top_k:
+            problems.append("top_k must be at least 1 and retrieval_k at least top_k")
+        if profile.max_answer_tokens >= profile.context_window:
+            problems.append("max_answer_tokens must be smaller than context_window")
+        if not problems:
+            # Build the components once: options they do not accept fail here, not at the first turn.
+            from django_ragchat.pipeline import components_for
+
+            try:
+                components_for(profile)
+            except (ImproperlyConfigured, TypeError, ValueError) as exc:
+                problems.append(f"building its components failed: {exc}")
+        for problem in problems:
+            errors.append(Error(f"Profile {name!r}: {problem}",
+                                hint="See docs/profiles.md for the options.", id="ragchat.E002"))
+    return errors

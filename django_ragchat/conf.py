@@ -1,0 +1,101 @@
+"""Settings for django-ragchat, read from one ``RAGCHAT = {...}`` dict in the site's settings.
+
+Access them through ``ragchat_settings`` (the way DRF's ``api_settings`` works)::
+
+    from django_ragchat.conf import ragchat_settings
+    ragchat_settings.MAX_MESSAGE_CHARS
+
+Every key has a documented default below; unknown keys are reported by the system check
+``ragchat.E001`` rather than ignored. The object is reloaded when tests change ``RAGCHAT``
+through ``override_settings``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULTS: dict[str, Any] = {
+    # Named assistant profiles: {"name": {profile options}}; see django_ragchat.profiles.
+    # Missing options take the defaults in profiles.PROFILE_DEFAULTS.
+    "PROFILES": {"default": {}},
+    # The profile a new conversation uses when none is named.
+    "DEFAULT_PROFILE": "default",
+    # Extra plugins: dotted paths of modules (or objects) carrying @hookimpl functions.
+    "PLUGINS": [],
+    # Load plugins installed through the "django_ragchat" setuptools entry point group.
+    "LOAD_ENTRY_POINTS": True,
+    # Input limits, enforced before anything is saved.
+    "MAX_MESSAGE_CHARS": 16_000,
+    # Turns a user (or anonymous session) may start per minute; 0 disables the limit.
+    "TURNS_PER_MINUTE": 30,
+    # Answers being written at once for one user; 0 disables the limit.
+    "MAX_CONCURRENT_STREAMS": 3,
+    # Anonymous conversations (no owner) are deleted by ragchat_purge this many days after
+    # their last activity. None keeps them forever.
+    "ANONYMOUS_RETENTION_DAYS": 30,
+    # Conversations of signed-in users are kept forever unless this is set.
+    "USER_RETENTION_DAYS": None,
+    # Allow conversations without a signed-in user, bound to the session key.
+    "ALLOW_ANONYMOUS": False,
+    # A message still "streaming" after this many seconds is taken to be abandoned (its worker
+    # died) and no longer blocks a new turn in its conversation.
+    "STALE_STREAM_SECONDS": 300,
+    # Vector search on databases without pgvector: rows loaded per batch when building the
+    # in-process matrix.
+    "SQLITE_VECTOR_BATCH_SIZE": 5000,
+    # Who may see and change a conversation: dotted path of a callable(user, conversation) -> bool.
+    "CONVERSATION_PERMISSION": "django_ragchat.permissions.is_owner_or_staff",
+}
+
+
+class RagchatSettings:
+    """Attribute access to the ``RAGCHAT`` dict with defaults.
+
+    Values are cached on first access; ``reload()`` (called on ``setting_changed``) clears them.
+    """
+
+    def __init__(self, defaults: dict[str, Any] | None = None):
+        self.defaults = defaults or DEFAULTS
+        self._cached: set[str] = set()
+
+    @property
+    def user_settings(self) -> dict[str, Any]:
+        if not hasattr(self, "_user_settings"):
+            self._user_settings = getattr(settings, "RAGCHAT", {}) or {}
+        return self._user_settings
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr not in self.defaults:
+            raise AttributeError(f"Invalid django-ragchat setting: {attr!r}")
+        value = self.user_settings.get(attr, self.defaults[attr])
+        self._cached.add(attr)
+        setattr(self, attr, value)
+        return value
+
+    def unknown_keys(self) -> list[str]:
+        """Keys in the site's ``RAGCHAT`` dict that django-ragchat does not know (likely typos)."""
+        return sorted(set(self.user_settings) - set(self.defaults))
+
+    def reload(self) -> None:
+        for attr in self._cached:
+            delattr(self, attr)
+        self._cached.clear()
+        if hasattr(self, "_user_settings"):
+            delattr(self, "_user_settings")
+
+
+ragchat_settings = RagchatSettings(DEFAULTS)
+
+
+@receiver(setting_changed)
+def _reload_settings(*, setting: str, **kwargs: Any) -> None:
+    if setting == "RAGCHAT":
+        ragchat_settings.reload()
+        # Components are built from profiles and plugins; rebuild them on next use.
+        from django_ragchat import plugins
+
+        plugins.reset()

@@ -1,0 +1,74 @@
+"""The events a turn emits, shared by every transport (websocket, server-sent events, the
+API, the terminal). ``to_dict()`` gives the wire form documented in docs/protocol.md.
+
+A turn's events, in order: ``ack`` -> ``status`` ("retrieving") -> ``sources`` -> ``status``
+("generating") -> ``delta``... -> ``done``; or ``error`` at any point after ``ack``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TurnEvent:
+    type: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class Accepted(TurnEvent):
+    """The user's message is saved; the assistant message exists with status "streaming"."""
+
+    type: ClassVar[str] = "ack"
+    conversation_id: str
+    user_message_id: int
+    user_seq: int
+    assistant_message_id: int
+
+
+@dataclass(frozen=True)
+class StageChanged(TurnEvent):
+    type: ClassVar[str] = "status"
+    stage: str  # "retrieving" | "generating"
+
+
+@dataclass(frozen=True)
+class SourcesFound(TurnEvent):
+    """The documents the model will see, numbered as it will cite them; sent before the first
+    token so a client can show them while the answer streams."""
+
+    type: ClassVar[str] = "sources"
+    sources: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Delta(TurnEvent):
+    type: ClassVar[str] = "delta"
+    text: str
+    index: int  # 0-based position of this piece in the answer: clients can detect gaps
+
+
+@dataclass(frozen=True)
+class Completed(TurnEvent):
+    """The assistant message is saved: its id, content, citations and status."""
+
+    type: ClassVar[str] = "done"
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Failed(TurnEvent):
+    """The turn failed; ``message`` is safe to show. The partial answer, if any, is saved with
+    status "error" (or "incomplete" when cancelled) as ``assistant_message``."""
+
+    type: ClassVar[str] = "error"
+    code: str
+    message: str
+    assistant_message: dict[str, Any] | None = None
+    retry_after: float | None = None

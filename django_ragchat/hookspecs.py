@@ -1,0 +1,166 @@
+"""Every hook a django-ragchat plugin can implement.
+
+A plugin is a module (or object) with functions decorated by ``django_ragchat.hookimpl`` and
+named after one of the specs below. Load it in one of three ways:
+
+* install a distribution that declares it in the ``django_ragchat`` entry point group::
+
+      [project.entry-points.django_ragchat]
+      my_plugin = "my_package.ragchat_plugin"
+
+* list its dotted path in ``RAGCHAT["PLUGINS"]``;
+* or be one of the built-in modules in ``django_ragchat.plugins.DEFAULT_PLUGINS``, which use
+  exactly these hooks: there is no private path for the built-in components.
+
+Two families of hooks:
+
+**Registration hooks** (``register_*``) are called once when the plugin manager is built. They
+receive a ``register`` callable; call ``register(ComponentClass)`` for each component you
+provide. The class must subclass the base of its stage (``QueryTransformer``, ``Retriever``...
+from the stage's module) and set ``name``; ``order`` (default 100, lower runs first, ties in
+registration order) places it among the other components of that stage. A profile then selects
+components by name (``django_ragchat.profiles``). Component methods may be ``async def`` or
+plain functions, and may return a value or an awaitable.
+
+**Lifecycle hooks** (``on_*``) are called during every turn for observability (logging,
+metrics, tracing). They may return an awaitable. An exception raised in one is logged and never
+breaks the turn.
+
+A hook implementation whose name matches no spec here is reported by the system check
+``ragchat.E005`` (a misspelt hook would otherwise do nothing, silently).
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("django_ragchat")
+
+
+# --- Registration hooks, one per pipeline stage, in the order the turn runs them -------------
+
+
+@hookspec
+def register_memory_strategies(register):
+    """Register ``django_ragchat.memory.MemoryStrategy`` subclasses.
+
+    A memory strategy chooses which earlier messages of the conversation the model sees, within
+    a token budget. Built in: ``message_window``, ``token_window``.
+    """
+
+
+@hookspec
+def register_guardrails(register):
+    """Register ``django_ragchat.guardrails.Guardrail`` subclasses.
+
+    A guardrail checks the user's input before retrieval (``check_input``) and the answer before
+    it is saved (``check_output``); returning a ``Refusal`` ends the turn. Built in:
+    ``input_limits`` (empty, oversized and NUL-byte input is rejected before anything is saved
+    by the pipeline itself; this guardrail adds configurable blocked phrases).
+    """
+
+
+@hookspec
+def register_query_transformers(register):
+    """Register ``django_ragchat.transformers.QueryTransformer`` subclasses.
+
+    A transformer returns a new ``Query`` (rewritten, compressed, translated, enriched with the
+    history), ``SkipRetrieval`` or an ``EndTurn``. All enabled transformers run in order, each
+    seeing the previous one's output. Built in: ``followup`` (offline history-aware enrichment).
+    """
+
+
+@hookspec
+def register_query_expanders(register):
+    """Register ``django_ragchat.expanders.QueryExpander`` subclasses.
+
+    An expander turns one query into several (the original plus variants); every (query,
+    retriever) pair is then retrieved concurrently.
+    """
+
+
+@hookspec
+def register_retrievers(register):
+    """Register ``django_ragchat.retrievers.Retriever`` subclasses.
+
+    A retriever returns ``RetrievedChunk`` objects for a query, best first. Built in: ``vector``.
+    """
+
+
+@hookspec
+def register_joiners(register):
+    """Register ``django_ragchat.joiners.Joiner`` subclasses.
+
+    The profile's one joiner merges the result lists of all (query, retriever) pairs into one
+    list, without duplicate chunks. Built in: ``rrf`` (reciprocal rank fusion), ``concat``.
+    """
+
+
+@hookspec
+def register_document_postprocessors(register):
+    """Register ``django_ragchat.postprocessors.DocumentPostProcessor`` subclasses.
+
+    Post-processors filter, re-rank or cut the joined list, in order. Built in:
+    ``similarity_threshold``, ``top_k``.
+    """
+
+
+@hookspec
+def register_prompt_augmenters(register):
+    """Register ``django_ragchat.prompts.PromptAugmenter`` subclasses.
+
+    The profile's one prompt augmenter builds the ``Prompt`` from the system prompt, the
+    history and the documents, within the token budget, and applies the no-context policy.
+    Built in: ``context``.
+    """
+
+
+@hookspec
+def register_llm_backends(register):
+    """Register ``django_ragchat.llms.LLMBackend`` subclasses.
+
+    A backend answers a ``Prompt`` whole (``complete``) or as an async stream of ``LLMDelta``
+    (``stream``). Built in: ``extractive`` (offline, no model).
+    """
+
+
+@hookspec
+def register_embedders(register):
+    """Register ``django_ragchat.embedders.Embedder`` subclasses.
+
+    An embedder turns texts into vectors of one embedding *space* (model and dimension). Built
+    in: ``hashing`` (offline feature hashing).
+    """
+
+
+@hookspec
+def register_response_augmenters(register):
+    """Register ``django_ragchat.responses.ResponseAugmenter`` subclasses.
+
+    Response augmenters see the answer after the LLM: ``augment`` for a whole answer,
+    ``on_delta`` for each streamed piece (it must not block), ``on_complete`` when a stream
+    ends. Built in: ``citations`` (parses ``[1]``-style references into ``Citation`` objects).
+    """
+
+
+# --- Lifecycle hooks -------------------------------------------------------------------------
+
+
+@hookspec
+def on_turn_started(turn):
+    """A turn began: the user's message is saved (``turn.user_message``)."""
+
+
+@hookspec
+def on_stage_completed(turn, stage, elapsed_ms):
+    """A pipeline stage finished. ``stage`` is its name, as in the trace's ``timings``."""
+
+
+@hookspec
+def on_turn_completed(turn, message):
+    """The assistant ``message`` is saved with its sources and trace (any status but error)."""
+
+
+@hookspec
+def on_turn_failed(turn, error):
+    """The turn failed with ``error`` (an exception); the partial answer is saved as error."""

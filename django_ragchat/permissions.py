@@ -1,0 +1,85 @@
+"""Who may see and change a conversation, in one place for every transport.
+
+The API, the server-sent events view and the websocket consumer all look conversations up
+through ``get_conversation_for``, which answers an unknown id and a foreign id the same way
+(``Conversation.DoesNotExist``, a 404), so ids cannot be probed.
+
+The rule itself is swappable: ``RAGCHAT["CONVERSATION_PERMISSION"]`` names a callable
+``(user, conversation, session_key=None) -> bool``; the default is ``is_owner_or_staff``.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.utils.module_loading import import_string
+
+from django_ragchat.conf import ragchat_settings
+
+
+def is_owner_or_staff(user, conversation, session_key: str | None = None) -> bool:
+    """The owner, staff, or (for an anonymous conversation) the session that created it."""
+    if user is not None and user.is_authenticated:
+        return conversation.owner_id == user.pk or user.is_staff
+    if conversation.owner_id is None and session_key:
+        return conversation.session_key == session_key
+    return False
+
+
+def can_access(user, conversation, session_key: str | None = None) -> bool:
+    return import_string(ragchat_settings.CONVERSATION_PERMISSION)(user, conversation, session_key)
+
+
+def visible_conversations(user, session_key: str | None = None):
+    """The conversations ``user`` (or the anonymous ``session_key``) may list: their own.
+
+    Staff may *open* anyone's conversation by id, but their own list stays their own.
+    """
+    from django_ragchat.models import Conversation
+
+    if user is not None and user.is_authenticated:
+        return Conversation.objects.filter(owner=user)
+    if ragchat_settings.ALLOW_ANONYMOUS and session_key:
+        return Conversation.objects.filter(owner__isnull=True, session_key=session_key)
+    return Conversation.objects.none()
+
+
+def get_conversation_for(user, conversation_id, session_key: str | None = None):
+    """The conversation if it exists and ``user`` may access it; else ``DoesNotExist``.
+
+    An unknown id, a malformed id and another user's id are indistinguishable to the caller.
+    """
+    from django_ragchat.models import Conversation
+
+    try:
+        conversation_id = uuid.UUID(str(conversation_id))
+    except (TypeError, ValueError, AttributeError):
+        raise Conversation.DoesNotExist("No such conversation.") from None
+    if not (user is not None and user.is_authenticated) and not ragchat_settings.ALLOW_ANONYMOUS:
+        raise Conversation.DoesNotExist("No such conversation.")
+    conversation = Conversation.objects.filter(pk=conversation_id).first()
+    if conversation is None or not can_access(user, conversation, session_key):
+        raise Conversation.DoesNotExist("No such conversation.")
+    return conversation
+
+
+async def aget_conversation_for(user, conversation_id, session_key: str | None = None):
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(get_conversation_for)(user, conversation_id, session_key)
+
+
+def create_conversation(user, session_key: str | None = None, *, profile: str | None = None,
+                        title: str = "", metadata: dict | None = None):
+    """A new conversation owned by ``user``, or bound to ``session_key`` when anonymous use is
+    allowed. Raises ``PermissionError`` for an anonymous caller when it is not."""
+    from django_ragchat.models import Conversation
+    from django_ragchat.profiles import get_profile
+
+    profile_name = get_profile(profile).name  # raises UnknownProfile for a bad name
+    if user is not None and user.is_authenticated:
+        return Conversation.objects.create(owner=user, profile=profile_name, title=title, metadata=metadata or {})
+    if not ragchat_settings.ALLOW_ANONYMOUS or not session_key:
+        raise PermissionError("Sign in to chat (anonymous conversations are not enabled).")
+    return Conversation.objects.create(session_key=session_key, profile=profile_name, title=title,
+                                       metadata=metadata or {})

@@ -1,0 +1,66 @@
+"""Counting tokens for budgets, offline.
+
+tiktoken is used only when its encoding is already on this machine: tiktoken downloads
+encodings on first use, which fails without network (and would stall a request). Otherwise a
+documented estimator is used: ``ceil(characters / 4)``, floored by the word count, which is
+what OpenAI documents as the rule of thumb for English and errs high for code and non-Latin
+scripts (it is used for budgets, where erring high is the safe side).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import re
+
+logger = logging.getLogger(__name__)
+
+_WORD = re.compile(r"\S+")
+
+
+@functools.lru_cache(maxsize=1)
+def _local_tiktoken_encoding():
+    """The cl100k_base encoding if tiktoken and a local copy of it exist, else None."""
+    try:
+        import tiktoken
+        import tiktoken_ext.openai_public  # noqa: F401  (registers the encoding names)
+    except ImportError:
+        return None
+    cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+    if not cache_dir:
+        import tempfile
+
+        cache_dir = os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    # tiktoken caches the encoding file under a hash of its URL; without it, loading would
+    # download. Only load when that file is present.
+    import hashlib
+
+    url = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+    if not os.path.exists(os.path.join(cache_dir, hashlib.sha1(url.encode()).hexdigest())):
+        return None
+    try:
+        return tiktoken.get_encoding("cl100k_base")
+    except Exception:  # a corrupt cache or a changed URL scheme: fall back, don't fail the turn
+        logger.warning("tiktoken's local encoding could not be loaded; estimating tokens")
+        return None
+
+
+def estimate_tokens(text: str) -> int:
+    """The offline estimator: max(ceil(chars / 4), words)."""
+    if not text:
+        return 0
+    return max(math.ceil(len(text) / 4), len(_WORD.findall(text)))
+
+
+def count_tokens(text: str) -> int:
+    """Tokens in ``text``: tiktoken's count when available locally, else the estimate."""
+    encoding = _local_tiktoken_encoding()
+    if encoding is not None:
+        return len(encoding.encode(text, disallowed_special=()))
+    return estimate_tokens(text)
+
+
+def tokenizer_name() -> str:
+    return "tiktoken:cl100k_base" if _local_tiktoken_encoding() is not None else "estimate:chars/4"

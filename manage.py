@@ -1,0 +1,10 @@
+#!/usr/bin/env python
+"""Runs the demo site (example_project)."""
+import os
+import sys
+
+if __name__ == "__main__":
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
