@@ -8,7 +8,7 @@ from django.contrib import admin
 from django.db.models import Count
 
 from django_ragchat.models import (
-    Chunk, Conversation, Document, MemoryRecord, Message, MessageSource, TurnTrace,
+    Chunk, Conversation, Document, Feedback, MemoryRecord, Message, MessageSource, TurnTrace,
 )
 
 
@@ -129,3 +129,24 @@ class ChunkAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         return [f.name for f in self.model._meta.fields if f.name != "embedding"]
+
+
+@admin.register(Feedback)
+class FeedbackAdmin(admin.ModelAdmin):
+    """Ratings users gave answers: read-only, filterable by thumbs up or down."""
+
+    list_display = ("rating", "message", "user", "short_comment", "updated_at")
+    list_filter = ("rating",)
+    search_fields = ("comment", "user__username")
+    list_select_related = ("message", "user")
+    raw_id_fields = ("message", "user")
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.display(description="comment")
+    def short_comment(self, obj):
+        return obj.comment[:80]

@@ -234,3 +234,38 @@ def expired_conversations(now=None):
         cutoff = now - timedelta(days=ragchat_settings.USER_RETENTION_DAYS)
         condition |= Q(owner__isnull=False, updated_at__lt=cutoff)
     return Conversation.objects.filter(condition)
+
+
+class Feedback(models.Model):
+    """A user's rating of an assistant message (thumbs up or down, and an optional comment).
+
+    One per message and user; an anonymous visitor's feedback is keyed by their session instead.
+    Rating again updates the existing row.
+    """
+
+    class Rating(models.TextChoices):
+        UP = "up", _("up")
+        DOWN = "down", _("down")
+
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="feedback")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+        related_name="ragchat_feedback",
+    )
+    session_key = models.CharField(max_length=64, blank=True, default="")
+    rating = models.CharField(max_length=8, choices=Rating.choices)
+    comment = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["message", "user"], condition=Q(user__isnull=False),
+                                    name="ragchat_feedback_user_unique"),
+            models.UniqueConstraint(fields=["message", "session_key"], condition=Q(user__isnull=True),
+                                    name="ragchat_feedback_session_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.rating} on message {self.message_id}"
