@@ -37,12 +37,15 @@ def check_settings(app_configs=None, **kwargs):
         if value is not None and (not isinstance(value, (int, float)) or value < 0):
             errors.append(Error(f"RAGCHAT[{key!r}] must be a number of days or None, not {value!r}.",
                                 hint="None keeps conversations forever.", id="ragchat.E007"))
-    try:
-        import_string(ragchat_settings.CONVERSATION_PERMISSION)
-    except ImportError as exc:
-        errors.append(Error(f"RAGCHAT['CONVERSATION_PERMISSION'] cannot be imported: {exc}",
-                            hint="Give the dotted path of a callable(user, conversation) -> bool.",
-                            id="ragchat.E006"))
+    for key, signature in (("CONVERSATION_PERMISSION", "(user, conversation, session_key)"),
+                           ("CONVERSATION_CHANGE_PERMISSION", "(user, conversation, session_key)"),
+                           ("DOCUMENT_PERMISSION", "(user)")):
+        try:
+            import_string(getattr(ragchat_settings, key))
+        except ImportError as exc:
+            errors.append(Error(f"RAGCHAT[{key!r}] cannot be imported: {exc}",
+                                hint=f"Give the dotted path of a callable{signature} -> bool.",
+                                id="ragchat.E006"))
     return errors
 
 

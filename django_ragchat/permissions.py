@@ -4,8 +4,15 @@ The API, the server-sent events view and the websocket consumer all look convers
 through ``get_conversation_for``, which answers an unknown id and a foreign id the same way
 (``Conversation.DoesNotExist``, a 404), so ids cannot be probed.
 
-The rule itself is swappable: ``RAGCHAT["CONVERSATION_PERMISSION"]`` names a callable
-``(user, conversation, session_key=None) -> bool``; the default is ``is_owner_or_staff``.
+The rules themselves are swappable, each a dotted path in ``RAGCHAT``:
+
+* ``CONVERSATION_PERMISSION``: who may *read* a conversation, ``(user, conversation,
+  session_key=None) -> bool``; default ``is_owner_or_staff``.
+* ``CONVERSATION_CHANGE_PERMISSION``: who may *change* one (send messages, rename, delete),
+  same signature; default ``is_owner``, so staff read everything but write only their own.
+  It is only asked about conversations the caller may read.
+* ``DOCUMENT_PERMISSION``: who may add and delete documents, ``(user) -> bool``; default
+  ``is_staff``.
 """
 
 from __future__ import annotations
@@ -26,8 +33,33 @@ def is_owner_or_staff(user, conversation, session_key: str | None = None) -> boo
     return False
 
 
+def is_owner(user, conversation, session_key: str | None = None) -> bool:
+    """The owner, or (for an anonymous conversation) the session that created it."""
+    if user is not None and user.is_authenticated:
+        return conversation.owner_id == user.pk
+    if conversation.owner_id is None and session_key:
+        return conversation.session_key == session_key
+    return False
+
+
+def is_staff(user) -> bool:
+    return bool(user is not None and user.is_authenticated and user.is_staff)
+
+
 def can_access(user, conversation, session_key: str | None = None) -> bool:
+    """May ``user`` read ``conversation`` (``CONVERSATION_PERMISSION``)?"""
     return import_string(ragchat_settings.CONVERSATION_PERMISSION)(user, conversation, session_key)
+
+
+def can_change(user, conversation, session_key: str | None = None) -> bool:
+    """May ``user`` send messages to, rename or delete ``conversation``
+    (``CONVERSATION_CHANGE_PERMISSION``)? Ask only after ``can_access``."""
+    return import_string(ragchat_settings.CONVERSATION_CHANGE_PERMISSION)(user, conversation, session_key)
+
+
+def can_manage_documents(user) -> bool:
+    """May ``user`` add and delete documents (``DOCUMENT_PERMISSION``)?"""
+    return import_string(ragchat_settings.DOCUMENT_PERMISSION)(user)
 
 
 def visible_conversations(user, session_key: str | None = None):
