@@ -45,11 +45,25 @@ def words(text: str) -> list[str]:
 
 @lru_cache(maxsize=65536)
 def stem(word: str) -> str:
-    """A light suffix stripper: enough that "prices"/"price" and "costs"/"cost" meet."""
-    for suffix, min_len in (("ies", 5), ("sses", 6), ("es", 5), ("s", 4), ("ing", 6), ("ed", 5)):
-        if word.endswith(suffix) and len(word) >= min_len and not word.endswith("ss"):
-            base = word[: -len(suffix)]
-            return base + "y" if suffix == "ies" else base
+    """A light suffix stripper, so that price/prices/pricing/priced and battery/batteries meet.
+
+    Not a linguistic stemmer (its output is not always a word); it only has to map a word's
+    common inflections to one key, deterministically.
+    """
+    if len(word) <= 3 or not word.isalpha():
+        return word
+    if word.endswith("ies") and len(word) > 4:
+        word = word[:-3] + "y"
+    elif word.endswith(("sses", "xes", "zes", "ches", "shes")):
+        word = word[:-2]
+    elif word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        word = word[:-1]
+    for suffix in ("ing", "ed"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            word = word[: -len(suffix)]
+            break
+    if word.endswith("e") and len(word) > 3:
+        word = word[:-1]
     return word
 
 

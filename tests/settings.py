@@ -2,6 +2,7 @@
 is SQLite."""
 
 import os
+import tempfile
 
 import dj_database_url
 
@@ -45,7 +46,14 @@ DATABASES = {
     "default": dj_database_url.config(default="sqlite:///:memory:")
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    DATABASES["default"]["TEST"] = {"NAME": os.environ.get("RAGCHAT_TEST_SQLITE", "")} if os.environ.get("RAGCHAT_TEST_SQLITE") else {}
+    # A file, not :memory:, so concurrent-write tests and server processes started by tests
+    # (which read RAGCHAT_TEST_SQLITE) share one database with real locking. One file per
+    # pytest process, so parallel runs don't collide.
+    DATABASES["default"]["TEST"] = {
+        "NAME": os.environ.setdefault(
+            "RAGCHAT_TEST_SQLITE", os.path.join(tempfile.gettempdir(), f"ragchat-tests-{os.getpid()}.sqlite3")
+        )
+    }
     DATABASES["default"].setdefault("OPTIONS", {}).update({"timeout": 20})
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 ASGI_APPLICATION = "tests.asgi.application"

@@ -1,0 +1,106 @@
+"""Shared fixtures: a small product corpus, users, conversations, and a clean plugin state."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.test import override_settings
+
+from django_ragchat import plugins
+from django_ragchat.vectorindex import vector_index
+
+# The loopback OpenAI-compatible server fixtures (openai_server, openai_server_session).
+pytest_plugins = ["django_ragchat.testing.pytest_plugin"]
+
+PRODUCT_DOCS = {
+    "products/aurora-x2.md": """# Aurora X2
+
+## Overview
+The Aurora X2 is a 6.1-inch phone with a titanium frame, a 48 MP camera and a battery that lasts two days.
+
+## Pricing
+The Aurora X2 costs $699 with 128 GB of storage. The 256 GB model costs $799.
+""",
+    "products/nimbus-tab.md": """# Nimbus Tab
+
+## Overview
+The Nimbus Tab is an 11-inch tablet for drawing and reading, with a matte screen.
+
+## Pricing
+How much does it cost? The Nimbus Tab costs $449; the bundle with the stylus costs $529.
+""",
+    "products/zephyr-buds.md": """# Zephyr Buds
+
+## Overview
+Zephyr Buds are wireless earbuds with noise cancelling and eight hours of playback.
+
+## Warranty
+Zephyr Buds come with a two-year warranty that covers battery failure.
+""",
+}
+
+
+def pytest_configure(config):
+    # Tests never load whatever plugins happen to be installed (tests/settings.py), except the
+    # entry-point test, which turns them on for itself.
+    os.environ.setdefault("RAGCHAT_TESTING", "1")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plugin_state():
+    """Every test starts with plugins and component instances built from its own settings."""
+    plugins.reset()
+    vector_index.clear()
+    yield
+    plugins.reset()
+    vector_index.clear()
+
+
+@pytest.fixture
+def ragchat_settings_override():
+    """``ragchat_settings_override(**RAGCHAT)``: run the test with these RAGCHAT settings."""
+    overrides = []
+
+    def apply(**values):
+        from django.conf import settings
+
+        merged = {**getattr(settings, "RAGCHAT", {}), **values}
+        override = override_settings(RAGCHAT=merged)
+        override.enable()
+        overrides.append(override)
+        return merged
+
+    yield apply
+    for override in reversed(overrides):
+        override.disable()
+
+
+@pytest.fixture
+def product_corpus(db):
+    """The three product documents, ingested with the default profile's embedder."""
+    from django_ragchat.ingestion.pipeline import ingest_text
+
+    return [ingest_text(source, text, content_type="markdown") for source, text in PRODUCT_DOCS.items()]
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user("alice", password="pw")
+
+
+@pytest.fixture
+def other_user(django_user_model):
+    return django_user_model.objects.create_user("bob", password="pw")
+
+
+@pytest.fixture
+def staff_user(django_user_model):
+    return django_user_model.objects.create_user("staff", password="pw", is_staff=True)
+
+
+@pytest.fixture
+def conversation(user):
+    from django_ragchat.models import Conversation
+
+    return Conversation.objects.create(owner=user)

@@ -1,0 +1,139 @@
+"""The app's Django integration: settings, system checks, migrations, retention, admin."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from django_ragchat import checks
+from django_ragchat.conf import ragchat_settings
+from django_ragchat.models import Conversation, MemoryRecord, Message, expired_conversations
+
+
+def ids(errors):
+    return [e.id for e in errors]
+
+
+def test_settings_have_documented_defaults_and_reload(ragchat_settings_override):
+    assert ragchat_settings.MAX_MESSAGE_CHARS == 16_000
+    ragchat_settings_override(MAX_MESSAGE_CHARS=10)
+    assert ragchat_settings.MAX_MESSAGE_CHARS == 10
+    with pytest.raises(AttributeError):
+        ragchat_settings.NOT_A_SETTING  # noqa: B018
+
+
+def test_default_configuration_passes_every_check():
+    assert checks.check_settings() + checks.check_plugins() + checks.check_profiles() == []
+
+
+def test_unknown_setting_key_is_reported(ragchat_settings_override):
+    ragchat_settings_override(MAX_MESAGE_CHARS=10)
+    errors = checks.check_settings()
+    assert ids(errors) == ["ragchat.E001"]
+    assert "MAX_MESAGE_CHARS" in errors[0].msg and "MAX_MESSAGE_CHARS" in errors[0].hint
+
+
+@pytest.mark.parametrize("profiles, fragment", [
+    ({"default": {"sistem_prompt": "x"}}, "unknown option(s) ['sistem_prompt']"),
+    ({"default": {"llm": "gpt-9"}}, "No llm named 'gpt-9'"),
+    ({"default": {"retrievers": ["vector", "bm99"]}}, "No retriever named 'bm99'"),
+    ({"default": {"empty_context": "maybe"}}, "empty_context must be one of"),
+    ({"default": {"top_k": 20, "retrieval_k": 5}}, "retrieval_k at least top_k"),
+])
+def test_bad_profiles_are_system_check_errors(ragchat_settings_override, profiles, fragment):
+    ragchat_settings_override(PROFILES=profiles)
+    errors = checks.check_profiles()
+    assert ids(errors) == ["ragchat.E002"]
+    assert fragment in errors[0].msg
+    assert errors[0].hint
+
+
+def test_missing_default_profile_is_reported(ragchat_settings_override):
+    ragchat_settings_override(PROFILES={"support": {}})
+    assert ids(checks.check_profiles()) == ["ragchat.E003"]
+
+
+def test_wrongly_typed_settings_are_reported(ragchat_settings_override):
+    ragchat_settings_override(MAX_MESSAGE_CHARS="big", ANONYMOUS_RETENTION_DAYS=-1,
+                              CONVERSATION_PERMISSION="nowhere.callable")
+    assert sorted(ids(checks.check_settings())) == ["ragchat.E006", "ragchat.E007", "ragchat.E007"]
+
+
+def test_manage_py_check_reports_instead_of_raising(ragchat_settings_override):
+    ragchat_settings_override(PROFILES={"default": {"llm": "nope"}})
+    from django.core.management.base import SystemCheckError
+
+    with pytest.raises(SystemCheckError, match="ragchat.E002"):
+        call_command("check")
+
+
+@pytest.mark.django_db
+def test_models_and_migrations_agree():
+    out = StringIO()
+    call_command("makemigrations", "django_ragchat", "--check", "--dry-run", stdout=out)
+    assert "No changes detected" in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_retention_expires_old_anonymous_conversations_only(user):
+    old = timezone.now() - timedelta(days=40)
+    anon_old = Conversation.objects.create(session_key="s1")
+    anon_new = Conversation.objects.create(session_key="s2")
+    user_old = Conversation.objects.create(owner=user)
+    Conversation.objects.filter(pk__in=[anon_old.pk, user_old.pk]).update(updated_at=old)
+    assert list(expired_conversations()) == [anon_old]
+    assert anon_new not in expired_conversations()
+
+
+@pytest.mark.django_db
+def test_memory_records_need_a_scope(user):
+    from django.db import IntegrityError
+
+    MemoryRecord.objects.create(user=user, kind="fact", content="Prefers metric units")
+    with pytest.raises(IntegrityError):
+        MemoryRecord.objects.create(kind="fact", content="belongs to nobody")
+
+
+@pytest.mark.django_db
+def test_message_sequence_is_unique_per_conversation(user):
+    from django.db import IntegrityError, transaction
+
+    conversation = Conversation.objects.create(owner=user)
+    Message.objects.create(conversation=conversation, seq=1, role="user", content="a")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Message.objects.create(conversation=conversation, seq=1, role="user", content="b")
+
+
+@pytest.mark.django_db
+def test_admin_pages_render_for_staff(client, staff_user, user):
+    staff_user.is_superuser = True
+    staff_user.save()
+    conversation = Conversation.objects.create(owner=user, title="Hello")
+    Message.objects.create(conversation=conversation, seq=1, role="user", content="<b>hi</b>")
+    MemoryRecord.objects.create(conversation=conversation, kind="summary", content="They said hi.")
+    client.force_login(staff_user)
+    for url in ("/admin/django_ragchat/conversation/", f"/admin/django_ragchat/conversation/{conversation.pk}/change/",
+                "/admin/django_ragchat/message/", "/admin/django_ragchat/memoryrecord/",
+                "/admin/django_ragchat/document/", "/admin/django_ragchat/chunk/", "/admin/django_ragchat/turntrace/"):
+        response = client.get(url)
+        assert response.status_code == 200, url
+    # Staff can correct long-term memory.
+    record = MemoryRecord.objects.get()
+    response = client.post(f"/admin/django_ragchat/memoryrecord/{record.pk}/change/", {
+        "kind": "summary", "content": "They greeted us.", "conversation": conversation.pk, "user": "",
+        "covers_until_seq": "", "metadata": "{}",
+    })
+    assert response.status_code == 302
+    record.refresh_from_db()
+    assert record.content == "They greeted us."
+
+
+@pytest.mark.django_db
+def test_admin_is_closed_to_non_staff(client, user):
+    client.force_login(user)
+    response = client.get("/admin/django_ragchat/conversation/")
+    assert response.status_code == 302 and "/login/" in response["Location"]

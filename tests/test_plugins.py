@@ -1,0 +1,178 @@
+"""The plugin system: loading from settings and entry points, order, checks, lifecycle hooks."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+from django_ragchat import checks, plugins
+from django_ragchat.models import Conversation
+from django_ragchat.pipeline import components_for, run_turn_sync
+from django_ragchat.profiles import get_profile
+from django_ragchat.transformers import QueryTransformer
+
+PLUGIN_DIST = Path(__file__).parent / "plugin_dist"
+
+
+@pytest.fixture(scope="session")
+def installed_plugin_dist(tmp_path_factory):
+    """The test distribution, really installed by pip into a private folder on sys.path.
+
+    pip builds it offline (no build isolation) and writes its .dist-info with the entry point,
+    which importlib.metadata then finds exactly as for any installed distribution.
+    """
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(target), str(PLUGIN_DIST)],
+        check=True, capture_output=True,
+    )
+    sys.path.insert(0, str(target))
+    importlib.invalidate_caches()
+    yield target
+    sys.path.remove(str(target))
+    sys.modules.pop("ragchat_example_plugin", None)
+
+
+def test_builtin_components_register_through_the_public_hooks():
+    registry = plugins.get_registry()
+    assert registry.errors == []
+    by_kind = {(r.kind, r.name): r.plugin for r in registry.all()}
+    assert by_kind[("retriever", "vector")] == "django_ragchat.retrievers"
+    assert by_kind[("llm", "extractive")] == "django_ragchat.llms"
+    assert by_kind[("query_transformer", "followup")] == "django_ragchat.transformers"
+    # Every built-in module is an ordinary pluggy plugin.
+    names = {name for name, _ in plugins.get_plugin_manager().list_name_plugin()}
+    assert set(plugins.DEFAULT_PLUGINS) <= names
+
+
+@pytest.mark.django_db
+def test_entry_point_and_settings_plugins_take_part_in_a_turn_in_documented_order(
+    installed_plugin_dist, ragchat_settings_override, product_corpus, user
+):
+    ragchat_settings_override(LOAD_ENTRY_POINTS=True, PLUGINS=["tests.settings_plugin"])
+    import ragchat_example_plugin
+
+    registrations = plugins.get_registry().ordered("query_transformer")
+    assert [(r.name, r.plugin) for r in registrations] == [
+        ("entrypoint_early", "example"),                      # order 10
+        ("followup", "django_ragchat.transformers"),          # order 50
+        ("settings_marker", "tests.settings_plugin"),         # order 100, loaded before entry points
+        ("entrypoint_late", "example"),                       # order 100, loaded last
+    ]
+    conversation = Conversation.objects.create(owner=user)
+    result = run_turn_sync(conversation, "What does the Aurora X2 cost?")
+    assert [step["by"] for step in result.trace["queries"]["transformed"]] == [
+        "entrypoint_early", "followup", "settings_marker", "entrypoint_late",
+    ]
+    assert result.trace["queries"]["transformed"][-1]["note"] == "entry point, order 100"
+    assert result.message["id"] in ragchat_example_plugin.COMPLETED_TURNS
+
+    listing = {p["name"]: p for p in plugins.plugin_listing()}
+    assert listing["example"]["version"] == "1.2.3"
+    assert "register_query_transformers" in listing["example"]["hooks"]
+    assert listing["tests.settings_plugin"]["builtin"] is False
+
+
+@pytest.mark.django_db
+def test_ragchat_plugins_command_lists_plugins_in_call_order(installed_plugin_dist, ragchat_settings_override, capsys):
+    ragchat_settings_override(LOAD_ENTRY_POINTS=True, PLUGINS=["tests.settings_plugin"])
+    call_command("ragchat_plugins")
+    out = capsys.readouterr().out
+    assert "example" in out and "tests.settings_plugin" in out
+    assert out.index("entrypoint_early") < out.index("followup") < out.index("settings_marker") < out.index("entrypoint_late")
+
+
+def test_entry_points_are_not_loaded_when_disabled(installed_plugin_dist):
+    names = {name for name, _ in plugins.get_plugin_manager().list_name_plugin()}
+    assert "example" not in names
+
+
+def test_misspelt_hook_is_a_system_check_error(ragchat_settings_override):
+    ragchat_settings_override(PLUGINS=["tests.broken_plugins.misspelt"])
+    errors = checks.check_plugins()
+    assert [e.id for e in errors] == ["ragchat.E005"]
+    assert "register_retreivers" in errors[0].msg
+
+
+def test_registering_a_non_component_names_the_plugin(ragchat_settings_override):
+    ragchat_settings_override(PLUGINS=["tests.broken_plugins.not_a_component"])
+    errors = checks.check_plugins()
+    assert [e.id for e in errors] == ["ragchat.E004"]
+    assert "tests.broken_plugins.not_a_component" in errors[0].msg
+
+
+def test_unimportable_plugin_is_reported_not_raised(ragchat_settings_override):
+    ragchat_settings_override(PLUGINS=["no_such_module_anywhere"])
+    errors = checks.check_plugins()
+    assert [e.id for e in errors] == ["ragchat.E004"]
+    assert "no_such_module_anywhere" in errors[0].msg
+
+
+def test_duplicate_component_names_are_reported():
+    registry = plugins.ComponentRegistry()
+
+    class One(QueryTransformer):
+        name = "same"
+
+    registry.add("query_transformer", One, "first")
+    registry.add("query_transformer", One, "second")
+    assert registry.errors == [
+        "Plugin 'second' registered a query_transformer named 'same', which plugin 'first' already registered."
+    ]
+
+
+def test_ties_are_broken_by_registration_order():
+    registry = plugins.ComponentRegistry()
+
+    def make(name, order):
+        return type(name, (QueryTransformer,), {"name": name, "order": order})
+
+    for name, order in [("c", 5), ("a", 5), ("b", 1)]:
+        registry.add("query_transformer", make(name, order), "p")
+    assert [r.name for r in registry.ordered("query_transformer")] == ["b", "c", "a"]
+
+
+async def test_await_me_maybe_resolves_values_awaitables_and_callables():
+    async def coro():
+        return 2
+
+    assert await plugins.await_me_maybe(1) == 1
+    assert await plugins.await_me_maybe(coro()) == 2
+    assert await plugins.await_me_maybe(coro) == 2
+    assert await plugins.await_me_maybe(lambda: 3) == 3
+
+
+class _Boom:
+    @staticmethod
+    @plugins.hookimpl
+    def on_stage_completed(turn, stage, elapsed_ms):
+        raise RuntimeError("observer bug")
+
+
+@pytest.mark.django_db
+def test_a_failing_lifecycle_observer_never_breaks_the_turn(product_corpus, user, caplog):
+    plugins.get_plugin_manager().register(_Boom(), name="boom")
+    conversation = Conversation.objects.create(owner=user)
+    result = run_turn_sync(conversation, "What does the Aurora X2 cost?")
+    assert result.status == "complete"
+    assert "Plugin 'boom' failed in on_stage_completed" in caplog.text
+
+
+def test_component_options_come_from_the_profile(ragchat_settings_override):
+    ragchat_settings_override(PROFILES={"default": {"options": {"followup": {"max_terms": 2}}}})
+    transformer = components_for(get_profile()).query_transformers[0]
+    assert transformer.max_terms == 2
+
+
+def test_unknown_component_option_is_a_profile_check_error(ragchat_settings_override):
+    ragchat_settings_override(PROFILES={"default": {"options": {"top_k": {"k": 3}}}})
+    errors = checks.check_profiles()
+    assert [e.id for e in errors] == ["ragchat.E002"]
+    assert "takes no options" in errors[0].msg
+
