@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,12 @@ def installed_plugin_dist(tmp_path_factory):
     which importlib.metadata then finds exactly as for any installed distribution.
     """
     target = tmp_path_factory.mktemp("site")
+    # Build from a copy: setuptools writes build/ and .egg-info/ next to the sources.
+    source = tmp_path_factory.mktemp("dist") / "plugin_dist"
+    shutil.copytree(PLUGIN_DIST, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(target), str(PLUGIN_DIST)],
+         "--no-index", "--target", str(target), str(source)],
         check=True, capture_output=True,
     )
     sys.path.insert(0, str(target))
