@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 __all__ = [
+    "CONTENT_TYPES",
     "SUPPORTED_SUFFIXES",
     "DocumentLoadError",
     "LoadedDocument",
@@ -32,7 +33,11 @@ __all__ = [
     "content_type_for",
     "iter_document_paths",
     "load_document",
+    "load_text",
 ]
+
+#: The ``content_type`` values, for callers that parse text without a file.
+CONTENT_TYPES: tuple[str, ...] = ("markdown", "rst", "html", "text")
 
 #: File suffixes (lower case) that :func:`load_document` understands, mapped
 #: to the ``content_type`` recorded on the loaded document.
@@ -129,8 +134,33 @@ def load_document(path: Path) -> LoadedDocument:
 
     raw = _read_bytes(path)
     text = _decode(path, raw)
-    text = _normalize_newlines(text)
+    return _parse(path, str(path), text, content_type, hashlib.sha256(raw).hexdigest())
 
+
+def load_text(text: str, content_type: str, source: str = "<text>") -> LoadedDocument:
+    """Parse ``text`` that does not come from a file (an upload, a form field).
+
+    ``content_type`` is one of :data:`CONTENT_TYPES`; ``source`` becomes the
+    document's ``source`` (and names it in errors). ``checksum`` is the
+    SHA-256 of the UTF-8 encoded text. Raises :class:`DocumentLoadError` for
+    an unknown ``content_type``, text containing NUL characters (binary) or
+    lone surrogates (not encodable as UTF-8), or unparsable text.
+    """
+    if content_type not in CONTENT_TYPES:
+        raise DocumentLoadError(
+            source, f"unsupported content type {content_type!r} (expected one of {', '.join(CONTENT_TYPES)})"
+        )
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DocumentLoadError(source, f"not valid Unicode text (lone surrogate at offset {exc.start})") from exc
+    if "\x00" in text:
+        raise DocumentLoadError(source, "binary content (contains NUL characters)")
+    return _parse(Path(source), source, text.removeprefix("\ufeff"), content_type, hashlib.sha256(raw).hexdigest())
+
+
+def _parse(path: Path, source: str, text: str, content_type: str, checksum: str) -> LoadedDocument:
+    text = _normalize_newlines(text)
     if content_type == "markdown":
         title, sections = _parse_markdown(text)
     elif content_type == "rst":
@@ -141,10 +171,10 @@ def load_document(path: Path) -> LoadedDocument:
         title, sections = _parse_text(text)
 
     return LoadedDocument(
-        source=str(path),
+        source=source,
         title=title or _first_line_title(text) or path.stem,
         sections=tuple(sections),
-        checksum=hashlib.sha256(raw).hexdigest(),
+        checksum=checksum,
         content_type=content_type,
     )
 

@@ -1,0 +1,594 @@
+"""Ingestion into the database: files or text become ``Document`` and embedded ``Chunk`` rows.
+
+``loaders`` and ``chunking`` (pure Python) parse and split; this module embeds and stores:
+
+* ``ingest_paths(paths)`` expands files and folders, loads, chunks, embeds with the profile's
+  embedder and stores. Texts are embedded in batches of ``batch_size`` *across* documents (ten
+  small files make one embedding call, not ten) and rows are written with ``bulk_create``.
+* ``ingest_text(source, text)`` does the same for text that does not come from a file.
+* ``reembed(embedder)`` embeds the chunks already stored into another embedder's space
+  (``ragchat_reembed`` uses it when a site changes embedding model).
+
+Idempotency: a document is *unchanged*, and skipped without being parsed, when its checksum
+and metadata equal the stored ones and it has chunks in the embedder's space. Otherwise its
+chunks are replaced in one transaction per document, so a failure (unreadable file, embedder
+down, database error) never loses what was stored before: the old chunks stay until the new
+ones are committed.
+
+Every chunk of a document describes its current text: when a document's content (or metadata)
+changed, its chunks in *other* embedding spaces are deleted too, since they describe the old
+text. Ingest again with the other profile, or run ``reembed``, to fill those spaces again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from django.db import DatabaseError, transaction
+from django.db.models import Count, Q
+
+from django_ragchat.ingestion.chunking import TextChunk, chunk_document
+from django_ragchat.ingestion.loaders import (
+    DocumentLoadError, LoadedDocument, iter_document_paths, load_document, load_text,
+)
+from django_ragchat.models import Chunk, Document
+from django_ragchat.tokens import count_tokens
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CREATED", "FAILED", "STATUSES", "UNCHANGED", "UPDATED", "IngestReport", "IngestResult",
+           "ingest_paths", "ingest_text", "reembed"]
+
+CREATED = "created"
+UPDATED = "updated"
+UNCHANGED = "unchanged"
+FAILED = "failed"
+STATUSES = (CREATED, UPDATED, UNCHANGED, FAILED)
+
+#: Rows per INSERT statement when storing chunks.
+STORE_BATCH_SIZE = 500
+#: Documents looked up per query (keeps ``IN (...)`` lists well under SQLite's variable limit).
+LOOKUP_BATCH_SIZE = 500
+
+_SOURCE_MAX = Document._meta.get_field("source").max_length
+_TITLE_MAX = Document._meta.get_field("title").max_length
+_HEADING_MAX = Chunk._meta.get_field("heading").max_length
+
+#: ``progress(done, total, source)``: called each time one document's outcome is final.
+ProgressCallback = Callable[[int, int, str], None]
+
+
+@dataclass
+class IngestResult:
+    """What happened to one document.
+
+    ``status`` is one of ``created``, ``updated``, ``unchanged`` or ``failed`` (then ``reason``
+    says why). ``chunks`` is the number of chunks the document has in the embedding space after
+    the run (0 when it failed). ``path`` is the file as found ("" for text and re-embedding).
+    """
+
+    source: str
+    status: str = ""
+    chunks: int = 0
+    reason: str = ""
+    document_id: int | None = None
+    path: str = ""
+    # The exception behind a failure, for callers that re-raise it (ingest_text does).
+    error: BaseException | None = field(default=None, repr=False, compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "path": self.path, "status": self.status, "chunks": self.chunks,
+                "reason": self.reason, "document_id": self.document_id}
+
+
+@dataclass
+class IngestReport:
+    """The outcome of ``ingest_paths`` or ``reembed``: one ``IngestResult`` per document (in
+    input order), and where the time went.
+
+    ``load_seconds`` is reading, parsing and chunking; ``embed_seconds`` the embedder's calls
+    (``embed_calls`` of them, ``embedded_texts`` texts in all); ``store_seconds`` the database
+    writes. ``elapsed`` is the wall time of the whole run.
+    """
+
+    space: str
+    results: list[IngestResult] = field(default_factory=list)
+    elapsed: float = 0.0
+    load_seconds: float = 0.0
+    embed_seconds: float = 0.0
+    store_seconds: float = 0.0
+    embed_calls: int = 0
+    embedded_texts: int = 0
+
+    def count(self, status: str) -> int:
+        return sum(1 for r in self.results if r.status == status)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Documents per status, every status present."""
+        return {status: self.count(status) for status in STATUSES}
+
+    @property
+    def failed(self) -> list[IngestResult]:
+        return [r for r in self.results if r.status == FAILED]
+
+    @property
+    def chunks_written(self) -> int:
+        """Chunks inserted by this run (those of created and updated documents)."""
+        return sum(r.chunks for r in self.results if r.status in (CREATED, UPDATED))
+
+    def summary(self) -> str:
+        """One line: counts, chunks written, the space, and where the time went."""
+        counts = ", ".join(f"{n} {status}" for status, n in self.counts.items())
+        return (
+            f"{len(self.results)} document(s): {counts}; {self.chunks_written} chunk(s) written "
+            f"in space {self.space} in {self.elapsed:.2f}s (load {self.load_seconds:.2f}s, "
+            f"embed {self.embed_seconds:.2f}s in {self.embed_calls} call(s), "
+            f"store {self.store_seconds:.2f}s)"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "space": self.space, "counts": self.counts, "chunks_written": self.chunks_written,
+            "elapsed": self.elapsed, "load_seconds": self.load_seconds,
+            "embed_seconds": self.embed_seconds, "store_seconds": self.store_seconds,
+            "embed_calls": self.embed_calls, "embedded_texts": self.embedded_texts,
+            "results": [r.as_dict() for r in self.results],
+        }
+
+
+# --- Embedding in batches across documents ----------------------------------------------------
+
+
+class _Job:
+    """One document's texts waiting for vectors."""
+
+    __slots__ = ("payload", "texts", "vectors", "missing", "error", "done")
+
+    def __init__(self, payload: Any, texts: list[str]):
+        self.payload = payload
+        self.texts = texts
+        self.vectors: np.ndarray | None = None
+        self.missing = len(texts)
+        self.error: BaseException | None = None
+        self.done = False
+
+
+class _EmbeddingBatcher:
+    """Embeds the texts of many documents, ``batch_size`` texts per embedder call whatever the
+    document boundaries, and hands each document back once all its vectors are in (or once one
+    of its batches failed: the rest of its texts are then not embedded)."""
+
+    def __init__(self, embedder, batch_size: int, report: IngestReport):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        self.embedder = embedder
+        self.batch_size = batch_size
+        self.report = report
+        self.queue: deque[tuple[_Job, int]] = deque()
+
+    def add(self, payload: Any, texts: list[str]) -> list[_Job]:
+        """Queue a document's texts; return the documents finished by the batches this filled."""
+        job = _Job(payload, texts)
+        if not texts:
+            job.done = True
+            return [job]
+        self.queue.extend((job, i) for i in range(len(texts)))
+        finished = []
+        while len(self.queue) >= self.batch_size:
+            finished += self._run_batch()
+        return finished
+
+    def finish(self) -> list[_Job]:
+        """Embed whatever is queued; return the documents that finished."""
+        finished = []
+        while self.queue:
+            finished += self._run_batch()
+        return finished
+
+    def _run_batch(self) -> list[_Job]:
+        batch = [self.queue.popleft() for _ in range(min(self.batch_size, len(self.queue)))]
+        batch = [(job, i) for job, i in batch if job.error is None]  # a failed document's rest is dropped
+        if not batch:
+            return []
+        jobs = list(dict.fromkeys(job for job, _ in batch))
+        started = time.perf_counter()
+        try:
+            vectors = np.asarray(self.embedder.embed([job.texts[i] for job, i in batch]), dtype=np.float32)
+            if vectors.ndim != 2 or vectors.shape[0] != len(batch):
+                raise ValueError(f"the embedder returned an array of shape {vectors.shape} "
+                                 f"for {len(batch)} texts")
+        except Exception as exc:  # a model server down or a broken plugin: these documents fail, others go on
+            logger.warning("Embedding %d text(s) in space %s failed", len(batch), self.report.space,
+                           exc_info=True)
+            for job in jobs:
+                job.error = exc
+        else:
+            for (job, i), vector in zip(batch, vectors):
+                if job.vectors is None:
+                    job.vectors = np.empty((len(job.texts), vectors.shape[1]), dtype=np.float32)
+                job.vectors[i] = vector
+                job.missing -= 1
+        finally:
+            self.report.embed_seconds += time.perf_counter() - started
+            self.report.embed_calls += 1
+            self.report.embedded_texts += len(batch)
+        finished = []
+        for job in jobs:
+            if not job.done and (job.error is not None or job.missing == 0):
+                job.done = True
+                finished.append(job)
+        return finished
+
+
+def _embedding_failure(exc: BaseException) -> str:
+    return f"embedding failed: {exc}"
+
+
+# --- Ingesting documents --------------------------------------------------------------------
+
+
+@dataclass
+class _Existing:
+    """What is stored for a source, as far as deciding "unchanged" needs."""
+
+    id: int
+    title: str
+    checksum: str
+    metadata: dict
+    chunks_in_space: int
+    chunks_total: int
+
+
+def _existing_documents(sources: list[str], space: str) -> dict[str, _Existing]:
+    found: dict[str, _Existing] = {}
+    for start in range(0, len(sources), LOOKUP_BATCH_SIZE):
+        rows = (
+            Document.objects.filter(source__in=sources[start:start + LOOKUP_BATCH_SIZE])
+            .annotate(in_space=Count("chunks", filter=Q(chunks__space=space)), total=Count("chunks"))
+            .values_list("source", "id", "title", "checksum", "metadata", "in_space", "total")
+        )
+        for source, *rest in rows:
+            found[source] = _Existing(*rest)
+    return found
+
+
+def _is_unchanged(existing: _Existing | None, checksum: str | None, metadata: dict) -> bool:
+    # A document with no chunks at all (an empty file) is complete in every space.
+    return (existing is not None and checksum == existing.checksum and existing.metadata == metadata
+            and (existing.chunks_in_space > 0 or existing.chunks_total == 0))
+
+
+class _Ingestion:
+    """One run: loaded documents in, stored documents out, with the report kept up to date."""
+
+    def __init__(self, embedder, *, metadata: dict, batch_size: int, progress: ProgressCallback | None,
+                 total: int, report: IngestReport):
+        self.space = embedder.space
+        self.metadata = metadata
+        self.report = report
+        self.batcher = _EmbeddingBatcher(embedder, batch_size, report)
+        self.progress = progress
+        self.total = total
+        self.done = 0
+
+    def finalize(self, result: IngestResult) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total, result.source)
+
+    def fail(self, result: IngestResult, reason: str, error: BaseException | None = None) -> None:
+        result.status, result.reason, result.error, result.chunks = FAILED, reason, error, 0
+        self.finalize(result)
+
+    def submit(self, result: IngestResult, loaded: LoadedDocument, title: str = "") -> None:
+        """Chunk ``loaded`` and queue its texts; documents whose vectors are complete get stored."""
+        started = time.perf_counter()
+        chunks = chunk_document(loaded)
+        self.report.load_seconds += time.perf_counter() - started
+        self.store_finished(self.batcher.add((result, loaded, chunks, title), [c.text for c in chunks]))
+
+    def finish(self) -> None:
+        self.store_finished(self.batcher.finish())
+
+    def store_finished(self, jobs: list[_Job]) -> None:
+        for job in jobs:
+            result, loaded, chunks, title = job.payload
+            if job.error is not None:
+                self.fail(result, _embedding_failure(job.error), job.error)
+                continue
+            started = time.perf_counter()
+            try:
+                self.store(result, loaded, chunks, job.vectors, title)
+            except DatabaseError as exc:
+                logger.warning("Storing %s failed", result.source, exc_info=True)
+                self.fail(result, f"database error: {exc}", exc)
+            else:
+                self.finalize(result)
+            finally:
+                self.report.store_seconds += time.perf_counter() - started
+
+    def store(self, result: IngestResult, loaded: LoadedDocument, chunks: list[TextChunk],
+              vectors: np.ndarray | None, title: str) -> None:
+        """Replace the document's chunks in one transaction (see the module docstring)."""
+        fields = {"title": (title or loaded.title)[:_TITLE_MAX], "checksum": loaded.checksum,
+                  "content_type": loaded.content_type, "metadata": self.metadata}
+        with transaction.atomic():
+            document = Document.objects.select_for_update().filter(source=result.source).first()
+            if document is None:
+                document = Document.objects.create(source=result.source, **fields)
+                result.status = CREATED
+            else:
+                stale = Chunk.objects.filter(document=document)
+                if document.checksum == loaded.checksum and document.metadata == self.metadata:
+                    stale = stale.filter(space=self.space)  # other spaces still describe this text
+                # only("id"): the delete collector need not load texts and embeddings.
+                stale.only("id").delete()
+                for name, value in fields.items():
+                    setattr(document, name, value)
+                document.save()
+                result.status = UPDATED
+            Chunk.objects.bulk_create(
+                [
+                    Chunk(document=document, ordinal=chunk.ordinal, text=chunk.text,
+                          heading=chunk.heading[:_HEADING_MAX], space=self.space, embedding=vector,
+                          token_count=count_tokens(chunk.text),
+                          metadata={**self.metadata, "heading_path": list(chunk.heading_path)})
+                    for chunk, vector in zip(chunks, vectors if vectors is not None else ())
+                ],
+                batch_size=STORE_BATCH_SIZE,
+            )
+        result.document_id = document.pk
+        result.chunks = len(chunks)
+
+
+def _embedder_for(profile: str | None):
+    from django_ragchat.pipeline import components_for
+    from django_ragchat.profiles import get_profile
+
+    return components_for(get_profile(profile)).embedder
+
+
+def _check_metadata(metadata: dict | None) -> dict:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict, not {type(metadata).__name__}")
+    return dict(metadata)
+
+
+def _source_for(path: Path, root: Path | None) -> str:
+    """The stored source of a file: relative to ``root`` when given, else the path as given."""
+    if root is None:
+        return path.as_posix()
+    try:
+        return path.resolve().relative_to(root).as_posix()
+    except ValueError:
+        raise DocumentLoadError(path, f"not inside the root folder {root}") from None
+
+
+def _expand(paths: Iterable[str | Path], root: Path | None) -> list[IngestResult]:
+    """One result per document file under ``paths`` (failed already when unusable)."""
+    results: list[IngestResult] = []
+    seen: set[str] = set()
+    for given in paths:
+        try:
+            found = list(iter_document_paths([Path(given)]))
+        except DocumentLoadError as exc:  # a folder that cannot be listed
+            results.append(IngestResult(source=Path(given).as_posix(), path=str(given), status=FAILED,
+                                        reason=exc.reason, error=exc))
+            continue
+        for path in found:
+            result = IngestResult(source=path.as_posix(), path=str(path))
+            try:
+                result.source = _source_for(path, root)
+                if len(result.source) > _SOURCE_MAX:
+                    raise DocumentLoadError(path, f"the path is longer than {_SOURCE_MAX} characters")
+            except DocumentLoadError as exc:
+                result.status, result.reason, result.error = FAILED, exc.reason, exc
+            # Two spellings of one file (or two files with one source under --root) ingest once.
+            if result.source not in seen:
+                seen.add(result.source)
+                results.append(result)
+    return results
+
+
+def _file_checksum(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None  # load_document will say what is wrong with it
+
+
+def ingest_paths(paths: Iterable[str | Path], *, profile: str | None = None, root: str | Path | None = None,
+                 metadata: dict | None = None, progress: ProgressCallback | None = None,
+                 batch_size: int = 64) -> IngestReport:
+    """Ingest the Markdown, reStructuredText, HTML and text files in ``paths`` (files or folders).
+
+    Each document is stored with ``source`` = its path relative to ``root`` when given (a file
+    outside ``root`` fails), else its path as given; ``metadata`` is stored on the document and
+    merged into each chunk's metadata (with the chunk's ``heading_path``). Chunks are embedded
+    with ``profile``'s embedder, ``batch_size`` texts per call across documents.
+
+    Unchanged documents are skipped; changed ones have their chunks replaced atomically; a file
+    that cannot be read, embedded or stored is reported as failed and what was stored for it
+    before is kept. ``progress(done, total, source)`` is called as each document's outcome
+    becomes final. Raises ``ValueError`` for a bad ``root`` or ``batch_size``, ``TypeError``
+    for non-dict metadata, and ``UnknownProfile`` for a profile that does not exist.
+    """
+    started = time.perf_counter()
+    metadata = _check_metadata(metadata)
+    root_path = None
+    if root is not None:
+        root_path = Path(root).resolve()
+        if not root_path.is_dir():
+            raise ValueError(f"The root {root} is not a folder.")
+    embedder = _embedder_for(profile)
+    report = IngestReport(space=embedder.space)
+    report.results = _expand(paths, root_path)
+    run = _Ingestion(embedder, metadata=metadata, batch_size=batch_size, progress=progress,
+                     total=len(report.results), report=report)
+    pending = [r for r in report.results if r.status != FAILED]
+    for result in report.results:
+        if result.status == FAILED:
+            run.finalize(result)
+    report.load_seconds += time.perf_counter() - started
+
+    for start in range(0, len(pending), LOOKUP_BATCH_SIZE):
+        group = pending[start:start + LOOKUP_BATCH_SIZE]
+        existing = _existing_documents([r.source for r in group], run.space)
+        for result in group:
+            t0 = time.perf_counter()
+            path = Path(result.path)
+            stored = existing.get(result.source)
+            # Unchanged files are recognised from their bytes alone, without parsing them.
+            if stored is not None and _is_unchanged(stored, _file_checksum(path), metadata):
+                result.status, result.chunks, result.document_id = UNCHANGED, stored.chunks_in_space, stored.id
+                report.load_seconds += time.perf_counter() - t0
+                run.finalize(result)
+                continue
+            try:
+                loaded = load_document(path)
+            except DocumentLoadError as exc:
+                report.load_seconds += time.perf_counter() - t0
+                run.fail(result, exc.reason, exc)
+                continue
+            report.load_seconds += time.perf_counter() - t0
+            run.submit(result, loaded)
+    run.finish()
+    report.elapsed = time.perf_counter() - started
+    return report
+
+
+def ingest_text(source: str, text: str, *, title: str = "", content_type: str = "markdown",
+                metadata: dict | None = None, profile: str | None = None) -> IngestResult:
+    """Ingest ``text`` (Markdown, reStructuredText, HTML or plain text) as the document ``source``.
+
+    The same rules as ``ingest_paths``: unchanged text (same checksum of the UTF-8 text and
+    same metadata) is skipped; changed text replaces the document's chunks atomically. ``title``
+    overrides the title found in the text. Raises ``DocumentLoadError`` for text that cannot be
+    ingested (unknown content type, NUL characters, empty or too long source), and re-raises
+    the embedder's or the database's exception when those fail; nothing stored is lost then.
+    """
+    metadata = _check_metadata(metadata)
+    if not source or len(source) > _SOURCE_MAX:
+        raise DocumentLoadError(source or "<text>", f"the source must have 1 to {_SOURCE_MAX} characters")
+    if not isinstance(text, str):
+        raise DocumentLoadError(source, f"the text must be a string, not {type(text).__name__}")
+    started = time.perf_counter()
+    loaded = load_text(text, content_type, source=source)
+    embedder = _embedder_for(profile)
+    report = IngestReport(space=embedder.space)
+    result = IngestResult(source=source)
+    report.results.append(result)
+    stored = _existing_documents([source], embedder.space).get(source)
+    if _is_unchanged(stored, loaded.checksum, metadata) and stored.title == (title or loaded.title)[:_TITLE_MAX]:
+        result.status, result.chunks, result.document_id = UNCHANGED, stored.chunks_in_space, stored.id
+        return result
+    report.load_seconds = time.perf_counter() - started
+    run = _Ingestion(embedder, metadata=metadata, batch_size=64, progress=None, total=1, report=report)
+    run.submit(result, loaded, title)
+    run.finish()
+    if result.status == FAILED:
+        raise result.error
+    return result
+
+
+# --- Re-embedding into another space ----------------------------------------------------------
+
+
+def reembed(space_embedder, *, documents=None, batch_size: int = 64,
+            progress: ProgressCallback | None = None) -> IngestReport:
+    """Embed the chunks already stored into ``space_embedder``'s space.
+
+    For each document (``documents``: a queryset or iterable of ``Document``; all when
+    ``None``) that has no chunks in the target space yet, its chunks are copied from another
+    space (every space of a document holds the same texts, see the module docstring) with new
+    embeddings, in one transaction per document. The old space's rows stay until deleted.
+    Documents already embedded in the target space are ``unchanged``; re-running after an
+    interruption resumes where it stopped. Results use ``created`` for a document embedded into
+    the space and ``failed`` (with the reason) when embedding or storing it failed.
+    """
+    started = time.perf_counter()
+    space = space_embedder.space
+    report = IngestReport(space=space)
+    if documents is None:
+        ids = list(Document.objects.order_by("pk").values_list("pk", flat=True))
+    elif hasattr(documents, "values_list"):
+        ids = list(documents.order_by("pk").values_list("pk", flat=True))
+    else:
+        ids = sorted({d.pk for d in documents})
+    batcher = _EmbeddingBatcher(space_embedder, batch_size, report)
+    done = 0
+
+    def finalize(result: IngestResult) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, len(ids), result.source)
+
+    def store(jobs: list[_Job]) -> None:
+        for job in jobs:
+            result, rows = job.payload
+            if job.error is not None:
+                result.status, result.reason, result.error = FAILED, _embedding_failure(job.error), job.error
+                finalize(result)
+                continue
+            t0 = time.perf_counter()
+            try:
+                with transaction.atomic():
+                    if Chunk.objects.filter(document_id=result.document_id, space=space).exists():
+                        result.status = UNCHANGED  # another run got there first
+                    else:
+                        Chunk.objects.bulk_create(
+                            [Chunk(document_id=result.document_id, ordinal=row["ordinal"], text=row["text"],
+                                   heading=row["heading"], space=space, embedding=vector,
+                                   token_count=row["token_count"], metadata=row["metadata"])
+                             for row, vector in zip(rows, job.vectors)],
+                            batch_size=STORE_BATCH_SIZE,
+                        )
+                        result.status = CREATED
+                    result.chunks = len(rows)
+            except DatabaseError as exc:
+                logger.warning("Re-embedding %s failed", result.source, exc_info=True)
+                result.status, result.reason, result.error = FAILED, f"database error: {exc}", exc
+            report.store_seconds += time.perf_counter() - t0
+            finalize(result)
+
+    for start in range(0, len(ids), LOOKUP_BATCH_SIZE):
+        group = ids[start:start + LOOKUP_BATCH_SIZE]
+        t0 = time.perf_counter()
+        documents_in_group = (
+            Document.objects.filter(pk__in=group).order_by("pk")
+            .annotate(in_space=Count("chunks", filter=Q(chunks__space=space)))
+            .values_list("pk", "source", "in_space")
+        )
+        chunk_rows: dict[int, list[dict]] = {}
+        source_space: dict[int, str] = {}
+        for row in (Chunk.objects.filter(document_id__in=group).exclude(space=space)
+                    .order_by("document_id", "space", "ordinal")
+                    .values("document_id", "space", "ordinal", "text", "heading", "token_count", "metadata")):
+            # One source space per document: the first in name order.
+            if source_space.setdefault(row["document_id"], row["space"]) == row["space"]:
+                chunk_rows.setdefault(row["document_id"], []).append(row)
+        report.load_seconds += time.perf_counter() - t0
+        for pk, source, in_space in documents_in_group:
+            result = IngestResult(source=source, document_id=pk)
+            report.results.append(result)
+            if in_space or pk not in chunk_rows:
+                result.status, result.chunks = UNCHANGED, in_space
+                finalize(result)
+                continue
+            rows = chunk_rows.pop(pk)
+            store(batcher.add((result, rows), [row["text"] for row in rows]))
+    store(batcher.finish())
+    report.elapsed = time.perf_counter() - started
+    return report

@@ -1,0 +1,80 @@
+"""``manage.py ragchat_ingest PATH...``: load, chunk, embed and store documents.
+
+See docs/commands.md. Failures are listed one per line on stderr ("path: reason"); the last
+line on stdout has the counts and the elapsed time. The exit status is non-zero only when no
+document was found or every one failed: a run that stored some documents succeeded.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError
+
+from django_ragchat.ingestion.loaders import SUPPORTED_SUFFIXES
+from django_ragchat.ingestion.pipeline import FAILED, ingest_paths
+
+
+class Command(BaseCommand):
+    help = ("Ingest Markdown, reStructuredText, HTML and text files (or folders of them) into the "
+            "documents the assistant searches. Unchanged files are skipped.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("paths", nargs="+", metavar="PATH", help="Files or folders (walked recursively).")
+        parser.add_argument("--profile", help="Embed with this profile's embedder (default: the default profile).")
+        parser.add_argument("--root", metavar="DIR",
+                            help="Store sources relative to this folder (default: the paths as given).")
+        parser.add_argument("--metadata", metavar="JSON",
+                            help='A JSON object stored on every document, e.g. \'{"product": "aurora"}\'.')
+        parser.add_argument("--batch-size", type=int, default=64, metavar="N",
+                            help="Texts per embedding call (default 64).")
+        parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+
+    def handle(self, *args, **options):
+        metadata = None
+        if options["metadata"] is not None:
+            try:
+                metadata = json.loads(options["metadata"])
+            except json.JSONDecodeError as exc:
+                raise CommandError(f"--metadata is not valid JSON: {exc}") from None
+            if not isinstance(metadata, dict):
+                raise CommandError("--metadata must be a JSON object, e.g. '{\"product\": \"aurora\"}'.")
+        if options["batch_size"] < 1:
+            raise CommandError("--batch-size must be at least 1.")
+
+        # The bar goes to the real stream: Django's OutputWrapper appends a newline to every
+        # write, which would break tqdm's in-place redraws.
+        stream = getattr(self.stderr, "_out", self.stderr)
+        show_bar = not options["no_progress"] and stream.isatty()
+        bar = None
+        if show_bar:
+            from tqdm import tqdm
+
+            bar = tqdm(file=stream, unit="doc", desc="Ingesting", leave=False, dynamic_ncols=True)
+
+        def progress(done: int, total: int, source: str) -> None:
+            if bar is not None:
+                bar.total = total
+                bar.set_postfix_str(source[-40:], refresh=False)
+                bar.update(done - bar.n)
+
+        try:
+            report = ingest_paths(options["paths"], profile=options["profile"], root=options["root"],
+                                  metadata=metadata, progress=progress, batch_size=options["batch_size"])
+        except (ValueError, ImproperlyConfigured) as exc:
+            raise CommandError(str(exc)) from None
+        finally:
+            if bar is not None:
+                bar.close()
+
+        for result in report.failed:
+            self.stderr.write(f"{result.path or result.source}: {result.reason}")
+        if not report.results:
+            raise CommandError(
+                f"No documents found in {' '.join(options['paths'])} "
+                f"(supported: {', '.join(sorted(SUPPORTED_SUFFIXES))})."
+            )
+        self.stdout.write(f"Ingested {report.summary()}")
+        if report.count(FAILED) == len(report.results):
+            raise CommandError("Every document failed to ingest.")
