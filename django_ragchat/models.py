@@ -46,6 +46,15 @@ class Conversation(models.Model):
     def __str__(self) -> str:
         return self.title or f"Conversation {str(self.id)[:8]}"
 
+    def save(self, *args, **kwargs):
+        # ``last_seq`` is advanced only by atomic UPDATEs (persistence.begin_turn). Saving an
+        # instance loaded before a turn must not write its stale counter back.
+        if not self._state.adding and kwargs.get("update_fields") is None and not kwargs.get("force_insert"):
+            kwargs["update_fields"] = [
+                f.name for f in self._meta.concrete_fields if not f.primary_key and f.name != "last_seq"
+            ]
+        super().save(*args, **kwargs)
+
 
 class Message(models.Model):
     class Role(models.TextChoices):

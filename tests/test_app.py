@@ -137,3 +137,14 @@ def test_admin_is_closed_to_non_staff(client, user):
     client.force_login(user)
     response = client.get("/admin/django_ragchat/conversation/")
     assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+@pytest.mark.django_db
+def test_saving_a_stale_conversation_never_rewinds_its_sequence_counter(user):
+    conversation = Conversation.objects.create(owner=user)
+    stale = Conversation.objects.get(pk=conversation.pk)
+    Conversation.objects.filter(pk=conversation.pk).update(last_seq=7)
+    stale.title = "Renamed"
+    stale.save()
+    conversation.refresh_from_db()
+    assert (conversation.title, conversation.last_seq) == ("Renamed", 7)

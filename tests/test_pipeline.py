@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
 
 import pytest
@@ -13,7 +14,7 @@ from django.utils import timezone
 
 from django_ragchat import plugins
 from django_ragchat.llms import LLMBackend, LLMError
-from django_ragchat.models import Message, MessageSource, TurnTrace
+from django_ragchat.models import Conversation, Message, MessageSource, TurnTrace
 from django_ragchat.persistence import TurnInProgress
 from django_ragchat.pipeline import InvalidMessage, run_turn_sync, stream_turn
 from django_ragchat.types import LLMDelta
@@ -103,7 +104,7 @@ def test_without_the_transformer_the_follow_up_retrieves_the_wrong_product(
 
     assert result.trace["queries"]["transformed"] == []
     assert first_document(result)["source"] == "products/nimbus-tab.md"
-    assert "$699" not in result.answer
+    assert result.message["citations"][0]["source"] == "products/nimbus-tab.md"
 
 
 def test_a_self_contained_question_is_not_rewritten(product_corpus, conversation):
@@ -125,8 +126,6 @@ def _grow_history(conversation, n):
 
 
 def test_a_turn_issues_the_same_number_of_queries_whatever_the_history_length(product_corpus, user):
-    from django_ragchat.models import Conversation
-
     counts = {}
     warm = Conversation.objects.create(owner=user)
     run_turn_sync(warm, "warm up the vector index")  # the first search loads the matrix
@@ -270,10 +269,14 @@ def test_cancelling_the_task_saves_the_partial_answer(product_corpus, conversati
         started = asyncio.Event()
 
         async def consume():
-            async for event in stream_turn(conversation, "Which warranty do Zephyr Buds have?", stream=True):
-                if event.type == "delta":
-                    started.set()
-                    await asyncio.sleep(10)
+            # How every transport iterates: aclosing() closes the generator when the task is
+            # cancelled, and closing it is what saves the partial answer.
+            events = stream_turn(conversation, "Which warranty do Zephyr Buds have?", stream=True)
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    if event.type == "delta":
+                        started.set()
+                        await asyncio.sleep(10)
 
         task = asyncio.ensure_future(consume())
         await started.wait()
@@ -287,8 +290,7 @@ def test_cancelling_the_task_saves_the_partial_answer(product_corpus, conversati
 
 def test_one_turn_at_a_time_per_conversation(product_corpus, conversation):
     Message.objects.create(conversation=conversation, seq=1, role="assistant", status="streaming")
-    conversation.last_seq = 1
-    conversation.save()
+    Conversation.objects.filter(pk=conversation.pk).update(last_seq=1)
     with pytest.raises(TurnInProgress):
         run_turn_sync(conversation, "How much does the Aurora X2 cost?")
     assert conversation.messages.count() == 1
@@ -297,8 +299,7 @@ def test_one_turn_at_a_time_per_conversation(product_corpus, conversation):
 def test_an_abandoned_stream_stops_blocking_after_the_stale_timeout(product_corpus, conversation):
     old = Message.objects.create(conversation=conversation, seq=1, role="assistant", status="streaming")
     Message.objects.filter(pk=old.pk).update(updated_at=timezone.now() - timedelta(hours=1))
-    conversation.last_seq = 1
-    conversation.save()
+    Conversation.objects.filter(pk=conversation.pk).update(last_seq=1)
     result = run_turn_sync(conversation, "How much does the Aurora X2 cost?")
     assert result.status == "complete"
     old.refresh_from_db()
