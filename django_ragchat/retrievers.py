@@ -67,11 +67,13 @@ def fetch_chunks(scored: list[tuple[int, float]], retriever: str, using: str = "
 
 def _pgvector_search(space: str, vector: np.ndarray, k: int, using: str) -> list[tuple[int, float]]:
     from django_ragchat.fields import EmbeddingField
+    from django_ragchat.models import Chunk
 
     value = EmbeddingField().get_db_prep_value(vector, connections[using])
+    table = connections[using].ops.quote_name(Chunk._meta.db_table)
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT id, 1 - (embedding <=> %s::vector) FROM ragchat_chunk "
+            f"SELECT id, 1 - (embedding <=> %s::vector) FROM {table} "
             "WHERE space = %s ORDER BY embedding <=> %s::vector LIMIT %s",
             [value, space, value, k],
         )
