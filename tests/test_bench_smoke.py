@@ -1,0 +1,79 @@
+"""The benchmarks run (tiny sizes, seconds) so they cannot rot between releases.
+
+Each test calls a benchmark's ``run`` on the test database and renders its report; the full
+sizes run with ``.venv/bin/python bench/<name>.py`` (see bench/README.md).
+"""
+
+import pytest
+
+from bench import bench_canard, bench_pipeline, bench_vector_sqlite
+from bench._setup import percentile, table
+from django_ragchat.vectorindex import vector_index
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def fresh_vector_index():
+    # Rolled-back tests can leave a (count, max id) stamp that matches new rows; start clean.
+    vector_index.clear()
+    yield
+    vector_index.clear()
+
+
+def test_pipeline_bench_runs_and_query_count_is_flat():
+    results = bench_pipeline.run(chunks=120, histories=(2, 30), turns=2, warmup=1, query_turns=1)
+
+    assert results["chunks"] == 120
+    cells = {(c["history"], c["mode"]): c for c in results["cells"]}
+    assert set(cells) == {(h, m) for h in (2, 30) for m in ("whole", "streamed")}
+    for cell in cells.values():
+        assert len(cell["ms"]) == 2 and all(ms > 0 for ms in cell["ms"])
+        assert len(cell["stages"]["retrieval"]) == 2
+    for mode in ("whole", "streamed"):
+        assert cells[(2, mode)]["queries"] == cells[(30, mode)]["queries"]
+    text = bench_pipeline.report(results, "test db")
+    assert "median ms" in text and "query transformers" in text
+
+
+def test_vector_bench_runs():
+    [result] = bench_vector_sqlite.run([150], queries=3, warmup=1, k=5)
+
+    assert result["chunks"] == 150 and result["dimension"] == 384
+    assert result["cold_ms"] > 0
+    assert all(len(ms) == 3 for ms in result["rows"].values())
+    assert "VectorRetriever.retrieve" in bench_vector_sqlite.report([result], "test db", 5)
+
+
+@pytest.mark.parametrize("index", ["heading", "bare"])
+def test_canard_bench_runs(index):
+    dialogs = bench_canard.load_dialogs(limit=5)
+    expected = sum(1 for d in dialogs for t in d["turns"] if t["turn"] >= 2 and bench_canard.is_passage(t))
+
+    results = bench_canard.run(dialogs=5, tune_dialogs=3, index=index)
+
+    assert len(results["items"]) == expected > 0
+    for item in results["items"]:
+        assert item.texts["transformed"] is not None
+        assert all(len(ids) <= 5 for ids in item.ranked.values())
+    assert 0 <= bench_canard.recall(results["items"], "gold", 5) <= 1
+    # The passages are removed again, so runs in one database do not see each other's.
+    from django_ragchat.models import Document
+    assert not Document.objects.filter(source__startswith="canard/").exists()
+    assert "gap closed @5" in bench_canard.report(results, "test db")
+
+
+def test_canard_history_is_title_then_turns():
+    dialog = bench_canard.load_dialogs(limit=1)[0]
+    history = bench_canard.history_of(dialog, 3)
+
+    assert [m.role for m in history] == ["user", "user", "assistant", "user", "assistant"]
+    assert history[0].content == f"{dialog['title']}: {dialog['section']}"
+    assert history[1].content == dialog["turns"][0]["question"]
+    assert history[4].content == dialog["turns"][1]["answer"]
+
+
+def test_helpers():
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([5.0], 99) == 5.0
+    assert table(["name", "ms"], [["a", 1.234]]).splitlines()[-1] == "a     1.23"
