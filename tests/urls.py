@@ -3,4 +3,5 @@ from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/ragchat/", include("django_ragchat.api.urls")),
 ]

@@ -1,0 +1,206 @@
+"""The API's JSON shapes. A message serialises like the ``message`` of the ``done`` event
+(``persistence.message_payload``), with its sources read back from ``MessageSource`` rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from django_ragchat.models import Conversation, Document, Feedback, MemoryRecord, Message, MessageSource
+from django_ragchat.profiles import UnknownProfile, get_profile
+
+
+class ErrorSerializer(serializers.Serializer):
+    """Every error answer: a short stable ``code`` and a ``detail`` safe to show."""
+
+    code = serializers.CharField()
+    detail = serializers.CharField()
+    errors = serializers.DictField(required=False, help_text="Per-field messages (validation errors only).")
+
+
+class ConversationSerializer(serializers.ModelSerializer):
+    last_seq = serializers.IntegerField(
+        read_only=True,
+        help_text="Sequence number of the last message; the log is append-only, so also its length.",
+    )
+
+    class Meta:
+        model = Conversation
+        fields = ["id", "title", "profile", "last_seq", "created_at", "updated_at"]
+        read_only_fields = ["id", "profile", "created_at", "updated_at"]
+
+
+class ConversationCreateSerializer(serializers.Serializer):
+    title = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    profile = serializers.CharField(max_length=100, required=False, allow_null=True, default=None,
+                                    help_text="A profile name from RAGCHAT['PROFILES']; the default profile if omitted.")
+
+    def validate_profile(self, value: str | None) -> str:
+        try:
+            return get_profile(value).name
+        except UnknownProfile:
+            raise serializers.ValidationError(f"There is no profile named {value!r}.", code="unknown_profile") from None
+
+
+class ConversationRenameSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Conversation
+        fields = ["title"]
+        extra_kwargs = {"title": {"required": True, "allow_blank": True}}
+
+
+class SourceSerializer(serializers.Serializer):
+    """A passage the answer was given, numbered as the model saw it ([1] is index 1)."""
+
+    index = serializers.IntegerField(source="rank")
+    chunk_id = serializers.IntegerField(allow_null=True, help_text="Null once the chunk was re-ingested away.")
+    document_id = serializers.SerializerMethodField()
+    source = serializers.CharField()
+    title = serializers.CharField()
+    heading = serializers.SerializerMethodField()
+    score = serializers.FloatField()
+    snippet = serializers.SerializerMethodField()
+    cited = serializers.BooleanField(help_text="Whether the answer cites it.")
+
+    def get_document_id(self, obj: MessageSource) -> int | None:
+        return obj.chunk.document_id if obj.chunk else None
+
+    def get_heading(self, obj: MessageSource) -> str:
+        return obj.chunk.heading if obj.chunk else ""
+
+    def get_snippet(self, obj: MessageSource) -> str:
+        return obj.chunk.text[:300] if obj.chunk else ""
+
+
+class CitationSerializer(serializers.Serializer):
+    index = serializers.IntegerField(source="rank")
+    chunk_id = serializers.IntegerField(allow_null=True)
+    source = serializers.CharField()
+    title = serializers.CharField()
+
+
+class MessageErrorSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField(required=False)
+
+
+class MessageSerializer(serializers.ModelSerializer):
+    """A message of the log. Expects ``sources`` prefetched (see ``views.messages_with_sources``)."""
+
+    conversation_id = serializers.UUIDField(read_only=True)
+    sources = SourceSerializer(many=True, read_only=True)
+    citations = serializers.SerializerMethodField()
+    error = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Message
+        fields = ["id", "conversation_id", "seq", "role", "content", "status", "citations", "sources",
+                  "error", "created_at"]
+        read_only_fields = fields
+
+    @extend_schema_field(CitationSerializer(many=True))
+    def get_citations(self, obj: Message) -> list[dict[str, Any]]:
+        return CitationSerializer([s for s in obj.sources.all() if s.cited], many=True).data
+
+    @extend_schema_field(MessageErrorSerializer(allow_null=True))
+    def get_error(self, obj: Message) -> dict[str, Any] | None:
+        return obj.metadata.get("error")
+
+
+class MessageCreateSerializer(serializers.Serializer):
+    """The request body; the content is checked by ``pipeline.validate_user_message``."""
+
+    content = serializers.CharField(help_text="The user's message: a non-empty string without NUL "
+                                              "characters, at most RAGCHAT['MAX_MESSAGE_CHARS'] long.")
+
+
+class TurnSerializer(serializers.Serializer):
+    user_message = MessageSerializer()
+    assistant_message = MessageSerializer()
+
+
+class TurnFailedSerializer(TurnSerializer):
+    """The turn failed after the user's message was saved: both messages are returned, the
+    assistant's with status "error" and whatever partial text it had."""
+
+    code = serializers.CharField()
+    detail = serializers.CharField()
+
+
+class FeedbackSerializer(serializers.ModelSerializer):
+    message_id = serializers.IntegerField(read_only=True)
+    comment = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+    class Meta:
+        model = Feedback
+        fields = ["id", "message_id", "rating", "comment", "created_at", "updated_at"]
+        read_only_fields = ["id", "message_id", "created_at", "updated_at"]
+
+
+class MemoryRecordSerializer(serializers.ModelSerializer):
+    user_id = serializers.IntegerField(read_only=True, allow_null=True)
+    conversation_id = serializers.UUIDField(read_only=True, allow_null=True)
+    content = serializers.CharField(max_length=20_000)
+
+    class Meta:
+        model = MemoryRecord
+        fields = ["id", "kind", "content", "user_id", "conversation_id", "covers_until_seq",
+                  "created_at", "updated_at"]
+        read_only_fields = ["id", "kind", "covers_until_seq", "created_at", "updated_at"]
+
+
+class DocumentSerializer(serializers.ModelSerializer):
+    chunk_count = serializers.IntegerField(read_only=True)
+    metadata = serializers.JSONField(read_only=True)
+
+    class Meta:
+        model = Document
+        fields = ["id", "source", "title", "content_type", "checksum", "metadata", "chunk_count",
+                  "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+class DocumentUploadSerializer(serializers.Serializer):
+    file = serializers.FileField(help_text="UTF-8 text: Markdown, reStructuredText, HTML or plain text.")
+    source = serializers.CharField(max_length=1000, required=False,
+                                   help_text="The document's unique source name; uploading the same "
+                                             "source again replaces it. Default: upload/<file name>.")
+    title = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    content_type = serializers.ChoiceField(
+        choices=["markdown", "rst", "html", "text"], required=False,
+        help_text="Default: from the file name's extension.",
+    )
+    profile = serializers.CharField(max_length=100, required=False, allow_null=True, default=None,
+                                    help_text="Embed with this profile's embedder; the default profile if omitted.")
+
+    validate_profile = ConversationCreateSerializer.validate_profile
+
+
+class IngestResultSerializer(serializers.Serializer):
+    document = DocumentSerializer()
+    outcome = serializers.CharField()
+
+
+class PluginSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    hooks = serializers.ListField(child=serializers.CharField())
+    version = serializers.CharField(allow_null=True)
+    builtin = serializers.BooleanField()
+
+
+class ComponentSerializer(serializers.Serializer):
+    kind = serializers.CharField()
+    name = serializers.CharField()
+    plugin = serializers.CharField()
+    order = serializers.IntegerField()
+    enabled_by_default = serializers.BooleanField()
+    path = serializers.CharField(help_text="Dotted path of the component class.")
+
+
+class PluginListingSerializer(serializers.Serializer):
+    plugins = PluginSerializer(many=True)
+    components = ComponentSerializer(many=True, help_text="Every registered component, by kind, in call order.")
+    errors = serializers.ListField(child=serializers.CharField(), help_text="Plugin load and registration errors.")
+

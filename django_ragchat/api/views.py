@@ -1,0 +1,501 @@
+"""The REST API (see docs/api.md for the endpoints, the error shapes and the permission matrix).
+
+Views are synchronous DRF views, so the API works the same under WSGI and ASGI; posting a
+message runs the whole turn through ``pipeline.run_turn_sync`` and answers when it is saved.
+Clients that want the answer as it is written use the server-sent events endpoint or the
+websocket, which share the pipeline and the event vocabulary.
+
+Every error answers ``{"code": ..., "detail": ...}`` (validation errors add ``errors`` per
+field); the ``code`` is short and stable, the ``detail`` safe to show.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import PurePath
+
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.db.models import Count, Prefetch
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import exceptions, generics, status
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from django_ragchat import limits
+from django_ragchat import permissions as rules
+from django_ragchat.api import permissions as access
+from django_ragchat.api import serializers as s
+from django_ragchat.models import Conversation, Document, Feedback, Message, MessageSource
+from django_ragchat.pipeline import InvalidMessage, TurnInProgress, run_turn_sync, validate_user_message
+from django_ragchat.plugins import get_registry, plugin_listing
+
+logger = logging.getLogger(__name__)
+
+
+# --- Errors -----------------------------------------------------------------------------------
+
+
+class APIError(exceptions.APIException):
+    """An error with an explicit code, status and headers (e.g. ``Retry-After``)."""
+
+    def __init__(self, status_code: int, code: str, detail: str, headers: dict[str, str] | None = None):
+        super().__init__(detail=detail, code=code)
+        self.status_code = status_code
+        self.headers = headers or {}
+
+
+def retry_after_header(seconds: float | None) -> dict[str, str]:
+    return {"Retry-After": str(max(1, math.ceil(seconds)))} if seconds else {}
+
+
+def api_exception_handler(exc, context):
+    """DRF's handler, answering every error as ``{"code", "detail"}``."""
+    if isinstance(exc, RequestDataTooBig):
+        # Django refuses bodies over DATA_UPLOAD_MAX_MEMORY_SIZE before they are parsed.
+        exc = APIError(413, "too_large", "The request body is too large.")
+    elif isinstance(exc, (TooManyFieldsSent, TooManyFilesSent)):
+        exc = APIError(400, "too_many_fields", "The request has too many fields or files.")
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        errors = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+        response.data = {"code": "invalid", "detail": _first_message(errors), "errors": errors}
+    elif isinstance(exc, exceptions.APIException):
+        detail = exc.detail
+        response.data = {"code": getattr(detail, "code", None) or exc.default_code, "detail": str(detail)}
+        for name, value in getattr(exc, "headers", {}).items():
+            response[name] = value
+    return response
+
+
+def _first_message(errors) -> str:
+    while isinstance(errors, (dict, list)) and errors:
+        errors = next(iter(errors.values())) if isinstance(errors, dict) else errors[0]
+    return str(errors) if errors else "Invalid input."
+
+
+ERRORS = {code: OpenApiResponse(s.ErrorSerializer, description=text) for code, text in {
+    400: "Invalid input (`code` says what; validation errors list `errors` per field).",
+    403: "Not signed in (anonymous use off), CSRF failure, or not allowed to change this.",
+    404: "No such object, or not yours: the two are indistinguishable.",
+    409: "An answer is still being written in this conversation.",
+    413: "The message or the request body is too large.",
+    429: "Rate limit or concurrent-answer limit reached; see the Retry-After header.",
+}.items()}
+
+
+def errors(*codes: int) -> dict[int, OpenApiResponse]:
+    return {code: ERRORS[code] for code in codes}
+
+
+CONVERSATION_ID = OpenApiParameter("conversation_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
+MESSAGE_ID = OpenApiParameter("message_id", OpenApiTypes.INT, OpenApiParameter.PATH)
+
+
+class RagchatAPIView(APIView):
+    """Base of every view here: the chat permission, JSON bodies and ``{"code", "detail"}`` errors."""
+
+    permission_classes = [access.CanChat]
+    parser_classes = [JSONParser]
+
+    def get_exception_handler(self):
+        return api_exception_handler
+
+
+class ConversationPagination(LimitOffsetPagination):
+    default_limit = 20
+    max_limit = 100
+
+
+class MessagePagination(LimitOffsetPagination):
+    default_limit = 50
+    max_limit = 200
+
+
+class DocumentPagination(LimitOffsetPagination):
+    default_limit = 50
+    max_limit = 500
+
+
+# --- Conversations ----------------------------------------------------------------------------
+
+
+@extend_schema_view(
+    get=extend_schema(summary="Your conversations, most recently active first", responses={
+        200: s.ConversationSerializer(many=True), **errors(403)}),
+    post=extend_schema(summary="Start a conversation", request=s.ConversationCreateSerializer,
+                       responses={201: s.ConversationSerializer, **errors(400, 403)}),
+)
+class ConversationList(RagchatAPIView, generics.ListCreateAPIView):
+    """The caller's conversations (staff too see only their own here) and starting one."""
+
+    serializer_class = s.ConversationSerializer
+    pagination_class = ConversationPagination
+
+    def get_queryset(self):
+        return rules.visible_conversations(
+            self.request.user, access.caller_session_key(self.request)
+        ).order_by("-updated_at", "-created_at", "pk")
+
+    def create(self, request, *args, **kwargs):
+        form = s.ConversationCreateSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        conversation = rules.create_conversation(
+            request.user, access.caller_session_key(request, create=True), **form.validated_data
+        )
+        return Response(s.ConversationSerializer(conversation).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema_view(
+    get=extend_schema(summary="A conversation", parameters=[CONVERSATION_ID],
+                      responses={200: s.ConversationSerializer, **errors(403, 404)}),
+    patch=extend_schema(summary="Rename a conversation", parameters=[CONVERSATION_ID],
+                        request=s.ConversationRenameSerializer,
+                        responses={200: s.ConversationSerializer, **errors(400, 403, 404)}),
+    delete=extend_schema(summary="Delete a conversation with its messages", parameters=[CONVERSATION_ID],
+                         responses={204: None, **errors(403, 404)}),
+)
+class ConversationDetail(RagchatAPIView, generics.GenericAPIView):
+    """One conversation: readable by its owner and staff, changed only by its owner."""
+
+    serializer_class = s.ConversationSerializer
+
+    def get_object(self) -> Conversation:
+        conversation = access.get_conversation(self.request, self.kwargs["conversation_id"])
+        if self.request.method not in ("GET", "HEAD", "OPTIONS"):
+            access.check_change(self.request, conversation)
+        return conversation
+
+    def get(self, request, conversation_id):
+        return Response(s.ConversationSerializer(self.get_object()).data)
+
+    def patch(self, request, conversation_id):
+        conversation = self.get_object()
+        form = s.ConversationRenameSerializer(conversation, data=request.data)
+        form.is_valid(raise_exception=True)
+        form.save()
+        return Response(s.ConversationSerializer(conversation).data)
+
+    def delete(self, request, conversation_id):
+        self.get_object().delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- Messages ---------------------------------------------------------------------------------
+
+
+def messages_with_sources(queryset):
+    """Messages with their sources and the sources' chunks in two more queries, whatever the
+    number of messages (the embeddings are not loaded)."""
+    sources = MessageSource.objects.select_related("chunk").defer("chunk__embedding", "chunk__metadata")
+    return queryset.prefetch_related(Prefetch("sources", queryset=sources))
+
+
+# The HTTP status of a turn that failed after the user's message was saved, by error code.
+FAILED_TURN_STATUS = {
+    "timeout": 504,
+    "rate_limited": 503,
+    "model_unavailable": 503,
+    "internal_error": 500,
+    "embedding_space_mismatch": 500,
+}
+
+
+@extend_schema_view(
+    get=extend_schema(
+        summary="The conversation's messages, in order",
+        parameters=[CONVERSATION_ID, OpenApiParameter(
+            "after", OpenApiTypes.INT, description="Only messages with a sequence number above this one.")],
+        responses={200: s.MessageSerializer(many=True), **errors(400, 403, 404)},
+    ),
+    post=extend_schema(
+        summary="Send a message and receive the whole answer",
+        description=(
+            "Runs the turn to the end and answers 201 with both saved messages. When the model "
+            "fails after the user's message was saved, the answer is 502 (503 when the model is "
+            "unavailable or rate limited, 504 on a timeout, 500 on an internal error) with the "
+            "error's `code` and `detail` and both messages, the assistant's marked `error` with "
+            "any partial text. Stream the answer instead with the server-sent events endpoint "
+            "or the websocket."
+        ),
+        parameters=[CONVERSATION_ID],
+        request=s.MessageCreateSerializer,
+        responses={
+            201: s.TurnSerializer,
+            **errors(400, 403, 404, 409, 413, 429),
+            500: s.TurnFailedSerializer, 502: s.TurnFailedSerializer,
+            503: s.TurnFailedSerializer, 504: s.TurnFailedSerializer,
+        },
+    ),
+)
+class MessageList(RagchatAPIView, generics.ListAPIView):
+    """A conversation's message log, and sending a message to it."""
+
+    serializer_class = s.MessageSerializer
+    pagination_class = MessagePagination
+
+    def get_queryset(self):
+        conversation = access.get_conversation(self.request, self.kwargs["conversation_id"])
+        queryset = Message.objects.filter(conversation=conversation).order_by("seq")
+        after = self.request.query_params.get("after")
+        if after is not None:
+            try:
+                queryset = queryset.filter(seq__gt=int(after))
+            except ValueError:
+                raise APIError(400, "invalid", "'after' must be a message sequence number.") from None
+        return messages_with_sources(queryset)
+
+    def post(self, request, conversation_id):
+        conversation = access.get_conversation(request, conversation_id)
+        access.check_change(request, conversation)
+        if not isinstance(request.data, dict):
+            raise APIError(400, "invalid_type", 'Send a JSON object: {"content": "..."}.')
+        try:
+            text = validate_user_message(request.data.get("content"))
+        except InvalidMessage as exc:
+            raise APIError(413 if exc.code == "too_long" else 400, exc.code, exc.message) from None
+        session_key = access.caller_session_key(request)
+        try:
+            limits.check_turn_rate(request.user, session_key)
+            with limits.stream_slot(request.user, session_key):
+                result = run_turn_sync(conversation, text)
+        except limits.LimitExceeded as exc:
+            raise APIError(429, exc.code, exc.message, retry_after_header(exc.retry_after)) from None
+        except TurnInProgress as exc:
+            raise APIError(409, TurnInProgress.code, str(exc)) from None
+        except Conversation.DoesNotExist:  # deleted while we were getting here
+            raise exceptions.NotFound() from None
+
+        saved = {m.pk: m for m in messages_with_sources(
+            Message.objects.filter(pk__in=[result.user_message_id, result.message["id"]]))}
+        body = {"user_message": s.MessageSerializer(saved[result.user_message_id]).data,
+                "assistant_message": s.MessageSerializer(saved[result.message["id"]]).data}
+        if result.error is None:
+            return Response(body, status=status.HTTP_201_CREATED)
+        error = result.error
+        return Response({"code": error.code, "detail": error.message, **body},
+                        status=FAILED_TURN_STATUS.get(error.code, 502),
+                        headers=retry_after_header(error.retry_after))
+
+
+# --- Feedback ---------------------------------------------------------------------------------
+
+
+@extend_schema_view(
+    get=extend_schema(summary="Your feedback on an answer", parameters=[MESSAGE_ID],
+                      responses={200: s.FeedbackSerializer, **errors(403, 404)}),
+    post=extend_schema(summary="Rate an answer (again: replaces your rating)", parameters=[MESSAGE_ID],
+                       request=s.FeedbackSerializer,
+                       responses={200: s.FeedbackSerializer, 201: s.FeedbackSerializer, **errors(400, 403, 404)}),
+    put=extend_schema(summary="Rate an answer (same as POST)", parameters=[MESSAGE_ID],
+                      request=s.FeedbackSerializer,
+                      responses={200: s.FeedbackSerializer, 201: s.FeedbackSerializer, **errors(400, 403, 404)}),
+    delete=extend_schema(summary="Withdraw your feedback", parameters=[MESSAGE_ID],
+                         responses={204: None, **errors(403, 404)}),
+)
+class MessageFeedback(RagchatAPIView, generics.GenericAPIView):
+    """The caller's own rating of an assistant message in a conversation they can read."""
+
+    serializer_class = s.FeedbackSerializer
+
+    def owner_filter(self) -> dict:
+        if access.is_signed_in(self.request):
+            return {"user": self.request.user}
+        return {"user": None, "session_key": access.caller_session_key(self.request)}
+
+    def get_object(self) -> Feedback:
+        message = access.get_message(self.request, self.kwargs["message_id"])
+        feedback = Feedback.objects.filter(message=message, **self.owner_filter()).first()
+        if feedback is None:
+            raise exceptions.NotFound("You have not rated this answer.")
+        return feedback
+
+    def get(self, request, message_id):
+        return Response(s.FeedbackSerializer(self.get_object()).data)
+
+    def post(self, request, message_id):
+        message = access.get_message(request, message_id)
+        if message.role != Message.Role.ASSISTANT or message.status == Message.Status.STREAMING:
+            raise APIError(400, "not_rateable", "Only finished answers of the assistant can be rated.")
+        form = s.FeedbackSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        feedback, created = Feedback.objects.update_or_create(
+            message=message, **self.owner_filter(), defaults=form.validated_data
+        )
+        return Response(s.FeedbackSerializer(feedback).data,
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    put = post
+
+    def delete(self, request, message_id):
+        self.get_object().delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+@extend_schema(
+    summary="Feedback: yours; staff see everyone's",
+    parameters=[OpenApiParameter("rating", OpenApiTypes.STR, enum=["up", "down"])],
+    responses={200: s.FeedbackSerializer(many=True), **errors(403)},
+)
+class FeedbackList(RagchatAPIView, generics.ListAPIView):
+    """Ratings, newest first: the caller's own; staff see everyone's."""
+
+    serializer_class = s.FeedbackSerializer
+    pagination_class = DocumentPagination
+
+    def get_queryset(self):
+        request = self.request
+        if rules.is_staff(request.user):
+            queryset = Feedback.objects.all()
+        elif access.is_signed_in(request):
+            queryset = Feedback.objects.filter(user=request.user)
+        else:
+            session_key = access.caller_session_key(request)
+            queryset = Feedback.objects.filter(user=None, session_key=session_key) if session_key \
+                else Feedback.objects.none()
+        rating = request.query_params.get("rating")
+        if rating:
+            queryset = queryset.filter(rating=rating)
+        return queryset.order_by("-updated_at", "-pk")
+
+
+# --- Memory -----------------------------------------------------------------------------------
+
+
+@extend_schema(summary="Long-term memory about you and your conversations; staff see all",
+               responses={200: s.MemoryRecordSerializer(many=True), **errors(403)})
+class MemoryList(RagchatAPIView, generics.ListAPIView):
+    """Summaries and facts the assistant remembers about the caller and their conversations."""
+
+    serializer_class = s.MemoryRecordSerializer
+    pagination_class = DocumentPagination
+
+    def get_queryset(self):
+        return access.visible_memory(self.request).order_by("-updated_at", "-pk")
+
+
+@extend_schema_view(
+    get=extend_schema(summary="A memory record", responses={200: s.MemoryRecordSerializer, **errors(403, 404)}),
+    patch=extend_schema(summary="Correct a memory record",
+                        responses={200: s.MemoryRecordSerializer, **errors(400, 403, 404)}),
+    delete=extend_schema(summary="Forget a memory record", responses={204: None, **errors(403, 404)}),
+)
+class MemoryDetail(RagchatAPIView, generics.RetrieveUpdateDestroyAPIView):
+    """One memory record: staff may read any, only its owner may correct or delete it."""
+
+    serializer_class = s.MemoryRecordSerializer
+    http_method_names = ["get", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return access.visible_memory(self.request).select_related("conversation")
+
+    def get_object(self):
+        record = super().get_object()
+        if self.request.method not in ("GET", "HEAD", "OPTIONS") and not access.can_change_memory(self.request, record):
+            raise exceptions.PermissionDenied("You may read this memory record but not change it.")
+        return record
+
+
+# --- Documents --------------------------------------------------------------------------------
+
+
+class DocumentViewMixin:
+    permission_classes = [access.CanManageDocuments]
+    serializer_class = s.DocumentSerializer
+
+    def get_queryset(self):
+        return Document.objects.annotate(chunk_count=Count("chunks")).order_by("source")
+
+
+@extend_schema_view(
+    get=extend_schema(summary="The documents the assistant searches",
+                      responses={200: s.DocumentSerializer(many=True), **errors(403)}),
+    post=extend_schema(
+        summary="Upload a document for ingestion",
+        description="Parses, chunks and embeds the file now; uploading the same `source` again "
+                    "replaces the document (or leaves it alone when unchanged). 201 when created, "
+                    "200 when updated or unchanged.",
+        request={"multipart/form-data": s.DocumentUploadSerializer},
+        responses={200: s.IngestResultSerializer, 201: s.IngestResultSerializer,
+                   502: OpenApiResponse(s.ErrorSerializer, description="The embedder failed; nothing was lost."),
+                   **errors(400, 403, 413)},
+    ),
+)
+class DocumentList(DocumentViewMixin, RagchatAPIView, generics.ListAPIView):
+    """The documents the assistant searches, and uploading one."""
+
+    pagination_class = DocumentPagination
+    parser_classes = [MultiPartParser, FormParser]
+    #: Uploads larger than this are refused (413) before they are decoded.
+    max_upload_bytes = 10 * 1024 * 1024
+
+    def post(self, request):
+        from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
+        from django_ragchat.ingestion.pipeline import CREATED, ingest_text
+
+        form = s.DocumentUploadSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        data = form.validated_data
+        upload = data["file"]
+        if upload.size > self.max_upload_bytes:
+            raise APIError(413, "too_large", f"The file is larger than {self.max_upload_bytes // 2**20} MB.")
+        content_type = data.get("content_type") or content_type_for(PurePath(upload.name))
+        if content_type is None:
+            raise APIError(400, "unsupported_type", "Name the file .md, .rst, .html or .txt, or give "
+                                                    "content_type.")
+        try:
+            text = upload.read().decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise APIError(400, "invalid_encoding", "The file is not UTF-8 text.") from None
+        source = data.get("source") or f"upload/{PurePath(upload.name).name}"
+        try:
+            result = ingest_text(source, text, title=data["title"], content_type=content_type,
+                                 profile=data["profile"])
+        except DocumentLoadError as exc:
+            raise APIError(400, "invalid_document", exc.reason) from None
+        except Exception:
+            logger.exception("Ingesting the upload %r failed", source)
+            raise APIError(502, "ingestion_failed", "The document could not be embedded or stored; "
+                                                    "whatever was stored before is kept.") from None
+        document = self.get_queryset().get(pk=result.document_id)
+        return Response({"document": s.DocumentSerializer(document).data, "outcome": result.status},
+                        status=status.HTTP_201_CREATED if result.status == CREATED else status.HTTP_200_OK)
+
+
+@extend_schema_view(
+    get=extend_schema(summary="A document", responses={200: s.DocumentSerializer, **errors(403, 404)}),
+    delete=extend_schema(summary="Delete a document and its chunks", responses={204: None, **errors(403, 404)}),
+)
+class DocumentDetail(DocumentViewMixin, RagchatAPIView, generics.RetrieveDestroyAPIView):
+    """One document; deleting it deletes its chunks (answers keep their source labels)."""
+
+    def perform_destroy(self, instance):
+        # Load no chunk texts or embeddings just to delete them.
+        instance.chunks.only("id").delete()
+        instance.delete()
+
+
+# --- Plugins ----------------------------------------------------------------------------------
+
+
+@extend_schema(summary="Loaded plugins and registered components (staff)",
+               responses={200: s.PluginListingSerializer, **errors(403)})
+class PluginList(RagchatAPIView):
+    """What is installed: plugins with their hooks, and components by stage in call order."""
+
+    permission_classes = [access.IsStaff]
+
+    def get(self, request):
+        registry = get_registry()
+        components = [
+            {"kind": r.kind, "name": r.name, "plugin": r.plugin, "order": r.order,
+             "enabled_by_default": r.cls.enabled_by_default, "path": f"{r.cls.__module__}.{r.cls.__qualname__}"}
+            for r in registry.all()
+        ]
+        return Response({"plugins": plugin_listing(), "components": components, "errors": list(registry.errors)})
