@@ -54,7 +54,9 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
             "RAGCHAT_TEST_SQLITE", os.path.join(tempfile.gettempdir(), f"ragchat-tests-{os.getpid()}.sqlite3")
         )
     }
-    DATABASES["default"].setdefault("OPTIONS", {}).update({"timeout": 20})
+    # IMMEDIATE: a write transaction takes the lock up front, so concurrent turns wait
+    # (busy timeout) instead of failing on a read-to-write lock upgrade.
+    DATABASES["default"].setdefault("OPTIONS", {}).update({"timeout": 20, "transaction_mode": "IMMEDIATE"})
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 ASGI_APPLICATION = "tests.asgi.application"
 STATIC_URL = "static/"
