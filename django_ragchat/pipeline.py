@@ -402,8 +402,6 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
     turn.trace = _new_trace(turn)
     turn_started = time.perf_counter()
     turn.user_message, turn.assistant_message = await sync_to_async(persistence.begin_turn)(conversation.pk, text)
-    yield Accepted(conversation_id=str(conversation.pk), user_message_id=turn.user_message.pk,
-                   user_seq=turn.user_message.seq, assistant_message_id=turn.assistant_message.pk)
 
     parts: list[str] = []
     finished = False
@@ -414,6 +412,10 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         return persistence.message_payload(message, answer, turn.prompt.documents if turn.prompt else ())
 
     try:
+        # Inside the try: a client that goes away right after the ack still gets its (empty)
+        # answer saved as "incomplete" instead of leaving the conversation blocked.
+        yield Accepted(conversation_id=str(conversation.pk), user_message_id=turn.user_message.pk,
+                       user_seq=turn.user_message.seq, assistant_message_id=turn.assistant_message.pk)
         await notify("on_turn_started", turn=turn)
         ending = await check_input(turn)
         if ending is None:
