@@ -42,6 +42,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "django_ragchat.llms",
     "django_ragchat.embedders",
     "django_ragchat.responses",
+    "django_ragchat.openai_backend",
 )
 
 # register_* hook name -> the component kind it registers.

@@ -1,0 +1,553 @@
+"""Models on OpenAI or any OpenAI-compatible server (Ollama, vLLM, llama.cpp, LM Studio),
+through the official ``openai`` client.
+
+Registers the LLM backend ``openai`` (chat completions, whole or streamed) and the embedder
+``openai`` (batched embeddings). Both read the profile's ``options["openai"]``: one block
+configures the server once for chat and embeddings::
+
+    "options": {"openai": {
+        "model": "gpt-4o-mini",                    # chat
+        "embedding_model": "text-embedding-3-small",
+        "base_url": None,                          # None: api.openai.com
+        "api_key_env": "OPENAI_API_KEY",           # the key is read from this variable
+        "timeout": 60, "max_retries": 2,
+    }}
+
+The key is read from the environment when a client is created, never from settings or the
+database. Retries (429, 5xx, connection errors, honouring ``Retry-After``) and timeouts are
+the client's own. Failures become ``LLMError`` with a short code and a message safe to show
+(see ``llm_error``); the full detail goes to the log.
+
+The building blocks are public so other components reuse them instead of copying them:
+``OpenAIConnection`` (a server: URL, key, timeout, retries; it hands out pooled clients) and
+``ChatModel`` (one model on a connection: requests, streaming, error mapping).
+``chat_model_from_options`` builds a ``ChatModel`` for a helper component (query rewriting,
+expansion, summaries) that defaults to the profile's own server and model, so
+``{"rewrite": {"model": "small-model"}}`` is enough to rewrite with a cheaper model.
+See docs/openai.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import email.utils
+import functools
+import json
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import openai
+from django.core.exceptions import ImproperlyConfigured
+
+from django_ragchat import hookimpl
+from django_ragchat.embedders import Embedder
+from django_ragchat.llms import LLMBackend, LLMError
+from django_ragchat.types import LLMDelta, LLMResponse, Usage
+
+try:  # the HTTP library of the installed openai client (httpx2 in recent versions)
+    import httpx2 as _http
+except ImportError:  # pragma: no cover - older openai releases
+    import httpx as _http
+
+if TYPE_CHECKING:
+    from django_ragchat.pipeline import TurnContext
+    from django_ragchat.profiles import Profile
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CHAT_MODEL = "gpt-4o-mini"
+DEFAULT_EMBEDDING_MODEL = "text-embedding-3-small"
+# Native sizes of OpenAI's embedding models; any other model needs ``embedding_dimensions``.
+EMBEDDING_MODEL_DIMENSIONS = {
+    "text-embedding-3-small": 1536,
+    "text-embedding-3-large": 3072,
+    "text-embedding-ada-002": 1536,
+}
+
+# The keys of the shared ``options["openai"]`` block, by what uses them.
+CONNECTION_OPTIONS = ("base_url", "api_key_env", "timeout", "max_retries", "headers")
+CHAT_OPTIONS = ("model", "temperature", "max_tokens", "max_tokens_param", "stream_usage", "extra_body")
+EMBEDDING_OPTIONS = ("embedding_model", "embedding_dimensions", "send_dimensions", "batch_size")
+
+USER_MESSAGES = {
+    "rate_limited": "The model is receiving too many requests right now. Please try again in a moment.",
+    "timeout": "The model took too long to answer. Please try again.",
+    "model_unavailable": "The model is unavailable right now. Please try again later.",
+    "request_rejected": "The model could not process this request.",
+    "bad_response": "The model sent a response that could not be read. Please try again.",
+    "stream_interrupted": "The connection to the model was lost while it was answering. Please try again.",
+}
+
+
+# --- Connections and clients -----------------------------------------------------------------
+
+
+@functools.cache
+def _ssl_context():
+    # Loading the CA bundle takes ~20 ms; every client shares one context instead.
+    return _http.create_ssl_context()
+
+
+# Async clients by event loop: an httpx connection pool belongs to the loop that opened its
+# connections, and the synchronous facade (``run_turn_sync``) runs every turn in a new loop.
+# Under ASGI there is one loop, so one client per server for the process.
+_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[dict, Any]] = weakref.WeakKeyDictionary()
+_sync_clients: dict[tuple, openai.OpenAI] = {}
+_clients_lock = threading.Lock()
+
+
+async def _close_at_loop_shutdown(clients: dict) -> AsyncIterator[None]:
+    """Suspended for the loop's lifetime; ``loop.shutdown_asyncgens()`` (which ``asyncio.run``
+    calls) closes it, and with it the loop's clients and their open connections."""
+    try:
+        yield
+    finally:
+        for client in list(clients.values()):
+            await client.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenAIConnection:
+    """An OpenAI-compatible server: where it is, how to authenticate, timeouts and retries.
+
+    ``base_url`` ``None`` means api.openai.com. The key is read from the environment variable
+    ``api_key_env`` when a client is created; a server with a ``base_url`` and no key set
+    (a local Ollama, vLLM or llama.cpp) gets a placeholder, as those ignore it. ``timeout``
+    (seconds) and ``max_retries`` go to the client, whose retry loop handles 429 (honouring
+    ``Retry-After``), 5xx and connection errors. Instances are hashable: clients are pooled per
+    connection (and per event loop), never created per request.
+    """
+
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout: float = 60.0
+    max_retries: int = 2
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> OpenAIConnection:
+        """A connection from the ``CONNECTION_OPTIONS`` keys of ``options`` (others ignored)."""
+        values = {k: options[k] for k in CONNECTION_OPTIONS if k in options and options[k] is not None}
+        if "headers" in values:
+            if not isinstance(values["headers"], dict):
+                raise ImproperlyConfigured("openai option 'headers' must be a dict of header name -> value.")
+            values["headers"] = tuple(sorted((str(k), str(v)) for k, v in values["headers"].items()))
+        if "timeout" in values and not (isinstance(values["timeout"], (int, float)) and values["timeout"] > 0):
+            raise ImproperlyConfigured(f"openai option 'timeout' must be a positive number of seconds, not {values['timeout']!r}.")
+        if "max_retries" in values and not (isinstance(values["max_retries"], int) and values["max_retries"] >= 0):
+            raise ImproperlyConfigured(f"openai option 'max_retries' must be an integer >= 0, not {values['max_retries']!r}.")
+        return cls(**values)
+
+    def api_key(self) -> str | None:
+        """The key from the environment; a placeholder for keyless local servers; else None."""
+        key = os.environ.get(self.api_key_env, "").strip()
+        if key:
+            return key
+        return "not-needed" if self.base_url else None
+
+    def describe(self) -> str:
+        return self.base_url or "api.openai.com"
+
+    def _client_kwargs(self) -> dict[str, Any]:
+        key = self.api_key()
+        if key is None:
+            logger.error("No API key for %s: the environment variable %s is not set.", self.describe(), self.api_key_env)
+            raise LLMError("model_unavailable", USER_MESSAGES["model_unavailable"])
+        return {"api_key": key, "base_url": self.base_url, "timeout": self.timeout,
+                "max_retries": self.max_retries, "default_headers": dict(self.headers) or None}
+
+    async def async_client(self) -> openai.AsyncOpenAI:
+        """The ``AsyncOpenAI`` client of this connection for the running event loop."""
+        kwargs = self._client_kwargs()
+        loop = asyncio.get_running_loop()
+        key = (self, kwargs["api_key"])
+        with _clients_lock:
+            entry = _async_clients.get(loop)
+        if entry is None:
+            clients: dict = {}
+            closer = _close_at_loop_shutdown(clients)
+            await closer.asend(None)
+            entry = (clients, closer)
+            with _clients_lock:
+                _async_clients[loop] = entry
+        clients = entry[0]
+        if key not in clients:
+            http_client = openai.DefaultAsyncHttpxClient(verify=_ssl_context())
+            clients[key] = openai.AsyncOpenAI(http_client=http_client, **kwargs)
+        return clients[key]
+
+    def sync_client(self) -> openai.OpenAI:
+        """The process-wide synchronous ``OpenAI`` client of this connection (ingestion,
+        management commands, background work)."""
+        kwargs = self._client_kwargs()
+        key = (self, kwargs["api_key"])
+        with _clients_lock:
+            if key not in _sync_clients:
+                http_client = openai.DefaultHttpxClient(verify=_ssl_context())
+                _sync_clients[key] = openai.OpenAI(http_client=http_client, **kwargs)
+            return _sync_clients[key]
+
+
+# --- Errors ------------------------------------------------------------------------------------
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    headers = exc.response.headers
+    try:
+        if headers.get("retry-after-ms"):
+            return float(headers["retry-after-ms"]) / 1000
+        value = headers.get("retry-after")
+        if not value:
+            return None
+        try:
+            return float(value)
+        except ValueError:  # an HTTP date
+            return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def llm_error(exc: BaseException, *, what: str, during_stream: bool = False) -> LLMError | None:
+    """The ``LLMError`` for an exception raised by the ``openai`` client, or ``None`` when the
+    exception is not a model failure (a bug: let it propagate). Logs the detail.
+
+    Codes: ``rate_limited`` (429, with ``retry_after``), ``timeout``, ``model_unavailable``
+    (404, 401/403, 5xx, connection refused, no key), ``request_rejected`` (other 4xx, e.g. the
+    context window exceeded), ``bad_response`` (malformed JSON: the client raises
+    ``json.JSONDecodeError`` itself for a malformed body), ``stream_interrupted`` (the connection
+    dropped while an answer was streaming). ``what`` names the call in the log.
+    """
+    retry_after = None
+    if isinstance(exc, LLMError):
+        return exc
+    if isinstance(exc, openai.APITimeoutError) or isinstance(exc, _http.TimeoutException):
+        code = "timeout"
+    elif isinstance(exc, (openai.APIConnectionError, _http.TransportError)):
+        code = "stream_interrupted" if during_stream else "model_unavailable"
+    elif isinstance(exc, openai.RateLimitError):
+        code, retry_after = "rate_limited", _retry_after(exc)
+    elif isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        code = "model_unavailable" if status >= 500 or status in (401, 403, 404) else "request_rejected"
+    elif isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
+        code = "bad_response"
+    else:
+        return None
+    detail = repr(exc)
+    if isinstance(exc, openai.APIStatusError):
+        detail += f" status={exc.status_code} request_id={exc.request_id} body={exc.body!r}"[:2000]
+    if exc.__cause__ is not None:
+        detail += f" (cause: {exc.__cause__!r})"
+    logger.warning("%s failed with %s: %s", what, code, detail)
+    return LLMError(code, USER_MESSAGES[code], retry_after=retry_after)
+
+
+_MODEL_ERRORS = (openai.OpenAIError, json.JSONDecodeError, _http.HTTPError)
+
+
+@contextlib.contextmanager
+def model_errors(what: str, *, during_stream: bool = False) -> Iterator[None]:
+    """Turn the model failures raised inside the block into ``LLMError`` (see ``llm_error``)."""
+    try:
+        yield
+    except _MODEL_ERRORS as exc:
+        error = llm_error(exc, what=what, during_stream=during_stream)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def _usage(usage: Any) -> Usage | None:
+    if usage is None:
+        return None
+    return Usage(prompt_tokens=usage.prompt_tokens or 0, completion_tokens=getattr(usage, "completion_tokens", 0) or 0)
+
+
+# --- Chat ----------------------------------------------------------------------------------------
+
+
+class ChatModel:
+    """One chat model on one connection: builds requests, calls the client, maps errors.
+
+    ``temperature`` ``None`` leaves it to the server (reasoning models accept only their
+    default). ``max_tokens`` caps the reply, sent as ``max_tokens_param`` (``"max_tokens"``,
+    understood by every compatible server; OpenAI's reasoning models want
+    ``"max_completion_tokens"``). ``stream_usage`` asks for the usage chunk at the end of a
+    stream (``stream_options.include_usage``); turn it off for servers that reject it.
+    ``extra_body`` is merged into every request (server-specific parameters).
+    """
+
+    def __init__(self, connection: OpenAIConnection, *, model: str, temperature: float | None = None,
+                 max_tokens: int | None = None, max_tokens_param: str = "max_tokens",
+                 stream_usage: bool = True, extra_body: dict[str, Any] | None = None):
+        if not model or not isinstance(model, str):
+            raise ImproperlyConfigured("openai option 'model' must name a model.")
+        if max_tokens_param not in ("max_tokens", "max_completion_tokens"):
+            raise ImproperlyConfigured("openai option 'max_tokens_param' must be 'max_tokens' or 'max_completion_tokens'.")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ImproperlyConfigured(f"openai option 'max_tokens' must be a positive integer, not {max_tokens!r}.")
+        self.connection = connection
+        self.model = model
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.max_tokens_param = max_tokens_param
+        self.stream_usage = stream_usage
+        self.extra_body = dict(extra_body or {})
+
+    def __repr__(self) -> str:
+        return f"<ChatModel {self.model} at {self.connection.describe()}>"
+
+    def request(self, messages: list[dict[str, str]], max_tokens: int | None = None) -> dict[str, Any]:
+        """The keyword arguments of ``chat.completions.create`` for ``messages``."""
+        kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
+        limit = max_tokens or self.max_tokens
+        if limit:
+            kwargs[self.max_tokens_param] = limit
+        if self.temperature is not None:
+            kwargs["temperature"] = self.temperature
+        if self.extra_body:
+            kwargs["extra_body"] = self.extra_body
+        return kwargs
+
+    def _response(self, completion: Any) -> LLMResponse:
+        try:
+            choice = completion.choices[0]
+            text = choice.message.content or getattr(choice.message, "refusal", None) or ""
+            return LLMResponse(text=text, model=completion.model or self.model, usage=_usage(completion.usage),
+                               finish_reason=choice.finish_reason or "stop")
+        except (AttributeError, IndexError, TypeError) as exc:  # no choices, or not a completion at all
+            logger.warning("chat completion from %r has an unexpected shape: %r", self, completion)
+            raise LLMError("bad_response", USER_MESSAGES["bad_response"]) from exc
+
+    async def complete(self, messages: list[dict[str, str]], *, max_tokens: int | None = None) -> LLMResponse:
+        """The whole reply to ``messages``; raises ``LLMError``."""
+        client = await self.connection.async_client()
+        with model_errors(repr(self)):
+            completion = await client.chat.completions.create(**self.request(messages, max_tokens))
+        return self._response(completion)
+
+    def complete_sync(self, messages: list[dict[str, str]], *, max_tokens: int | None = None) -> LLMResponse:
+        """``complete`` for synchronous callers (background threads, commands)."""
+        with model_errors(repr(self)):
+            completion = self.connection.sync_client().chat.completions.create(**self.request(messages, max_tokens))
+        return self._response(completion)
+
+    async def stream(self, messages: list[dict[str, str]], *, max_tokens: int | None = None) -> AsyncIterator[LLMDelta]:
+        """The reply as ``LLMDelta`` pieces; the last one carries the model, the usage (when
+        the server reports it) and the finish reason. Raises ``LLMError``, mid-stream too.
+        Closing the iterator early closes the HTTP response."""
+        client = await self.connection.async_client()
+        kwargs = self.request(messages, max_tokens)
+        if self.stream_usage:
+            kwargs["stream_options"] = {"include_usage": True}
+        with model_errors(repr(self)):
+            response = await client.chat.completions.create(**kwargs, stream=True)
+        model, usage, finish = self.model, None, None
+        try:
+            with model_errors(repr(self), during_stream=True):
+                async for chunk in response:
+                    model = chunk.model or model
+                    usage = _usage(chunk.usage) or usage
+                    for choice in chunk.choices:
+                        finish = choice.finish_reason or finish
+                        delta = choice.delta
+                        text = (delta.content or "") + (getattr(delta, "refusal", None) or "") if delta else ""
+                        if text:
+                            yield LLMDelta(text=text)
+        finally:
+            await response.close()
+        yield LLMDelta(model=model, usage=usage, finish_reason=finish or "stop")
+
+
+def _check_options(component: str, options: dict[str, Any], accepted: tuple[str, ...]) -> None:
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"{component} got unknown option(s) {unknown}; accepted: {sorted(accepted)}."
+        )
+
+
+# Keys a helper component inherits from the profile's "openai" block: the server and the model.
+INHERITED_OPTIONS = (*CONNECTION_OPTIONS, "model", "max_tokens_param")
+HELPER_OPTIONS = (*CONNECTION_OPTIONS, "model", "temperature", "max_tokens", "max_tokens_param", "extra_body")
+
+
+def chat_model_from_options(profile: Profile, options: dict[str, Any], *, component: str,
+                            max_tokens: int, temperature: float | None = 0.0) -> ChatModel:
+    """The ``ChatModel`` of a helper component (rewrite, multi_query, summary...).
+
+    Takes the ``HELPER_OPTIONS`` keys out of ``options`` (the component's own options, changed
+    in place so the component sees only the rest). Whatever the component does not set comes
+    from the profile's ``options["openai"]`` (server and model), then from the defaults:
+    a deterministic ``temperature`` of 0 and the component's ``max_tokens``.
+    """
+    shared = profile.options_for("openai")
+    own = {k: options.pop(k) for k in HELPER_OPTIONS if k in options}
+    merged = {k: shared[k] for k in INHERITED_OPTIONS if k in shared}
+    merged.update(own)
+    return ChatModel(
+        OpenAIConnection.from_options(merged),
+        model=merged.get("model") or DEFAULT_CHAT_MODEL,
+        temperature=merged.get("temperature", temperature),
+        max_tokens=merged.get("max_tokens", max_tokens),
+        max_tokens_param=merged.get("max_tokens_param", "max_tokens"),
+        extra_body=merged.get("extra_body"),
+    )
+
+
+def record_call(turn: TurnContext, by: str, response: LLMResponse | None, started: float, error: str = "") -> None:
+    """Note a helper model call (not the answer) in the trace: who, model, time, usage."""
+    entry: dict[str, Any] = {"by": by, "ms": round((time.perf_counter() - started) * 1000, 3)}
+    if response is not None:
+        entry["model"] = response.model
+        if response.usage:
+            entry.update(prompt_tokens=response.usage.prompt_tokens,
+                         completion_tokens=response.usage.completion_tokens)
+    if error:
+        entry["error"] = error
+    turn.trace.setdefault("llm_calls", []).append(entry)
+
+
+class OpenAIChatBackend(LLMBackend):
+    """Answers through the chat completions API of an OpenAI-compatible server.
+
+    Options (in ``options["openai"]``, shared with the ``openai`` embedder): the connection's
+    (``base_url``, ``api_key_env``, ``timeout``, ``max_retries``, ``headers``) and
+    ``model`` (default ``gpt-4o-mini``), ``temperature`` (server default), ``max_tokens``
+    (default: the profile's ``max_answer_tokens``), ``max_tokens_param``, ``stream_usage``
+    (True), ``extra_body``.
+    """
+
+    name = "openai"
+
+    def __init__(self, profile, **options: Any):
+        _check_options("The openai LLM backend", options, (*CONNECTION_OPTIONS, *CHAT_OPTIONS, *EMBEDDING_OPTIONS))
+        super().__init__(profile)
+        self.chat = ChatModel(
+            OpenAIConnection.from_options(options),
+            model=options.get("model") or DEFAULT_CHAT_MODEL,
+            temperature=options.get("temperature"),
+            max_tokens=options.get("max_tokens") or profile.max_answer_tokens,
+            max_tokens_param=options.get("max_tokens_param", "max_tokens"),
+            stream_usage=options.get("stream_usage", True),
+            extra_body=options.get("extra_body"),
+        )
+        self.model = self.chat.model
+        self.connection = self.chat.connection
+
+    def _note_finish(self, turn: TurnContext, finish_reason: str | None) -> None:
+        if finish_reason == "length":
+            turn.warn(f"the answer was cut at {self.chat.max_tokens} tokens (max_tokens)")
+
+    async def complete(self, prompt, turn):
+        response = await self.chat.complete(list(prompt.messages))
+        self._note_finish(turn, response.finish_reason)
+        return response
+
+    async def stream(self, prompt, turn):
+        async for delta in self.chat.stream(list(prompt.messages)):
+            if delta.finish_reason:
+                self._note_finish(turn, delta.finish_reason)
+            yield delta
+
+
+# --- Embeddings ---------------------------------------------------------------------------------
+
+
+class OpenAIEmbedder(Embedder):
+    """Embeddings from an OpenAI-compatible server, in batches.
+
+    Options (in ``options["openai"]``, shared with the ``openai`` LLM backend): the
+    connection's, ``embedding_model`` (default ``text-embedding-3-small``),
+    ``embedding_dimensions`` (the vector size; required for models not in
+    ``EMBEDDING_MODEL_DIMENSIONS``), ``send_dimensions`` (send ``dimensions`` to the server so
+    it shortens the vectors; by default only for ``text-embedding-3-*`` models, the ones that
+    can), ``batch_size`` (texts per request, default 256).
+
+    The space is ``openai/<model>-<dimensions>``: changing either needs a re-embed.
+    """
+
+    name = "openai"
+
+    def __init__(self, profile, **options: Any):
+        _check_options("The openai embedder", options, (*CONNECTION_OPTIONS, *CHAT_OPTIONS, *EMBEDDING_OPTIONS))
+        super().__init__(profile)
+        self.connection = OpenAIConnection.from_options(options)
+        self.model = options.get("embedding_model") or DEFAULT_EMBEDDING_MODEL
+        dimensions = options.get("embedding_dimensions")
+        native = EMBEDDING_MODEL_DIMENSIONS.get(self.model)
+        if dimensions is None and native is None:
+            raise ImproperlyConfigured(
+                f"The openai embedder cannot know the vector size of model {self.model!r}: set "
+                f"options['openai']['embedding_dimensions'] (e.g. 768 for nomic-embed-text)."
+            )
+        if dimensions is not None and (not isinstance(dimensions, int) or dimensions < 1):
+            raise ImproperlyConfigured(f"openai option 'embedding_dimensions' must be a positive integer, not {dimensions!r}.")
+        self.dimension = dimensions or native
+        send = options.get("send_dimensions")
+        if send is None:
+            send = dimensions is not None and dimensions != native and self.model.startswith("text-embedding-3")
+        self.send_dimensions = bool(send)
+        self.batch_size = int(options.get("batch_size") or 256)
+
+    @property
+    def space(self) -> str:
+        return f"openai/{self.model}-{self.dimension}"
+
+    def _request(self, texts: list[str]) -> dict[str, Any]:
+        # The API rejects empty strings; a blank text embeds like a space.
+        kwargs: dict[str, Any] = {"model": self.model, "input": [t if t.strip() else " " for t in texts]}
+        if self.send_dimensions:
+            kwargs["dimensions"] = self.dimension
+        return kwargs
+
+    def _vectors(self, response: Any, expected: int) -> np.ndarray:
+        try:
+            rows = sorted(response.data, key=lambda d: d.index)
+            matrix = np.asarray([row.embedding for row in rows], dtype=np.float32)
+        except (AttributeError, TypeError, ValueError) as exc:
+            logger.warning("embeddings from %s have an unexpected shape: %r", self.connection.describe(), response)
+            raise LLMError("bad_response", USER_MESSAGES["bad_response"]) from exc
+        if matrix.shape != (expected, self.dimension):
+            logger.warning("embedding model %s returned shape %s, expected (%d, %d): set embedding_dimensions "
+                           "to the model's size", self.model, matrix.shape, expected, self.dimension)
+            raise LLMError("bad_response", USER_MESSAGES["bad_response"])
+        return matrix
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        parts = [np.zeros((0, self.dimension), dtype=np.float32)]
+        client = self.connection.sync_client()
+        for start in range(0, len(texts), self.batch_size):
+            batch = texts[start:start + self.batch_size]
+            with model_errors(f"embeddings ({self.model})"):
+                response = client.embeddings.create(**self._request(batch))
+            parts.append(self._vectors(response, len(batch)))
+        return np.vstack(parts)
+
+    async def aembed(self, texts: list[str]) -> np.ndarray:
+        parts = [np.zeros((0, self.dimension), dtype=np.float32)]
+        client = await self.connection.async_client() if texts else None
+        for start in range(0, len(texts), self.batch_size):
+            batch = texts[start:start + self.batch_size]
+            with model_errors(f"embeddings ({self.model})"):
+                response = await client.embeddings.create(**self._request(batch))
+            parts.append(self._vectors(response, len(batch)))
+        return np.vstack(parts)
+
+
+@hookimpl
+def register_llm_backends(register):
+    register(OpenAIChatBackend)
+
+
+@hookimpl
+def register_embedders(register):
+    register(OpenAIEmbedder)
