@@ -12,6 +12,16 @@ from django_ragchat.models import Conversation, Document, Feedback, MemoryRecord
 from django_ragchat.profiles import UnknownProfile, get_profile
 
 
+class StrictCharField(serializers.CharField):
+    """A ``CharField`` that refuses numbers and booleans instead of turning them into text.
+    (NUL characters and lone surrogates are refused by ``CharField`` itself.)"""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class ErrorSerializer(serializers.Serializer):
     """Every error answer: a short stable ``code`` and a ``detail`` safe to show."""
 
@@ -33,9 +43,9 @@ class ConversationSerializer(serializers.ModelSerializer):
 
 
 class ConversationCreateSerializer(serializers.Serializer):
-    title = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    profile = serializers.CharField(max_length=100, required=False, allow_null=True, default=None,
-                                    help_text="A profile name from RAGCHAT['PROFILES']; the default profile if omitted.")
+    title = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+    profile = StrictCharField(max_length=100, required=False, allow_null=True, default=None,
+                              help_text="A profile name from RAGCHAT['PROFILES']; the default profile if omitted.")
 
     def validate_profile(self, value: str | None) -> str:
         try:
@@ -45,10 +55,11 @@ class ConversationCreateSerializer(serializers.Serializer):
 
 
 class ConversationRenameSerializer(serializers.ModelSerializer):
+    title = StrictCharField(max_length=200, allow_blank=True)
+
     class Meta:
         model = Conversation
         fields = ["title"]
-        extra_kwargs = {"title": {"required": True, "allow_blank": True}}
 
 
 class SourceSerializer(serializers.Serializer):
@@ -131,7 +142,7 @@ class TurnFailedSerializer(TurnSerializer):
 
 class FeedbackSerializer(serializers.ModelSerializer):
     message_id = serializers.IntegerField(read_only=True)
-    comment = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    comment = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
 
     class Meta:
         model = Feedback
@@ -142,7 +153,7 @@ class FeedbackSerializer(serializers.ModelSerializer):
 class MemoryRecordSerializer(serializers.ModelSerializer):
     user_id = serializers.IntegerField(read_only=True, allow_null=True)
     conversation_id = serializers.UUIDField(read_only=True, allow_null=True)
-    content = serializers.CharField(max_length=20_000)
+    content = StrictCharField(max_length=20_000)
 
     class Meta:
         model = MemoryRecord
