@@ -302,6 +302,44 @@ def test_a_model_failure_answers_with_the_error_and_both_saved_messages(
     assert post_json(alice, messages_url(conversation), {"content": QUESTION}).status_code == 201
 
 
+@pytest.fixture
+def openai_profile(openai_server, ragchat_settings_override):
+    """The default profile answering through the ``openai`` backend and the loopback server."""
+    ragchat_settings_override(PROFILES={"default": {"llm": "openai", "options": {"openai": {
+        "base_url": openai_server.base_url, "model": "test-model", "max_retries": 0, "timeout": 0.5,
+    }}}})
+    return openai_server
+
+
+def test_a_turn_through_the_openai_backend(alice, product_corpus, conversation, openai_profile):
+    openai_profile.script("The Aurora X2 costs $699 [1].")
+    response = post_json(alice, messages_url(conversation), {"content": QUESTION})
+    assert response.status_code == 201
+    answer = response.json()["assistant_message"]
+    assert answer["content"] == "The Aurora X2 costs $699 [1]." and answer["status"] == "complete"
+    assert answer["citations"][0]["index"] == 1 and answer["citations"][0]["source"] == "products/aurora-x2.md"
+    assert openai_profile.count("chat/completions") == 1
+
+
+@pytest.mark.parametrize("fault, options, status, code, retry_after", [
+    ("latency", {"seconds": 3}, 504, "timeout", None),
+    ("rate_limit", {"retry_after": 3}, 503, "rate_limited", "3"),
+    ("server_error", {"status": 500}, 503, "model_unavailable", None),
+    ("malformed_json", {}, 502, "bad_response", None),
+])
+def test_model_server_failures_through_the_openai_backend(
+    alice, product_corpus, conversation, openai_profile, fault, options, status, code, retry_after,
+):
+    openai_profile.fail_next(fault, path="chat/completions", **options)
+    response = post_json(alice, messages_url(conversation), {"content": QUESTION})
+    assert response.status_code == status
+    assert response.get("Retry-After") == retry_after
+    body = response.json()
+    assert body["code"] == code and body["assistant_message"]["status"] == "error"
+    assert body["user_message"]["content"] == QUESTION
+    assert [m.status for m in conversation.messages.order_by("seq")] == ["complete", "error"]
+
+
 # --- Feedback ---------------------------------------------------------------------------------
 
 

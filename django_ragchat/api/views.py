@@ -15,8 +15,10 @@ import logging
 import math
 from pathlib import PurePath
 
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.db.models import Count, Prefetch
+from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import exceptions, generics, status
@@ -55,7 +57,11 @@ def retry_after_header(seconds: float | None) -> dict[str, str]:
 
 def api_exception_handler(exc, context):
     """DRF's handler, answering every error as ``{"code", "detail"}``."""
-    if isinstance(exc, RequestDataTooBig):
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()  # one body for every 404, naming no model
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    elif isinstance(exc, RequestDataTooBig):
         # Django refuses bodies over DATA_UPLOAD_MAX_MEMORY_SIZE before they are parsed.
         exc = APIError(413, "too_large", "The request body is too large.")
     elif isinstance(exc, (TooManyFieldsSent, TooManyFilesSent)):

@@ -1,0 +1,190 @@
+"""Who may call what: every endpoint for every kind of caller, through the real stack.
+
+The expected statuses are read from the permission tables in docs/api.md, so the documented
+matrix and the tested one cannot drift apart; ``test_the_documented_matrix_covers_every_endpoint``
+checks the tables are complete. Wherever a 404 is expected, the body must equal the body for
+an id that does not exist at all: a foreign id cannot be told from an unknown one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import re
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.core.cache import cache
+from django.core.files.uploadedfile import SimpleUploadedFile
+from rest_framework.test import APIClient
+
+from django_ragchat.models import Conversation, Document, Feedback, MemoryRecord, Message
+
+pytestmark = pytest.mark.django_db
+
+API = "/api/ragchat"
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "api.md"
+UNKNOWN = {"C": "0b3f2a47-0000-4000-8000-000000000000", "A": "987654", "M": "987654", "D": "987654"}
+
+
+def read_matrix(heading: str) -> tuple[list[str], dict[str, list[int]]]:
+    """The table under ``heading`` in docs/api.md: its caller columns and, per endpoint, the
+    statuses in column order."""
+    lines = DOCS.read_text().split(f"\n{heading}\n", 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))
+    header = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    table = {}
+    for row in rows[2:]:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        table[cells[0].strip("`")] = [int(re.match(r"\d+", cell).group()) for cell in cells[1:]]
+    return header[1:], table
+
+
+SIGNED_IN_COLUMNS, SIGNED_IN_MATRIX = read_matrix("### Signed-in users' objects")
+ANONYMOUS_COLUMNS, ANONYMOUS_MATRIX = read_matrix("### Anonymous conversations")
+
+
+@pytest.fixture(autouse=True)
+def _clear_limits():
+    cache.clear()
+    yield
+    cache.clear()
+
+
+def session_client(session_key: str | None = None) -> APIClient:
+    """A client carrying a (new, or the given) anonymous session."""
+    client = APIClient()
+    if session_key is None:
+        store = importlib.import_module(settings.SESSION_ENGINE).SessionStore()
+        store.create()
+        session_key = store.session_key
+    client.cookies[settings.SESSION_COOKIE_NAME] = session_key
+    return client
+
+
+def signed_in(user) -> APIClient:
+    client = APIClient()
+    client.force_login(user)
+    return client
+
+
+def conversation_with_answer(**owner) -> tuple[Conversation, Message]:
+    conversation = Conversation.objects.create(last_seq=2, **owner)
+    Message.objects.create(conversation=conversation, seq=1, role="user", content="Hello?")
+    answer = Message.objects.create(conversation=conversation, seq=2, role="assistant", content="Hi.")
+    return conversation, answer
+
+
+@pytest.fixture
+def world(user, other_user, staff_user):
+    """alice's conversation C with answer A (rated by alice and by staff), alice's memory
+    record M, a document D, and an anonymous session's conversation with the same."""
+    conversation, answer = conversation_with_answer(owner=user)
+    Feedback.objects.create(message=answer, user=user, rating="up")
+    Feedback.objects.create(message=answer, user=staff_user, rating="down")
+    memory = MemoryRecord.objects.create(user=user, kind="fact", content="Likes tablets.")
+    document = Document.objects.create(source="kb/a.md", title="A", checksum="0" * 64)
+
+    visitor = session_client()
+    session_key = visitor.cookies[settings.SESSION_COOKIE_NAME].value
+    anon_conversation, anon_answer = conversation_with_answer(session_key=session_key)
+    anon_memory = MemoryRecord.objects.create(conversation=anon_conversation, kind="summary", content="Greeted.")
+    return {
+        "ids": {"C": conversation.pk, "A": answer.pk, "M": memory.pk, "D": document.pk},
+        "anonymous_ids": {"C": anon_conversation.pk, "A": anon_answer.pk, "M": anon_memory.pk},
+        "clients": {
+            "owner": signed_in(user), "other user": signed_in(other_user), "staff": signed_in(staff_user),
+            "anonymous (off)": session_client(), "anonymous (on)": session_client(),
+            "its session": visitor, "another session": session_client(), "signed-in user": signed_in(other_user),
+        },
+    }
+
+
+def call(client: APIClient, endpoint: str, ids: dict):
+    """Make the request ``endpoint`` ("METHOD path" with {C}, {A}, {M}, {D} placeholders)."""
+    method, path = endpoint.split(" ", 1)
+    url = f"{API}/" + re.sub(r"\{(\w)\}", lambda m: str(ids[m.group(1)]), path)
+    if method == "GET":
+        return client.get(url)
+    if method == "DELETE":
+        return client.delete(url)
+    if endpoint == "POST documents/":
+        return client.post(url, {"file": SimpleUploadedFile("new.md", b"# New\n\nText.")}, format="multipart")
+    body = {
+        "POST conversations/": {"title": "New"},
+        "PATCH conversations/{C}/": {"title": "Renamed"},
+        "POST conversations/{C}/messages/": {"content": "What is new?"},
+        "POST messages/{A}/feedback/": {"rating": "down", "comment": "Too short."},
+        "PATCH memory/{M}/": {"content": "Likes phones."},
+    }[endpoint]
+    return getattr(client, method.lower())(url, json.dumps(body), content_type="application/json")
+
+
+def check(world, client, endpoint, ids, expected):
+    response = call(client, endpoint, ids)
+    assert response.status_code == expected, (endpoint, response.content)
+    if expected == 404:
+        # The same answer as for an id that was never there.
+        unknown = call(client, endpoint, {**ids, **UNKNOWN})
+        assert (unknown.status_code, unknown.content) == (404, response.content)
+    if expected >= 400:
+        assert set(response.json()) == {"code", "detail"}
+
+
+@pytest.mark.parametrize("endpoint", SIGNED_IN_MATRIX)
+@pytest.mark.parametrize("actor", SIGNED_IN_COLUMNS)
+def test_signed_in_users_objects(world, ragchat_settings_override, actor, endpoint):
+    ragchat_settings_override(ALLOW_ANONYMOUS=actor != "anonymous (off)")
+    expected = SIGNED_IN_MATRIX[endpoint][SIGNED_IN_COLUMNS.index(actor)]
+    check(world, world["clients"][actor], endpoint, world["ids"], expected)
+
+
+@pytest.mark.parametrize("endpoint", ANONYMOUS_MATRIX)
+@pytest.mark.parametrize("actor", ANONYMOUS_COLUMNS)
+def test_anonymous_conversations(world, ragchat_settings_override, actor, endpoint):
+    ragchat_settings_override(ALLOW_ANONYMOUS=True)
+    expected = ANONYMOUS_MATRIX[endpoint][ANONYMOUS_COLUMNS.index(actor)]
+    check(world, world["clients"][actor], endpoint, world["anonymous_ids"], expected)
+
+
+def test_anonymous_conversations_are_closed_when_anonymous_use_is_off(world):
+    for endpoint in ANONYMOUS_MATRIX:
+        response = call(world["clients"]["its session"], endpoint, world["anonymous_ids"])
+        assert response.status_code == 403 and response.json()["code"] == "not_authenticated"
+
+
+# What each caller finds in the lists: (C in conversations/, M in memory/, alice's feedback in feedback/).
+LISTED = {
+    "owner": (True, True, True),
+    "other user": (False, False, False),
+    "staff": (False, True, True),  # staff open anyone's conversation by id; their list is their own
+    "anonymous (on)": (False, False, False),
+}
+
+
+@pytest.mark.parametrize("actor", LISTED)
+def test_lists_show_only_what_the_caller_may_see(world, ragchat_settings_override, user, actor):
+    ragchat_settings_override(ALLOW_ANONYMOUS=True)
+    client = world["clients"][actor]
+    ids = world["ids"]
+    conversations = {c["id"] for c in client.get(f"{API}/conversations/").json()["results"]}
+    memory = {m["id"] for m in client.get(f"{API}/memory/").json()["results"]}
+    feedback = {f["id"] for f in client.get(f"{API}/feedback/").json()["results"]}
+    alices_feedback = Feedback.objects.get(user=user).pk
+    assert (str(ids["C"]) in conversations, ids["M"] in memory, alices_feedback in feedback) == LISTED[actor]
+    if actor != "staff":
+        anonymous = world["anonymous_ids"]
+        assert str(anonymous["C"]) not in conversations and anonymous["M"] not in memory
+
+
+def test_the_documented_matrix_covers_every_endpoint():
+    from django_ragchat.api.urls import urlpatterns
+
+    routes = {str(p.pattern) for p in urlpatterns} - {"docs/", "redoc/"}
+    documented = {re.sub(r"\{\w\}", "<>", e.split(" ", 1)[1]) for e in SIGNED_IN_MATRIX}
+    assert {re.sub(r"<[^>]+>", "<>", r) for r in routes} == documented
+    assert SIGNED_IN_COLUMNS == ["owner", "other user", "staff", "anonymous (off)", "anonymous (on)"]
+    assert ANONYMOUS_COLUMNS == ["its session", "another session", "signed-in user", "staff"]
