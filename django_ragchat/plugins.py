@@ -191,7 +191,24 @@ def plugin_listing() -> list[dict[str, Any]]:
         plugins.append({
             "name": name,
             "hooks": hooks,
-            "version": getattr(dist, "version", None) if dist else None,
+            "version": getattr(dist, "version", None) if dist else getattr(plugin, "__version__", None),
             "builtin": name in DEFAULT_PLUGINS,
         })
     return plugins
+
+
+def hook_implementations() -> dict[str, list[str]]:
+    """Each implemented hook and the plugins implementing it, in the order they are called:
+    registration hooks in load order (``build_registry``), lifecycle hooks as ``notify`` calls
+    them. Registration hooks come first, in ``REGISTRATION_HOOKS`` order."""
+    pm = get_plugin_manager()
+    names = list(REGISTRATION_HOOKS) + sorted(
+        name for name in vars(pm.hook) if not name.startswith("_") and name not in REGISTRATION_HOOKS
+    )
+    found = {}
+    for name in names:
+        impls = getattr(pm.hook, name).get_hookimpls()
+        if impls:
+            ordered = impls if name in REGISTRATION_HOOKS else reversed(impls)
+            found[name] = [impl.plugin_name for impl in ordered]
+    return found

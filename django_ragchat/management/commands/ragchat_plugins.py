@@ -1,0 +1,108 @@
+"""``manage.py ragchat_plugins``: what is loaded, and in which order it runs.
+
+Lists every plugin (built-in, from ``RAGCHAT["PLUGINS"]`` or from an entry point) with the
+hooks it implements, each hook's implementations in call order, every registered component by
+pipeline stage in call order (its ``order`` value, then registration index), and for each
+profile the components it runs. ``--json`` prints the same as one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand
+
+from django_ragchat.conf import ragchat_settings
+from django_ragchat.plugins import get_registry, hook_implementations, plugin_listing
+from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, get_profile, profile_names
+
+# Profile fields in the order the turn runs their stages (guardrails also check the output).
+PIPELINE_ORDER = (
+    "guardrails", "memory", "query_transformers", "query_expanders", "retrievers", "embedder", "joiner",
+    "document_postprocessors", "prompt_augmenter", "llm", "response_augmenters",
+)
+STAGE_KINDS = {**CHOICE_STAGES, **LIST_STAGES}
+
+
+def _origin(plugin: dict) -> str:
+    if plugin["builtin"]:
+        return "built-in"
+    return "settings" if plugin["name"] in ragchat_settings.PLUGINS else "entry point"
+
+
+def describe() -> dict:
+    """Everything the command prints, as JSON-ready data."""
+    registry = get_registry()
+    kinds = [STAGE_KINDS[f] for f in PIPELINE_ORDER]
+    kinds += [k for k in registry.kinds() if k not in kinds]
+    components = {
+        kind: [
+            {"name": r.name, "order": r.order, "index": r.index, "plugin": r.plugin,
+             "class": f"{r.cls.__module__}.{r.cls.__qualname__}", "enabled_by_default": r.cls.enabled_by_default}
+            for r in registry.all() if r.kind == kind  # all() is in call order within a stage
+        ]
+        for kind in kinds
+    }
+    profiles = {}
+    for name in profile_names():
+        try:
+            profile = get_profile(name)
+            runs = {}
+            for field in PIPELINE_ORDER:
+                value = getattr(profile, field)
+                names = [value] if field in CHOICE_STAGES else value
+                runs[field] = [r.name for r in registry.ordered(STAGE_KINDS[field], names)]
+            profiles[name] = runs
+        except ImproperlyConfigured as exc:
+            profiles[name] = {"error": str(exc)}
+    return {
+        "plugins": [{**p, "origin": _origin(p)} for p in plugin_listing()],
+        "hooks": hook_implementations(),
+        "components": components,
+        "profiles": profiles,
+        "errors": list(registry.errors),
+    }
+
+
+class Command(BaseCommand):
+    help = "List plugins, hook implementations and components in call order, and what each profile runs."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", action="store_true", help="Print one JSON object.")
+
+    def handle(self, *args, **options):
+        data = describe()
+        if options["json"]:
+            self.stdout.write(json.dumps(data, indent=2))
+            return
+        write = self.stdout.write
+        write("Plugins, in load order:")
+        for plugin in data["plugins"]:
+            version = f" {plugin['version']}" if plugin["version"] else ""
+            write(f"  {plugin['name']}{version} ({plugin['origin']}): {', '.join(plugin['hooks']) or 'no hooks'}")
+        write("")
+        write("Hook implementations, in call order:")
+        for hook, plugins in data["hooks"].items():
+            write(f"  {hook}: {', '.join(plugins)}")
+        write("")
+        write("Components by stage, in call order (order value, registration index):")
+        for kind, components in data["components"].items():
+            write(f"  {kind}:")
+            for c in components:
+                default = "" if c["enabled_by_default"] else ", off by default"
+                write(f"    {c['name']}  order={c['order']} index={c['index']}  from {c['plugin']} "
+                      f"({c['class']}{default})")
+            if not components:
+                write("    (none)")
+        write("")
+        write("Profiles:")
+        for name, runs in data["profiles"].items():
+            write(f"  {name}:")
+            if "error" in runs:
+                write(self.style.ERROR(f"    {runs['error']}"))
+                continue
+            for field, names in runs.items():
+                write(f"    {field}: {', '.join(names) or '-'}")
+        for error in data["errors"]:
+            self.stderr.write(self.style.ERROR(error))
