@@ -4,4 +4,5 @@ from django.urls import include, path
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/ragchat/", include("django_ragchat.api.urls")),
+    path("chat/", include("django_ragchat.urls")),
 ]

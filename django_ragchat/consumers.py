@@ -1,0 +1,250 @@
+"""The websocket consumer: chat over one socket, with the JSON protocol of docs/protocol.md.
+
+The client sends ``message``, ``cancel`` and ``ping`` frames; the server relays the events of
+each turn (``transport.turn_events``, the same path as server-sent events) and answers
+malformed frames with an ``error`` event, keeping the connection open.
+
+Several workers: a socket joins one channel-layer group per conversation it opens. The worker
+that runs a turn sends every event to its own socket directly and ``group_send``s it to the
+conversation's group, so every other socket open on that conversation receives the same events
+in the same order, whichever worker process it is connected to (``channels_redis``). A
+``cancel`` reaches the turn the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from django_ragchat import permissions, persistence, transport
+from django_ragchat.events import PROTOCOL_VERSION, Accepted, Completed, Failed
+from django_ragchat.models import Conversation, Message
+from django_ragchat.transport import TurnRefused
+
+logger = logging.getLogger(__name__)
+
+# Close code when the conversation named in the URL cannot be opened (4000-4999: application).
+CLOSE_NOT_FOUND = 4404
+
+
+def group_name(conversation_id) -> str:
+    """The channel-layer group of a conversation's open sockets."""
+    return f"ragchat.conversation.{uuid.UUID(str(conversation_id)).hex}"
+
+
+def _stopped_payload(message_id: int) -> dict[str, Any]:
+    return persistence.message_payload(Message.objects.get(pk=message_id))
+
+
+class ChatConsumer(AsyncJsonWebsocketConsumer):
+    """One chat socket. Routed at ``ws/ragchat/`` (messages name their conversation, or start
+    one) and ``ws/ragchat/conversations/<uuid>/`` (bound to, and watching, that conversation).
+
+    Authentication is the Django session (``AuthMiddlewareStack``). The handshake is refused
+    for an anonymous caller unless ``ALLOW_ANONYMOUS`` is on and they have a session.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.user = None
+        self.session_key: str | None = None
+        self.conversation_id: str | None = None  # where a message without conversation_id goes
+        self.watching: dict[str, bool] = {}  # conversation id -> may this socket send to it
+        self.turns: dict[str, asyncio.Task] = {}  # conversation id -> turn run by this socket
+        self.closed = False
+
+    # --- connection ---------------------------------------------------------------------
+
+    async def connect(self):
+        self.user = self.scope.get("user")
+        self.session_key = transport.caller_session_key(self.user, self.scope.get("session"))
+        if not (self.user is not None and self.user.is_authenticated) and not self.session_key:
+            await self.close()  # before accept(): the handshake is answered 403
+            return
+        await self.accept()
+        bound = self.scope.get("url_route", {}).get("kwargs", {}).get("conversation_id")
+        if bound is not None:
+            try:
+                conversation = await transport.open_conversation(
+                    self.user, bound, self.session_key, for_sending=False
+                )
+            except TurnRefused as refusal:
+                await self.send_json(refusal.to_event().to_dict())
+                await self.close(code=CLOSE_NOT_FOUND)
+                return
+            await self._watch(conversation)
+            self.conversation_id = str(conversation.pk)
+        await self.send_json({"type": "ready", "protocol": PROTOCOL_VERSION,
+                              "conversation_id": self.conversation_id})
+
+    async def disconnect(self, code):
+        self.closed = True
+        # Stop this socket's turns: each saves its partial answer as "incomplete" and tells the
+        # conversation's other sockets.
+        running = [task for task in self.turns.values() if not task.done()]
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def dispatch(self, message):
+        if message["type"] == "ragchat.event":
+            # A turn event relayed through the channel layer: no database work, so the base
+            # class's per-message connection cleanup (a thread hop) is skipped.
+            if message["origin"] != self.channel_name:  # our own turns were sent directly
+                await self._send_frame(message["frame"])
+            return
+        await super().dispatch(message)
+
+    # --- client frames ------------------------------------------------------------------
+
+    async def receive(self, text_data=None, bytes_data=None):
+        if text_data is None:
+            return await self._error("invalid_frame", "Send JSON in text frames.")
+        if len(text_data) > transport.max_request_chars():
+            return await self._error("frame_too_large", f"Frames are limited to {transport.max_request_chars():,} characters.")
+        try:
+            frame = json.loads(text_data)
+        except (ValueError, RecursionError):
+            return await self._error("invalid_json", "The frame is not valid JSON.")
+        if not isinstance(frame, dict):
+            return await self._error("invalid_frame", 'A frame is a JSON object with a "type".')
+        client_id = frame.get("client_id")
+        if client_id is not None and not (isinstance(client_id, str) and len(client_id) <= 100):
+            return await self._error("invalid_frame", '"client_id" must be a string of at most 100 characters.')
+        handler = self.frame_handlers.get(frame.get("type")) if isinstance(frame.get("type"), str) else None
+        if handler is None:
+            return await self._error("unknown_type", 'Unknown frame type; send "message", "cancel" or "ping".',
+                                     client_id)
+        await handler(self, frame, client_id)
+
+    async def on_message(self, frame: dict, client_id: str | None) -> None:
+        """``{"type": "message", "content": ..., "conversation_id"?: ...}``: run a turn."""
+        content = frame.get("content")
+        try:
+            transport.validate(content)
+            conversation = await self._conversation_for_message(frame.get("conversation_id", self.conversation_id))
+        except TurnRefused as refusal:
+            return await self._send_frame(self._frame(refusal.to_event().to_dict(), None, client_id))
+        key = str(conversation.pk)
+        running = self.turns.get(key)
+        if running is not None and not running.done():
+            refusal = TurnRefused("turn_in_progress", "An answer is still being written in this conversation; "
+                                  "wait for it to finish or cancel it.", 409)
+            return await self._send_frame(self._frame(refusal.to_event().to_dict(), key, client_id))
+        self.conversation_id = key
+        self.turns[key] = asyncio.create_task(self._run_turn(conversation, content, client_id))
+
+    async def on_cancel(self, frame: dict, client_id: str | None) -> None:
+        """``{"type": "cancel", "conversation_id"?: ...}``: stop the turn being written there,
+        on this socket or, through the group, on any other."""
+        key = frame.get("conversation_id", self.conversation_id)
+        if not isinstance(key, str) or key not in self.watching:
+            return await self._send_frame(self._frame(TurnRefused.not_found().to_event().to_dict(), None, client_id))
+        if not self.watching[key]:
+            return await self._error("forbidden", "You may read this conversation but not change it.", client_id)
+        task = self.turns.get(key)
+        if task is not None and not task.done():
+            task.cancel()
+        else:
+            await self.channel_layer.group_send(group_name(key), {"type": "ragchat.cancel", "conversation_id": key})
+
+    async def on_ping(self, frame: dict, client_id: str | None) -> None:
+        await self._send_frame(self._frame({"type": "pong"}, None, client_id))
+
+    frame_handlers = {"message": on_message, "cancel": on_cancel, "ping": on_ping}
+
+    # --- channel-layer messages ---------------------------------------------------------
+
+    async def ragchat_cancel(self, message):
+        task = self.turns.get(message["conversation_id"])
+        if task is not None and not task.done():
+            task.cancel()
+
+    # --- turns --------------------------------------------------------------------------
+
+    async def _conversation_for_message(self, conversation_id) -> Conversation:
+        if conversation_id is None:
+            try:
+                conversation = await sync_to_async(permissions.create_conversation)(self.user, self.session_key)
+            except PermissionError as exc:
+                raise TurnRefused("forbidden", str(exc), 403) from None
+        else:
+            conversation = await transport.open_conversation(
+                self.user, conversation_id, self.session_key, for_sending=True
+            )
+        await self._watch(conversation)
+        return conversation
+
+    async def _watch(self, conversation: Conversation) -> None:
+        key = str(conversation.pk)
+        if key not in self.watching:
+            group = group_name(key)
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.groups.append(group)  # left automatically on disconnect
+        self.watching[key] = await sync_to_async(permissions.can_change)(self.user, conversation, self.session_key)
+
+    async def _run_turn(self, conversation: Conversation, content: Any, client_id: str | None) -> None:
+        key = str(conversation.pk)
+        group = group_name(key)
+        accepted: Accepted | None = None
+        ended = False
+        try:
+            async with contextlib.aclosing(transport.turn_events(
+                conversation, content, user=self.user, session_key=self.session_key
+            )) as events:
+                async for event in events:
+                    if isinstance(event, Accepted):
+                        accepted = event
+                    ended = isinstance(event, (Completed, Failed))
+                    await self._relay(group, self._frame(event.to_dict(), key, client_id))
+        except TurnRefused as refusal:
+            await self._send_frame(self._frame(refusal.to_event().to_dict(), key, client_id))
+        except asyncio.CancelledError:
+            # A cancel frame or a disconnect: the turn saved its partial answer. This task is
+            # ours and goes on to say so.
+            asyncio.current_task().uncancel()
+        except Exception:
+            logger.exception("ragchat websocket turn in conversation %s failed", key)
+            if accepted is None:
+                failed = Failed(code="internal_error", message="The assistant failed to answer; the error has been logged.")
+                await self._send_frame(self._frame(failed.to_dict(), key, client_id))
+        finally:
+            if self.turns.get(key) is asyncio.current_task():
+                del self.turns[key]
+        if accepted is not None and not ended:
+            # Stopped before its end: tell every socket on the conversation, with what was saved.
+            payload = await sync_to_async(_stopped_payload)(accepted.assistant_message_id)
+            stopped = Failed(code="cancelled", message="The answer was stopped.", assistant_message=payload)
+            await self._relay(group, self._frame(stopped.to_dict(), key, client_id))
+
+    # --- sending ------------------------------------------------------------------------
+
+    @staticmethod
+    def _frame(data: dict, conversation_id: str | None, client_id: str | None) -> dict:
+        frame = dict(data)
+        if conversation_id is not None:
+            frame["conversation_id"] = conversation_id
+        if client_id is not None:
+            frame["client_id"] = client_id
+        return frame
+
+    async def _relay(self, group: str, frame: dict) -> None:
+        """Send a turn's frame to this socket and to every other socket on the conversation."""
+        await self._send_frame(frame)
+        await self.channel_layer.group_send(group, {"type": "ragchat.event", "origin": self.channel_name,
+                                                    "frame": frame})
+
+    async def _send_frame(self, frame: dict) -> None:
+        if not self.closed:
+            await self.send_json(frame)
+
+    async def _error(self, code: str, message: str, client_id: str | None = None) -> None:
+        await self._send_frame(self._frame(Failed(code=code, message=message).to_dict(), None, client_id))

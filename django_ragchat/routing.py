@@ -1,0 +1,30 @@
+"""Websocket routes. A site serving ASGI includes them in its ``asgi.py``::
+
+    from channels.auth import AuthMiddlewareStack
+    from channels.routing import ProtocolTypeRouter, URLRouter
+    from channels.security.websocket import AllowedHostsOriginValidator
+    from django.core.asgi import get_asgi_application
+
+    django_asgi_app = get_asgi_application()  # first: it sets Django up
+
+    from django_ragchat.routing import websocket_urlpatterns
+
+    application = ProtocolTypeRouter({
+        "http": django_asgi_app,
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    })
+
+The chat page looks for the websocket at ``/ws/ragchat/`` and falls back to server-sent
+events when there is none (a WSGI site).
+"""
+
+from django.urls import path
+
+from django_ragchat.consumers import ChatConsumer
+
+WEBSOCKET_PATH = "ws/ragchat/"
+
+websocket_urlpatterns = [
+    path(WEBSOCKET_PATH, ChatConsumer.as_asgi()),
+    path(f"{WEBSOCKET_PATH}conversations/<uuid:conversation_id>/", ChatConsumer.as_asgi()),
+]

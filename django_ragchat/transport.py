@@ -1,0 +1,145 @@
+"""What the streaming transports share: opening a conversation for a caller and running a turn
+with the per-user limits, as one async iterator of events.
+
+The websocket consumer (``consumers.py``) and the server-sent events view (``sse.py``, under
+ASGI and under WSGI) all call these two functions, so they refuse the same requests with the
+same codes and relay the same events of ``pipeline.stream_turn``.
+
+A request that cannot start a turn raises ``TurnRefused`` before the first event; nothing has
+been saved then. Its ``code`` is the ``error`` event's code, ``http_status`` what the HTTP
+transport answers instead of a stream (see docs/protocol.md for the table).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from django_ragchat import limits, permissions, pipeline
+from django_ragchat.conf import ragchat_settings
+from django_ragchat.events import Failed, TurnEvent
+from django_ragchat.models import Conversation
+
+
+class TurnRefused(Exception):
+    """The request cannot start a turn; nothing was saved.
+
+    ``code`` is short and stable, ``message`` safe to show, ``retry_after`` (seconds) set for
+    the limits.
+    """
+
+    def __init__(self, code: str, message: str, http_status: int, retry_after: float | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.http_status = http_status
+        self.retry_after = retry_after
+
+    @classmethod
+    def not_found(cls) -> TurnRefused:
+        # One answer for unknown, malformed and foreign ids: ids cannot be probed.
+        return cls("not_found", "No such conversation.", 404)
+
+    def to_event(self) -> Failed:
+        """The ``error`` event the websocket sends for this refusal."""
+        return Failed(code=self.code, message=self.message, retry_after=self.retry_after)
+
+    def http_headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+
+
+def caller_session_key(user, session) -> str | None:
+    """The session key that identifies an anonymous caller; ``None`` for signed-in users and
+    when anonymous chat is off (the same rule as the REST API's)."""
+    if (user is not None and user.is_authenticated) or not ragchat_settings.ALLOW_ANONYMOUS:
+        return None
+    return getattr(session, "session_key", None)
+
+
+def max_request_chars() -> int:
+    """The largest request body or websocket frame read: room for the longest valid message
+    even if every character arrives JSON-escaped (``\\uXXXX``)."""
+    return 6 * ragchat_settings.MAX_MESSAGE_CHARS + 1024
+
+
+def validate(content: Any) -> str:
+    """``content`` if it can be a user message; ``TurnRefused`` (400, 413 when too long) if not."""
+    try:
+        return pipeline.validate_user_message(content)
+    except pipeline.InvalidMessage as exc:
+        raise TurnRefused(exc.code, exc.message, 413 if exc.code == "too_long" else 400) from None
+
+
+def _open(user, conversation_id, session_key, for_sending: bool) -> Conversation:
+    try:
+        conversation = permissions.get_conversation_for(user, conversation_id, session_key)
+    except Conversation.DoesNotExist:
+        raise TurnRefused.not_found() from None
+    if for_sending and not permissions.can_change(user, conversation, session_key):
+        raise TurnRefused("forbidden", "You may read this conversation but not send messages to it.", 403)
+    return conversation
+
+
+async def open_conversation(user, conversation_id, session_key: str | None, *, for_sending: bool) -> Conversation:
+    """The conversation if the caller may read it (and, ``for_sending``, change it).
+
+    Raises ``TurnRefused``: ``not_found`` (404) for unknown, malformed and foreign ids alike;
+    ``forbidden`` (403) when the caller may read but not send (staff in someone else's).
+    """
+    return await sync_to_async(_open)(user, conversation_id, session_key, for_sending)
+
+
+def _admit(user, session_key: str | None) -> contextlib.AbstractContextManager:
+    """Take one of the caller's stream slots and count the turn against their rate."""
+    slot = limits.stream_slot(user, session_key)
+    try:
+        slot.__enter__()
+        try:
+            limits.check_turn_rate(user, session_key)
+        except BaseException:
+            slot.__exit__(None, None, None)
+            raise
+    except limits.LimitExceeded as exc:
+        raise TurnRefused(exc.code, exc.message, 429, exc.retry_after) from None
+    return slot
+
+
+def _release(slot: contextlib.AbstractContextManager) -> None:
+    slot.__exit__(None, None, None)
+
+
+async def turn_events(conversation: Conversation, content: Any, *, user,
+                      session_key: str | None) -> AsyncIterator[TurnEvent]:
+    """Run one turn in ``conversation`` and yield its events (``pipeline.stream_turn``).
+
+    Before the first event it may raise ``TurnRefused``: the message is invalid (400/413), the
+    caller is over a limit (``rate_limited`` or ``too_many_streams``, 429 with
+    ``retry_after``), or another answer is being written in the conversation
+    (``turn_in_progress``, 409). The caller's stream slot is held until the iterator ends.
+    Closing the iterator early (cancel, disconnect) stops the model and saves the partial
+    answer as "incomplete".
+    """
+    text = validate(content)
+    # The limits live in Django's cache, which may be a network round trip: off the loop, but
+    # not on the thread that serialises database work.
+    slot = await sync_to_async(_admit, thread_sensitive=False)(user, session_key)
+    try:
+        events = pipeline.stream_turn(conversation, text)
+        async with contextlib.aclosing(events):
+            try:
+                first = await anext(events)
+            except pipeline.TurnInProgress as exc:
+                raise TurnRefused("turn_in_progress", str(exc), 409) from None
+            except Conversation.DoesNotExist:  # deleted since it was opened
+                raise TurnRefused.not_found() from None
+            yield first
+            async for event in events:
+                yield event
+    finally:
+        await sync_to_async(_release, thread_sensitive=False)(slot)

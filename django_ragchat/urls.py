@@ -1,0 +1,19 @@
+"""The chat page and the server-sent events endpoint. A site mounts them where it likes::
+
+    path("chat/", include("django_ragchat.urls")),
+
+The page also needs the REST API (``django_ragchat.api.urls``) and, under ASGI, may use the
+websocket routes of ``django_ragchat.routing``.
+"""
+
+from django.urls import path
+
+from django_ragchat import sse, views
+
+app_name = "ragchat"
+
+urlpatterns = [
+    path("", views.chat_page, name="chat"),
+    # Ids are matched as strings so a malformed one answers the same JSON 404 as an unknown one.
+    path("conversations/<str:conversation_id>/stream/", sse.stream_view, name="stream"),
+]

@@ -1,0 +1,62 @@
+"""The chat page: a minimal, dependency-free front end over the REST API and the streaming
+transports (the websocket under ASGI, server-sent events otherwise).
+
+Everything the page shows that comes from the model or the documents is inserted as text
+(``textContent``), never as HTML: model output is untrusted.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import ImproperlyConfigured
+from django.core.handlers.asgi import ASGIRequest
+from django.middleware.csrf import get_token
+from django.shortcuts import render
+from django.urls import NoReverseMatch, get_script_prefix, reverse
+from django.views.decorators.http import require_GET
+
+from django_ragchat.conf import ragchat_settings
+from django_ragchat.events import PROTOCOL_VERSION
+from django_ragchat.routing import WEBSOCKET_PATH
+
+# Stands for a conversation id in the URL templates handed to the page's script.
+ID_PLACEHOLDER = "00000000-0000-0000-0000-000000000000"
+
+
+def page_config(request) -> dict:
+    """The URLs and settings the page's script reads (``json_script``, never inline code)."""
+    try:
+        api = {
+            "conversations": reverse("ragchat_api:conversation-list"),
+            "conversation": reverse("ragchat_api:conversation-detail", args=[ID_PLACEHOLDER]),
+            "messages": reverse("ragchat_api:message-list", args=[ID_PLACEHOLDER]),
+        }
+    except NoReverseMatch:
+        raise ImproperlyConfigured(
+            'The chat page needs the REST API: add path("api/ragchat/", '
+            'include("django_ragchat.api.urls")) to your URLconf.'
+        ) from None
+    return {
+        "protocol": PROTOCOL_VERSION,
+        "idPlaceholder": ID_PLACEHOLDER,
+        "api": api,
+        "stream": reverse("ragchat:stream", args=[ID_PLACEHOLDER]),
+        # Only an ASGI server can have the websocket; the page falls back to server-sent
+        # events when it is absent or does not connect.
+        "websocket": get_script_prefix() + WEBSOCKET_PATH if isinstance(request, ASGIRequest) else None,
+        "csrfToken": get_token(request),
+        "maxMessageChars": ragchat_settings.MAX_MESSAGE_CHARS,
+    }
+
+
+@require_GET
+def chat_page(request):
+    """The chat page: your conversations, a new one, and the answer streaming with its sources."""
+    if not request.user.is_authenticated:
+        if not ragchat_settings.ALLOW_ANONYMOUS:
+            return redirect_to_login(request.get_full_path())
+        if request.session.session_key is None:
+            # An anonymous visitor's conversations are bound to their session: start it now,
+            # so the API, the stream and the websocket all see the same one.
+            request.session.save()
+    return render(request, "django_ragchat/chat.html", {"config": page_config(request)})

@@ -1,0 +1,25 @@
+"""ASGI entry point of the demo site: HTTP (page, API, server-sent events) and websockets.
+
+    daphne example_project.asgi:application
+    uvicorn example_project.asgi:application
+
+Set REDIS_URL to share websocket events between several worker processes (settings.py).
+"""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
+django_asgi_app = get_asgi_application()  # first: it sets Django up before the imports below
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+
+from django_ragchat.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter({
+    "http": django_asgi_app,
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+})
