@@ -8,11 +8,12 @@ ragchat.E004  a plugin could not be loaded or failed while registering component
 ragchat.E005  a hook implementation matches no hook spec (misspelt hook name)
 ragchat.E006  a dotted path in settings cannot be imported
 ragchat.E007  a setting has a value of the wrong type or range
+ragchat.W020  a profile uses api.openai.com but the API key's environment variable is not set
 """
 
 from __future__ import annotations
 
-from django.core.checks import Error, Tags, register
+from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
@@ -128,3 +129,36 @@ def check_profiles(app_configs=None, **kwargs):
             errors.append(Error(f"Profile {name!r}: {problem}",
                                 hint="See docs/profiles.md for the options.", id="ragchat.E002"))
     return errors
+
+
+@register(Tags.compatibility)
+def check_openai_keys(app_configs=None, **kwargs):
+    """A Warning, not an Error: the key may be set only where the site runs (not in CI or a
+    build step), and every turn would fail with a clear "model unavailable" anyway."""
+    import dataclasses
+
+    from django_ragchat.openai_backend import OpenAIConnection
+    from django_ragchat.pipeline import components_for
+    from django_ragchat.profiles import build_profile
+
+    warnings = []
+    profiles = ragchat_settings.PROFILES if isinstance(ragchat_settings.PROFILES, dict) else {}
+    for name, config in profiles.items():
+        try:
+            components = components_for(build_profile(name, config or {}))
+        except Exception:  # reported by check_profiles (ragchat.E002)
+            continue
+        found = []
+        for f in dataclasses.fields(components):
+            value = getattr(components, f.name)
+            found += value if isinstance(value, list) else [value]
+        connections = {c.connection for c in found if isinstance(getattr(c, "connection", None), OpenAIConnection)}
+        for connection in sorted(connections, key=repr):
+            if connection.api_key() is None:
+                warnings.append(Warning(
+                    f"Profile {name!r} calls api.openai.com, but the environment variable "
+                    f"{connection.api_key_env} holding the API key is not set: every turn will fail.",
+                    hint="Set it where the site runs, or give the profile a base_url (a local server needs no key).",
+                    id="ragchat.W020",
+                ))
+    return warnings

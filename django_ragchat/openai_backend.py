@@ -380,8 +380,7 @@ INHERITED_OPTIONS = (*CONNECTION_OPTIONS, "model", "max_tokens_param")
 HELPER_OPTIONS = (*CONNECTION_OPTIONS, "model", "temperature", "max_tokens", "max_tokens_param", "extra_body")
 
 
-def chat_model_from_options(profile: Profile, options: dict[str, Any], *, component: str,
-                            max_tokens: int, temperature: float | None = 0.0) -> ChatModel:
+def chat_model_from_options(profile: Profile, options: dict[str, Any], *, max_tokens: int, temperature: float | None = 0.0) -> ChatModel:
     """The ``ChatModel`` of a helper component (rewrite, multi_query, summary...).
 
     Takes the ``HELPER_OPTIONS`` keys out of ``options`` (the component's own options, changed

@@ -87,6 +87,18 @@ RAGCHAT = {
         "default": {},
     },
 }
+# With a model server named by the environment, the demo answers and embeds through it
+# (OpenAI, or any OpenAI-compatible server: Ollama, vLLM, llama.cpp; see docs/openai.md).
+# Documents ingested with the offline embedder then need `manage.py ragchat_reembed`.
+if os.environ.get("OPENAI_API_KEY") or os.environ.get("RAGCHAT_LLM_BASE_URL"):
+    _openai = {
+        "base_url": os.environ.get("RAGCHAT_LLM_BASE_URL") or None,
+        "model": os.environ.get("RAGCHAT_CHAT_MODEL", "gpt-4o-mini"),
+        "embedding_model": os.environ.get("RAGCHAT_EMBEDDING_MODEL", "text-embedding-3-small"),
+    }
+    if os.environ.get("RAGCHAT_EMBEDDING_DIMENSIONS"):  # needed for models other than OpenAI's
+        _openai["embedding_dimensions"] = int(os.environ["RAGCHAT_EMBEDDING_DIMENSIONS"])
+    RAGCHAT["PROFILES"]["default"] = {"llm": "openai", "embedder": "openai", "options": {"openai": _openai}}
 
 LOGGING = {
     "version": 1,
