@@ -138,6 +138,19 @@ def test_unknown_malformed_and_foreign_ids_answer_the_same_404(alice, other_user
     assert not Message.objects.exists()
 
 
+def test_staff_read_other_users_conversations_but_do_not_write_to_them(staff_user, conversation):
+    staff = client_for(staff_user)
+    assert staff.get(f"{API}/conversations/{conversation.pk}/").status_code == 200
+    for response in (post_json(staff, messages_url(conversation), {"content": QUESTION}),
+                     staff.patch(f"{API}/conversations/{conversation.pk}/", {"title": "x"}, format="json"),
+                     staff.delete(f"{API}/conversations/{conversation.pk}/")):
+        assert response.status_code == 403
+        assert response.json() == {"code": "forbidden",
+                                   "detail": "You may read this conversation but not change it."}
+    conversation.refresh_from_db()
+    assert conversation.title == "" and not conversation.messages.exists()
+
+
 # --- Messages ---------------------------------------------------------------------------------
 
 

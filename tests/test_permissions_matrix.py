@@ -188,3 +188,26 @@ def test_the_documented_matrix_covers_every_endpoint():
     assert {re.sub(r"<[^>]+>", "<>", r) for r in routes} == documented
     assert SIGNED_IN_COLUMNS == ["owner", "other user", "staff", "anonymous (off)", "anonymous (on)"]
     assert ANONYMOUS_COLUMNS == ["its session", "another session", "signed-in user", "staff"]
+
+
+def anyone_signed_in(user) -> bool:
+    return user.is_authenticated
+
+
+def test_the_rules_are_swappable(world, ragchat_settings_override):
+    ragchat_settings_override(CONVERSATION_CHANGE_PERMISSION="django_ragchat.permissions.is_owner_or_staff",
+                              DOCUMENT_PERMISSION="tests.test_permissions_matrix.anyone_signed_in")
+    staff, other = world["clients"]["staff"], world["clients"]["other user"]
+    assert call(staff, "PATCH conversations/{C}/", world["ids"]).status_code == 200
+    assert call(other, "POST documents/", world["ids"]).status_code == 201
+    # Reading is its own rule: still closed to the other user.
+    assert call(other, "GET conversations/{C}/", world["ids"]).status_code == 404
+
+
+@pytest.mark.parametrize("key", ["CONVERSATION_CHANGE_PERMISSION", "DOCUMENT_PERMISSION"])
+def test_a_rule_that_cannot_be_imported_is_a_system_check_error(ragchat_settings_override, key):
+    from django_ragchat import checks
+
+    ragchat_settings_override(**{key: "nowhere.callable"})
+    errors = [e for e in checks.check_settings() if e.id == "ragchat.E006"]
+    assert len(errors) == 1 and key in errors[0].msg

@@ -109,7 +109,7 @@ def get_conversation(request, conversation_id) -> Conversation:
 def check_change(request, conversation: Conversation) -> None:
     """``PermissionDenied`` unless the caller may change ``conversation`` (which they can read)."""
     if not rules.can_change(request.user, conversation, caller_session_key(request)):
-        raise exceptions.PermissionDenied("You may read this conversation but not change it.")
+        raise exceptions.PermissionDenied("You may read this conversation but not change it.", code="forbidden")
 
 
 def get_message(request, message_id) -> Message:

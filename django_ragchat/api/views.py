@@ -28,12 +28,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from django_ragchat import limits
+from django_ragchat import limits, transport
 from django_ragchat import permissions as rules
 from django_ragchat.api import permissions as access
 from django_ragchat.api import serializers as s
 from django_ragchat.models import Conversation, Document, Feedback, Message, MessageSource
-from django_ragchat.pipeline import InvalidMessage, TurnInProgress, run_turn_sync, validate_user_message
+from django_ragchat.pipeline import TurnInProgress, run_turn_sync
 from django_ragchat.plugins import get_registry, plugin_listing
 
 logger = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class MessagePagination(LimitOffsetPagination):
     max_limit = 200
 
 
-class DocumentPagination(LimitOffsetPagination):
+class ListPagination(LimitOffsetPagination):
     default_limit = 50
     max_limit = 500
 
@@ -263,13 +263,14 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
         if not isinstance(request.data, dict):
             raise APIError(400, "invalid_type", 'Send a JSON object: {"content": "..."}.')
         try:
-            text = validate_user_message(request.data.get("content"))
-        except InvalidMessage as exc:
-            raise APIError(413 if exc.code == "too_long" else 400, exc.code, exc.message) from None
+            text = transport.validate(request.data.get("content"))
+        except transport.TurnRefused as exc:
+            raise APIError(exc.http_status, exc.code, exc.message) from None
         session_key = access.caller_session_key(request)
         try:
-            limits.check_turn_rate(request.user, session_key)
+            # The slot first, as the streaming transports do: a refused slot costs no turn.
             with limits.stream_slot(request.user, session_key):
+                limits.check_turn_rate(request.user, session_key)
                 result = run_turn_sync(conversation, text)
         except limits.LimitExceeded as exc:
             raise APIError(429, exc.code, exc.message, retry_after_header(exc.retry_after)) from None
@@ -353,7 +354,7 @@ class FeedbackList(RagchatAPIView, generics.ListAPIView):
     """Ratings, newest first: the caller's own; staff see everyone's."""
 
     serializer_class = s.FeedbackSerializer
-    pagination_class = DocumentPagination
+    pagination_class = ListPagination
 
     def get_queryset(self):
         request = self.request
@@ -380,7 +381,7 @@ class MemoryList(RagchatAPIView, generics.ListAPIView):
     """Summaries and facts the assistant remembers about the caller and their conversations."""
 
     serializer_class = s.MemoryRecordSerializer
-    pagination_class = DocumentPagination
+    pagination_class = ListPagination
 
     def get_queryset(self):
         return access.visible_memory(self.request).order_by("-updated_at", "-pk")
@@ -404,7 +405,7 @@ class MemoryDetail(RagchatAPIView, generics.RetrieveUpdateDestroyAPIView):
     def get_object(self):
         record = super().get_object()
         if self.request.method not in ("GET", "HEAD", "OPTIONS") and not access.can_change_memory(self.request, record):
-            raise exceptions.PermissionDenied("You may read this memory record but not change it.")
+            raise exceptions.PermissionDenied("You may read this memory record but not change it.", code="forbidden")
         return record
 
 
@@ -436,7 +437,7 @@ class DocumentViewMixin:
 class DocumentList(DocumentViewMixin, RagchatAPIView, generics.ListAPIView):
     """The documents the assistant searches, and uploading one."""
 
-    pagination_class = DocumentPagination
+    pagination_class = ListPagination
     parser_classes = [MultiPartParser, FormParser]
     #: Uploads larger than this are refused (413) before they are decoded.
     max_upload_bytes = 10 * 1024 * 1024
