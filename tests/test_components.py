@@ -84,6 +84,37 @@ def test_follow_up_gets_names_from_the_history_newest_first():
     assert "48" not in " ".join(terms) and "MP" not in terms  # an answer's details are noise
 
 
+def test_the_conversations_subject_outranks_a_name_mentioned_once():
+    query = Query(text="Why did they break up?", original="Why did they break up?", history=(
+        msg("user", "Frank Zappa: Disbandment", 1),
+        msg("user", "What group disbanded?", 2),
+        msg("assistant", "Zappa and the Mothers of Invention", 3),
+        msg("user", "Did they tour with Captain Beefheart?", 4),
+        msg("assistant", "Zappa produced his album Trout Mask Replica.", 5),
+    ))
+    terms = FollowUpEnricher(PROFILE).salient_terms(query)
+    # "Frank" opens a sentence but is followed by a name: it is a name too. Zappa, mentioned
+    # by the user and twice in answers, leads; the answers' own names are not added.
+    assert terms[0] == "Zappa" and "Frank" in terms and "Beefheart" in terms
+    assert not {"Mothers", "Invention", "Trout", "Mask"} & set(terms)
+
+
+def test_names_from_the_latest_answer_stand_in_when_the_user_named_nothing():
+    query = Query(text="How much is it?", original="How much is it?", history=history(
+        ("Which phone has the best camera?", "The Aurora X2 has a 48 MP camera."),
+    ))
+    assert FollowUpEnricher(PROFILE).salient_terms(query) == ["Aurora", "X2"]
+    assert FollowUpEnricher(PROFILE, use_answers=False).salient_terms(query) == ["phone", "best", "camera"]
+
+
+def test_topic_words_of_the_last_question_are_the_last_resort():
+    query = Query(text="And the ports?", original="And the ports?", history=history(
+        ("How do I configure the firewall?", "Open the settings page and add a rule."),
+    ))
+    result = FollowUpEnricher(PROFILE).transform(query, None)
+    assert result.text == "And the ports? configure firewall"
+
+
 def test_no_history_leaves_the_query_alone():
     query = Query(text="How much does it cost?", original="How much does it cost?")
     result = FollowUpEnricher(PROFILE).transform(query, None)
