@@ -43,6 +43,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "django_ragchat.embedders",
     "django_ragchat.responses",
     "django_ragchat.openai_backend",
+    "django_ragchat.llm_transformers",
 )
 
 # register_* hook name -> the component kind it registers.
