@@ -14,7 +14,8 @@ with ``bulk_create``, ``Conversation.last_seq`` set), so each cell measures one 
 length. Turns alternate between self-contained questions and dependent follow-ups ("How much
 does it cost?") so the follow-up transformer has work to do. For each history length and mode
 (``run_turn_sync`` whole, and consuming ``stream_turn`` streamed) it reports the wall-clock
-median and p99 over the measured turns (after warm-up turns, which also load the vector index),
+median and p99 over the measured turns (after warm-up turns, which also load the vector index;
+cells are measured round-robin so that other load on the machine spreads over all of them),
 the SQL queries of a turn (``CaptureQueriesContext``, on separate turns so the debug cursor does
 not skew the timings) and the per-stage medians from ``TurnTrace.data["timings"]``.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import os
 import sys
 import time
 from pathlib import Path
@@ -131,33 +133,33 @@ def run(*, chunks: int = 10_000, histories=(2, 50, 200), turns: int = 50, warmup
     products = product_names(max(1, chunks // 10))
     asked = questions(products)
 
-    cells = []
-    for history in histories:
-        for mode in MODES:
-            conversations = [make_conversation(history, products, offset=i)
-                             for i in range(warmup + turns + query_turns)]
-            timings, message_ids, answered = [], [], 0
-            for i, conversation in enumerate(conversations[: warmup + turns]):
-                text = next(asked)
-                t0 = time.perf_counter()
-                message = one_turn(conversation, text, mode)
-                elapsed = (time.perf_counter() - t0) * 1000
-                if i >= warmup:
-                    timings.append(elapsed)
-                    message_ids.append(message["id"])
-                    answered += bool(message["citations"])
-            queries = []
-            for conversation in conversations[warmup + turns:]:
-                with CaptureQueriesContext(connection) as captured:
-                    one_turn(conversation, next(asked), mode)
-                queries.append(len(captured))
-            stages: dict[str, list[float]] = {stage: [] for stage in STAGES}
-            for data in TurnTrace.objects.filter(message_id__in=message_ids).values_list("data", flat=True):
-                for stage in STAGES:
-                    if stage in data["timings"]:
-                        stages[stage].append(data["timings"][stage])
-            cells.append({"history": history, "mode": mode, "ms": timings, "queries": queries,
-                          "stages": stages, "answered": answered / max(1, len(timings))})
+    # Cells are measured round-robin, one turn each in turn, so that load from other processes
+    # on the machine hits every cell alike instead of whichever ran while it lasted.
+    cells = [{"history": history, "mode": mode, "ms": [], "queries": [], "message_ids": [], "cited": 0,
+              "conversations": [make_conversation(history, products, offset=i)
+                                for i in range(warmup + turns + query_turns)]}
+             for history in histories for mode in MODES]
+    for i in range(warmup + turns):
+        for cell in cells:
+            t0 = time.perf_counter()
+            message = one_turn(cell["conversations"][i], next(asked), cell["mode"])
+            elapsed = (time.perf_counter() - t0) * 1000
+            if i >= warmup:
+                cell["ms"].append(elapsed)
+                cell["message_ids"].append(message["id"])
+                cell["cited"] += bool(message["citations"])
+    for cell in cells:
+        for conversation in cell.pop("conversations")[warmup + turns:]:
+            with CaptureQueriesContext(connection) as captured:
+                one_turn(conversation, next(asked), cell["mode"])
+            cell["queries"].append(len(captured))
+        cell["stages"] = {stage: [] for stage in STAGES}
+        traces = TurnTrace.objects.filter(message_id__in=cell.pop("message_ids")).values_list("data", flat=True)
+        for data in traces:
+            for stage in STAGES:
+                if stage in data["timings"]:
+                    cell["stages"][stage].append(data["timings"][stage])
+        cell["answered"] = cell.pop("cited") / max(1, len(cell["ms"]))
     return {"chunks": stored, "ingest_s": ingest_s, "cells": cells}
 
 
@@ -167,7 +169,8 @@ def report(results: dict, database: str) -> str:
     lines = [
         f"Pipeline overhead per turn: {results['chunks']:,} chunks, default profile "
         f"(hashing embedder, vector search, followup transformer, extractive answerer)",
-        f"{database}; {machine()}; corpus stored and embedded in {results['ingest_s']:.1f} s",
+        f"{database}; {machine()}; corpus stored and embedded in {results['ingest_s']:.1f} s; "
+        f"load average {os.getloadavg()[0]:.2f}",
         "",
         table(
             ["history", "mode", "turns", "median ms", "p99 ms", "vs shortest", "SQL queries", "cited"],
