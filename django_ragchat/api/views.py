@@ -32,6 +32,8 @@ from django_ragchat import limits, transport
 from django_ragchat import permissions as rules
 from django_ragchat.api import permissions as access
 from django_ragchat.api import serializers as s
+from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
+from django_ragchat.ingestion.pipeline import CREATED, ingest_text
 from django_ragchat.models import Conversation, Document, Feedback, Message, MessageSource
 from django_ragchat.pipeline import TurnInProgress, run_turn_sync
 from django_ragchat.plugins import get_registry, plugin_listing
@@ -311,10 +313,11 @@ class MessageFeedback(RagchatAPIView, generics.GenericAPIView):
 
     serializer_class = s.FeedbackSerializer
 
-    def owner_filter(self) -> dict:
+    def owner_filter(self, *, create: bool = False) -> dict:
+        """Whose feedback: the signed-in user's, or the anonymous caller's session's."""
         if access.is_signed_in(self.request):
             return {"user": self.request.user}
-        return {"user": None, "session_key": access.caller_session_key(self.request)}
+        return {"user": None, "session_key": access.caller_session_key(self.request, create=create) or ""}
 
     def get_object(self) -> Feedback:
         message = access.get_message(self.request, self.kwargs["message_id"])
@@ -333,7 +336,7 @@ class MessageFeedback(RagchatAPIView, generics.GenericAPIView):
         form = s.FeedbackSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         feedback, created = Feedback.objects.update_or_create(
-            message=message, **self.owner_filter(), defaults=form.validated_data
+            message=message, **self.owner_filter(create=True), defaults=form.validated_data
         )
         return Response(s.FeedbackSerializer(feedback).data,
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -443,9 +446,6 @@ class DocumentList(DocumentViewMixin, RagchatAPIView, generics.ListAPIView):
     max_upload_bytes = 10 * 1024 * 1024
 
     def post(self, request):
-        from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
-        from django_ragchat.ingestion.pipeline import CREATED, ingest_text
-
         form = s.DocumentUploadSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         data = form.validated_data
