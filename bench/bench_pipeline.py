@@ -140,18 +140,20 @@ def run(*, chunks: int = 10_000, histories=(2, 50, 200), turns: int = 50, warmup
                                 for i in range(warmup + turns + query_turns)]}
              for history in histories for mode in MODES]
     for i in range(warmup + turns):
+        text = next(asked)  # every cell gets the same question in a round
         for cell in cells:
             t0 = time.perf_counter()
-            message = one_turn(cell["conversations"][i], next(asked), cell["mode"])
+            message = one_turn(cell["conversations"][i], text, cell["mode"])
             elapsed = (time.perf_counter() - t0) * 1000
             if i >= warmup:
                 cell["ms"].append(elapsed)
                 cell["message_ids"].append(message["id"])
                 cell["cited"] += bool(message["citations"])
+    texts = [next(asked) for _ in range(query_turns)]
     for cell in cells:
-        for conversation in cell.pop("conversations")[warmup + turns:]:
+        for conversation, text in zip(cell.pop("conversations")[warmup + turns:], texts):
             with CaptureQueriesContext(connection) as captured:
-                one_turn(conversation, next(asked), cell["mode"])
+                one_turn(conversation, text, cell["mode"])
             cell["queries"].append(len(captured))
         cell["stages"] = {stage: [] for stage in STAGES}
         traces = TurnTrace.objects.filter(message_id__in=cell.pop("message_ids")).values_list("data", flat=True)
