@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from django.db import connection
 
 from django_ragchat import hookimpl
 from django_ragchat.embedders import HashingEmbedder
@@ -293,6 +294,41 @@ def test_an_embedding_failure_fails_only_its_documents_and_keeps_their_old_chunk
     assert chunk_ids((tmp_path / "b.md").as_posix()) == old_b
     assert Chunk.objects.get(document__source=(tmp_path / "b.md").as_posix()).text.endswith("first version of b.")
     assert Chunk.objects.get(document__source=(tmp_path / "a.md").as_posix()).text.endswith("second version of a.")
+
+
+@pytest.fixture
+def refuse_chunks_saying_refuse():
+    """A real database trigger that refuses to insert a chunk whose text contains REFUSE."""
+    table = Chunk._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("CREATE FUNCTION ragchat_test_refuse() RETURNS trigger AS $$ BEGIN "
+                           "IF NEW.text LIKE '%REFUSE%' THEN RAISE EXCEPTION 'refused by trigger'; END IF; "
+                           "RETURN NEW; END $$ LANGUAGE plpgsql")
+            cursor.execute(f"CREATE TRIGGER ragchat_test_refuse BEFORE INSERT ON {table} "
+                           "FOR EACH ROW EXECUTE FUNCTION ragchat_test_refuse()")
+        else:
+            cursor.execute(f"CREATE TRIGGER ragchat_test_refuse BEFORE INSERT ON {table} "
+                           "WHEN NEW.text LIKE '%REFUSE%' BEGIN SELECT RAISE(ABORT, 'refused by trigger'); END")
+    yield  # the test's transaction is rolled back afterwards, trigger and all
+
+
+def test_a_database_error_fails_only_its_document_and_keeps_its_old_chunks(corpus, refuse_chunks_saying_refuse):
+    ingest_paths([corpus], root=corpus)
+    old_guide = chunk_ids("guide.md")
+    (corpus / "guide.md").write_text("# Lighthouse guide\n\nREFUSE this version.\n")
+    (corpus / "notes.txt").write_text("Ferry notes\n\nThe ferry now leaves at 07:30.\n")
+
+    report = ingest_paths([corpus], root=corpus)  # both changed files are stored in one transaction
+
+    results = {r.source: r for r in report.results}
+    assert results["guide.md"].status == "failed"
+    assert results["guide.md"].reason.startswith("database error:") and "refused by trigger" in results["guide.md"].reason
+    assert results["notes.txt"].status == "updated"
+    assert chunk_ids("guide.md") == old_guide
+    assert Document.objects.get(source="guide.md").checksum == hashlib.sha256(
+        (FIXTURES / "formats" / "guide.md").read_bytes()).hexdigest()
+    assert "07:30" in Chunk.objects.get(document__source="notes.txt").text
 
 
 def test_progress_is_reported_once_per_document_up_to_the_total(corpus, tmp_path):

@@ -11,9 +11,10 @@
 
 Idempotency: a document is *unchanged*, and skipped without being parsed, when its checksum
 and metadata equal the stored ones and it has chunks in the embedder's space. Otherwise its
-chunks are replaced in one transaction per document, so a failure (unreadable file, embedder
-down, database error) never loses what was stored before: the old chunks stay until the new
-ones are committed.
+chunks are replaced atomically (a savepoint per document; the documents one embedding batch
+finishes share a transaction and a commit), so a failure (unreadable file, embedder down,
+database error) never loses what was stored before: the old chunks stay until the new ones are
+committed.
 
 Every chunk of a document describes its current text: when a document's content (or metadata)
 changed, its chunks in *other* embedding spaces are deleted too, since they describe the old
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -35,7 +37,7 @@ import numpy as np
 from django.db import DatabaseError, transaction
 from django.db.models import Count, Q
 
-from django_ragchat.ingestion.chunking import TextChunk, chunk_document
+from django_ragchat.ingestion.chunking import chunk_document
 from django_ragchat.ingestion.loaders import (
     DocumentLoadError, LoadedDocument, iter_document_paths, load_document, load_text,
 )
@@ -233,6 +235,12 @@ def _embedding_failure(exc: BaseException) -> str:
     return f"embedding failed: {exc}"
 
 
+def insert_chunks(chunks: list[Chunk]) -> None:
+    """Insert new ``Chunk`` rows, ``STORE_BATCH_SIZE`` per statement: the one place ingestion
+    and re-embedding write chunks (called inside their per-document transaction)."""
+    Chunk.objects.bulk_create(chunks, batch_size=STORE_BATCH_SIZE)
+
+
 # --- Ingesting documents --------------------------------------------------------------------
 
 
@@ -267,13 +275,12 @@ def _is_unchanged(existing: _Existing | None, checksum: str | None, metadata: di
             and (existing.chunks_in_space > 0 or existing.chunks_total == 0))
 
 
-class _Ingestion:
-    """One run: loaded documents in, stored documents out, with the report kept up to date."""
+class _Run:
+    """Bookkeeping shared by ingestion and re-embedding: the report, the batcher, progress."""
 
-    def __init__(self, embedder, *, metadata: dict, batch_size: int, progress: ProgressCallback | None,
-                 total: int, report: IngestReport):
+    def __init__(self, embedder, *, batch_size: int, progress: ProgressCallback | None, total: int,
+                 report: IngestReport):
         self.space = embedder.space
-        self.metadata = metadata
         self.report = report
         self.batcher = _EmbeddingBatcher(embedder, batch_size, report)
         self.progress = progress
@@ -281,6 +288,7 @@ class _Ingestion:
         self.done = 0
 
     def finalize(self, result: IngestResult) -> None:
+        """``result``'s outcome is final: count it and report progress."""
         self.done += 1
         if self.progress is not None:
             self.progress(self.done, self.total, result.source)
@@ -289,6 +297,59 @@ class _Ingestion:
         result.status, result.reason, result.error, result.chunks = FAILED, reason, error, 0
         self.finalize(result)
 
+    def finish(self) -> None:
+        """Embed what is still queued and store it."""
+        self.store_finished(self.batcher.finish())
+
+    def store_finished(self, jobs: list[_Job]) -> None:
+        """Store each document whose vectors are complete; fail those whose embedding failed.
+
+        The documents finished by one embedding batch share a transaction (one commit, which is
+        most of the cost of a small document), each inside its own savepoint: a document whose
+        writes fail is rolled back alone, and the others are committed.
+        """
+        for job in jobs:
+            if job.error is not None:
+                self.fail(job.payload[0], _embedding_failure(job.error), job.error)
+        jobs = [job for job in jobs if job.error is None]
+        if not jobs:
+            return
+        started = time.perf_counter()
+        stored: list[IngestResult] = []
+        try:
+            with transaction.atomic():
+                for job in jobs:
+                    result = job.payload[0]
+                    try:
+                        with transaction.atomic():
+                            self.store(job)
+                    except DatabaseError as exc:
+                        logger.warning("Storing %s in space %s failed", result.source, self.space, exc_info=True)
+                        self.fail(result, f"database error: {exc}", exc)
+                    else:
+                        stored.append(result)
+        except DatabaseError as exc:  # the commit itself failed: nothing of this batch was stored
+            logger.warning("Committing %d document(s) in space %s failed", len(stored), self.space, exc_info=True)
+            for result in stored:
+                result.document_id = None if result.status == CREATED else result.document_id
+                self.fail(result, f"database error: {exc}", exc)
+        else:
+            for result in stored:
+                self.finalize(result)
+        finally:
+            self.report.store_seconds += time.perf_counter() - started
+
+    def store(self, job: _Job) -> None:
+        raise NotImplementedError
+
+
+class _Ingestion(_Run):
+    """Loaded documents in, stored documents out."""
+
+    def __init__(self, embedder, *, metadata: dict, **kwargs: Any):
+        super().__init__(embedder, **kwargs)
+        self.metadata = metadata
+
     def submit(self, result: IngestResult, loaded: LoadedDocument, title: str = "") -> None:
         """Chunk ``loaded`` and queue its texts; documents whose vectors are complete get stored."""
         started = time.perf_counter()
@@ -296,56 +357,32 @@ class _Ingestion:
         self.report.load_seconds += time.perf_counter() - started
         self.store_finished(self.batcher.add((result, loaded, chunks, title), [c.text for c in chunks]))
 
-    def finish(self) -> None:
-        self.store_finished(self.batcher.finish())
-
-    def store_finished(self, jobs: list[_Job]) -> None:
-        for job in jobs:
-            result, loaded, chunks, title = job.payload
-            if job.error is not None:
-                self.fail(result, _embedding_failure(job.error), job.error)
-                continue
-            started = time.perf_counter()
-            try:
-                self.store(result, loaded, chunks, job.vectors, title)
-            except DatabaseError as exc:
-                logger.warning("Storing %s failed", result.source, exc_info=True)
-                self.fail(result, f"database error: {exc}", exc)
-            else:
-                self.finalize(result)
-            finally:
-                self.report.store_seconds += time.perf_counter() - started
-
-    def store(self, result: IngestResult, loaded: LoadedDocument, chunks: list[TextChunk],
-              vectors: np.ndarray | None, title: str) -> None:
-        """Replace the document's chunks in one transaction (see the module docstring)."""
+    def store(self, job: _Job) -> None:
+        """Replace the document's chunks (``store_finished`` runs this in a savepoint of its own)."""
+        result, loaded, chunks, title = job.payload
         fields = {"title": (title or loaded.title)[:_TITLE_MAX], "checksum": loaded.checksum,
                   "content_type": loaded.content_type, "metadata": self.metadata}
-        with transaction.atomic():
-            document = Document.objects.select_for_update().filter(source=result.source).first()
-            if document is None:
-                document = Document.objects.create(source=result.source, **fields)
-                result.status = CREATED
-            else:
-                stale = Chunk.objects.filter(document=document)
-                if document.checksum == loaded.checksum and document.metadata == self.metadata:
-                    stale = stale.filter(space=self.space)  # other spaces still describe this text
-                # only("id"): the delete collector need not load texts and embeddings.
-                stale.only("id").delete()
-                for name, value in fields.items():
-                    setattr(document, name, value)
-                document.save()
-                result.status = UPDATED
-            Chunk.objects.bulk_create(
-                [
-                    Chunk(document=document, ordinal=chunk.ordinal, text=chunk.text,
-                          heading=chunk.heading[:_HEADING_MAX], space=self.space, embedding=vector,
-                          token_count=count_tokens(chunk.text),
-                          metadata={**self.metadata, "heading_path": list(chunk.heading_path)})
-                    for chunk, vector in zip(chunks, vectors if vectors is not None else ())
-                ],
-                batch_size=STORE_BATCH_SIZE,
-            )
+        document = Document.objects.select_for_update().filter(source=result.source).first()
+        if document is None:
+            document = Document.objects.create(source=result.source, **fields)
+            result.status = CREATED
+        else:
+            stale = Chunk.objects.filter(document=document)
+            if document.checksum == loaded.checksum and document.metadata == self.metadata:
+                stale = stale.filter(space=self.space)  # other spaces still describe this text
+            # only("id"): the delete collector need not load texts and embeddings.
+            stale.only("id").delete()
+            for name, value in fields.items():
+                setattr(document, name, value)
+            document.save()
+            result.status = UPDATED
+        insert_chunks([
+            Chunk(document=document, ordinal=chunk.ordinal, text=chunk.text,
+                  heading=chunk.heading[:_HEADING_MAX], space=self.space, embedding=vector,
+                  token_count=count_tokens(chunk.text),
+                  metadata={**self.metadata, "heading_path": list(chunk.heading_path)})
+            for chunk, vector in zip(chunks, job.vectors if job.vectors is not None else ())
+        ])
         result.document_id = document.pk
         result.chunks = len(chunks)
 
@@ -394,9 +431,10 @@ def _expand(paths: Iterable[str | Path], root: Path | None) -> list[IngestResult
                     raise DocumentLoadError(path, f"the path is longer than {_SOURCE_MAX} characters")
             except DocumentLoadError as exc:
                 result.status, result.reason, result.error = FAILED, exc.reason, exc
-            # Two spellings of one file (or two files with one source under --root) ingest once.
-            if result.source not in seen:
-                seen.add(result.source)
+            # Two spellings of one file ("docs/a.md", "docs/../docs/a.md") ingest it once.
+            key = os.path.realpath(path)
+            if key not in seen:
+                seen.add(key)
                 results.append(result)
     return results
 
@@ -425,6 +463,8 @@ def ingest_paths(paths: Iterable[str | Path], *, profile: str | None = None, roo
     for non-dict metadata, and ``UnknownProfile`` for a profile that does not exist.
     """
     started = time.perf_counter()
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
     metadata = _check_metadata(metadata)
     root_path = None
     if root is not None:
@@ -472,8 +512,8 @@ def ingest_text(source: str, text: str, *, title: str = "", content_type: str = 
                 metadata: dict | None = None, profile: str | None = None) -> IngestResult:
     """Ingest ``text`` (Markdown, reStructuredText, HTML or plain text) as the document ``source``.
 
-    The same rules as ``ingest_paths``: unchanged text (same checksum of the UTF-8 text and
-    same metadata) is skipped; changed text replaces the document's chunks atomically. ``title``
+    The same rules as ``ingest_paths``: unchanged text (same checksum of the UTF-8 text, same
+    metadata and title) is skipped; changed text replaces the document's chunks atomically. ``title``
     overrides the title found in the text. Raises ``DocumentLoadError`` for text that cannot be
     ingested (unknown content type, NUL characters, empty or too long source), and re-raises
     the embedder's or the database's exception when those fail; nothing stored is lost then.
@@ -483,18 +523,15 @@ def ingest_text(source: str, text: str, *, title: str = "", content_type: str = 
         raise DocumentLoadError(source or "<text>", f"the source must have 1 to {_SOURCE_MAX} characters")
     if not isinstance(text, str):
         raise DocumentLoadError(source, f"the text must be a string, not {type(text).__name__}")
-    started = time.perf_counter()
     loaded = load_text(text, content_type, source=source)
     embedder = _embedder_for(profile)
-    report = IngestReport(space=embedder.space)
     result = IngestResult(source=source)
-    report.results.append(result)
     stored = _existing_documents([source], embedder.space).get(source)
     if _is_unchanged(stored, loaded.checksum, metadata) and stored.title == (title or loaded.title)[:_TITLE_MAX]:
         result.status, result.chunks, result.document_id = UNCHANGED, stored.chunks_in_space, stored.id
         return result
-    report.load_seconds = time.perf_counter() - started
-    run = _Ingestion(embedder, metadata=metadata, batch_size=64, progress=None, total=1, report=report)
+    run = _Ingestion(embedder, metadata=metadata, batch_size=64, progress=None, total=1,
+                     report=IngestReport(space=embedder.space, results=[result]))
     run.submit(result, loaded, title)
     run.finish()
     if result.status == FAILED:
@@ -505,90 +542,75 @@ def ingest_text(source: str, text: str, *, title: str = "", content_type: str = 
 # --- Re-embedding into another space ----------------------------------------------------------
 
 
+class _Reembedding(_Run):
+    """Stored chunks in, copies in another space out."""
+
+    def store(self, job: _Job) -> None:
+        result, rows = job.payload
+        if Chunk.objects.filter(document_id=result.document_id, space=self.space).exists():
+            result.status = UNCHANGED  # a concurrent run got there first
+        else:
+            insert_chunks([
+                Chunk(document_id=result.document_id, ordinal=row["ordinal"], text=row["text"],
+                      heading=row["heading"], space=self.space, embedding=vector,
+                      token_count=row["token_count"], metadata=row["metadata"])
+                for row, vector in zip(rows, job.vectors)
+            ])
+            result.status = CREATED
+        result.chunks = len(rows)
+
+
+def _document_ids(documents) -> list[int]:
+    if documents is None:
+        return list(Document.objects.order_by("pk").values_list("pk", flat=True))
+    if hasattr(documents, "values_list"):  # a queryset
+        return list(documents.order_by("pk").values_list("pk", flat=True))
+    return sorted({d.pk for d in documents})
+
+
 def reembed(space_embedder, *, documents=None, batch_size: int = 64,
             progress: ProgressCallback | None = None) -> IngestReport:
-    """Embed the chunks already stored into ``space_embedder``'s space.
+    """Embed the chunks already stored into ``space_embedder``'s space (an ``Embedder``).
 
     For each document (``documents``: a queryset or iterable of ``Document``; all when
     ``None``) that has no chunks in the target space yet, its chunks are copied from another
     space (every space of a document holds the same texts, see the module docstring) with new
-    embeddings, in one transaction per document. The old space's rows stay until deleted.
-    Documents already embedded in the target space are ``unchanged``; re-running after an
-    interruption resumes where it stopped. Results use ``created`` for a document embedded into
-    the space and ``failed`` (with the reason) when embedding or storing it failed.
+    embeddings, ``batch_size`` texts per embedder call across documents, atomically per
+    document. The old space's rows stay until deleted. Results: ``created`` for a document
+    embedded into the space, ``unchanged`` for one already there (or without chunks), ``failed``
+    with the reason when embedding or storing it failed. Re-running after an interruption
+    resumes where it stopped.
     """
     started = time.perf_counter()
-    space = space_embedder.space
-    report = IngestReport(space=space)
-    if documents is None:
-        ids = list(Document.objects.order_by("pk").values_list("pk", flat=True))
-    elif hasattr(documents, "values_list"):
-        ids = list(documents.order_by("pk").values_list("pk", flat=True))
-    else:
-        ids = sorted({d.pk for d in documents})
-    batcher = _EmbeddingBatcher(space_embedder, batch_size, report)
-    done = 0
-
-    def finalize(result: IngestResult) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, len(ids), result.source)
-
-    def store(jobs: list[_Job]) -> None:
-        for job in jobs:
-            result, rows = job.payload
-            if job.error is not None:
-                result.status, result.reason, result.error = FAILED, _embedding_failure(job.error), job.error
-                finalize(result)
-                continue
-            t0 = time.perf_counter()
-            try:
-                with transaction.atomic():
-                    if Chunk.objects.filter(document_id=result.document_id, space=space).exists():
-                        result.status = UNCHANGED  # another run got there first
-                    else:
-                        Chunk.objects.bulk_create(
-                            [Chunk(document_id=result.document_id, ordinal=row["ordinal"], text=row["text"],
-                                   heading=row["heading"], space=space, embedding=vector,
-                                   token_count=row["token_count"], metadata=row["metadata"])
-                             for row, vector in zip(rows, job.vectors)],
-                            batch_size=STORE_BATCH_SIZE,
-                        )
-                        result.status = CREATED
-                    result.chunks = len(rows)
-            except DatabaseError as exc:
-                logger.warning("Re-embedding %s failed", result.source, exc_info=True)
-                result.status, result.reason, result.error = FAILED, f"database error: {exc}", exc
-            report.store_seconds += time.perf_counter() - t0
-            finalize(result)
-
+    report = IngestReport(space=space_embedder.space)
+    ids = _document_ids(documents)
+    run = _Reembedding(space_embedder, batch_size=batch_size, progress=progress, total=len(ids), report=report)
     for start in range(0, len(ids), LOOKUP_BATCH_SIZE):
         group = ids[start:start + LOOKUP_BATCH_SIZE]
         t0 = time.perf_counter()
-        documents_in_group = (
+        stored = (
             Document.objects.filter(pk__in=group).order_by("pk")
-            .annotate(in_space=Count("chunks", filter=Q(chunks__space=space)))
+            .annotate(in_space=Count("chunks", filter=Q(chunks__space=run.space)))
             .values_list("pk", "source", "in_space")
         )
-        chunk_rows: dict[int, list[dict]] = {}
+        rows_of: dict[int, list[dict]] = {}
         source_space: dict[int, str] = {}
-        for row in (Chunk.objects.filter(document_id__in=group).exclude(space=space)
+        for row in (Chunk.objects.filter(document_id__in=group).exclude(space=run.space)
                     .order_by("document_id", "space", "ordinal")
                     .values("document_id", "space", "ordinal", "text", "heading", "token_count", "metadata")):
-            # One source space per document: the first in name order.
+            # One source space per document (the first by name): each holds the same texts.
             if source_space.setdefault(row["document_id"], row["space"]) == row["space"]:
-                chunk_rows.setdefault(row["document_id"], []).append(row)
+                rows_of.setdefault(row["document_id"], []).append(row)
         report.load_seconds += time.perf_counter() - t0
-        for pk, source, in_space in documents_in_group:
+        for pk, source, in_space in stored:
             result = IngestResult(source=source, document_id=pk)
             report.results.append(result)
-            if in_space or pk not in chunk_rows:
+            if in_space or pk not in rows_of:
                 result.status, result.chunks = UNCHANGED, in_space
-                finalize(result)
+                run.finalize(result)
                 continue
-            rows = chunk_rows.pop(pk)
-            store(batcher.add((result, rows), [row["text"] for row in rows]))
-    store(batcher.finish())
+            rows = rows_of.pop(pk)
+            run.store_finished(run.batcher.add((result, rows), [row["text"] for row in rows]))
+    run.finish()
     report.elapsed = time.perf_counter() - started
     return report
