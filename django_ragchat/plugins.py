@@ -44,6 +44,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "django_ragchat.responses",
     "django_ragchat.openai_backend",
     "django_ragchat.llm_transformers",
+    "django_ragchat.summary_memory",
 )
 
 # register_* hook name -> the component kind it registers.

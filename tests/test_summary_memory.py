@@ -1,0 +1,222 @@
+"""Summary memory: older turns folded into a rolling summary by the model, off the hot path,
+through full turns against the loopback OpenAI-compatible server.
+
+The folds run on a background thread with its own database connection, so these tests use a
+committed database (``transaction=True``) and wait for the folds between turns, as the
+in-memory SQLite of the test suite allows one writer at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_ragchat.models import Conversation, MemoryRecord, Message
+from django_ragchat.pipeline import components_for, run_turn_sync
+from django_ragchat.profiles import get_profile
+from django_ragchat.summary_memory import SummaryMemory, wait_for_summaries
+from django_ragchat.tokens import count_tokens
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SUMMARY_PREFIX = "Summary of our conversation so far (older messages are not shown):"
+
+
+def summarise(request: dict) -> str:
+    """The scripted summariser: names how many messages it was given and the newest question."""
+    transcript = request["messages"][1]["content"].split("New messages:\n", 1)[1]
+    users = re.findall(r"^User: (.*)$", transcript, flags=re.MULTILINE)
+    return f"The user asked {len(users)} more questions, lately: {users[-1][:80]}"
+
+
+@pytest.fixture
+def summary_site(openai_server, ragchat_settings_override, product_corpus):
+    """Answers and summaries from the loopback server, a small context window (so 300
+    messages are far beyond it), the offline embedder over the product documents."""
+    ragchat_settings_override(PROFILES={"default": {
+        "llm": "openai", "memory": "summary", "context_window": 1000, "max_answer_tokens": 200,
+        "options": {"openai": {"base_url": openai_server.base_url, "max_retries": 0, "timeout": 5}},
+    }})
+    openai_server.when(contains="running summary of a conversation", reply=summarise, any_message=True)
+    yield openai_server
+    assert wait_for_summaries(timeout=10)
+
+
+def summary_calls(server) -> list[dict]:
+    return [r.json for r in server.requests
+            if r.path.endswith("chat/completions") and "running summary" in r.json["messages"][0]["content"]]
+
+
+def answer_calls(server) -> list[dict]:
+    return [r.json for r in server.requests
+            if r.path.endswith("chat/completions") and "running summary" not in r.json["messages"][0]["content"]]
+
+
+def question(i: int) -> str:
+    product = ("Aurora X2", "Nimbus Tab", "Zephyr Buds")[i % 3]
+    return f"Question {i}: what does the {product} cost and how long does its battery last?"
+
+
+def test_the_prompt_stays_under_budget_across_a_300_message_conversation(summary_site, conversation):
+    profile = get_profile()
+    prompts, memories = [], []
+    for i in range(150):
+        result = run_turn_sync(conversation, question(i))
+        assert result.error is None, result.error
+        assert wait_for_summaries(timeout=10)
+        prompts.append(result.trace["prompt"])
+        memories.append(result.trace["memory"])
+
+    assert Message.objects.filter(conversation=conversation).count() == 300  # the log is never changed
+    for prompt in prompts:
+        assert prompt["history_tokens"] <= prompt["history_budget"]
+        assert prompt["tokens"] <= profile.prompt_budget
+    # With every fold in place before the next turn, nothing unsummarised is ever left out.
+    assert all(m["not_shown"] == 0 for m in memories)
+    assert max(m["unsummarized_messages"] for m in memories) < 20
+    # The summary rolls forward: a handful of folds, each over the messages since the last.
+    record = MemoryRecord.objects.get(conversation=conversation, kind="summary")
+    assert record.covers_until_seq >= 280 and record.metadata["model"] == "gpt-4o-mini"
+    folds = summary_calls(summary_site)
+    assert 5 <= len(folds) <= 75
+    assert folds[0]["messages"][1]["content"].startswith("Previous summary:\n(none yet)")
+    assert all(fold["messages"][1]["content"].startswith("Previous summary:\nThe user asked") for fold in folds[1:])
+    # A summary is asked to fit its share of the history budget (summary_share, 0.3).
+    caps = {int(p["history_budget"] * 0.3) for p in prompts}
+    assert all(fold["max_tokens"] in caps for fold in folds)
+    assert all(m["memory_tokens"] <= int(p["history_budget"] * 0.3) for m, p in zip(memories, prompts))
+    # What the model saw last: system prompt, the summary as a user/assistant pair, the newest turns.
+    last = answer_calls(summary_site)[-1]["messages"]
+    assert last[0]["role"] == "system" and last[0]["content"] == profile.system_prompt
+    assert last[1]["role"] == "user" and last[1]["content"] == f"{SUMMARY_PREFIX}\n{record.content}"
+    assert last[2] == {"role": "assistant", "content": "Understood."}
+    assert [m["role"] for m in last[3:]] == ["user", "assistant"] * ((len(last) - 4) // 2) + ["user"]
+    assert question(149) in last[-1]["content"]
+
+
+def test_a_turn_does_not_wait_for_its_summary(summary_site, conversation, ragchat_settings_override):
+    def slow_summary(request):
+        time.sleep(0.6)
+        return summarise(request)
+
+    summary_site.reset()
+    summary_site.when(contains="running summary of a conversation", reply=slow_summary, any_message=True)
+    turns = []
+    while not summary_calls(summary_site):
+        started = time.perf_counter()
+        run_turn_sync(conversation, question(len(turns)))
+        turns.append(time.perf_counter() - started)
+        assert len(turns) < 40, "no fold was ever queued"
+
+    assert max(turns) < 0.5  # the turn that queued the fold returned while it was running
+    assert not MemoryRecord.objects.filter(conversation=conversation).exists()
+    assert wait_for_summaries(timeout=10)
+    record = MemoryRecord.objects.get(conversation=conversation, kind="summary")
+    result = run_turn_sync(conversation, "And the warranty?")
+    assert result.trace["memory"]["summary_covers_until_seq"] == record.covers_until_seq
+
+
+def test_while_no_summary_lands_the_oldest_turns_are_left_out_and_the_trace_says_so(
+    summary_site, conversation, caplog,
+):
+    summary_site.reset()
+    summary_site.when(contains="running summary of a conversation", any_message=True,
+                      reply="I'm sorry, but I can't summarise this conversation.")
+    profile = get_profile()
+    with caplog.at_level(logging.WARNING, logger="django_ragchat.summary_memory"):
+        for i in range(30):
+            result = run_turn_sync(conversation, question(i))
+            assert wait_for_summaries(timeout=10)
+            assert result.trace["prompt"]["tokens"] <= profile.prompt_budget
+
+    assert not MemoryRecord.objects.filter(conversation=conversation).exists()
+    assert result.trace["memory"]["not_shown"] > 0
+    assert result.trace["memory"]["memory_tokens"] == 0
+    assert result.trace["prompt"]["history_tokens"] <= result.trace["prompt"]["history_budget"]
+    assert "which is not a summary" in caplog.text
+
+
+def test_staff_read_and_correct_the_summary_and_the_model_sees_the_correction(
+    summary_site, conversation, admin_client,
+):
+    for i in range(12):
+        run_turn_sync(conversation, question(i))
+        assert wait_for_summaries(timeout=10)
+    record = MemoryRecord.objects.get(conversation=conversation, kind="summary")
+
+    page = admin_client.get(f"/admin/django_ragchat/conversation/{conversation.pk}/change/")
+    assert page.status_code == 200 and record.content in page.content.decode()
+
+    record.content = "The user is comparing the Aurora X2 and the Nimbus Tab for a gift."
+    record.save()
+    summary_site.reset()
+    summary_site.when(contains="running summary of a conversation", reply=summarise, any_message=True)
+    run_turn_sync(conversation, "Which one has the better battery?")
+
+    assert answer_calls(summary_site)[-1]["messages"][1]["content"] == f"{SUMMARY_PREFIX}\n{record.content}"
+    for i in range(12, 20):  # until the next fold, which starts from the corrected text
+        run_turn_sync(conversation, question(i))
+        assert wait_for_summaries(timeout=10)
+    assert summary_calls(summary_site)[0]["messages"][1]["content"].startswith(f"Previous summary:\n{record.content}")
+
+
+def test_long_term_facts_about_the_user_are_shown_to_the_model(summary_site, conversation, other_user):
+    MemoryRecord.objects.create(user=conversation.owner, kind="fact", content="Prefers prices in euros.")
+    MemoryRecord.objects.create(user=other_user, kind="fact", content="Lives in Oslo.")
+    MemoryRecord.objects.create(conversation=conversation, kind="fact", content="Is buying a gift.")
+    elsewhere = Conversation.objects.create(owner=other_user)
+    MemoryRecord.objects.create(conversation=elsewhere, kind="fact", content="Owns a Nimbus Tab.")
+
+    result = run_turn_sync(conversation, "How much is the Aurora X2?")
+
+    memory = answer_calls(summary_site)[-1]["messages"][1]
+    assert memory["role"] == "user" and memory["content"].startswith("Facts about me:\n")
+    assert "- Prefers prices in euros." in memory["content"] and "- Is buying a gift." in memory["content"]
+    assert "Oslo" not in memory["content"] and "Nimbus Tab" not in memory["content"]
+    assert result.trace["memory"]["facts"] == 2
+
+
+def test_a_turn_issues_the_same_number_of_queries_whatever_the_history_length(summary_site, user):
+    def conversation_with(earlier: int) -> Conversation:
+        conversation = Conversation.objects.create(owner=user, last_seq=earlier)
+        Message.objects.bulk_create([
+            Message(conversation=conversation, seq=seq, role="user" if seq % 2 else "assistant",
+                    content=f"Message {seq} about the Aurora X2 battery.", token_count=count_tokens("x " * 9))
+            for seq in range(1, earlier + 1)
+        ])
+        return conversation
+
+    counts = []
+    for earlier in (2, 200):
+        conversation = conversation_with(earlier)
+        run_turn_sync(conversation, "warm-up: how long does the battery last?")  # loads the vector index
+        assert wait_for_summaries(timeout=10)
+        with CaptureQueriesContext(connection) as queries:
+            run_turn_sync(conversation, "How long does the Aurora X2 battery last?")
+        assert wait_for_summaries(timeout=10)
+        counts.append(len(queries))
+
+    assert counts[0] == counts[1]
+
+
+def test_summary_memory_options_are_checked(ragchat_settings_override):
+    from django_ragchat.checks import check_profiles
+
+    ragchat_settings_override(PROFILES={
+        "shares": {"memory": "summary", "options": {"summary": {"summary_share": 0.7, "keep_share": 0.5}}},
+        "template": {"memory": "summary", "options": {"summary": {"summary_template": "no field"}}},
+        "fine": {"memory": "summary", "options": {"summary": {"model": "small-model", "max_facts": 5}}},
+    })
+
+    messages = {e.msg.split(":")[0]: e.msg for e in check_profiles()}
+
+    assert "add up to at most 1" in messages["Profile 'shares'"]
+    assert "{summary}" in messages["Profile 'template'"]
+    assert "Profile 'fine'" not in messages
+    memory = components_for(get_profile("fine")).memory
+    assert isinstance(memory, SummaryMemory) and memory.model.chat.model == "small-model"
