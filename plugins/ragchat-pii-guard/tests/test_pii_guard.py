@@ -319,3 +319,16 @@ def test_output_guard_alone_redacts_the_saved_answer(support_corpus):
     assert "[redacted email]" in result.answer and "[redacted card]" in result.answer
     assert "+1 (555) 123-4567" in result.answer  # phones were not asked for
     assert result.trace["pii_guard"] == {"output_redacted": {"email": 1, "card": 1}}
+
+
+def test_model_output_streamed_over_http_is_redacted(support_corpus, openai_server):
+    """The ``openai`` backend against the loopback server, which streams one chunk per word."""
+    openai_server.script("Write to jane.doe@example.com or call +44 20 7946 0958 [1].")
+    profile = {"llm": "openai", "options": {"openai": {"base_url": openai_server.base_url, "model": "test-model",
+                                                        "max_retries": 0}}}
+    with ragchat(**WITH_PLUGIN, PROFILES={"default": profile}):
+        deltas, message = streamed_turn(QUESTION)
+    assert openai_server.count("chat/completions") == 1
+    assert not any(part in "".join(deltas) for part in ["jane.doe", "7946", "0958"])
+    assert message["content"] == "Write to [redacted email] or call [redacted phone] [1]."
+    assert [c["index"] for c in message["citations"]] == [1]

@@ -173,15 +173,17 @@ class StreamRedactor:
         return self._pending
 
     def _hold_from(self, buffer: str, floor: int) -> int:
+        """Where the tail that could still become a match begins (never more than MAX_HOLD back)."""
+        lowest = max(floor, len(buffer) - MAX_HOLD)
         hold = len(buffer)
         for chars, starts in self._runs:
             start = len(buffer)
-            while start > floor and buffer[start - 1] in chars:
+            while start > lowest and buffer[start - 1] in chars:
                 start -= 1
             while start < len(buffer) and buffer[start] not in starts:
                 start += 1
             hold = min(hold, start)
-        return max(hold, floor, len(buffer) - MAX_HOLD)
+        return hold
 
     def _emit(self, buffer: str, floor: int, hold: int, findings: list[Finding]) -> str:
         emitted = [f for f in findings if f.end <= hold]
