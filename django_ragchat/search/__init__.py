@@ -1,0 +1,231 @@
+"""Searching stored chunks: vector, full-text and hybrid search, with filters, on every database.
+
+This package is the one place that knows how chunks are searched and bulk-stored; the
+retrievers in ``django_ragchat.retrievers`` are thin components over it, and work the same
+whichever database the site runs:
+
+=================  ===========================================  ===================================
+                   PostgreSQL + pgvector (``search.postgres``)  SQLite and others (``search.sqlite``)
+=================  ===========================================  ===================================
+vector             HNSW index per embedding space, in SQL       exact, in process (``vectorindex``)
+full text          ``tsvector`` column + GIN, ``ts_rank``       FTS5 table kept by triggers, BM25
+hybrid             reciprocal rank fusion in one SQL query      the two searches, fused in Python
+filters            in the SQL of each search                    in SQL: ids resolved, then searched
+bulk storage       binary ``COPY``                              ``bulk_create``
+=================  ===========================================  ===================================
+
+Scores: cosine similarity for vector search; the database's text rank (``ts_rank`` or BM25,
+not comparable across databases) for full text; the fused RRF score for hybrid, whose hits
+also carry the similarity and text rank they were found with in ``raw_scores``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from django.db import connections
+
+from django_ragchat.search.filters import FILTER_KEYS, InvalidFilters, SearchFilters
+from django_ragchat.types import RetrievedChunk
+
+__all__ = [
+    "FILTER_KEYS", "InvalidFilters", "SearchFilters", "fetch_chunks", "fulltext_search", "hybrid_search",
+    "query_terms", "store_chunks", "vector_ids", "vector_search",
+]
+
+#: Query terms kept for full-text search: a longer question adds noise, not recall.
+MAX_QUERY_TERMS = 32
+_WORD = re.compile(r"\w+")
+
+
+def _is_postgres(using: str) -> bool:
+    return connections[using].vendor == "postgresql"
+
+
+def query_terms(text: str) -> list[str]:
+    """The words of ``text`` that full-text search looks for (any of them may match).
+
+    Words are ``\\w+`` runs, lowercased, deduplicated, at most ``MAX_QUERY_TERMS``; "or" is
+    dropped (it is PostgreSQL's websearch OR operator). Each database then applies its own
+    stemming and (PostgreSQL) stop words.
+    """
+    terms = dict.fromkeys(w.lower() for w in _WORD.findall(text or ""))
+    terms.pop("or", None)
+    return list(terms)[:MAX_QUERY_TERMS]
+
+
+def _hit(row: Sequence, score: float, retriever: str, raw_scores: dict[str, float]) -> RetrievedChunk:
+    from django_ragchat.search.postgres import decode_metadata
+
+    chunk_id, text, heading, ordinal, metadata, document_id, source, title = row[:8]
+    return RetrievedChunk(
+        chunk_id=int(chunk_id), text=text, score=float(score), document_id=int(document_id), source=source,
+        title=title, heading=heading, ordinal=ordinal, retriever=retriever, metadata=decode_metadata(metadata),
+        raw_scores=raw_scores,
+    )
+
+
+def fetch_chunks(scored: list[tuple[int, float]], retriever: str, using: str = "default",
+                 raw_scores: dict[int, dict[str, float]] | None = None) -> list[RetrievedChunk]:
+    """``RetrievedChunk`` objects for (chunk id, score) pairs, in the given order (one query).
+
+    Each hit's ``raw_scores`` is ``raw_scores[chunk id]`` when given, else ``{retriever: score}``.
+    """
+    from django_ragchat.models import Chunk
+
+    if not scored:
+        return []
+    rows = {
+        row[0]: row
+        for row in Chunk.objects.using(using).filter(id__in=[cid for cid, _ in scored]).values_list(
+            "id", "text", "heading", "ordinal", "metadata", "document_id", "document__source", "document__title",
+        )
+    }
+    return [
+        _hit(rows[cid], score, retriever, raw_scores[cid] if raw_scores else {retriever: score})
+        for cid, score in scored
+        if cid in rows  # a chunk deleted between the search and the fetch is skipped
+    ]
+
+
+def _zero(vector) -> bool:
+    return not np.any(np.asarray(vector, dtype=np.float32))
+
+
+def vector_ids(space: str, vector, k: int, *, filters: Any = None, ef_search: int | None = None,
+               exact: bool = False, using: str = "default") -> list[tuple[int, float]]:
+    """(chunk id, cosine similarity) of the ``k`` chunks of ``space`` nearest ``vector``, best first.
+
+    On PostgreSQL the space's HNSW index answers (``ef_search`` candidates, default 40 and never
+    fewer than ``k``) unless ``exact``; elsewhere the search is always exact.
+    """
+    filters = SearchFilters.parse(filters)
+    if k <= 0 or _zero(vector):
+        return []
+    if _is_postgres(using):
+        from django_ragchat.search import postgres
+
+        return postgres.vector_ids(space, vector, k, filters=filters, ef_search=ef_search, exact=exact, using=using)
+    from django_ragchat.search import sqlite
+    from django_ragchat.vectorindex import vector_index
+
+    allowed = sqlite.allowed_ids(space, filters, using) if filters else None
+    if allowed is not None and allowed.size == 0:
+        return []
+    return vector_index.search(space, vector, k, using=using, allowed_ids=allowed)
+
+
+def vector_search(space: str, vector, k: int, *, filters: Any = None, ef_search: int | None = None,
+                  exact: bool = False, using: str = "default", retriever: str = "vector") -> list[RetrievedChunk]:
+    """The ``k`` chunks of ``space`` nearest ``vector`` (see ``vector_ids``), with their text.
+
+    One query on PostgreSQL; the in-process search and one fetch elsewhere.
+    """
+    filters = SearchFilters.parse(filters)
+    if k <= 0 or _zero(vector):
+        return []
+    if _is_postgres(using):
+        from django_ragchat.search import postgres
+
+        rows = postgres.vector_search(space, vector, k, filters=filters, ef_search=ef_search, exact=exact,
+                                      using=using)
+        return [_hit(row, row[8], retriever, {retriever: float(row[8])}) for row in rows]
+    return fetch_chunks(vector_ids(space, vector, k, filters=filters, using=using), retriever, using)
+
+
+def fulltext_search(space: str, text: str, k: int, *, filters: Any = None, config: str = "english",
+                    using: str = "default", retriever: str = "fulltext") -> list[RetrievedChunk]:
+    """The ``k`` chunks of ``space`` that best match any word of ``text``, best first.
+
+    ``config`` is PostgreSQL's text search configuration (stemming and stop words); SQLite's
+    FTS5 index always uses the Porter stemmer. Raises ``sqlite.FullTextUnavailable`` on a SQLite
+    without FTS5 or without the index.
+    """
+    from django_ragchat.search import postgres
+
+    filters = SearchFilters.parse(filters)
+    postgres.check_config(config)
+    terms = query_terms(text)
+    if k <= 0 or not terms:
+        return []
+    if _is_postgres(using):
+        rows = postgres.fulltext_search(space, terms, k, filters=filters, config=config, using=using)
+        return [_hit(row, row[8], retriever, {retriever: float(row[8])}) for row in rows]
+    from django_ragchat.search import sqlite
+
+    return fetch_chunks(sqlite.fulltext_ids(space, terms, k, filters=filters, using=using), retriever, using)
+
+
+def rrf(ranked: Sequence[Sequence[tuple[int, float]]], weights: Sequence[float], rrf_k: int) -> list[tuple[int, float]]:
+    """Reciprocal rank fusion: ``sum(weight / (rrf_k + rank))`` over the lists, best first
+    (ties by id, as the SQL version orders them)."""
+    fused: dict[int, float] = {}
+    for hits, weight in zip(ranked, weights):
+        for rank, (chunk_id, _) in enumerate(hits, start=1):
+            fused[chunk_id] = fused.get(chunk_id, 0.0) + weight / (rrf_k + rank)
+    return sorted(fused.items(), key=lambda item: (-item[1], item[0]))
+
+
+def hybrid_search(space: str, vector, text: str, k: int, *, filters: Any = None, ef_search: int | None = None,
+                  exact: bool = False, config: str = "english", weights: tuple[float, float] = (1.0, 1.0),
+                  rrf_k: int = 60, candidates: int | None = None, using: str = "default",
+                  retriever: str = "hybrid") -> list[RetrievedChunk]:
+    """Vector and full-text search fused by reciprocal rank: the ``k`` best chunks of ``space``.
+
+    Each search contributes ``candidates`` hits (default ``max(2 * k, 20)``); a chunk's score is
+    ``weights[0] / (rrf_k + vector rank) + weights[1] / (rrf_k + text rank)``. ``raw_scores``
+    holds the fused score under ``retriever`` and, where found, ``"vector"`` (the similarity)
+    and ``"fulltext"`` (the text rank). One query on PostgreSQL.
+    """
+    from django_ragchat.search import postgres
+
+    filters = SearchFilters.parse(filters)
+    postgres.check_config(config)
+    candidates = candidates or max(2 * k, 20)
+    terms = query_terms(text)
+    if _zero(vector):
+        vector = None  # nothing is similar to it: the text search alone decides
+    if k <= 0 or (vector is None and not terms):
+        return []
+    if _is_postgres(using):
+        rows = postgres.hybrid_search(space, vector, terms, k, candidates=candidates, weights=tuple(weights),
+                                      rrf_k=rrf_k, filters=filters, ef_search=ef_search, exact=exact,
+                                      config=config, using=using)
+        hits = []
+        for row in rows:
+            raw = {retriever: float(row[8])}
+            if row[9] is not None:
+                raw["vector"] = float(row[9])
+            if row[10] is not None:
+                raw["fulltext"] = float(row[10])
+            hits.append(_hit(row, row[8], retriever, raw))
+        return hits
+    from django_ragchat.search import sqlite
+
+    by_vector = vector_ids(space, vector, candidates, filters=filters, using=using) if vector is not None else []
+    by_text = sqlite.fulltext_ids(space, terms, candidates, filters=filters, using=using) if terms else []
+    fused = rrf([by_vector, by_text], weights, rrf_k)[:k]
+    raw: dict[int, dict[str, float]] = {cid: {retriever: score} for cid, score in fused}
+    for name, hits in (("vector", by_vector), ("fulltext", by_text)):
+        for cid, score in hits:
+            if cid in raw:
+                raw[cid][name] = score
+    return fetch_chunks(fused, retriever, using, raw_scores=raw)
+
+
+def store_chunks(chunks: Iterable, *, using: str = "default", batch_size: int = 500) -> int:
+    """Insert unsaved ``Chunk`` objects as fast as the database allows; returns how many.
+
+    PostgreSQL: one binary ``COPY`` (primary keys are not set on the objects). Elsewhere:
+    ``bulk_create`` in batches of ``batch_size``. Runs inside the caller's transaction, if any.
+    """
+    if _is_postgres(using):
+        from django_ragchat.search import postgres
+
+        return postgres.copy_chunks(chunks, using)
+    from django_ragchat.models import Chunk
+
+    return len(Chunk.objects.using(using).bulk_create(list(chunks), batch_size=batch_size))
