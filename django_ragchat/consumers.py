@@ -204,6 +204,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                     if isinstance(event, Accepted):
                         accepted = event
                     ended = isinstance(event, (Completed, Failed))
+                    if ended:
+                        self._forget(key)  # the answer is saved: the next message may start
                     await self._relay(group, self._frame(event.to_dict(), key, client_id))
         except TurnRefused as refusal:
             await self._send_frame(self._frame(refusal.to_event().to_dict(), key, client_id))
@@ -217,13 +219,16 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 failed = Failed(code="internal_error", message="The assistant failed to answer; the error has been logged.")
                 await self._send_frame(self._frame(failed.to_dict(), key, client_id))
         finally:
-            if self.turns.get(key) is asyncio.current_task():
-                del self.turns[key]
+            self._forget(key)
         if accepted is not None and not ended:
             # Stopped before its end: tell every socket on the conversation, with what was saved.
             payload = await sync_to_async(_stopped_payload)(accepted.assistant_message_id)
             stopped = Failed(code="cancelled", message="The answer was stopped.", assistant_message=payload)
             await self._relay(group, self._frame(stopped.to_dict(), key, client_id))
+
+    def _forget(self, key: str) -> None:
+        if self.turns.get(key) is asyncio.current_task():
+            del self.turns[key]
 
     # --- sending ------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from asgiref.sync import sync_to_async
 
 from django_ragchat import limits, permissions, pipeline
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.events import Failed, TurnEvent
+from django_ragchat.events import Completed, Failed, TurnEvent
 from django_ragchat.models import Conversation
 
 
@@ -129,6 +129,7 @@ async def turn_events(conversation: Conversation, content: Any, *, user,
     # The limits live in Django's cache, which may be a network round trip: off the loop, but
     # not on the thread that serialises database work.
     slot = await sync_to_async(_admit, thread_sensitive=False)(user, session_key)
+    held = True
     try:
         events = pipeline.stream_turn(conversation, text)
         async with contextlib.aclosing(events):
@@ -140,6 +141,12 @@ async def turn_events(conversation: Conversation, content: Any, *, user,
                 raise TurnRefused.not_found() from None
             yield first
             async for event in events:
+                if isinstance(event, (Completed, Failed)):
+                    # The answer is saved: free the slot before the client hears it, so its
+                    # next message is never refused for a turn that has ended.
+                    held = False
+                    await sync_to_async(_release, thread_sensitive=False)(slot)
                 yield event
     finally:
-        await sync_to_async(_release, thread_sensitive=False)(slot)
+        if held:
+            await sync_to_async(_release, thread_sensitive=False)(slot)

@@ -10,8 +10,9 @@ from django.test import override_settings
 from django_ragchat import plugins
 from django_ragchat.vectorindex import vector_index
 
-# The loopback OpenAI-compatible server fixtures (openai_server, openai_server_session).
-pytest_plugins = ["django_ragchat.testing.pytest_plugin"]
+# The loopback OpenAI-compatible server fixtures (openai_server, openai_server_session), and
+# the server processes of the streaming tests (asgi, wsgi, redis_workers).
+pytest_plugins = ["django_ragchat.testing.pytest_plugin", "tests.live_servers"]
 
 PRODUCT_DOCS = {
     "products/aurora-x2.md": """# Aurora X2

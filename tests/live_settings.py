@@ -1,0 +1,69 @@
+"""Settings of the server processes the streaming tests start (uvicorn, daphne, gunicorn).
+
+The test settings, pointed at the *test* database the pytest process created (a SQLite file or
+``test_<name>`` on PostgreSQL), with what a real multi-process deployment shares through Redis:
+the cache (so the per-user limits are counted across processes, and the tests can reset them)
+and, when ``RAGCHAT_LIVE_CHANNEL_LAYER`` is ``redis``, the channel layer. The environment
+variables are set by ``tests/live_servers.py``.
+"""
+
+import os
+
+from tests.settings import *  # noqa: F403
+from tests.settings import DATABASES, RAGCHAT
+
+_database = DATABASES["default"]
+if _database["ENGINE"].endswith("sqlite3"):
+    _database["NAME"] = os.environ["RAGCHAT_TEST_SQLITE"]
+else:
+    _database["NAME"] = (_database.get("TEST") or {}).get("NAME") or f"test_{_database['NAME']}"
+
+ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+
+_redis_url = os.environ.get("RAGCHAT_LIVE_REDIS_URL", "redis://127.0.0.1:6379/0")
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": _redis_url,
+        "KEY_PREFIX": os.environ.get("RAGCHAT_LIVE_PREFIX", "ragchat-live"),
+    }
+}
+if os.environ.get("RAGCHAT_LIVE_CHANNEL_LAYER") == "redis":
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {
+                "hosts": [_redis_url],
+                "prefix": os.environ.get("RAGCHAT_LIVE_PREFIX", "ragchat-live") + ":layer",
+                # Room for a whole streamed answer in a watcher's channel (see docs/deployment.md).
+                "capacity": 1000,
+            },
+        }
+    }
+
+RAGCHAT = {
+    **RAGCHAT,
+    "ALLOW_ANONYMOUS": True,
+    "TURNS_PER_MINUTE": 25,
+    "MAX_CONCURRENT_STREAMS": 3,
+    "PROFILES": {
+        "default": {},
+        # Answers come from the loopback OpenAI-compatible server of the pytest process.
+        "fake": {
+            "llm": "openai",
+            "options": {"openai": {
+                "base_url": os.environ.get("RAGCHAT_FAKE_OPENAI_URL", "http://127.0.0.1:9/v1"),
+                "model": "gpt-4o-mini",
+                "max_retries": 0,
+                "timeout": 10,
+            }},
+        },
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+}
