@@ -42,6 +42,7 @@ from django_ragchat.ingestion.loaders import (
     DocumentLoadError, LoadedDocument, iter_document_paths, load_document, load_text,
 )
 from django_ragchat.models import Chunk, Document
+from django_ragchat.search import store_chunks
 from django_ragchat.tokens import count_tokens
 
 logger = logging.getLogger(__name__)
@@ -236,9 +237,10 @@ def _embedding_failure(exc: BaseException) -> str:
 
 
 def insert_chunks(chunks: list[Chunk]) -> None:
-    """Insert new ``Chunk`` rows, ``STORE_BATCH_SIZE`` per statement: the one place ingestion
-    and re-embedding write chunks (called inside their per-document transaction)."""
-    Chunk.objects.bulk_create(chunks, batch_size=STORE_BATCH_SIZE)
+    """Insert new ``Chunk`` rows: the one place ingestion and re-embedding write chunks (called
+    inside their per-document transaction). Binary COPY on PostgreSQL, ``bulk_create`` of
+    ``STORE_BATCH_SIZE`` rows per statement elsewhere (``django_ragchat.search.store_chunks``)."""
+    store_chunks(chunks, batch_size=STORE_BATCH_SIZE)
 
 
 # --- Ingesting documents --------------------------------------------------------------------

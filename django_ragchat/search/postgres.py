@@ -462,7 +462,9 @@ def copy_chunks(chunks: Iterable, using: str = "default") -> int:
     connection = connections[using]
     chunk, _ = _tables(connection)
     written = 0
-    with connection.cursor() as cursor:
+    # wrap_database_errors: the driver's exceptions become Django's (DatabaseError...), as
+    # they do for execute().
+    with connection.cursor() as cursor, connection.wrap_database_errors:
         with cursor.cursor.copy(f"COPY {chunk} ({', '.join(_COPY_COLUMNS)}) FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types(list(_COPY_TYPES))
             for c in chunks:
