@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import openai
 from django.core.exceptions import ImproperlyConfigured
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from django_ragchat import hookimpl
 from django_ragchat.embedders import Embedder
@@ -305,17 +306,27 @@ class ChatModel:
     def __repr__(self) -> str:
         return f"<ChatModel {self.model} at {self.connection.describe()}>"
 
-    def request(self, messages: list[dict[str, str]], max_tokens: int | None = None) -> dict[str, Any]:
-        """The keyword arguments of ``chat.completions.create`` for ``messages``."""
-        kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
+    def body(self, messages: list[dict[str, str]], *, max_tokens: int | None = None,
+             stream: bool = False) -> dict[str, Any]:
+        """The JSON body of a chat completions request for ``messages``."""
+        body: dict[str, Any] = {"model": self.model, "messages": messages}
         limit = max_tokens or self.max_tokens
         if limit:
-            kwargs[self.max_tokens_param] = limit
+            body[self.max_tokens_param] = limit
         if self.temperature is not None:
-            kwargs["temperature"] = self.temperature
-        if self.extra_body:
-            kwargs["extra_body"] = self.extra_body
-        return kwargs
+            body["temperature"] = self.temperature
+        if stream:
+            body["stream"] = True
+            if self.stream_usage:
+                body["stream_options"] = {"include_usage": True}
+        body.update(self.extra_body)
+        return body
+
+    # The requests go through ``client.post`` (the client's documented way to send a body as
+    # is) rather than ``chat.completions.create``, which first walks every message through the
+    # typed request schema: about 0.17 ms a message, 10 ms a request with 50 messages of
+    # history, to produce the same JSON for plain text messages. Authentication, retries,
+    # timeouts and response parsing are the client's, exactly as with ``create``.
 
     def _response(self, completion: Any) -> LLMResponse:
         try:
@@ -331,13 +342,16 @@ class ChatModel:
         """The whole reply to ``messages``; raises ``LLMError``."""
         client = await self.connection.async_client()
         with model_errors(repr(self)):
-            completion = await client.chat.completions.create(**self.request(messages, max_tokens))
+            completion = await client.post("/chat/completions", body=self.body(messages, max_tokens=max_tokens),
+                                           cast_to=ChatCompletion)
         return self._response(completion)
 
     def complete_sync(self, messages: list[dict[str, str]], *, max_tokens: int | None = None) -> LLMResponse:
         """``complete`` for synchronous callers (background threads, commands)."""
+        client = self.connection.sync_client()
         with model_errors(repr(self)):
-            completion = self.connection.sync_client().chat.completions.create(**self.request(messages, max_tokens))
+            completion = client.post("/chat/completions", body=self.body(messages, max_tokens=max_tokens),
+                                     cast_to=ChatCompletion)
         return self._response(completion)
 
     async def stream(self, messages: list[dict[str, str]], *, max_tokens: int | None = None) -> AsyncIterator[LLMDelta]:
@@ -345,11 +359,10 @@ class ChatModel:
         the server reports it) and the finish reason. Raises ``LLMError``, mid-stream too.
         Closing the iterator early closes the HTTP response."""
         client = await self.connection.async_client()
-        kwargs = self.request(messages, max_tokens)
-        if self.stream_usage:
-            kwargs["stream_options"] = {"include_usage": True}
         with model_errors(repr(self)):
-            response = await client.chat.completions.create(**kwargs, stream=True)
+            response = await client.post("/chat/completions", body=self.body(messages, max_tokens=max_tokens, stream=True),
+                                         cast_to=ChatCompletion, stream=True,
+                                         stream_cls=openai.AsyncStream[ChatCompletionChunk])
         model, usage, finish = self.model, None, None
         try:
             with model_errors(repr(self), during_stream=True):

@@ -390,3 +390,22 @@ def test_the_demo_uses_a_model_server_only_when_the_environment_names_one(env, e
     else:
         assert profile["llm"] == "openai" and profile["embedder"] == "openai"
         assert {k: profile["options"]["openai"].get(k) for k in expected} == expected
+
+
+# --- The overhead benchmark -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)  # its event loop queries from asgiref's thread
+def test_the_overhead_benchmark_runs_and_counts_the_requests_each_profile_implies():
+    from bench import bench_openai_overhead
+
+    results = bench_openai_overhead.run(chunks=60, histories=(2, 12), turns=2, warmup=1)
+
+    cells = results["cells"]
+    assert len(cells) == 2 * 2 * 3 and all(len(c["ms"]) == 2 for c in cells)
+    for cell in cells:
+        expected = (1, 1) if cell["profile"] == "plain" else (3, 1)
+        assert set(cell["requests"]) == {expected}
+        assert len(cell["stages"]["llm"]) == 2
+    text = bench_openai_overhead.report(results, "test db")
+    assert "median ms" in text and "1 chat + 1 emb" in text and "3 chat + 1 emb" in text

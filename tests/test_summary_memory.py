@@ -16,6 +16,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from django_ragchat import hookimpl
 from django_ragchat.models import Conversation, MemoryRecord, Message
 from django_ragchat.pipeline import components_for, run_turn_sync
 from django_ragchat.profiles import get_profile
@@ -179,6 +180,28 @@ def test_long_term_facts_about_the_user_are_shown_to_the_model(summary_site, con
     assert "- Prefers prices in euros." in memory["content"] and "- Is buying a gift." in memory["content"]
     assert "Oslo" not in memory["content"] and "Nimbus Tab" not in memory["content"]
     assert result.trace["memory"]["facts"] == 2
+
+
+class FactsPlugin:
+    """The plugin of docs/openai.md: contributes a long-term fact from the user's words."""
+
+    @hookimpl
+    async def on_turn_completed(turn, message):
+        if "metric units" in turn.question.lower() and turn.conversation.owner_id:
+            await MemoryRecord.objects.aget_or_create(user_id=turn.conversation.owner_id, kind="fact",
+                                                      conversation=None, content="Prefers metric units.")
+
+
+def test_a_plugin_contributes_facts_by_creating_memory_records(summary_site, conversation, ragchat_settings_override):
+    ragchat_settings_override(PLUGINS=["tests.test_summary_memory.FactsPlugin"])
+
+    run_turn_sync(conversation, "Please answer in metric units. How heavy is the Aurora X2?")
+    elsewhere = Conversation.objects.create(owner=conversation.owner)
+    result = run_turn_sync(elsewhere, "How big is the Nimbus Tab?")
+
+    assert MemoryRecord.objects.get(kind="fact").user_id == conversation.owner_id
+    assert answer_calls(summary_site)[-1]["messages"][1]["content"] == "Facts about me:\n- Prefers metric units."
+    assert result.trace["memory"]["facts"] == 1
 
 
 def test_a_turn_issues_the_same_number_of_queries_whatever_the_history_length(summary_site, user):
