@@ -4,7 +4,7 @@
     .venv/bin/python plugins/ragchat-lexical-rerank/bench/bench_canard_rerank.py --weights 0,0.3,0.5
     .venv/bin/python plugins/ragchat-lexical-rerank/bench/bench_canard_rerank.py --quick
 
-Run from the repository root (it imports ``bench/bench_canard.py`` for the data, the passages,
+Run from the repository root with the plugin installed (it imports ``bench/bench_canard.py`` for the data, the passages,
 the follow-up turns and the transformed queries; see that module for the setup). For every
 follow-up turn and query variant (raw, transformed, gold) the profile's ``retrieval_k``
 candidates are searched as the ``vector`` retriever does (``search_vectors`` then
