@@ -4,13 +4,14 @@
     .venv/bin/python plugins/ragchat-lexical-rerank/bench/bench_canard_rerank.py --weights 0,0.3,0.5
     .venv/bin/python plugins/ragchat-lexical-rerank/bench/bench_canard_rerank.py --quick
 
-Run from the repository root with the plugin installed (it imports ``bench/bench_canard.py`` for the data, the passages,
-the follow-up turns and the transformed queries; see that module for the setup). For every
-follow-up turn and query variant (raw, transformed, gold) the profile's ``retrieval_k``
-candidates are searched as the ``vector`` retriever does (``search_vectors`` then
-``fetch_chunks``), then ``LexicalRerank.process`` re-orders them, once per ``weight``
-(``weight=0`` keeps the vector order: the baseline). Reported: recall at 1, at the profile's
-``top_k`` (what reaches the prompt) and at 5, for each split of the benchmark.
+Run from the repository root with the plugin installed. It imports ``bench/bench_canard.py``
+for the data, the passages, the follow-up turns and the transformed queries (see that module
+for the setup). For every follow-up turn and query variant (raw, transformed, gold) the
+profile's ``retrieval_k`` candidates (or ``--candidates``) are searched as the ``vector``
+retriever does (``search_vectors`` then ``fetch_chunks``), then ``LexicalRerank.process``
+re-orders them, once per ``weight`` (``weight=0`` keeps the vector order: the baseline).
+Reported: recall at 1, at the profile's ``top_k`` (what reaches the prompt) and at 5, for each
+split of the benchmark.
 """
 
 from __future__ import annotations
