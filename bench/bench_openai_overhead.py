@@ -201,8 +201,8 @@ def report(results: dict, database: str) -> str:
     base = {(c["profile"], c["driver"], c["mode"]): median(c["ms"]) for c in cells
             if c["history"] == min(x["history"] for x in cells)}
     lines = [
-        f"Pipeline overhead per turn through the openai client, model server answering instantly; "
-        f"{results['chunks']:,} chunks embedded by the server in {results['ingest_s']:.1f} s",
+        (f"Pipeline overhead per turn through the openai client, model server answering instantly; "
+         f"{results['chunks']:,} chunks embedded by the server in {results['ingest_s']:.1f} s"),
         f"{database}; {machine()}; load average {os.getloadavg()[0]:.2f}",
         "loop = one event loop for all turns (ASGI); sync = run_turn_sync, a loop and a client per turn (WSGI)",
         "",
@@ -214,8 +214,8 @@ def report(results: dict, database: str) -> str:
               _requests(c)] for c in cells],
         ),
         "",
-        "Per-stage medians (ms) from the turn traces (the helper model calls are inside query "
-        "transformers/expanders, the embedding request inside retrieval):",
+        ("Per-stage medians (ms) from the turn traces (the helper model calls are inside query "
+         "transformers/expanders, the embedding request inside retrieval):"),
         table(
             ["profile", "history", "driver", "mode", *[s.replace("_", " ") for s in STAGES]],
             [[c["profile"], c["history"], c["driver"], c["mode"], *[median(c["stages"][s]) for s in STAGES]]

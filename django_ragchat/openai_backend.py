@@ -142,9 +142,11 @@ class OpenAIConnection:
                 raise ImproperlyConfigured("openai option 'headers' must be a dict of header name -> value.")
             values["headers"] = tuple(sorted((str(k), str(v)) for k, v in values["headers"].items()))
         if "timeout" in values and not (isinstance(values["timeout"], (int, float)) and values["timeout"] > 0):
-            raise ImproperlyConfigured(f"openai option 'timeout' must be a positive number of seconds, not {values['timeout']!r}.")
+            raise ImproperlyConfigured(
+                f"openai option 'timeout' must be a positive number of seconds, not {values['timeout']!r}.")
         if "max_retries" in values and not (isinstance(values["max_retries"], int) and values["max_retries"] >= 0):
-            raise ImproperlyConfigured(f"openai option 'max_retries' must be an integer >= 0, not {values['max_retries']!r}.")
+            raise ImproperlyConfigured(
+                f"openai option 'max_retries' must be an integer >= 0, not {values['max_retries']!r}.")
         return cls(**values)
 
     def api_key(self) -> str | None:
@@ -160,7 +162,8 @@ class OpenAIConnection:
     def _client_kwargs(self) -> dict[str, Any]:
         key = self.api_key()
         if key is None:
-            logger.error("No API key for %s: the environment variable %s is not set.", self.describe(), self.api_key_env)
+            logger.error("No API key for %s: the environment variable %s is not set.",
+                         self.describe(), self.api_key_env)
             raise LLMError("model_unavailable", USER_MESSAGES["model_unavailable"])
         return {"api_key": key, "base_url": self.base_url, "timeout": self.timeout,
                 "max_retries": self.max_retries, "default_headers": dict(self.headers) or None}
@@ -229,7 +232,7 @@ def llm_error(exc: BaseException, *, what: str, during_stream: bool = False) -> 
     retry_after = None
     if isinstance(exc, LLMError):
         return exc
-    if isinstance(exc, openai.APITimeoutError) or isinstance(exc, _http.TimeoutException):
+    if isinstance(exc, (openai.APITimeoutError, _http.TimeoutException)):
         code = "timeout"
     elif isinstance(exc, (openai.APIConnectionError, _http.TransportError)):
         code = "stream_interrupted" if during_stream else "model_unavailable"
@@ -292,7 +295,8 @@ class ChatModel:
         if not model or not isinstance(model, str):
             raise ImproperlyConfigured("openai option 'model' must name a model.")
         if max_tokens_param not in ("max_tokens", "max_completion_tokens"):
-            raise ImproperlyConfigured("openai option 'max_tokens_param' must be 'max_tokens' or 'max_completion_tokens'.")
+            raise ImproperlyConfigured(
+                "openai option 'max_tokens_param' must be 'max_tokens' or 'max_completion_tokens'.")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise ImproperlyConfigured(f"openai option 'max_tokens' must be a positive integer, not {max_tokens!r}.")
         self.connection = connection
@@ -360,9 +364,10 @@ class ChatModel:
         Closing the iterator early closes the HTTP response."""
         client = await self.connection.async_client()
         with model_errors(repr(self)):
-            response = await client.post("/chat/completions", body=self.body(messages, max_tokens=max_tokens, stream=True),
-                                         cast_to=ChatCompletion, stream=True,
-                                         stream_cls=openai.AsyncStream[ChatCompletionChunk])
+            response = await client.post(
+                "/chat/completions", body=self.body(messages, max_tokens=max_tokens, stream=True),
+                cast_to=ChatCompletion, stream=True, stream_cls=openai.AsyncStream[ChatCompletionChunk],
+            )
         model, usage, finish = self.model, None, None
         try:
             with model_errors(repr(self), during_stream=True):
@@ -393,7 +398,8 @@ INHERITED_OPTIONS = (*CONNECTION_OPTIONS, "model", "max_tokens_param")
 HELPER_OPTIONS = (*CONNECTION_OPTIONS, "model", "temperature", "max_tokens", "max_tokens_param", "extra_body")
 
 
-def chat_model_from_options(profile: Profile, options: dict[str, Any], *, max_tokens: int, temperature: float | None = 0.0) -> ChatModel:
+def chat_model_from_options(profile: Profile, options: dict[str, Any], *, max_tokens: int,
+                            temperature: float | None = 0.0) -> ChatModel:
     """The ``ChatModel`` of a helper component (rewrite, multi_query, summary...).
 
     Takes the ``HELPER_OPTIONS`` keys out of ``options`` (the component's own options, changed
@@ -502,7 +508,8 @@ class OpenAIEmbedder(Embedder):
                 f"options['openai']['embedding_dimensions'] (e.g. 768 for nomic-embed-text)."
             )
         if dimensions is not None and (not isinstance(dimensions, int) or dimensions < 1):
-            raise ImproperlyConfigured(f"openai option 'embedding_dimensions' must be a positive integer, not {dimensions!r}.")
+            raise ImproperlyConfigured(
+                f"openai option 'embedding_dimensions' must be a positive integer, not {dimensions!r}.")
         self.dimension = dimensions or native
         send = options.get("send_dimensions")
         if send is None:

@@ -55,7 +55,8 @@ import concurrent.futures
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured

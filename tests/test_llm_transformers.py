@@ -8,7 +8,6 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_ragchat.checks import check_profiles
 from django_ragchat.llm_transformers import MultiQueryExpander, check_reply
-from django_ragchat.models import Conversation
 from django_ragchat.pipeline import components_for, run_turn_sync
 from django_ragchat.profiles import get_profile
 from django_ragchat.types import Query

@@ -14,11 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from asgiref.sync import async_to_sync
-from django.core.exceptions import ImproperlyConfigured
 
 from django_ragchat.checks import check_openai_keys
 from django_ragchat.events import Accepted, Completed, Delta, Failed
-from django_ragchat.models import Conversation, Message, TurnTrace
+from django_ragchat.models import Message, TurnTrace
 from django_ragchat.openai_backend import OpenAIConnection
 from django_ragchat.pipeline import components_for, run_turn_sync, stream_turn
 from django_ragchat.profiles import get_profile
