@@ -471,10 +471,12 @@ class OpenAIChatBackend(LLMBackend):
         return response
 
     async def stream(self, prompt, turn):
-        async for delta in self.chat.stream(list(prompt.messages)):
-            if delta.finish_reason:
-                self._note_finish(turn, delta.finish_reason)
-            yield delta
+        # aclosing: a turn stopped mid-answer closes the HTTP response now, not at garbage collection.
+        async with contextlib.aclosing(self.chat.stream(list(prompt.messages))) as deltas:
+            async for delta in deltas:
+                if delta.finish_reason:
+                    self._note_finish(turn, delta.finish_reason)
+                yield delta
 
 
 # --- Embeddings ---------------------------------------------------------------------------------

@@ -4,11 +4,13 @@ HTTP to the loopback OpenAI-compatible server, whole and streamed, with every in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +123,29 @@ def test_a_reply_cut_at_max_tokens_is_kept_and_the_trace_says_so(openai_server, 
     assert result.answer == "The Aurora X2 "
     assert openai_server.last("chat/completions").json["max_tokens"] == 3
     assert "the answer was cut at 3 tokens (max_tokens)" in result.trace["warnings"]
+
+
+def test_a_client_leaving_mid_stream_keeps_the_partial_answer_as_incomplete(site, conversation):
+    site.script(ANSWER)
+    site.token_delay = 0.05
+
+    async def read_two_deltas():
+        received = []
+        async with contextlib.aclosing(stream_turn(conversation, QUESTION)) as events:
+            async for event in events:
+                if isinstance(event, Delta):
+                    received.append(event.text)
+                    if len(received) == 2:
+                        break  # the client went away: the transport closes the stream
+        return received
+
+    started = time.perf_counter()
+    received = async_to_sync(read_two_deltas)()
+
+    assert time.perf_counter() - started < 1.0  # not waiting for the rest of the answer
+    message = Message.objects.get(conversation=conversation, role="assistant")
+    assert message.status == Message.Status.INCOMPLETE
+    assert message.content == "".join(received) == "The Aurora "
 
 
 # --- Faults -------------------------------------------------------------------------------------
