@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import bench_canard  # noqa: E402
-from bench._setup import bench_database, machine, table  # noqa: E402
+from bench import bench_canard
+from bench._setup import bench_database, machine, table
 
 VARIANTS = ("raw", "transformed", "gold")
 DEFAULT_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
