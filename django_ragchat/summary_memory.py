@@ -40,8 +40,10 @@ in the memory message (``include_facts``).
 **Cost per turn.** Two SQL queries whatever the conversation's length: the summary and facts,
 then the unsummarised messages (the newest ``fetch_limit``).
 
-Options: ``summary_share`` (0.3, the share of the history budget the memory message may
-take; longer summaries are cut), ``keep_share`` (0.5, what a fold leaves unsummarised),
+Options: ``summary_share`` (0.25, the share of the history budget the memory message may
+take; longer summaries are cut), ``keep_share`` (0.3, the newest turns a fold leaves
+unsummarised; a fold runs about every ``(1 - summary_share - keep_share)`` of the budget's
+worth of conversation),
 ``max_fold_tokens`` (3000, transcript tokens per summarising call), ``include_facts`` (True),
 ``max_facts`` (20), ``fetch_limit`` (200), the templates ``instructions`` and ``prompt`` (the
 summarising call: ``{max_words}``; ``{summary}``, ``{messages}``), ``summary_template``
@@ -174,16 +176,17 @@ class SummaryMemory(MemoryStrategy):
 
     name = "summary"
 
-    def __init__(self, profile, *, summary_share: float = 0.3, keep_share: float = 0.5,
+    def __init__(self, profile, *, summary_share: float = 0.25, keep_share: float = 0.3,
                  max_fold_tokens: int = 3000, include_facts: bool = True, max_facts: int = 20,
                  instructions: str | None = None, prompt: str | None = None,
                  summary_template: str = DEFAULT_SUMMARY_TEMPLATE, facts_template: str = DEFAULT_FACTS_TEMPLATE,
                  acknowledgement: str = DEFAULT_ACKNOWLEDGEMENT, **options: Any):
         chat = chat_model_from_options(profile, options, max_tokens=500)
         super().__init__(profile, **options)
-        if not (0 < summary_share < 1 and 0 < keep_share < 1 and summary_share + keep_share <= 1):
+        if not (0 < summary_share < 1 and 0 < keep_share < 1 and summary_share + keep_share < 1):
             raise ImproperlyConfigured(
-                "summary memory: summary_share and keep_share must be between 0 and 1 and add up to at most 1."
+                "summary memory: summary_share and keep_share must be between 0 and 1 and add up to less than 1 "
+                "(the rest is how much conversation accumulates between two folds)."
             )
         self.summary_share = summary_share
         self.keep_share = keep_share
