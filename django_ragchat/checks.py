@@ -9,6 +9,12 @@ ragchat.E005  a hook implementation matches no hook spec (misspelt hook name)
 ragchat.E006  a dotted path in settings cannot be imported
 ragchat.E007  a setting has a value of the wrong type or range
 ragchat.W020  a profile uses api.openai.com but the API key's environment variable is not set
+
+Database checks (run by ``migrate`` and ``check --database default``):
+
+ragchat.E010  PostgreSQL without the pgvector extension available (or older than 0.8)
+ragchat.W011  an embedding space with chunks has no valid HNSW index (PostgreSQL)
+ragchat.W012  the full-text index is missing (SQLite: its triggers were dropped) or unavailable
 """
 
 from __future__ import annotations
@@ -162,3 +168,76 @@ def check_openai_keys(app_configs=None, **kwargs):
                     id="ragchat.W020",
                 ))
     return warnings
+
+
+@register(Tags.database)
+def check_search_indexes(app_configs=None, databases=None, **kwargs):
+    from django.db import DatabaseError, connections
+
+    from django_ragchat.models import Chunk
+
+    errors = []
+    for alias in databases or ():
+        connection = connections[alias]
+        if connection.vendor not in ("postgresql", "sqlite"):
+            continue
+        try:
+            migrated = Chunk._meta.db_table in connection.introspection.table_names()
+            if connection.vendor == "postgresql":
+                errors += _postgres_search_checks(alias, migrated)
+            elif migrated:
+                errors += _sqlite_search_checks(alias)
+        except DatabaseError:
+            continue  # an unreachable database is reported by whatever needs it first
+    return errors
+
+
+def pgvector_problem(available: str | None) -> str:
+    """Why pgvector version ``available`` (None: not installed on the server) will not do, or ""."""
+    from django_ragchat.search.postgres import MIN_PGVECTOR_VERSION, parse_version
+
+    minimum = ".".join(map(str, MIN_PGVECTOR_VERSION))
+    if available is None:
+        return "PostgreSQL has no pgvector extension available; django-ragchat stores embeddings with it."
+    if parse_version(available) < MIN_PGVECTOR_VERSION:
+        return f"PostgreSQL's pgvector is version {available}; django-ragchat needs {minimum} or later."
+    return ""
+
+
+def _postgres_search_checks(alias: str, migrated: bool) -> list:
+    from django_ragchat.search import postgres
+
+    available, _ = postgres.pgvector_versions(alias)
+    problem = pgvector_problem(available)
+    if problem:
+        return [Error(problem, hint="Install it on the database server with scripts/install-pgvector.sh (in the "
+                                    "django-ragchat repository; it builds pgvector 0.8 for the local PostgreSQL) "
+                                    "or your platform's pgvector package, then run migrate.", id="ragchat.E010")]
+    if not migrated:
+        return []
+    warnings = []
+    for space, count in postgres.spaces(alias).items():
+        status = postgres.hnsw_index_status(space, using=alias)
+        if status.state in ("missing", "invalid", "mismatch"):
+            warnings.append(Warning(
+                f"Embedding space {space!r} has {count:,} chunks but its HNSW index is {status.state}: "
+                f"its vector searches scan every chunk of the space.",
+                hint="Run `python manage.py ragchat_index` (after ingesting: building once is faster than "
+                     "growing the index).", id="ragchat.W011",
+            ))
+    return warnings
+
+
+def _sqlite_search_checks(alias: str) -> list:
+    from django_ragchat.search import configured_text_configs, sqlite
+
+    state = sqlite.fulltext_state(alias)
+    if state == "missing":
+        return [Warning("The full-text index of the chunks (FTS5 table and triggers) is missing or incomplete; "
+                        "full-text and hybrid search fail or miss new chunks.",
+                        hint="Run `python manage.py ragchat_index` to create it and fill it from the chunks.",
+                        id="ragchat.W012")]
+    if state == "unavailable" and configured_text_configs():
+        return [Warning("A profile uses full-text or hybrid retrieval, but this SQLite was built without FTS5.",
+                        hint="Use a Python whose sqlite3 has FTS5 (most do), or PostgreSQL.", id="ragchat.W012")]
+    return []

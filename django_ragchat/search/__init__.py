@@ -32,7 +32,7 @@ from django_ragchat.search.filters import FILTER_KEYS, InvalidFilters, SearchFil
 from django_ragchat.types import RetrievedChunk
 
 __all__ = [
-    "FILTER_KEYS", "InvalidFilters", "SearchFilters", "fetch_chunks", "fulltext_search", "hybrid_search",
+    "FILTER_KEYS", "InvalidFilters", "SearchFilters", "configured_spaces", "configured_text_configs", "fetch_chunks", "fulltext_search", "hybrid_search",
     "query_terms", "store_chunks", "vector_ids", "vector_search",
 ]
 
@@ -45,15 +45,20 @@ def _is_postgres(using: str) -> bool:
     return connections[using].vendor == "postgresql"
 
 
-def query_terms(text: str) -> list[str]:
+def query_terms(text: str, config: str = "english") -> list[str]:
     """The words of ``text`` that full-text search looks for (any of them may match).
 
     Words are ``\\w+`` runs, lowercased, deduplicated, at most ``MAX_QUERY_TERMS``; "or" is
-    dropped (it is PostgreSQL's websearch OR operator). Each database then applies its own
-    stemming and (PostgreSQL) stop words.
+    dropped (PostgreSQL's websearch OR operator). For the ``english`` configuration, English stop
+    words are dropped here, so SQLite's FTS5 (which has no stop words) searches for the same
+    words PostgreSQL does. Each database then applies its own stemming.
     """
+    from django_ragchat.text import STOPWORDS
+
     terms = dict.fromkeys(w.lower() for w in _WORD.findall(text or ""))
     terms.pop("or", None)
+    if config == "english":
+        terms = {t: None for t in terms if t not in STOPWORDS}
     return list(terms)[:MAX_QUERY_TERMS]
 
 
@@ -148,7 +153,7 @@ def fulltext_search(space: str, text: str, k: int, *, filters: Any = None, confi
 
     filters = SearchFilters.parse(filters)
     postgres.check_config(config)
-    terms = query_terms(text)
+    terms = query_terms(text, config)
     if k <= 0 or not terms:
         return []
     if _is_postgres(using):
@@ -185,7 +190,7 @@ def hybrid_search(space: str, vector, text: str, k: int, *, filters: Any = None,
     filters = SearchFilters.parse(filters)
     postgres.check_config(config)
     candidates = candidates or max(2 * k, 20)
-    terms = query_terms(text)
+    terms = query_terms(text, config)
     if _zero(vector):
         vector = None  # nothing is similar to it: the text search alone decides
     if k <= 0 or (vector is None and not terms):
@@ -229,3 +234,32 @@ def store_chunks(chunks: Iterable, *, using: str = "default", batch_size: int = 
     from django_ragchat.models import Chunk
 
     return len(Chunk.objects.using(using).bulk_create(list(chunks), batch_size=batch_size))
+
+
+def _profile_components():
+    from django_ragchat.pipeline import components_for
+    from django_ragchat.profiles import get_profile, profile_names
+
+    for name in profile_names():
+        try:
+            yield name, components_for(get_profile(name))
+        except Exception:  # noqa: BLE001 - a broken profile is reported by the check ragchat.E002
+            continue
+
+
+def configured_spaces() -> dict[str, list[str]]:
+    """The embedding space of every profile's embedder: {space: [profile names]}."""
+    found: dict[str, list[str]] = {}
+    for name, components in _profile_components():
+        found.setdefault(components.embedder.space, []).append(name)
+    return found
+
+
+def configured_text_configs() -> set[str]:
+    """The text search configurations the profiles' retrievers use (their ``config`` option)."""
+    return {
+        retriever.config
+        for _, components in _profile_components()
+        for retriever in components.retrievers
+        if isinstance(getattr(retriever, "config", None), str)
+    }

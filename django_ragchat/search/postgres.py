@@ -242,11 +242,18 @@ def create_hnsw_index(space: str, *, m: int = 16, ef_construction: int = 64, con
             maintenance_work_mem = f"{max(needed, current) >> 20}MB"
         if not re.fullmatch(r"\d+\s*(kB|MB|GB)", maintenance_work_mem):
             raise ValueError(f"maintenance_work_mem must look like '512MB' or '2GB', not {maintenance_work_mem!r}")
-        cursor.execute(f"SET maintenance_work_mem = '{maintenance_work_mem}'")
-        try:
+        if connection.in_atomic_block:
+            # Rows inserted earlier in this transaction have deferred foreign key checks
+            # pending, which CREATE INDEX refuses to run with: run them now.
+            connection.check_constraints()
+            cursor.execute(f"SET LOCAL maintenance_work_mem = '{maintenance_work_mem}'")
             cursor.execute(sql)
-        finally:
-            cursor.execute("RESET maintenance_work_mem")
+        else:
+            cursor.execute(f"SET maintenance_work_mem = '{maintenance_work_mem}'")
+            try:
+                cursor.execute(sql)
+            finally:
+                cursor.execute("RESET maintenance_work_mem")
     return hnsw_index_status(space, dimensions, using), True
 
 
@@ -280,6 +287,8 @@ def create_fulltext_index(config: str, *, concurrently: bool = False, using: str
     with connection.cursor() as cursor:
         if status.state == "invalid":
             cursor.execute(f"DROP INDEX {'CONCURRENTLY ' if concurrently else ''}IF EXISTS {qn(status.name)}")
+        if connection.in_atomic_block:
+            connection.check_constraints()  # see create_hnsw_index
         cursor.execute(f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}{qn(status.name)} ON {chunk} "
                        f"USING gin ((to_tsvector('{config}'::regconfig, text)))")
     return fulltext_index_status(config, using), True
@@ -321,8 +330,8 @@ def _ef(ef_search: int | None, k: int) -> int:
     return min(MAX_EF_SEARCH, max(ef_search or DEFAULT_EF_SEARCH, k))
 
 
-def _vector_inner(connection, space: str, vector, k_sql: str, filters: SearchFilters, exact: bool) -> tuple[str, list]:
-    """The nearest-neighbour subquery (id, distance) and its parameters."""
+def _vector_inner(connection, space: str, vector, filters: SearchFilters, exact: bool) -> tuple[str, list]:
+    """The nearest-neighbour subquery (id, distance) and its parameters, but for the limit."""
     chunk, document = _tables(connection)
     dimensions = len(vector)
     kind = None if exact else vector_type(dimensions)
@@ -335,7 +344,7 @@ def _vector_inner(connection, space: str, vector, k_sql: str, filters: SearchFil
     where, filter_params = filters.sql("postgresql", document)
     order = "distance, c.id" if kind is None else "distance"  # a second key would defeat the index
     sql = (f"SELECT c.id, {distance} AS distance FROM {chunk} c "
-           f"WHERE c.space = {_literal(space)}{where} ORDER BY {order} LIMIT {k_sql}")
+           f"WHERE c.space = {_literal(space)}{where} ORDER BY {order} LIMIT %s")
     return sql, [vector_literal(vector), *filter_params]
 
 
@@ -356,7 +365,7 @@ def vector_query(space: str, vector, k: int, *, filters: SearchFilters = SearchF
     the cosine similarity, best first. Exposed so tests can EXPLAIN exactly what runs."""
     connection = connections[using]
     chunk, document = _tables(connection)
-    inner, params = _vector_inner(connection, space, vector, "%s", filters, exact)
+    inner, params = _vector_inner(connection, space, vector, filters, exact)
     sql = (f"SELECT {_HIT_COLUMNS}, 1 - h.distance FROM ({inner}) h "
            f"JOIN {chunk} c ON c.id = h.id JOIN {document} d ON d.id = c.document_id "
            f"ORDER BY h.distance, c.id")
@@ -375,14 +384,15 @@ def vector_ids(space: str, vector, k: int, *, filters: SearchFilters = SearchFil
                ef_search: int | None = None, exact: bool = False, using: str = "default") -> list[tuple[int, float]]:
     """(chunk id, cosine similarity) of the nearest chunks, best first."""
     connection = connections[using]
-    inner, params = _vector_inner(connection, space, vector, "%s", filters, exact)
+    inner, params = _vector_inner(connection, space, vector, filters, exact)
     rows = _execute(using, _vector_settings(filters, ef_search, k, exact, len(vector)),
                     f"SELECT h.id, 1 - h.distance FROM ({inner}) h ORDER BY h.distance, h.id", [*params, k])
     return [(int(i), float(s)) for i, s in rows]
 
 
-def _fulltext_inner(connection, space: str, terms: list[str], k_sql: str, filters: SearchFilters,
+def _fulltext_inner(connection, space: str, terms: list[str], filters: SearchFilters,
                     config: str) -> tuple[str, list]:
+    """The text match subquery (id, rank) and its parameters, but for the limit."""
     chunk, document = _tables(connection)
     tsv = tsvector_sql(config)
     where, filter_params = filters.sql("postgresql", document)
@@ -391,20 +401,27 @@ def _fulltext_inner(connection, space: str, terms: list[str], k_sql: str, filter
     sql = (f"SELECT c.id, ts_rank({tsv}, q.query) AS rank FROM {chunk} c, "
            f"websearch_to_tsquery('{config}'::regconfig, %s) q(query) "
            f"WHERE c.space = {_literal(space)} AND {tsv} @@ q.query{where} "
-           f"ORDER BY rank DESC, c.id LIMIT {k_sql}")
+           f"ORDER BY rank DESC, c.id LIMIT %s")
     return sql, [" or ".join(terms), *filter_params]
+
+
+def fulltext_query(space: str, terms: list[str], k: int, *, filters: SearchFilters = SearchFilters(),
+                   config: str = COLUMN_CONFIG, using: str = "default") -> tuple[str, list]:
+    """(SELECT, parameters) of the full-text search: the hit columns and ``ts_rank``, best first."""
+    connection = connections[using]
+    chunk, document = _tables(connection)
+    inner, params = _fulltext_inner(connection, space, terms, filters, config)
+    sql = (f"SELECT {_HIT_COLUMNS}, t.rank FROM ({inner}) t "
+           f"JOIN {chunk} c ON c.id = t.id JOIN {document} d ON d.id = c.document_id "
+           f"ORDER BY t.rank DESC, c.id")
+    return sql, [*params, k]
 
 
 def fulltext_search(space: str, terms: list[str], k: int, *, filters: SearchFilters = SearchFilters(),
                     config: str = COLUMN_CONFIG, using: str = "default") -> list[tuple]:
     """Rows of (hit columns..., ts_rank), best first, for chunks matching any of ``terms``."""
-    connection = connections[using]
-    chunk, document = _tables(connection)
-    inner, params = _fulltext_inner(connection, space, terms, "%s", filters, config)
-    sql = (f"SELECT {_HIT_COLUMNS}, t.rank FROM ({inner}) t "
-           f"JOIN {chunk} c ON c.id = t.id JOIN {document} d ON d.id = c.document_id "
-           f"ORDER BY t.rank DESC, c.id")
-    return _execute(using, [], sql, [*params, k])
+    sql, params = fulltext_query(space, terms, k, filters=filters, config=config, using=using)
+    return _execute(using, [], sql, params)
 
 
 def hybrid_search(space: str, vector, terms: list[str], k: int, *, candidates: int,
@@ -420,13 +437,13 @@ def hybrid_search(space: str, vector, terms: list[str], k: int, *, candidates: i
     connection = connections[using]
     chunk, document = _tables(connection)
     if vector is not None:
-        vector_sql, vector_params = _vector_inner(connection, space, vector, "%s", filters, exact)
+        vector_sql, vector_params = _vector_inner(connection, space, vector, filters, exact)
         vector_params = [*vector_params, candidates]
         settings = _vector_settings(filters, ef_search, candidates, exact, len(vector))
     else:
         vector_sql, vector_params, settings = "SELECT NULL::bigint AS id, NULL::float8 AS distance WHERE false", [], []
     if terms:
-        text_sql, text_params = _fulltext_inner(connection, space, terms, "%s", filters, config)
+        text_sql, text_params = _fulltext_inner(connection, space, terms, filters, config)
         text_params = [*text_params, candidates]
     else:
         text_sql, text_params = "SELECT NULL::bigint AS id, NULL::real AS rank WHERE false", []

@@ -1,0 +1,154 @@
+"""``manage.py ragchat_reembed``: embed the stored chunks into another embedding space, so a
+site can change its embedding model without a migration and without downtime.
+
+The procedure (docs/postgresql.md, "Changing the embedding model"):
+
+1. ``ragchat_reembed --embedder NAME --options '{...}'`` (or ``--profile`` naming a profile
+   that already uses the new embedder) copies every document's chunks into the new space with
+   new vectors, in batches, one transaction per document, while the profiles keep answering
+   from the old space. It resumes where it stopped if interrupted, and on PostgreSQL builds
+   the new space's HNSW index at the end (once, which is much faster than growing it).
+2. Switch: point the profile at the new embedder in settings and deploy. Queries now go to
+   the new space, which is complete.
+3. ``ragchat_reembed --drop-space OLD`` deletes the old space's chunks and index (it refuses
+   while a profile still uses that space).
+
+``--list`` shows every space: its chunks, its index, and the profiles that use it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection, transaction
+
+from django_ragchat.ingestion.pipeline import reembed
+from django_ragchat.models import Chunk
+from django_ragchat.search import configured_spaces
+
+DELETE_BATCH_SIZE = 2000
+
+
+class Command(BaseCommand):
+    help = ("Embed the stored chunks into another embedding space (a new embedding model) while the "
+            "current one keeps serving; --drop-space removes an old space.")
+
+    def add_arguments(self, parser):
+        target = parser.add_mutually_exclusive_group()
+        target.add_argument("--profile", help="Embed into this profile's embedder's space (default: the default profile).")
+        target.add_argument("--embedder", help="Embed with this registered embedder (see --options).")
+        target.add_argument("--drop-space", metavar="SPACE", help="Delete this space's chunks and index.")
+        target.add_argument("--list", action="store_true", help="List the spaces, their chunks and who uses them.")
+        parser.add_argument("--options", metavar="JSON", help='The embedder\'s options, e.g. \'{"dimension": 256}\'.')
+        parser.add_argument("--batch-size", type=int, default=64, metavar="N", help="Texts per embedding call (default 64).")
+        parser.add_argument("--no-index", action="store_true", help="PostgreSQL: do not build the HNSW index.")
+        parser.add_argument("--force", action="store_true", help="--drop-space even if a profile uses the space.")
+        parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+
+    def handle(self, *args, **options):
+        if options["list"]:
+            return self._list()
+        if options["drop_space"]:
+            return self._drop(options["drop_space"], options["force"])
+        embedder = self._embedder(options)
+        if options["batch_size"] < 1:
+            raise CommandError("--batch-size must be at least 1.")
+        space = embedder.space
+        before = self._counts()
+        self.stdout.write(f"Embedding into space {space} (now {before.get(space, 0):,} chunks); "
+                          f"other spaces keep serving: {', '.join(s for s in before if s != space) or 'none'}")
+        report = reembed(embedder, batch_size=options["batch_size"], progress=self._progress(options))
+        for result in report.failed:
+            self.stderr.write(f"{result.source}: {result.reason}")
+        self.stdout.write(f"Re-embedded {report.summary()}")
+        if report.failed:
+            raise CommandError(f"{len(report.failed)} document(s) failed; run the command again to retry them.")
+        if connection.vendor == "postgresql" and not options["no_index"] and self._counts().get(space):
+            from django_ragchat.search import postgres
+
+            status, created = postgres.create_hnsw_index(space)
+            self.stdout.write(f"HNSW index {status.name} {'built' if created else status.state}")
+        users = configured_spaces().get(space, [])
+        if users:
+            self.stdout.write(f"Space {space} is complete; profile(s) {', '.join(users)} use it.")
+        else:
+            self.stdout.write(f"Space {space} is complete. Next: point the profile(s) at this embedder in "
+                              f"settings and deploy, then `manage.py ragchat_reembed --drop-space OLD_SPACE`.")
+
+    def _embedder(self, options):
+        from django_ragchat import plugins
+        from django_ragchat.pipeline import components_for
+        from django_ragchat.profiles import get_profile
+
+        try:
+            embedder_options = json.loads(options["options"]) if options["options"] else {}
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"--options is not valid JSON: {exc}") from None
+        if not isinstance(embedder_options, dict):
+            raise CommandError("--options must be a JSON object.")
+        try:
+            if options["embedder"]:
+                registration = plugins.get_registry().get("embedder", options["embedder"])
+                return registration.cls(get_profile(None), **embedder_options)
+            if embedder_options:
+                raise CommandError("--options goes with --embedder (a profile's embedder takes the profile's options).")
+            return components_for(get_profile(options["profile"])).embedder
+        except (ImproperlyConfigured, TypeError, ValueError) as exc:
+            raise CommandError(str(exc)) from None
+
+    def _counts(self) -> dict[str, int]:
+        from django.db.models import Count
+
+        return dict(Chunk.objects.order_by().values_list("space").annotate(n=Count("id")).values_list("space", "n"))
+
+    def _progress(self, options):
+        stream = getattr(self.stderr, "_out", self.stderr)
+        if options["no_progress"] or not stream.isatty():
+            return None
+        from tqdm import tqdm
+
+        bar = tqdm(file=stream, unit="doc", desc="Re-embedding", leave=False, dynamic_ncols=True)
+
+        def progress(done: int, total: int, source: str) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+            if done == total:
+                bar.close()
+
+        return progress
+
+    def _list(self) -> None:
+        users = configured_spaces()
+        counts = self._counts()
+        for space in sorted(set(counts) | set(users)):
+            line = f"{space}: {counts.get(space, 0):,} chunks"
+            if connection.vendor == "postgresql" and counts.get(space):
+                from django_ragchat.search import postgres
+
+                status = postgres.hnsw_index_status(space)
+                line += f", {status.dimensions} dimensions, HNSW index {status.state}"
+            line += f"; used by {', '.join(users[space])}" if space in users else "; used by no profile"
+            self.stdout.write(line)
+
+    def _drop(self, space: str, force: bool) -> None:
+        users = configured_spaces().get(space)
+        if users and not force:
+            raise CommandError(f"Profile(s) {', '.join(users)} still search space {space}; switch them to "
+                               f"another embedder first (or pass --force).")
+        deleted = 0
+        while True:
+            ids = list(Chunk.objects.filter(space=space).order_by("id").values_list("id", flat=True)[:DELETE_BATCH_SIZE])
+            if not ids:
+                break
+            with transaction.atomic():
+                # Not a raw delete: MessageSource rows keep their labels with chunk set to NULL.
+                Chunk.objects.filter(id__in=ids).only("id").delete()
+            deleted += len(ids)
+        if connection.vendor == "postgresql":
+            from django_ragchat.search import postgres
+
+            postgres.drop_hnsw_index(space)
+        index = " and its HNSW index" if connection.vendor == "postgresql" else ""
+        self.stdout.write(f"Deleted {deleted:,} chunks of space {space}{index}.")
