@@ -97,4 +97,4 @@ class Command(BaseCommand):
             sqlite.create_fulltext(using)
             state = sqlite.fulltext_state(using) + " (built from the chunks)"
         self.stdout.write(f"full text: FTS5 index {state}")
-        return state == "missing"
+        return int(state == "missing")

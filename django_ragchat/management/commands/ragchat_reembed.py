@@ -92,7 +92,7 @@ class Command(BaseCommand):
             if options["embedder"]:
                 registration = plugins.get_registry().get("embedder", options["embedder"])
                 return registration.cls(get_profile(None), **embedder_options)
-            if embedder_options:
+            if options["options"] is not None:
                 raise CommandError("--options goes with --embedder (a profile's embedder takes the profile's options).")
             return components_for(get_profile(options["profile"])).embedder
         except (ImproperlyConfigured, TypeError, ValueError) as exc:
