@@ -207,9 +207,13 @@ def run(*, dialogs: int | None = None, tune_dialogs: int = TUNE_DIALOGS, index: 
             "seconds": time.perf_counter() - started}
 
 
+# A raw-to-gold gap of fewer turns than this is noise; its ratio would be meaningless.
+MIN_GAP_TURNS = 5
+
+
 def gap_closed(items: list[FollowUp], k: int) -> str:
     raw, transformed, gold = (recall(items, v, k) for v in VARIANTS)
-    if gold - raw <= 0:
+    if (gold - raw) * len(items) < MIN_GAP_TURNS:
         return "n/a"
     return f"{(transformed - raw) / (gold - raw):.0%}"
 
@@ -238,7 +242,8 @@ def report(results: dict, database: str) -> str:
         "",
         table(headers, rows),
         "",
-        f"The transformers changed {changed} of {len(results['items'])} questions; {skipped} skipped retrieval.",
+        f"The transformers changed {changed} of {len(results['items'])} questions; {skipped} skipped retrieval. "
+        f"Gap closed: n/a when gold beats raw by fewer than {MIN_GAP_TURNS} turns.",
     ])
 
 
