@@ -178,10 +178,10 @@ class OpenAIConnection:
         if entry is None:
             clients: dict = {}
             closer = _close_at_loop_shutdown(clients)
-            await closer.asend(None)
             entry = (clients, closer)
             with _clients_lock:
                 _async_clients[loop] = entry
+            await closer.asend(None)  # started: the loop now tracks it (runs to its yield, no suspension)
         clients = entry[0]
         if key not in clients:
             http_client = openai.DefaultAsyncHttpxClient(verify=_ssl_context())
