@@ -319,5 +319,13 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
         time.sleep(interval)
 
 
+def within_one_rate_window(seconds: float = 15.0) -> None:
+    """Wait, if need be, so that the next ``seconds`` fall in one minute of the clock: the turn
+    rate limit counts in fixed one-minute windows (``limits.check_turn_rate``)."""
+    left = 60 - time.time() % 60
+    if left < seconds:
+        time.sleep(left + 0.1)
+
+
 def unknown_id() -> str:
     return str(uuid.uuid4())

@@ -16,6 +16,7 @@ from websockets.exceptions import InvalidStatus
 from django_ragchat.models import Conversation, Message
 from tests.live_servers import (
     anonymous_caller, caller_for, open_socket, read_turn, receive, send, unknown_id, wait_for,
+    within_one_rate_window,
 )
 
 QUESTION = "How much does the Aurora X2 cost?"
@@ -204,7 +205,7 @@ def test_anonymous_sockets_are_refused_when_anonymous_chat_is_off(ragchat_settin
 def slow_conversation(user, product_corpus, openai_server):
     """A conversation whose answers come from the loopback model server, 20 ms a token."""
     openai_server.token_delay = 0.02
-    openai_server.script(lambda request: words(100))
+    openai_server.when("", words(100))  # every answer
     return Conversation.objects.create(owner=user, profile="fake")
 
 
@@ -313,6 +314,7 @@ def test_the_model_failing_mid_stream_is_an_error_event_and_the_socket_goes_on(a
 
 
 def test_the_turn_rate_limit_is_an_error_event_with_retry_after(asgi, user, product_corpus, conversation):
+    within_one_rate_window()
     with open_socket(asgi, caller_for(user)) as ws:
         for _ in range(25):  # TURNS_PER_MINUTE in tests/live_settings.py
             send(ws, type="message", content=QUESTION, conversation_id=str(conversation.pk))

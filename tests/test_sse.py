@@ -1,0 +1,261 @@
+"""The server-sent events endpoint under a real WSGI server (gunicorn, threads) and a real ASGI
+server (uvicorn): the same events as the websocket, streamed as they are produced, the same
+refusals as HTTP statuses, and a client that goes away leaves its partial answer saved."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from django_ragchat.models import Conversation, Message
+from django_ragchat.sync_stream import ThreadedStream
+from tests.live_servers import (
+    anonymous_caller, caller_for, post_stream, sse_headers, sse_url, unknown_id, wait_for,
+    within_one_rate_window,
+)
+
+# Committed data: the servers are other processes (the ``server`` fixture is chosen at run
+# time, too late for pytest-django to see that it needs a transactional database).
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUESTION = "How much does the Aurora X2 cost?"
+
+
+def words(n: int) -> str:
+    return " ".join(f"word{i}" for i in range(n))
+
+
+@pytest.fixture(params=["wsgi", "asgi"])
+def server(request):
+    """Each test runs once under gunicorn (WSGI) and once under uvicorn (ASGI)."""
+    return request.getfixturevalue(request.param)
+
+
+def test_the_turn_streams_as_server_sent_events(server, product_corpus, user, conversation):
+    response, events = post_stream(server, caller_for(user), conversation.pk, QUESTION)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.headers["cache-control"] == "no-cache"
+    assert response.headers["x-ragchat-protocol"] == "1"
+    types = [e["type"] for e in events]
+    assert types[:4] == ["ack", "status", "sources", "status"] and types[-1] == "done"
+    deltas = [e for e in events if e["type"] == "delta"]
+    assert [d["index"] for d in deltas] == list(range(len(deltas))) and deltas
+    done = events[-1]["message"]
+    assert "".join(d["text"] for d in deltas) == done["content"]
+    assert "$699" in done["content"] and done["citations"] and done["status"] == "complete"
+    assert list(conversation.messages.values_list("role", "status", "content")) == [
+        ("user", "complete", QUESTION), ("assistant", "complete", done["content"])]
+
+
+def test_events_arrive_as_the_model_writes_them(server, user, product_corpus, openai_server):
+    """Not buffered: the first token arrives long before the last one is written."""
+    conversation = Conversation.objects.create(owner=user, profile="fake")
+    openai_server.token_delay = 0.04
+    openai_server.script(words(30))  # about 1.2 s of writing
+    caller = caller_for(user)
+    arrivals = []
+    started = time.monotonic()
+    with httpx.Client(cookies=caller.cookies, timeout=20) as client:
+        with client.stream("POST", sse_url(server, conversation.pk), json={"content": QUESTION},
+                           headers=sse_headers(caller)) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    arrivals.append((time.monotonic() - started, json.loads(line[6:])["type"]))
+    first_delta = next(t for t, kind in arrivals if kind == "delta")
+    done = arrivals[-1][0]
+    assert arrivals[-1][1] == "done"
+    assert done - first_delta > 0.8, arrivals
+    assert first_delta < 0.6, arrivals
+
+
+def test_refusals_are_http_statuses_with_the_error_event_as_body(server, product_corpus, user, other_user, staff_user, conversation):
+    caller = caller_for(user)
+    theirs = Conversation.objects.create(owner=other_user)
+    not_found = []
+    for conversation_id in (theirs.pk, unknown_id(), "not-a-uuid"):
+        response, events = post_stream(server, caller, conversation_id, QUESTION)
+        assert (response.status_code, events) == (404, [])
+        not_found.append(response.json())
+    assert not_found[0] == not_found[1] == not_found[2]
+    assert not_found[0]["type"] == "error" and not_found[0]["code"] == "not_found"
+
+    response, _ = post_stream(server, caller_for(staff_user), conversation.pk, QUESTION)
+    assert (response.status_code, response.json()["code"]) == (403, "forbidden")
+
+    with httpx.Client(cookies=caller.cookies) as client:
+        url = sse_url(server, conversation.pk)
+        for body, status, code in [
+            (b"not json", 400, "invalid_json"),
+            (b"[1, 2]", 400, "invalid_type"),
+            (b'{"text": "hi"}', 400, "invalid_type"),
+            (b'{"content": ""}', 400, "empty"),
+            (json.dumps({"content": "NUL \x00"}).encode(), 400, "invalid_characters"),
+            (b'{"content": "lone \\ud800"}', 400, "invalid_characters"),
+            (json.dumps({"content": "x" * 16_001}).encode(), 413, "too_long"),
+            (b"x" * 1_000_000, 413, "too_long"),
+        ]:
+            response = client.post(url, content=body, headers={**sse_headers(caller), "Content-Type": "application/json"})
+            assert (response.status_code, response.json()["code"]) == (status, code), body[:40]
+        # Session authentication: without the CSRF token the request is refused.
+        assert client.post(url, json={"content": QUESTION}).status_code == 403
+        assert client.get(url).status_code == 405
+    assert not Message.objects.exists()
+
+
+def test_anonymous_sessions_stream_in_their_own_conversations_only(server, product_corpus):
+    alice, mallory = anonymous_caller(), anonymous_caller()
+    conversation = Conversation.objects.create(session_key=alice.sessionid)
+    response, events = post_stream(server, alice, conversation.pk, QUESTION)
+    assert response.status_code == 200 and events[-1]["type"] == "done"
+    response, events = post_stream(server, mallory, conversation.pk, QUESTION)
+    assert response.status_code == 404 and response.json()["code"] == "not_found"
+    assert conversation.messages.count() == 2
+
+
+def test_one_turn_at_a_time_and_the_limits(server, user, product_corpus, openai_server):
+    caller = caller_for(user)
+    conversations = [Conversation.objects.create(owner=user, profile="fake") for _ in range(4)]
+    openai_server.token_delay = 0.05
+    openai_server.when("", words(200))  # every answer
+    clients, streams, lines = [], [], []
+    try:
+        for conversation in conversations[:3]:  # MAX_CONCURRENT_STREAMS answers being written
+            client = httpx.Client(cookies=caller.cookies, timeout=20)
+            clients.append(client)
+            stream = client.stream("POST", sse_url(server, conversation.pk), json={"content": QUESTION},
+                                   headers=sse_headers(caller))
+            response = stream.__enter__()
+            streams.append(stream)
+            assert response.status_code == 200
+            # Kept: dropping a line iterator closes the connection, which stops the answer.
+            lines.append(response.iter_lines())
+            assert next(lines[-1]) == "event: ack"
+        response, _ = post_stream(server, caller, conversations[0].pk, QUESTION)
+        assert response.status_code in (409, 429)  # the slot is checked first
+        response, _ = post_stream(server, caller, conversations[3].pk, QUESTION)
+        assert response.status_code == 429 and response.json()["code"] == "too_many_streams"
+        assert int(response.headers["retry-after"]) >= 1
+    finally:
+        for stream in streams:
+            stream.__exit__(None, None, None)
+        for client in clients:
+            client.close()
+    wait_for(lambda: not Message.objects.filter(status="streaming").exists())
+    # With a free slot, a second message in a conversation whose answer is still being
+    # written is refused with 409.
+    openai_server.token_delay = 0.02
+    with httpx.Client(cookies=caller.cookies, timeout=20) as client:
+        with client.stream("POST", sse_url(server, conversations[0].pk), json={"content": QUESTION},
+                           headers=sse_headers(caller)) as first:
+            first_lines = first.iter_lines()
+            assert next(first_lines) == "event: ack"
+            response, _ = post_stream(server, caller, conversations[0].pk, "And now?")
+            assert response.status_code == 409 and response.json()["code"] == "turn_in_progress"
+    assert not conversations[3].messages.exists()
+
+
+def test_the_turn_rate_limit_is_429_with_retry_after(server, user, product_corpus, conversation):
+    caller = caller_for(user)
+    within_one_rate_window()
+    for _ in range(25):  # TURNS_PER_MINUTE in tests/live_settings.py
+        response, events = post_stream(server, caller, conversation.pk, QUESTION)
+        assert events[-1]["type"] == "done"
+    response, _ = post_stream(server, caller, conversation.pk, QUESTION)
+    assert response.status_code == 429 and response.json()["code"] == "rate_limited"
+    assert 1 <= int(response.headers["retry-after"]) <= 60
+    assert conversation.messages.count() == 50
+
+
+def test_a_client_that_goes_away_leaves_its_partial_answer_saved(server, user, product_corpus, openai_server):
+    conversation = Conversation.objects.create(owner=user, profile="fake")
+    openai_server.token_delay = 0.02
+    openai_server.when("", words(300))  # every answer
+    caller = caller_for(user)
+    seen = []
+    with httpx.Client(cookies=caller.cookies, timeout=20) as client:
+        with client.stream("POST", sse_url(server, conversation.pk), json={"content": QUESTION},
+                           headers=sse_headers(caller)) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    seen.append(json.loads(line[6:]))
+                    if sum(e["type"] == "delta" for e in seen) == 3:
+                        break  # leaving the block closes the connection mid-answer
+    ack = seen[0]
+    answer = wait_for(lambda: Message.objects.filter(pk=ack["assistant_message_id"]).exclude(status="streaming").first())
+    assert answer.status == "incomplete"
+    assert answer.content.startswith("word0 word1 word2") and len(answer.content.split()) < 300
+    # The conversation is free again.
+    openai_server.token_delay = 0
+    response, events = post_stream(server, caller, conversation.pk, "Again")
+    assert events[-1]["type"] == "done"
+
+
+def test_the_model_failing_mid_stream_ends_with_an_error_event(server, user, product_corpus, openai_server):
+    conversation = Conversation.objects.create(owner=user, profile="fake")
+    openai_server.script(words(30))
+    openai_server.fail_next("cut_stream", after_tokens=4, path="chat/completions")
+    response, events = post_stream(server, caller_for(user), conversation.pk, QUESTION)
+    assert response.status_code == 200
+    failed = events[-1]
+    assert failed["type"] == "error" and failed["code"] == "stream_interrupted"
+    streamed = "".join(e["text"] for e in events if e["type"] == "delta")
+    assert failed["assistant_message"]["status"] == "error" and failed["assistant_message"]["content"] == streamed
+    assert streamed.split() == ["word0", "word1", "word2", "word3"]
+
+
+# --- ThreadedStream ---------------------------------------------------------------------------
+
+
+def test_threaded_stream_hands_over_each_item_as_it_is_produced():
+    produced = threading.Event()
+
+    async def items():
+        yield 1
+        await asyncio.get_running_loop().run_in_executor(None, produced.wait, 5)
+        yield 2
+
+    stream = ThreadedStream(items)
+    assert next(stream) == 1  # while the producer is still waiting for its second item
+    produced.set()
+    assert list(stream) == [2]
+
+
+def test_threaded_stream_raises_the_iterators_exception():
+    async def items():
+        yield "a"
+        raise KeyError("boom")
+
+    stream = ThreadedStream(items)
+    assert next(stream) == "a"
+    with pytest.raises(KeyError):
+        next(stream)
+    with pytest.raises(StopIteration):
+        next(stream)
+
+
+def test_closing_a_threaded_stream_cancels_it_and_waits_for_its_cleanup():
+    cleaned = []
+
+    async def items():
+        try:
+            yield "first"
+            await asyncio.sleep(30)
+            yield "never"
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)  # cleanup that awaits, like saving a partial answer
+            cleaned.append("cancelled")
+            raise
+
+    stream = ThreadedStream(items)
+    assert next(stream) == "first"
+    started = time.monotonic()
+    stream.close()
+    assert cleaned == ["cancelled"] and time.monotonic() - started < 5
+    with pytest.raises(StopIteration):
+        next(stream)
