@@ -274,6 +274,14 @@ def read_turn(ws, timeout: float = 20.0) -> list[dict]:
             return frames
 
 
+def frames_until(ws, predicate, timeout: float = 20.0) -> list[dict]:
+    """Frames up to and including the first one ``predicate`` accepts."""
+    frames = []
+    while not frames or not predicate(frames[-1]):
+        frames.append(receive(ws, timeout))
+    return frames
+
+
 def parse_sse(lines) -> list[dict]:
     """Events of a ``text/event-stream`` body given as lines; checks ``event:`` matches the data."""
     events, name = [], None
@@ -319,7 +327,7 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
         time.sleep(interval)
 
 
-def within_one_rate_window(seconds: float = 15.0) -> None:
+def within_one_rate_window(seconds: float = 6.0) -> None:
     """Wait, if need be, so that the next ``seconds`` fall in one minute of the clock: the turn
     rate limit counts in fixed one-minute windows (``limits.check_turn_rate``)."""
     left = 60 - time.time() % 60

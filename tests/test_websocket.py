@@ -15,8 +15,8 @@ from websockets.exceptions import InvalidStatus
 
 from django_ragchat.models import Conversation, Message
 from tests.live_servers import (
-    anonymous_caller, caller_for, open_socket, read_turn, receive, send, unknown_id, wait_for,
-    within_one_rate_window,
+    anonymous_caller, caller_for, frames_until, open_socket, read_turn, receive, send, unknown_id,
+    wait_for, within_one_rate_window,
 )
 
 QUESTION = "How much does the Aurora X2 cost?"
@@ -214,14 +214,6 @@ def deltas_until(ws, count: int) -> list[dict]:
     while sum(f["type"] == "delta" for f in frames) < count:
         frames.append(receive(ws))
         assert frames[-1]["type"] not in FINAL, frames[-1]
-    return frames
-
-
-def frames_until(ws, predicate, timeout: float = 20.0) -> list[dict]:
-    """Frames up to and including the first one ``predicate`` accepts."""
-    frames = []
-    while not frames or not predicate(frames[-1]):
-        frames.append(receive(ws, timeout))
     return frames
 
 
