@@ -109,11 +109,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if text_data is None:
             return await self._error("invalid_frame", "Send JSON in text frames.")
         if len(text_data) > transport.max_request_chars():
-            return await self._error("frame_too_large", f"Frames are limited to {transport.max_request_chars():,} characters.")
+            return await self._error("too_large", f"Frames are limited to {transport.max_request_chars():,} characters.")
         try:
             frame = json.loads(text_data)
         except (ValueError, RecursionError):
-            return await self._error("invalid_json", "The frame is not valid JSON.")
+            return await self._error("parse_error", "The frame is not valid JSON.")
         if not isinstance(frame, dict):
             return await self._error("invalid_frame", 'A frame is a JSON object with a "type".')
         client_id = frame.get("client_id")

@@ -52,20 +52,20 @@ def refusal_response(refusal: TurnRefused) -> JsonResponse:
 def _read_content(request) -> Any:
     """The ``content`` of the JSON body (validated later, with the turn); ``TurnRefused`` for a
     body that is too large or not a JSON object."""
-    too_long = TurnRefused("too_long", "The request body is too large.", 413)
+    too_large = TurnRefused("too_large", "The request body is too large.", 413)
     try:
         # Read even when too long (up to Django's DATA_UPLOAD_MAX_MEMORY_SIZE): a server that
         # answers before the client finished sending resets the connection, and the client
         # never reads the 413.
         body = request.body
     except RequestDataTooBig:
-        raise too_long from None
+        raise too_large from None
     if len(body) > transport.max_request_chars():
-        raise too_long
+        raise too_large
     try:
         data = json.loads(body)
-    except ValueError:
-        raise TurnRefused("invalid_json", 'The body must be JSON: {"content": "..."}.', 400) from None
+    except (ValueError, RecursionError):
+        raise TurnRefused("parse_error", 'The body must be JSON: {"content": "..."}.', 400) from None
     if not isinstance(data, dict):
         raise TurnRefused("invalid_type", 'The body must be a JSON object: {"content": "..."}.', 400)
     return data.get("content")

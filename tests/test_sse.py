@@ -91,14 +91,15 @@ def test_refusals_are_http_statuses_with_the_error_event_as_body(server, product
     with httpx.Client(cookies=caller.cookies) as client:
         url = sse_url(server, conversation.pk)
         for body, status, code in [
-            (b"not json", 400, "invalid_json"),
+            (b"not json", 400, "parse_error"),
+            (b"[" * 40_000 + b"]" * 40_000, 400, "parse_error"),
             (b"[1, 2]", 400, "invalid_type"),
             (b'{"text": "hi"}', 400, "invalid_type"),
             (b'{"content": ""}', 400, "empty"),
             (json.dumps({"content": "NUL \x00"}).encode(), 400, "invalid_characters"),
             (b'{"content": "lone \\ud800"}', 400, "invalid_characters"),
             (json.dumps({"content": "x" * 16_001}).encode(), 413, "too_long"),
-            (b"x" * 1_000_000, 413, "too_long"),
+            (b"x" * 1_000_000, 413, "too_large"),
         ]:
             response = client.post(url, content=body, headers={**sse_headers(caller), "Content-Type": "application/json"})
             assert (response.status_code, response.json()["code"]) == (status, code), body[:40]

@@ -74,7 +74,7 @@ def test_ping(asgi, user):
 
 
 MALFORMED = [
-    ("not json", "invalid_json"),
+    ("not json", "parse_error"),
     ("[1, 2, 3]", "invalid_frame"),
     ('"message"', "invalid_frame"),
     ('{"content": "no type"}', "unknown_type"),
@@ -85,9 +85,9 @@ MALFORMED = [
     ('{"type": "message"}', "invalid_type"),
     ('{"type": "message", "content": "   "}', "empty"),
     ('{"type": "message", "content": "hi", "conversation_id": {"x": 1}}', "not_found"),
-    ("[" * 40_000 + "]" * 40_000, "invalid_json"),
-    ("x" * 1_000_000, "frame_too_large"),
-    ('{"type": "message", "content": "' + "a" * 1_000_000 + '"}', "frame_too_large"),
+    ("[" * 40_000 + "]" * 40_000, "parse_error"),
+    ("x" * 1_000_000, "too_large"),
+    ('{"type": "message", "content": "' + "a" * 1_000_000 + '"}', "too_large"),
 ]
 
 
