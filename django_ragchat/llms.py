@@ -63,6 +63,14 @@ class LLMBackend(Component):
 
 
 _CITE_BEFORE_STOP = re.compile(r"([.!?])$")
+_MARKUP_CHARS = set('{}[]"=<>|`\\')
+
+
+def is_prose(sentence: str) -> bool:
+    """False for code, JSON, tables and markup: quoting them is never a readable answer."""
+    markup = sum(c in _MARKUP_CHARS for c in sentence)
+    letters = sum(c.isalpha() for c in sentence)
+    return markup / len(sentence) < 0.03 and letters / len(sentence) > 0.5
 
 
 class ExtractiveAnswerer(LLMBackend):
@@ -93,7 +101,7 @@ class ExtractiveAnswerer(LLMBackend):
             if chunk.heading and text.startswith(chunk.heading):
                 text = text[len(chunk.heading):]  # the heading line is a label, not a sentence
             for position, sentence in enumerate(sentences(text)):
-                if len(sentence) >= 12:
+                if len(sentence) >= 12 and is_prose(sentence):
                     found.append((index, position, sentence))
         return found
 

@@ -215,3 +215,13 @@ def test_extractive_answer_says_plainly_when_nothing_is_relevant():
     docs = (RetrievedChunk(chunk_id=1, text="Zephyr Buds have a warranty.", score=1, document_id=1, source="z"),)
     prompt = Prompt(messages=(), question="Who painted the Mona Lisa?", search_query="Who painted the Mona Lisa?", documents=docs)
     assert ExtractiveAnswerer(PROFILE).answer(prompt) == "I can't answer that from the documents I have."
+
+
+def test_extractive_answer_never_quotes_code_or_json():
+    docs = (
+        RetrievedChunk(chunk_id=1, text='{"content": "The Aurora X2 costs $699 [1].", "status": "complete"}', score=1, document_id=1, source="api.md"),
+        RetrievedChunk(chunk_id=2, text="| Aurora X2 | costs | $699 |", score=1, document_id=1, source="table.md"),
+        RetrievedChunk(chunk_id=3, text="The Aurora X2 costs $699.", score=1, document_id=2, source="a"),
+    )
+    prompt = Prompt(messages=(), question="How much does the Aurora X2 cost?", search_query="Aurora X2 cost", documents=docs)
+    assert ExtractiveAnswerer(PROFILE).answer(prompt) == "The Aurora X2 costs $699 [3]."
