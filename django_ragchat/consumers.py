@@ -72,14 +72,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         bound = self.scope.get("url_route", {}).get("kwargs", {}).get("conversation_id")
         if bound is not None:
             try:
-                conversation = await transport.open_conversation(
+                conversation, may_send = await transport.open_conversation(
                     self.user, bound, self.session_key, for_sending=False
                 )
             except TurnRefused as refusal:
                 await self.send_json(refusal.to_event().to_dict())
                 await self.close(code=CLOSE_NOT_FOUND)
                 return
-            await self._watch(conversation)
+            await self._watch(conversation, may_send)
             self.conversation_id = str(conversation.pk)
         await self.send_json({"type": "ready", "protocol": PROTOCOL_VERSION,
                               "conversation_id": self.conversation_id})
@@ -177,19 +177,19 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             except PermissionError as exc:
                 raise TurnRefused("forbidden", str(exc), 403) from None
         else:
-            conversation = await transport.open_conversation(
+            conversation, _ = await transport.open_conversation(
                 self.user, conversation_id, self.session_key, for_sending=True
             )
-        await self._watch(conversation)
+        await self._watch(conversation, may_send=True)
         return conversation
 
-    async def _watch(self, conversation: Conversation) -> None:
+    async def _watch(self, conversation: Conversation, may_send: bool) -> None:
         key = str(conversation.pk)
         if key not in self.watching:
             group = group_name(key)
             await self.channel_layer.group_add(group, self.channel_name)
             self.groups.append(group)  # left automatically on disconnect
-        self.watching[key] = await sync_to_async(permissions.can_change)(self.user, conversation, self.session_key)
+        self.watching[key] = may_send
 
     async def _run_turn(self, conversation: Conversation, content: Any, client_id: str | None) -> None:
         key = str(conversation.pk)

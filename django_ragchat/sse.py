@@ -74,7 +74,7 @@ def _read_content(request) -> Any:
 async def turn_stream(user, session_key: str | None, conversation_id, content: Any) -> AsyncIterator[TurnEvent]:
     """The events of one turn for this caller: the conversation is opened, then the turn runs
     (``TurnRefused`` before the first event when either cannot happen)."""
-    conversation = await transport.open_conversation(user, conversation_id, session_key, for_sending=True)
+    conversation, _ = await transport.open_conversation(user, conversation_id, session_key, for_sending=True)
     async with contextlib.aclosing(
         transport.turn_events(conversation, content, user=user, session_key=session_key)
     ) as events:

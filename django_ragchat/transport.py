@@ -76,21 +76,24 @@ def validate(content: Any) -> str:
         raise TurnRefused(exc.code, exc.message, 413 if exc.code == "too_long" else 400) from None
 
 
-def _open(user, conversation_id, session_key, for_sending: bool) -> Conversation:
+def _open(user, conversation_id, session_key, for_sending: bool) -> tuple[Conversation, bool]:
     try:
         conversation = permissions.get_conversation_for(user, conversation_id, session_key)
     except Conversation.DoesNotExist:
         raise TurnRefused.not_found() from None
-    if for_sending and not permissions.can_change(user, conversation, session_key):
+    may_send = permissions.can_change(user, conversation, session_key)
+    if for_sending and not may_send:
         raise TurnRefused("forbidden", "You may read this conversation but not send messages to it.", 403)
-    return conversation
+    return conversation, may_send
 
 
-async def open_conversation(user, conversation_id, session_key: str | None, *, for_sending: bool) -> Conversation:
-    """The conversation if the caller may read it (and, ``for_sending``, change it).
+async def open_conversation(user, conversation_id, session_key: str | None, *,
+                            for_sending: bool) -> tuple[Conversation, bool]:
+    """The conversation if the caller may read it, and whether they may send to it.
 
     Raises ``TurnRefused``: ``not_found`` (404) for unknown, malformed and foreign ids alike;
-    ``forbidden`` (403) when the caller may read but not send (staff in someone else's).
+    with ``for_sending``, ``forbidden`` (403) when the caller may read but not send (staff in
+    someone else's conversation).
     """
     return await sync_to_async(_open)(user, conversation_id, session_key, for_sending)
 

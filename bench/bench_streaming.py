@@ -1,0 +1,517 @@
+"""Streaming under load: N clients at once against one ASGI worker, each answer 200 tokens.
+
+    .venv/bin/python bench/bench_streaming.py                 # 10, 50 and 100 clients, 3 rounds
+    .venv/bin/python bench/bench_streaming.py --quick         # 2 and 5 clients, 20 tokens
+    .venv/bin/python bench/bench_streaming.py --llm extractive    # the offline answerer instead
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/ragchat .venv/bin/python bench/bench_streaming.py
+
+Processes: this one (the clients), a loopback OpenAI-compatible server
+(``FakeOpenAIServer``, standard library, streaming each answer as 200 one-word tokens with no
+delay), one uvicorn worker serving ``example_project.asgi`` (websocket and server-sent
+events; in-memory channel layer) and one gunicorn worker (``gthread``, a thread per client)
+serving ``example_project.wsgi`` for server-sent events under WSGI. All on loopback, sharing
+one database (a SQLite file by default) holding the demo's sample documents.
+
+Each round starts N turns at the same instant, each in a fresh conversation of its own user,
+asking about the sample documents. For every client it measures the time to the first token
+(from sending the message to receiving the first ``delta``) and checks that the answer arrived
+whole: 200 deltas, indexes 0..199 in order, their text exactly the model's. The same N
+requests are measured along four paths:
+
+* ``model``: the ``openai`` client streaming straight from the model server (no django-ragchat);
+* ``pipeline``: ``stream_turn`` in this process, N concurrent tasks (the turn, no transport);
+* ``websocket``: through uvicorn and the chat consumer;
+* ``sse asgi`` / ``sse wsgi``: the server-sent events endpoint under uvicorn / gunicorn.
+
+"transport +" is a path's time to first token minus the pipeline's (what the transport adds),
+"total +" minus the model's (what django-ragchat adds: saving the messages, retrieval, the
+prompt, the transport). Tokens/s is all deltas delivered over the round's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench._setup import machine, median, percentile, table  # noqa: E402
+
+QUESTIONS = (
+    "How much does the Aurora X2 cost?",
+    "How long does the Zephyr Buds battery last?",
+    "What does the Nimbus Tab warranty cover?",
+)
+PATHS = ("model", "pipeline", "websocket", "sse asgi", "sse wsgi")
+
+
+def reply_text(tokens: int) -> str:
+    """The model's answer: ``tokens`` distinct words, so each delta can be checked."""
+    return " ".join(f"t{i}" for i in range(tokens))
+
+
+# --- the model server process -----------------------------------------------------------------
+
+
+MARKER = re.compile(r"#q(\d+)")
+
+
+def serve_model(port: int, tokens: int, arrivals: str) -> None:
+    """The model server; writes ``<marker> <monotonic time>`` to ``arrivals`` for each request."""
+    import socketserver
+
+    from django_ragchat.testing.openai_server import FakeOpenAIServer
+
+    # The standard library listens with a backlog of 5; 100 clients connect at once.
+    socketserver.TCPServer.request_queue_size = 1024
+    answer = reply_text(tokens)
+    log = open(arrivals, "a", buffering=1)
+    lock = threading.Lock()
+
+    def reply(request: dict) -> str:
+        # Called as the request is answered, just before its first token is written. The
+        # marker is in the user's question, which the prompt carries.
+        arrived = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
+        text = " ".join(str(m.get("content")) for m in request.get("messages") or [])
+        found = MARKER.findall(text)
+        if found:
+            with lock:
+                log.write(f"{found[-1]} {arrived}\n")
+        return answer
+
+    server = FakeOpenAIServer(port=port, default_reply=reply)
+    server.start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop.wait()
+    server.stop()
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def process(argv: list[str], env: dict[str, str], port: int, name: str):
+    log = tempfile.TemporaryFile()
+    child = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if child.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(f"{name} exited:\n{log.read().decode(errors='replace')[-3000:]}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start")
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        child.terminate()
+        try:
+            child.wait(10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        log.close()
+
+
+# --- the database ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def database(tmpdir: str):
+    """Environment variables naming a fresh, migrated database with the sample documents."""
+    import dj_database_url
+
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        config = dj_database_url.parse(url)
+        name = f"test_{config['NAME']}_streaming"
+        env = {"RAGCHAT_BENCH_DB_ENGINE": config["ENGINE"], "RAGCHAT_BENCH_DB_NAME": name,
+               "RAGCHAT_BENCH_DB_HOST": str(config.get("HOST") or ""),
+               "RAGCHAT_BENCH_DB_PORT": str(config.get("PORT") or ""),
+               "RAGCHAT_BENCH_DB_USER": str(config.get("USER") or ""),
+               "RAGCHAT_BENCH_DB_PASSWORD": str(config.get("PASSWORD") or "")}
+        _postgres(config, f'DROP DATABASE IF EXISTS "{name}"', f'CREATE DATABASE "{name}"')
+    else:
+        name = os.path.join(tmpdir, "bench.sqlite3")
+        env = {"RAGCHAT_BENCH_DB_ENGINE": "django.db.backends.sqlite3", "RAGCHAT_BENCH_DB_NAME": name}
+    os.environ.update(env)
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.streaming_settings"
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    from django_ragchat.ingestion.pipeline import ingest_paths
+
+    ingest_paths([ROOT / "example_project" / "sample_docs"], root=ROOT)
+    try:
+        yield env
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if url:
+            _postgres(config, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _postgres(config: dict, *statements: str) -> None:
+    import psycopg
+
+    with psycopg.connect(host=config.get("HOST") or None, port=config.get("PORT") or None,
+                         user=config.get("USER") or None, password=config.get("PASSWORD") or None,
+                         dbname="postgres", autocommit=True) as connection:
+        for statement in statements:
+            connection.execute(statement)
+
+
+@dataclass
+class Caller:
+    user: object
+    cookies: dict
+
+
+def make_callers(count: int) -> list[Caller]:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    callers = []
+    for i in range(count):
+        user = get_user_model().objects.create_user(f"bench{i}")
+        client = Client()
+        client.force_login(user)
+        callers.append(Caller(user, {"sessionid": client.cookies["sessionid"].value,
+                                     "csrftoken": secrets.token_hex(16)}))
+    return callers
+
+
+def fresh_conversations(callers: list[Caller]) -> list[str]:
+    from django_ragchat.models import Conversation
+
+    return [str(c.pk) for c in Conversation.objects.bulk_create(
+        [Conversation(owner=caller.user) for caller in callers])]
+
+
+# --- clients -----------------------------------------------------------------------------------
+
+_sequence = iter(range(10**9))
+
+
+@dataclass
+class Answer:
+    """One client's answer. Times are ``time.perf_counter()`` (CLOCK_MONOTONIC on Linux, shared
+    by every process of the machine), so they compare with the model server's arrivals."""
+
+    marker: str
+    sent: float
+    first: float  # the first token received
+    tokens: int
+    whole: bool  # every token, in order, exactly the model's text
+    reordered: bool
+    at_model: float | None = None  # when the model server received the request
+
+    @property
+    def ttft(self) -> float:
+        return self.first - self.sent
+
+
+def question(i: int) -> tuple[str, str]:
+    """A question about the sample documents, tagged with a unique marker the model server logs."""
+    marker = str(next(_sequence))
+    return marker, f"{QUESTIONS[i % len(QUESTIONS)]} #q{marker}"
+
+
+def answer(marker: str, sent: float, first: float, texts: list[str], indexes: list[int] | None,
+           expected: str | None, final: str | None) -> Answer:
+    joined = "".join(texts)
+    whole = (expected is None or joined == expected) and (final is None or joined == final)
+    if indexes is not None:
+        whole = whole and indexes == list(range(len(texts)))
+    reordered = indexes is not None and indexes != sorted(indexes)
+    return Answer(marker, sent, first, len(texts), whole, reordered)
+
+
+async def staggered(start: asyncio.Event, i: int, count: int, stagger: float) -> None:
+    """Wait for the round to start, then for this client's turn within ``stagger`` seconds."""
+    await start.wait()
+    if stagger:
+        await asyncio.sleep(stagger * i / count)
+
+
+async def model_round(base_url: str, count: int, expected: str | None, stagger: float):
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
+    start = asyncio.Event()
+
+    async def one(i: int) -> Answer:
+        marker, text = question(i)
+        await staggered(start, i, count, stagger)
+        sent = time.perf_counter()
+        first, texts = None, []
+        stream = await client.chat.completions.create(
+            model="gpt-4o-mini", stream=True, messages=[{"role": "user", "content": text}])
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                first = first or time.perf_counter()
+                texts.append(chunk.choices[0].delta.content)
+        return answer(marker, sent, first, texts, None, expected, None)
+
+    try:
+        return await run_round(start, [one(i) for i in range(count)])
+    finally:
+        await client.close()
+
+
+async def pipeline_round(conversation_ids: list[str], expected: str | None, stagger: float):
+    from asgiref.sync import sync_to_async
+
+    from django_ragchat.events import Completed, Delta
+    from django_ragchat.models import Conversation
+    from django_ragchat.pipeline import stream_turn
+
+    conversations = await sync_to_async(lambda: list(Conversation.objects.filter(pk__in=conversation_ids)))()
+    start = asyncio.Event()
+
+    async def one(i: int, conversation) -> Answer:
+        marker, text = question(i)
+        await staggered(start, i, len(conversations), stagger)
+        sent = time.perf_counter()
+        first, texts, indexes, final = None, [], [], None
+        async with contextlib.aclosing(stream_turn(conversation, text)) as events:
+            async for event in events:
+                if isinstance(event, Delta):
+                    first = first or time.perf_counter()
+                    texts.append(event.text)
+                    indexes.append(event.index)
+                elif isinstance(event, Completed):
+                    final = event.message["content"]
+        return answer(marker, sent, first, texts, indexes, expected, final)
+
+    return await run_round(start, [one(i, c) for i, c in enumerate(conversations)])
+
+
+async def websocket_round(address: str, callers: list[Caller], conversation_ids: list[str],
+                          expected: str | None, stagger: float):
+    import websockets
+
+    start = asyncio.Event()
+    connected = asyncio.Semaphore(0)
+
+    async def one(i: int, caller: Caller, conversation_id: str) -> Answer:
+        marker, text = question(i)
+        cookie = "; ".join(f"{k}={v}" for k, v in caller.cookies.items())
+        async with websockets.connect(f"ws://{address}/ws/ragchat/", origin=f"http://{address}",
+                                      additional_headers={"Cookie": cookie}, max_size=None,
+                                      open_timeout=60) as ws:
+            assert json.loads(await ws.recv())["type"] == "ready"
+            connected.release()
+            await staggered(start, i, len(callers), stagger)
+            sent = time.perf_counter()
+            await ws.send(json.dumps({"type": "message", "content": text, "conversation_id": conversation_id}))
+            first, texts, indexes = None, [], []
+            while True:
+                frame = json.loads(await ws.recv())
+                if frame["type"] == "delta":
+                    first = first or time.perf_counter()
+                    texts.append(frame["text"])
+                    indexes.append(frame["index"])
+                elif frame["type"] == "done":
+                    return answer(marker, sent, first, texts, indexes, expected, frame["message"]["content"])
+                elif frame["type"] == "error":
+                    raise RuntimeError(f"websocket turn failed: {frame}")
+
+    async def all_connected():
+        for _ in callers:
+            await connected.acquire()
+
+    return await run_round(start, [one(i, c, k) for i, (c, k) in enumerate(zip(callers, conversation_ids))],
+                           ready=all_connected())
+
+
+async def sse_round(address: str, callers: list[Caller], conversation_ids: list[str],
+                    expected: str | None, stagger: float):
+    import httpx
+
+    start = asyncio.Event()
+
+    async def one(i: int, caller: Caller, conversation_id: str, client) -> Answer:
+        marker, text = question(i)
+        await staggered(start, i, len(callers), stagger)
+        sent = time.perf_counter()
+        first, texts, indexes, final = None, [], [], None
+        async with client.stream("POST", f"http://{address}/conversations/{conversation_id}/stream/",
+                                 json={"content": text}, cookies=caller.cookies,
+                                 headers={"X-CSRFToken": caller.cookies["csrftoken"]}) as response:
+            if response.status_code != 200:
+                raise RuntimeError(f"server-sent events refused: {response.status_code} {await response.aread()}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[6:])
+                if event["type"] == "delta":
+                    first = first or time.perf_counter()
+                    texts.append(event["text"])
+                    indexes.append(event["index"])
+                elif event["type"] == "done":
+                    final = event["message"]["content"]
+                elif event["type"] == "error":
+                    raise RuntimeError(f"server-sent events turn failed: {event}")
+        return answer(marker, sent, first, texts, indexes, expected, final)
+
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=len(callers) + 5), timeout=120) as client:
+        return await run_round(start, [one(i, c, k, client) for i, (c, k) in enumerate(zip(callers, conversation_ids))])
+
+
+async def run_round(start: asyncio.Event, clients, ready=None) -> tuple[list[Answer], float]:
+    """Run the clients, start them together, and return their answers and the wall time."""
+    tasks = [asyncio.ensure_future(c) for c in clients]
+    if ready is not None:
+        await ready
+    await asyncio.sleep(0.05)
+    began = time.perf_counter()
+    start.set()
+    answers = await asyncio.gather(*tasks)
+    return answers, time.perf_counter() - began
+
+
+# --- the benchmark -----------------------------------------------------------------------------
+
+
+def read_arrivals(path: str) -> dict[str, float]:
+    arrivals = {}
+    with open(path) as lines:
+        for line in lines:
+            marker, at = line.split()
+            arrivals[marker] = float(at)
+    return arrivals
+
+
+def run(clients: list[int], rounds: int, tokens: int, llm: str, stagger: float) -> list[list]:
+    expected = reply_text(tokens) if llm == "openai" else None
+    paths = PATHS if llm == "openai" else PATHS[1:]
+    with tempfile.TemporaryDirectory(prefix="ragchat-bench-stream-") as tmpdir:
+        arrivals_log = os.path.join(tmpdir, "arrivals.log")
+        model_port = free_port()
+        env = {**os.environ, "RAGCHAT_BENCH_LLM": llm,
+               "RAGCHAT_BENCH_MODEL_URL": f"http://127.0.0.1:{model_port}/v1", "PYTHONPATH": str(ROOT)}
+        os.environ.update({k: env[k] for k in ("RAGCHAT_BENCH_LLM", "RAGCHAT_BENCH_MODEL_URL")})
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(process([sys.executable, __file__, "--serve-model", str(model_port),
+                                         "--tokens", str(tokens), "--arrivals", arrivals_log],
+                                        env, model_port, "model server"))
+            db_env = stack.enter_context(database(tmpdir))
+            env.update(db_env, DJANGO_SETTINGS_MODULE="bench.streaming_settings")
+            asgi_port, wsgi_port = free_port(), free_port()
+            asgi = stack.enter_context(process([
+                sys.executable, "-m", "uvicorn", "example_project.asgi:application", "--host", "127.0.0.1",
+                "--port", str(asgi_port), "--lifespan", "off", "--no-access-log", "--log-level", "warning",
+            ], env, asgi_port, "uvicorn"))
+            wsgi = stack.enter_context(process([
+                sys.executable, "-m", "gunicorn", "example_project.wsgi", "--bind", f"127.0.0.1:{wsgi_port}",
+                "--workers", "1", "--worker-class", "gthread", "--threads", str(max(clients) + 4),
+                "--log-level", "warning",
+            ], env, wsgi_port, "gunicorn"))
+            callers = make_callers(max(clients))
+
+            def measure(path: str, n: int) -> tuple[list[Answer], float]:
+                group = callers[:n]
+                if path == "model":
+                    return asyncio.run(model_round(env["RAGCHAT_BENCH_MODEL_URL"], n, expected, stagger))
+                conversation_ids = fresh_conversations(group)
+                if path == "pipeline":
+                    return asyncio.run(pipeline_round(conversation_ids, expected, stagger))
+                if path == "websocket":
+                    return asyncio.run(websocket_round(asgi, group, conversation_ids, expected, stagger))
+                address = asgi if path == "sse asgi" else wsgi
+                return asyncio.run(sse_round(address, group, conversation_ids, expected, stagger))
+
+            for path in paths:  # warm-up: connections, vector index, clients
+                measure(path, min(5, max(clients)))
+            rows = []
+            for n in clients:
+                results = {path: ([], []) for path in paths}
+                for _ in range(rounds):
+                    for path in paths:  # interleaved, so that load from elsewhere spreads evenly
+                        answers, elapsed = measure(path, n)
+                        results[path][0].extend(answers)
+                        results[path][1].append(sum(a.tokens for a in answers) / elapsed)
+                arrivals = read_arrivals(arrivals_log) if llm == "openai" else {}
+                for path in paths:
+                    answers, rates = results[path]
+                    ttft = [a.ttft * 1000 for a in answers]
+                    timed = [a for a in answers if a.marker in arrivals]
+                    before = [(arrivals[a.marker] - a.sent) * 1000 for a in timed]
+                    after = [(a.first - arrivals[a.marker]) * 1000 for a in timed]
+                    rows.append([
+                        str(n), path, percentile(ttft, 50), percentile(ttft, 99),
+                        *((percentile(before, 50), percentile(before, 99), percentile(after, 50),
+                           percentile(after, 99)) if timed else ("", "", "", "")),
+                        f"{median(rates):,.0f}", f"{sum(a.tokens for a in answers):,}",
+                        f"{sum(not a.whole for a in answers)}/{sum(a.reordered for a in answers)}",
+                    ])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", default="10,50,100", help="concurrent clients, comma-separated")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per number of clients and path")
+    parser.add_argument("--tokens", type=int, default=200, help="tokens per answer")
+    parser.add_argument("--llm", choices=["openai", "extractive"], default="openai",
+                        help="openai: the loopback model server (default); extractive: the offline answerer")
+    parser.add_argument("--quick", action="store_true", help="2 and 5 clients, 20 tokens, 1 round")
+    parser.add_argument("--stagger", type=float, default=0.0,
+                        help="spread each round's starts evenly over this many seconds (default: all at once)")
+    parser.add_argument("--serve-model", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--arrivals", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_model:
+        return serve_model(args.serve_model, args.tokens, args.arrivals)
+    if args.quick:
+        args.clients, args.rounds, args.tokens = "2,5", 1, 20
+    clients = [int(n) for n in args.clients.split(",")]
+    started = time.perf_counter()
+    rows = run(clients, args.rounds, args.tokens, args.llm, args.stagger)
+    from django.db import connection
+
+    start = "all at once" if not args.stagger else f"spread over {args.stagger:g} s"
+    print(f"Streaming: {args.tokens}-token answers ({args.llm}), N clients starting {start}, "
+          f"{args.rounds} round(s) per cell; one uvicorn worker, one gunicorn gthread worker, "
+          f"{connection.vendor}; {machine()}")
+    print("Milliseconds, p50 and p99 over every client of every round. ttft: message sent -> first "
+          "token received. before model: message sent -> the model server receives the request "
+          "(django-ragchat's work: receive, save, retrieve, prompt; and waiting for its turn). "
+          "model -> client: the rest (the model's first token, relayed).")
+    print(table(["clients", "path", "ttft p50", "ttft p99", "before model p50", "before model p99",
+                 "model->client p50", "model->client p99", "tokens/s", "tokens", "incomplete/reordered"],
+                rows))
+    print(f"load average {os.getloadavg()[0]:.2f}; took {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
