@@ -68,7 +68,8 @@ if os.environ.get("REDIS_URL"):
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [os.environ["REDIS_URL"]]},
+            # capacity: room for a whole streamed answer per watching socket (docs/deployment.md).
+            "CONFIG": {"hosts": [os.environ["REDIS_URL"]], "capacity": 1000},
         }
     }
 
