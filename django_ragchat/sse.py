@@ -121,7 +121,10 @@ class _AsyncBody:
     def close(self) -> None:
         if not self._finished:
             self._finished = True
-            async_to_sync(self._events.aclose)()
+            async_to_sync(self._close_events)()
+
+    async def _close_events(self) -> None:
+        await self._events.aclose()
 
 
 class _SyncBody:

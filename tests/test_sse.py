@@ -12,7 +12,11 @@ import time
 import httpx
 import pytest
 
+from asgiref.sync import async_to_sync, sync_to_async
+
+from django_ragchat.events import StageChanged
 from django_ragchat.models import Conversation, Message
+from django_ragchat.sse import _AsyncBody
 from django_ragchat.sync_stream import ThreadedStream
 from tests.live_servers import (
     anonymous_caller, caller_for, post_stream, sse_headers, sse_url, unknown_id, wait_for,
@@ -260,3 +264,27 @@ def test_closing_a_threaded_stream_cancels_it_and_waits_for_its_cleanup():
     assert cleaned == ["cancelled"] and time.monotonic() - started < 5
     with pytest.raises(StopIteration):
         next(stream)
+
+
+def test_the_asgi_body_closes_the_turn_when_django_closes_the_response():
+    """A client that leaves while Django writes an event leaves the turn at a ``yield``:
+    Django then calls ``close()`` from a worker thread, which must close the turn."""
+    cleaned = []
+
+    async def events():
+        try:
+            yield StageChanged(stage="generating")
+            yield StageChanged(stage="never")
+        finally:
+            await asyncio.sleep(0.01)  # cleanup that awaits, like saving the partial answer
+            cleaned.append("closed")
+
+    async def scenario():
+        body = _AsyncBody(StageChanged(stage="retrieving"), events())
+        assert b"retrieving" in await anext(body)
+        assert b"generating" in await anext(body)
+        await sync_to_async(body.close)()  # what Django's ASGIHandler does with the response
+        await sync_to_async(body.close)()  # and closing twice is harmless
+        return list(cleaned)
+
+    assert async_to_sync(scenario)() == ["closed"]
