@@ -252,3 +252,18 @@ def test_copy_errors_are_django_errors_and_roll_back(db):
             search.store_chunks([Chunk(document=document, ordinal=0, text="ok", space="s",
                                        embedding=np.array([np.nan, 1], np.float32))])
     assert not Chunk.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_pgvector_benchmark_runs():
+    """bench/bench_pgvector.py at a tiny size (its raw connection needs committed rows)."""
+    from bench import bench_pgvector
+
+    results = bench_pgvector.run(chunks=600, queries=6, hybrid_queries=6, ingest_sample=200, sqlite=False)
+    assert results["chunks"] == 600 and results["build_s"] > 0
+    assert [row[1] for row in results["ingestion"]] == [600, 200, 200, 200, 200, 200]
+    assert len(results["vector"]) == 8 and all(0 <= row[-1] <= 1 for row in results["vector"])
+    assert len(results["text"]) == 4
+    text = bench_pgvector.report(results, "test db")
+    assert "search.vector_search (retriever)" in text and "HNSW index build" in text
+    assert not Chunk.objects.filter(space__startswith="scratch-").exists()
