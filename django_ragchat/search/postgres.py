@@ -339,7 +339,7 @@ def _vector_inner(connection, space: str, vector, filters: SearchFilters, exact:
         # No cast: this expression matches no index, so the scan is exact.
         distance = "c.embedding <=> %s::vector"
     else:
-        # The index's expression, repeated exactly: the planner matches it textually.
+        # The index's expression, repeated exactly: the planner matches expressions structurally.
         distance = f"c.embedding::{kind}({dimensions}) <=> %s::{kind}({dimensions})"
     where, filter_params = filters.sql("postgresql", document)
     order = "distance, c.id" if kind is None else "distance"  # a second key would defeat the index
