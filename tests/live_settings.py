@@ -43,6 +43,7 @@ if os.environ.get("RAGCHAT_LIVE_CHANNEL_LAYER") == "redis":
 
 RAGCHAT = {
     **RAGCHAT,
+    "PLUGINS": ["tests.streaming_plugin"],
     "ALLOW_ANONYMOUS": True,
     "TURNS_PER_MINUTE": 25,
     "MAX_CONCURRENT_STREAMS": 3,
@@ -58,6 +59,8 @@ RAGCHAT = {
                 "timeout": 10,
             }},
         },
+        # The default profile plus a streamed response augmenter (tests/streaming_plugin.py).
+        "shouting": {"response_augmenters": ["citations", "shout"]},
     },
 }
 

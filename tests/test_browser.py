@@ -112,6 +112,30 @@ def test_the_page_streams_a_cited_answer_over_the_websocket_under_asgi(page, asg
     check_cited_answer(page)
 
 
+def test_a_second_tab_on_the_conversation_shows_the_answer_live(page, asgi, product_corpus):
+    first_tab = page.current_window_handle
+    page.get(f"{asgi.url}/chat/")
+    wait_for_page(page)
+    ask(page, QUESTION)
+    page.switch_to.new_window("tab")  # same browser, same session: the conversation opens there too
+    page.get(f"{asgi.url}/chat/")
+    wait_for_page(page)
+    WebDriverWait(page, 20).until(lambda d: d.execute_script(
+        "return document.getElementById('ragchat-log').dataset.live === 'websocket'"
+        " && document.querySelectorAll('.ragchat-message').length === 2"))
+    second_tab = page.current_window_handle
+    page.switch_to.window(first_tab)
+    ask(page, "How much does the 256 GB model cost?")
+    page.switch_to.window(second_tab)
+    WebDriverWait(page, 20).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-message")) == 4
+                                  and "$799" in last_answer(d).text)
+    bodies = [b.text for b in page.find_elements(By.CSS_SELECTOR, ".ragchat-body")]
+    assert bodies[2] == "How much does the 256 GB model cost?"  # the question typed in the other tab
+    assert last_answer(page).find_elements(By.CSS_SELECTOR, "a.ragchat-cite")
+    page.close()
+    page.switch_to.window(first_tab)
+
+
 def test_the_page_streams_a_cited_answer_over_server_sent_events_under_wsgi(page, live_server, product_corpus, user):
     page.get(f"{live_server.url}/chat/")  # a page of the site, to be allowed to set its cookie
     page.add_cookie({"name": "sessionid", "value": caller_for(user).sessionid, "path": "/"})

@@ -54,6 +54,17 @@ def test_a_turn_streams_its_events_in_order(asgi, product_corpus, user, conversa
                      (ack["assistant_message_id"], 2, "assistant", "complete", done["content"])]
 
 
+def test_streamed_response_augmenters_run_on_each_delta_before_it_is_relayed(asgi, product_corpus, user):
+    conversation = Conversation.objects.create(owner=user, profile="shouting")
+    with open_socket(asgi, caller_for(user)) as ws:
+        send(ws, type="message", content=QUESTION, conversation_id=str(conversation.pk))
+        frames = read_turn(ws)
+    assert_turn_shape(frames)
+    content = frames[-1]["message"]["content"]
+    assert "$699" in content and content == content.upper() and "AURORA X2" in content
+    assert frames[-1]["message"]["citations"]  # the citations augmenter still ran on the whole answer
+
+
 def test_a_message_without_conversation_starts_one_that_the_socket_keeps(asgi, product_corpus, user):
     with open_socket(asgi, caller_for(user)) as ws:
         send(ws, type="message", content=QUESTION)

@@ -359,6 +359,7 @@
       state.socket.ws.onclose = null;
       state.socket.ws.close();
       state.socket = null;
+      delete ui.log.dataset.live;
     }
     if (!state.websocket || conversationId === null) return;
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
@@ -373,6 +374,7 @@
     ws.onclose = () => {
       if (state.socket !== socket) return;
       state.socket = null;
+      delete ui.log.dataset.live;
       socket.reject(new Error("closed"));
       if (!socket.opened) state.websocket = false;  // no websocket here: server-sent events from now on
       const turn = state.turn;
@@ -385,6 +387,7 @@
     if (frame.type === "ready") {
       socket.opened = true;
       socket.resolve(socket);
+      ui.log.dataset.live = "websocket";  // for styling and tests: this conversation is live
       return;
     }
     if (frame.type === "pong" || frame.conversation_id !== state.conversationId) return;

@@ -1,0 +1,21 @@
+"""A plugin of the live test servers (``tests/live_settings.py``): a streamed response
+augmenter that the ``shouting`` profile turns on, so the websocket tests can see streamed
+augmenters run on each delta before it is relayed."""
+
+from django_ragchat import hookimpl
+from django_ragchat.responses import ResponseAugmenter
+
+
+class Shout(ResponseAugmenter):
+    """Upper-cases the answer as it streams."""
+
+    name = "shout"
+    enabled_by_default = False
+
+    def on_delta(self, text, turn):
+        return text.upper()
+
+
+@hookimpl
+def register_response_augmenters(register):
+    register(Shout)
