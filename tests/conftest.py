@@ -42,10 +42,19 @@ Zephyr Buds come with a two-year warranty that covers battery failure.
 }
 
 
-def pytest_configure(config):
-    # Tests never load whatever plugins happen to be installed (tests/settings.py), except the
-    # entry-point test, which turns them on for itself.
-    os.environ.setdefault("RAGCHAT_TESTING", "1")
+def pytest_collection_modifyitems(config, items):
+    """On SQLite, PostgreSQL-only tests are deselected (they run in the PostgreSQL pass of
+    scripts/test.sh), so the SQLite pass reports no skips. With RAGCHAT_REQUIRE_POSTGRES=1 they
+    are kept, and fail if the database is not PostgreSQL (tests/pg.py)."""
+    from django.conf import settings
+
+    if "postgresql" in settings.DATABASES["default"]["ENGINE"] or os.environ.get("RAGCHAT_REQUIRE_POSTGRES") == "1":
+        return
+    selected = [item for item in items if item.get_closest_marker("postgres") is None]
+    deselected = [item for item in items if item.get_closest_marker("postgres") is not None]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
 
 
 @pytest.fixture(autouse=True)
