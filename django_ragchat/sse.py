@@ -21,7 +21,9 @@ is saved as "incomplete".
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -29,6 +31,7 @@ from typing import Any
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import RequestDataTooBig
 from django.core.handlers.asgi import ASGIRequest
+from django.db import connections
 from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.http import require_POST
 
@@ -36,6 +39,8 @@ from django_ragchat import transport
 from django_ragchat.events import PROTOCOL_VERSION, TurnEvent
 from django_ragchat.sync_stream import ThreadedStream
 from django_ragchat.transport import TurnRefused
+
+_ITEM, _ERROR, _END = "item", "error", "end"
 
 
 def encode_event(event: TurnEvent) -> bytes:
@@ -91,40 +96,85 @@ def _event_stream_response(body) -> StreamingHttpResponse:
 
 
 class _AsyncBody:
-    """The response body under ASGI: the turn's events, iterated on the server's loop.
+    """The response body under ASGI: the turn runs in a task of its own, events pass through a
+    queue.
 
-    Django cancels the response when the client disconnects. If that happens while the turn is
-    awaiting (the model, the database), the ``CancelledError`` lands in the turn and it saves
-    its partial answer. If it happens while Django is writing an event, the turn sits at a
-    ``yield`` instead; Django then calls ``close()`` (from a worker thread), which closes the
-    turn so it saves its partial answer just the same.
+    The task runs outside the request's context, so its database work goes to the thread that
+    serves the websockets' as well (as Channels does), not to a thread of this request's: an
+    answer being written does not hold a database connection (Django's per-request thread
+    keeps one until the response ends), and on SQLite concurrent answers do not queue for the
+    write lock.
+
+    Django cancels the response when the client disconnects: the turn is cancelled with it and
+    saves its partial answer (the ``CancelledError`` lands in ``__anext__``, or, when Django was
+    writing an event at the time, Django calls ``close()`` from a worker thread).
     """
 
-    def __init__(self, first: TurnEvent, events: AsyncIterator[TurnEvent]):
-        self._first: TurnEvent | None = first
-        self._events = events
-        self._finished = False
+    def __init__(self, make_events):
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._pump(make_events), context=contextvars.Context())
+        self._first_sent = False
+
+    async def _pump(self, make_events) -> None:
+        try:
+            async with contextlib.aclosing(make_events()) as events:
+                async for event in events:
+                    self._queue.put_nowait((_ITEM, event))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001  (handed to the response)
+            self._queue.put_nowait((_ERROR, exc))
+        else:
+            self._queue.put_nowait((_END, None))
+
+    async def next_event(self) -> TurnEvent:
+        """The next event; raises what the turn raised, ``StopAsyncIteration`` at the end."""
+        try:
+            kind, value = await self._queue.get()
+        except asyncio.CancelledError:
+            await self._stop()
+            raise
+        if kind == _ITEM:
+            return value
+        self._queue.put_nowait((kind, value))  # stays ended
+        if kind == _ERROR:
+            raise value
+        raise StopAsyncIteration
 
     def __aiter__(self) -> _AsyncBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return encode_event(await self.next_event())
+
+    async def _stop(self) -> None:
+        if not self._task.done():
+            self._task.cancel()
+            await asyncio.wait([self._task])
+
+    def close(self) -> None:
+        if not self._task.done():
+            async_to_sync(self._stop)()
+
+
+class _prepend:
+    """``first``, then the rest of ``body`` (which ``close()`` stops)."""
+
+    def __init__(self, first: TurnEvent, body: _AsyncBody):
+        self._first: TurnEvent | None = first
+        self._body = body
+
+    def __aiter__(self) -> _prepend:
         return self
 
     async def __anext__(self) -> bytes:
         if self._first is not None:
             first, self._first = self._first, None
             return encode_event(first)
-        try:
-            return encode_event(await anext(self._events))
-        except BaseException:  # the end, or the turn was cancelled: either way it is over
-            self._finished = True
-            raise
+        return await self._body.__anext__()
 
     def close(self) -> None:
-        if not self._finished:
-            self._finished = True
-            async_to_sync(self._close_events)()
-
-    async def _close_events(self) -> None:
-        await self._events.aclose()
+        self._body.close()
 
 
 class _SyncBody:
@@ -158,6 +208,12 @@ def _start_threaded(user, session_key, conversation_id, content):
     return first, stream
 
 
+def _release_connections() -> None:
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:  # e.g. a test's transaction: not ours to end
+            connection.close_if_unusable_or_obsolete()
+
+
 @require_POST
 async def stream_view(request, conversation_id):
     """Send a message to a conversation and stream the turn as server-sent events."""
@@ -166,18 +222,20 @@ async def stream_view(request, conversation_id):
     try:
         content = _read_content(request)
         if isinstance(request, ASGIRequest):
-            events = turn_stream(user, session_key, conversation_id, content)
-            try:
-                first = await anext(events)
-            except BaseException:
-                await events.aclose()
-                raise
-            return _event_stream_response(_AsyncBody(first, events))
-        # Served by WSGI: this coroutine runs in a short-lived loop of its own, so the turn
-        # gets a thread and a loop that outlive it.
-        first, stream = await sync_to_async(_start_threaded, thread_sensitive=False)(
-            user, session_key, conversation_id, content
-        )
-        return _event_stream_response(_SyncBody(first, stream))
+            body = _AsyncBody(lambda: turn_stream(user, session_key, conversation_id, content))
+            first = await body.next_event()  # refusals are raised here, before any response
+            response = _event_stream_response(_prepend(first, body))
+        else:
+            # Served by WSGI: this coroutine runs in a short-lived loop of its own, so the turn
+            # gets a thread and a loop that outlive it.
+            first, stream = await sync_to_async(_start_threaded, thread_sensitive=False)(
+                user, session_key, conversation_id, content
+            )
+            response = _event_stream_response(_SyncBody(first, stream))
     except TurnRefused as refusal:
         return refusal_response(refusal)
+    # The request's own database work (session, user) is done, but Django would keep its
+    # connection until the end of the stream: release it now, as Django's end-of-request
+    # handler would (a site with persistent connections, CONN_MAX_AGE, keeps it).
+    await sync_to_async(_release_connections)()
+    return response

@@ -266,25 +266,46 @@ def test_closing_a_threaded_stream_cancels_it_and_waits_for_its_cleanup():
         next(stream)
 
 
-def test_the_asgi_body_closes_the_turn_when_django_closes_the_response():
-    """A client that leaves while Django writes an event leaves the turn at a ``yield``:
-    Django then calls ``close()`` from a worker thread, which must close the turn."""
-    cleaned = []
+def blocking_turn(cleaned: list):
+    """A stand-in turn: one event, then it waits; its cleanup awaits, like saving a partial answer."""
 
     async def events():
         try:
-            yield StageChanged(stage="generating")
+            yield StageChanged(stage="retrieving")
+            await asyncio.sleep(30)
             yield StageChanged(stage="never")
         finally:
-            await asyncio.sleep(0.01)  # cleanup that awaits, like saving the partial answer
+            await asyncio.sleep(0.01)
             cleaned.append("closed")
 
+    return events
+
+
+def test_the_asgi_body_stops_the_turn_when_django_cancels_the_response():
+    cleaned = []
+
     async def scenario():
-        body = _AsyncBody(StageChanged(stage="retrieving"), events())
+        body = _AsyncBody(blocking_turn(cleaned))
         assert b"retrieving" in await anext(body)
-        assert b"generating" in await anext(body)
-        await sync_to_async(body.close)()  # what Django's ASGIHandler does with the response
-        await sync_to_async(body.close)()  # and closing twice is harmless
+        reading = asyncio.ensure_future(anext(body))
+        await asyncio.sleep(0.05)
+        reading.cancel()  # what Django's ASGIHandler does when the client disconnects
+        await asyncio.wait([reading])
+        return list(cleaned)
+
+    assert async_to_sync(scenario)() == ["closed"]
+
+
+def test_the_asgi_body_stops_the_turn_when_django_closes_the_response():
+    """A client that leaves while Django writes an event: Django calls ``close()`` from a
+    worker thread, which stops the turn and waits for its cleanup."""
+    cleaned = []
+
+    async def scenario():
+        body = _AsyncBody(blocking_turn(cleaned))
+        assert b"retrieving" in await anext(body)
+        await sync_to_async(body.close)()
+        await sync_to_async(body.close)()  # closing twice is harmless
         return list(cleaned)
 
     assert async_to_sync(scenario)() == ["closed"]
