@@ -26,7 +26,7 @@ from django_ragchat.components import Component, ComponentRegistry
 
 logger = logging.getLogger(__name__)
 
-from django_ragchat import hookimpl  # noqa: E402  (re-exported for built-in modules)
+from django_ragchat import hookimpl  # noqa: F401  (also importable from here, as in pluggy projects)
 
 ENTRY_POINT_GROUP = "django_ragchat"
 

@@ -22,7 +22,6 @@ import openai
 import pytest
 
 from django_ragchat.testing.openai_server import FakeOpenAIServer, embed
-from django_ragchat.testing.pytest_plugin import openai_server, openai_server_session  # noqa: F401
 
 USER = [{"role": "user", "content": "What does the Aurora X2 cost?"}]
 
