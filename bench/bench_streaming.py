@@ -127,7 +127,12 @@ def process(argv: list[str], env: dict[str, str], port: int, name: str):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name} did not start")
             time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
+        try:
+            yield f"127.0.0.1:{port}"
+        except BaseException:
+            log.seek(0)
+            print(f"--- {name} log (tail) ---\n{log.read().decode(errors='replace')[-4000:]}", file=sys.stderr)
+            raise
     finally:
         child.terminate()
         try:
@@ -411,9 +416,10 @@ def read_arrivals(path: str) -> dict[str, float]:
     return arrivals
 
 
-def run(clients: list[int], rounds: int, tokens: int, llm: str, stagger: float) -> list[list]:
+def run(clients: list[int], rounds: int, tokens: int, llm: str, stagger: float, paths: list[str]) -> list[list]:
     expected = reply_text(tokens) if llm == "openai" else None
-    paths = PATHS if llm == "openai" else PATHS[1:]
+    if llm != "openai":
+        paths = [p for p in paths if p != "model"]
     with tempfile.TemporaryDirectory(prefix="ragchat-bench-stream-") as tmpdir:
         arrivals_log = os.path.join(tmpdir, "arrivals.log")
         model_port = free_port()
@@ -485,6 +491,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--llm", choices=["openai", "extractive"], default="openai",
                         help="openai: the loopback model server (default); extractive: the offline answerer")
     parser.add_argument("--quick", action="store_true", help="2 and 5 clients, 20 tokens, 1 round")
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, from: {', '.join(PATHS)}")
     parser.add_argument("--stagger", type=float, default=0.0,
                         help="spread each round's starts evenly over this many seconds (default: all at once)")
     parser.add_argument("--serve-model", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -496,7 +503,11 @@ def main(argv: list[str] | None = None) -> None:
         args.clients, args.rounds, args.tokens = "2,5", 1, 20
     clients = [int(n) for n in args.clients.split(",")]
     started = time.perf_counter()
-    rows = run(clients, args.rounds, args.tokens, args.llm, args.stagger)
+    paths = [p.strip() for p in args.paths.split(",")]
+    unknown = set(paths) - set(PATHS)
+    if unknown:
+        parser.error(f"unknown paths {sorted(unknown)}; choose from {', '.join(PATHS)}")
+    rows = run(clients, args.rounds, args.tokens, args.llm, args.stagger, paths)
     from django.db import connection
 
     start = "all at once" if not args.stagger else f"spread over {args.stagger:g} s"

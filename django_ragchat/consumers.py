@@ -6,9 +6,9 @@ malformed frames with an ``error`` event, keeping the connection open.
 
 Several workers: a socket joins one channel-layer group per conversation it opens. The worker
 that runs a turn sends every event to its own socket directly and ``group_send``s it to the
-conversation's group, so every other socket open on that conversation receives the same events
-in the same order, whichever worker process it is connected to (``channels_redis``). A
-``cancel`` reaches the turn the same way.
+conversation's group (``GroupRelay``), so every other socket open on that conversation receives
+the same events in the same order, whichever worker process it is connected to
+(``channels_redis``). A ``cancel`` reaches the turn the same way.
 """
 
 from __future__ import annotations
@@ -41,6 +41,41 @@ def group_name(conversation_id) -> str:
 
 def _stopped_payload(message_id: int) -> dict[str, Any]:
     return persistence.message_payload(Message.objects.get(pk=message_id))
+
+
+class GroupRelay:
+    """Publishes one turn's frames to its conversation's group, in order.
+
+    One ``group_send`` at a time; frames produced while one is in flight go out together in
+    the next (a list). A slow channel layer, or many tokens at once, so costs fewer messages
+    instead of holding the turn back, and a quiet one still sends each frame at once.
+    """
+
+    def __init__(self, channel_layer, group: str, origin: str):
+        self.channel_layer, self.group, self.origin = channel_layer, group, origin
+        self.pending: list[dict] = []
+        self.sending: asyncio.Task | None = None
+
+    def publish(self, frame: dict) -> None:
+        self.pending.append(frame)
+        if self.sending is None:
+            self.sending = asyncio.create_task(self._send())
+
+    async def _send(self) -> None:
+        try:
+            while self.pending:
+                frames, self.pending = self.pending, []
+                await self.channel_layer.group_send(
+                    self.group, {"type": "ragchat.events", "origin": self.origin, "frames": frames})
+        except Exception:
+            logger.exception("ragchat: could not publish to %s", self.group)
+        finally:
+            self.sending = None  # no await since the loop's test: publish() starts a new one
+
+    async def flush(self) -> None:
+        """Wait until every frame published so far has been sent."""
+        while self.sending is not None:
+            await asyncio.shield(self.sending)
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
@@ -95,11 +130,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await asyncio.gather(*running, return_exceptions=True)
 
     async def dispatch(self, message):
-        if message["type"] == "ragchat.event":
-            # A turn event relayed through the channel layer: no database work, so the base
+        if message["type"] == "ragchat.events":
+            # Turn events relayed through the channel layer: no database work, so the base
             # class's per-message connection cleanup (a thread hop) is skipped.
             if message["origin"] != self.channel_name:  # our own turns were sent directly
-                await self._send_frame(message["frame"])
+                for frame in message["frames"]:
+                    await self._send_frame(frame)
             return
         await super().dispatch(message)
 
@@ -193,7 +229,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _run_turn(self, conversation: Conversation, content: Any, client_id: str | None) -> None:
         key = str(conversation.pk)
-        group = group_name(key)
+        group = GroupRelay(self.channel_layer, group_name(key), self.channel_name)
         accepted: Accepted | None = None
         ended = False
         try:
@@ -225,6 +261,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             payload = await sync_to_async(_stopped_payload)(accepted.assistant_message_id)
             stopped = Failed(code="cancelled", message="The answer was stopped.", assistant_message=payload)
             await self._relay(group, self._frame(stopped.to_dict(), key, client_id))
+        await group.flush()
 
     def _forget(self, key: str) -> None:
         if self.turns.get(key) is asyncio.current_task():
@@ -241,11 +278,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             frame["client_id"] = client_id
         return frame
 
-    async def _relay(self, group: str, frame: dict) -> None:
+    async def _relay(self, group: GroupRelay, frame: dict) -> None:
         """Send a turn's frame to this socket and to every other socket on the conversation."""
+        group.publish(frame)
         await self._send_frame(frame)
-        await self.channel_layer.group_send(group, {"type": "ragchat.event", "origin": self.channel_name,
-                                                    "frame": frame})
 
     async def _send_frame(self, frame: dict) -> None:
         if not self.closed:
