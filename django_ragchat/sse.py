@@ -219,23 +219,22 @@ async def stream_view(request, conversation_id):
     """Send a message to a conversation and stream the turn as server-sent events."""
     user = await request.auser()
     session_key = transport.caller_session_key(user, getattr(request, "session", None))
+    # The request's own database work (session, user) is done, but Django would keep its
+    # connection until the end of the stream: release it now, as Django's end-of-request
+    # handler would (a site with persistent connections, CONN_MAX_AGE, keeps it). The turn
+    # uses connections of its own.
+    await sync_to_async(_release_connections)()
     try:
         content = _read_content(request)
         if isinstance(request, ASGIRequest):
             body = _AsyncBody(lambda: turn_stream(user, session_key, conversation_id, content))
             first = await body.next_event()  # refusals are raised here, before any response
-            response = _event_stream_response(_prepend(first, body))
-        else:
-            # Served by WSGI: this coroutine runs in a short-lived loop of its own, so the turn
-            # gets a thread and a loop that outlive it.
-            first, stream = await sync_to_async(_start_threaded, thread_sensitive=False)(
-                user, session_key, conversation_id, content
-            )
-            response = _event_stream_response(_SyncBody(first, stream))
+            return _event_stream_response(_prepend(first, body))
+        # Served by WSGI: this coroutine runs in a short-lived loop of its own, so the turn
+        # gets a thread and a loop that outlive it.
+        first, stream = await sync_to_async(_start_threaded, thread_sensitive=False)(
+            user, session_key, conversation_id, content
+        )
+        return _event_stream_response(_SyncBody(first, stream))
     except TurnRefused as refusal:
         return refusal_response(refusal)
-    # The request's own database work (session, user) is done, but Django would keep its
-    # connection until the end of the stream: release it now, as Django's end-of-request
-    # handler would (a site with persistent connections, CONN_MAX_AGE, keeps it).
-    await sync_to_async(_release_connections)()
-    return response
