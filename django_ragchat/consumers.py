@@ -47,8 +47,9 @@ class GroupRelay:
     """Publishes one turn's frames to its conversation's group, in order.
 
     One ``group_send`` at a time; frames produced while one is in flight go out together in
-    the next (a list). A slow channel layer, or many tokens at once, so costs fewer messages
-    instead of holding the turn back, and a quiet one still sends each frame at once.
+    the next (a list). A slow channel layer, or a fast model, then costs fewer and larger
+    messages instead of slowing the turn down; when the layer keeps up, each frame goes out
+    at once. Watchers receive ``{"type": "ragchat.events", "origin": ..., "frames": [...]}``.
     """
 
     def __init__(self, channel_layer, group: str, origin: str):

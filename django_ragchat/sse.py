@@ -13,8 +13,8 @@ its body the ``error`` event as JSON (404 unknown or foreign conversation, 400/4
 message, 403 not yours to change, 409 turn in progress, 429 limits with ``Retry-After``).
 Session authentication, so the request carries the CSRF token (``X-CSRFToken`` header).
 
-The same view serves both deployments: under ASGI it iterates the turn on the server's event
-loop; under WSGI it runs the turn in a ``ThreadedStream`` (Django would otherwise buffer an
+The same view serves both deployments: under ASGI the turn runs as a task on the server's
+event loop; under WSGI it runs the turn in a ``ThreadedStream`` (Django would otherwise buffer an
 async body whole). Either way a client that goes away stops the model and the partial answer
 is saved as "incomplete".
 """
@@ -113,7 +113,6 @@ class _AsyncBody:
     def __init__(self, make_events):
         self._queue: asyncio.Queue = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._pump(make_events), context=contextvars.Context())
-        self._first_sent = False
 
     async def _pump(self, make_events) -> None:
         try:
@@ -121,7 +120,7 @@ class _AsyncBody:
                 async for event in events:
                     self._queue.put_nowait((_ITEM, event))
         except asyncio.CancelledError:
-            raise
+            raise  # stopped by the response: nobody is reading any more
         except BaseException as exc:  # noqa: BLE001  (handed to the response)
             self._queue.put_nowait((_ERROR, exc))
         else:
