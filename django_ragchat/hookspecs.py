@@ -45,7 +45,8 @@ def register_memory_strategies(register):
     """Register ``django_ragchat.memory.MemoryStrategy`` subclasses.
 
     A memory strategy chooses which earlier messages of the conversation the model sees, within
-    a token budget. Built in: ``message_window``, ``token_window``.
+    a token budget. Built in: ``message_window``, ``token_window``, ``summary`` (rolling
+    summary, ``django_ragchat.summary_memory``).
     """
 
 
@@ -55,8 +56,8 @@ def register_guardrails(register):
 
     A guardrail checks the user's input before retrieval (``check_input``) and the answer before
     it is saved (``check_output``); returning a ``Refusal`` ends the turn. Built in:
-    ``input_limits`` (empty, oversized and NUL-byte input is rejected before anything is saved
-    by the pipeline itself; this guardrail adds configurable blocked phrases).
+    ``blocked_phrases`` (configurable phrases). Malformed input (empty, oversized, NUL bytes)
+    never reaches a guardrail: the pipeline rejects it before anything is saved.
     """
 
 
@@ -66,7 +67,9 @@ def register_query_transformers(register):
 
     A transformer returns a new ``Query`` (rewritten, compressed, translated, enriched with the
     history), ``SkipRetrieval`` or an ``EndTurn``. All enabled transformers run in order, each
-    seeing the previous one's output. Built in: ``followup`` (offline history-aware enrichment).
+    seeing the previous one's output. Built in: ``followup`` (offline history-aware
+    enrichment); ``rewrite``, ``compress``, ``translate`` (LLM, off by default,
+    ``django_ragchat.llm_transformers``).
     """
 
 
@@ -75,7 +78,8 @@ def register_query_expanders(register):
     """Register ``django_ragchat.expanders.QueryExpander`` subclasses.
 
     An expander turns one query into several (the original plus variants); every (query,
-    retriever) pair is then retrieved concurrently.
+    retriever) pair is then retrieved concurrently. Built in: ``multi_query`` (LLM, off by
+    default).
     """
 
 
@@ -83,7 +87,8 @@ def register_query_expanders(register):
 def register_retrievers(register):
     """Register ``django_ragchat.retrievers.Retriever`` subclasses.
 
-    A retriever returns ``RetrievedChunk`` objects for a query, best first. Built in: ``vector``.
+    A retriever returns ``RetrievedChunk`` objects for a query, best first. Built in: ``vector``;
+    ``fulltext`` and ``hybrid`` (off by default; PostgreSQL full text or SQLite FTS5).
     """
 
 
@@ -120,7 +125,7 @@ def register_llm_backends(register):
     """Register ``django_ragchat.llms.LLMBackend`` subclasses.
 
     A backend answers a ``Prompt`` whole (``complete``) or as an async stream of ``LLMDelta``
-    (``stream``). Built in: ``extractive`` (offline, no model).
+    (``stream``). Built in: ``extractive`` (offline, no model), ``openai`` (any OpenAI-compatible server).
     """
 
 
@@ -129,7 +134,7 @@ def register_embedders(register):
     """Register ``django_ragchat.embedders.Embedder`` subclasses.
 
     An embedder turns texts into vectors of one embedding *space* (model and dimension). Built
-    in: ``hashing`` (offline feature hashing).
+    in: ``hashing`` (offline feature hashing), ``openai``.
     """
 
 
