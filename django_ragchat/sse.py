@@ -31,7 +31,6 @@ from typing import Any
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import RequestDataTooBig
 from django.core.handlers.asgi import ASGIRequest
-from django.db import connections
 from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.http import require_POST
 
@@ -207,12 +206,6 @@ def _start_threaded(user, session_key, conversation_id, content):
     return first, stream
 
 
-def _release_connections() -> None:
-    for connection in connections.all(initialized_only=True):
-        if not connection.in_atomic_block:  # e.g. a test's transaction: not ours to end
-            connection.close_if_unusable_or_obsolete()
-
-
 @require_POST
 async def stream_view(request, conversation_id):
     """Send a message to a conversation and stream the turn as server-sent events."""
@@ -222,15 +215,15 @@ async def stream_view(request, conversation_id):
     # connection until the end of the stream: release it now, as Django's end-of-request
     # handler would (a site with persistent connections, CONN_MAX_AGE, keeps it). The turn
     # uses connections of its own.
-    await sync_to_async(_release_connections)()
+    await sync_to_async(transport.close_stale_connections)()
     try:
         content = _read_content(request)
         if isinstance(request, ASGIRequest):
             body = _AsyncBody(lambda: turn_stream(user, session_key, conversation_id, content))
             first = await body.next_event()  # refusals are raised here, before any response
             return _event_stream_response(_prepend(first, body))
-        # Served by WSGI: this coroutine runs in a short-lived loop of its own, so the turn
-        # gets a thread and a loop that outlive it.
+        # Served by WSGI: this coroutine runs in a short-lived loop of its own; the turn runs
+        # on the process's background loop (ThreadedStream), which outlives it.
         first, stream = await sync_to_async(_start_threaded, thread_sensitive=False)(
             user, session_key, conversation_id, content
         )

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db import connections
 
 from django_ragchat import limits, permissions, pipeline
 from django_ragchat.conf import ragchat_settings
@@ -76,7 +77,19 @@ def validate(content: Any) -> str:
         raise TurnRefused(exc.code, exc.message, 413 if exc.code == "too_long" else 400) from None
 
 
+def close_stale_connections() -> None:
+    """Django's end-of-request connection cleanup, for this thread's connections: those past
+    ``CONN_MAX_AGE`` or broken are closed (connections inside a transaction, such as a test's,
+    are left alone). Turns run their database work on a thread shared by every answer of the
+    process, where no request ever ends; this runs there as each turn opens its conversation,
+    as Channels' ``database_sync_to_async`` does."""
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()
+
+
 def _open(user, conversation_id, session_key, for_sending: bool) -> tuple[Conversation, bool]:
+    close_stale_connections()
     try:
         conversation = permissions.get_conversation_for(user, conversation_id, session_key)
     except Conversation.DoesNotExist:
