@@ -1,31 +1,39 @@
-"""Streaming under load: N clients at once against one ASGI worker, each answer 200 tokens.
+"""Streaming under load: N clients against one ASGI worker, each answer 200 tokens.
 
     .venv/bin/python bench/bench_streaming.py                 # 10, 50 and 100 clients, 3 rounds
+    .venv/bin/python bench/bench_streaming.py --stagger 5     # starts spread over 5 s
     .venv/bin/python bench/bench_streaming.py --quick         # 2 and 5 clients, 20 tokens
     .venv/bin/python bench/bench_streaming.py --llm extractive    # the offline answerer instead
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/ragchat .venv/bin/python bench/bench_streaming.py
 
-Processes: this one (the clients), a loopback OpenAI-compatible server
-(``FakeOpenAIServer``, standard library, streaming each answer as 200 one-word tokens with no
-delay), one uvicorn worker serving ``example_project.asgi`` (websocket and server-sent
-events; in-memory channel layer) and one gunicorn worker (``gthread``, a thread per client)
-serving ``example_project.wsgi`` for server-sent events under WSGI. All on loopback, sharing
-one database (a SQLite file by default) holding the demo's sample documents.
+Processes: this one (the clients); a loopback OpenAI-compatible server (``FakeOpenAIServer``,
+standard library, streaming each answer as 200 one-word tokens with no delay); one uvicorn
+worker serving ``example_project.asgi`` (websocket and server-sent events; in-memory channel
+layer; websocket compression off unless ``--ws-deflate``); one gunicorn worker (``gthread``, a
+thread per client) serving ``example_project.wsgi`` for server-sent events under WSGI. All on
+loopback, sharing one database (a SQLite file by default) holding the demo's sample documents.
 
-Each round starts N turns at the same instant, each in a fresh conversation of its own user,
-asking about the sample documents. For every client it measures the time to the first token
-(from sending the message to receiving the first ``delta``) and checks that the answer arrived
-whole: 200 deltas, indexes 0..199 in order, their text exactly the model's. The same N
-requests are measured along four paths:
+Each round starts N turns, each in a fresh conversation of its own user, asking about the
+sample documents: all at the same instant by default, or spread evenly over ``--stagger``
+seconds. Every question carries a marker that the model server logs with the time it received
+the request. For every client the benchmark measures
+
+* ttft: from sending the message to receiving the first ``delta``;
+* before model: from sending the message to the model server receiving the request
+  (django-ragchat's work: receiving, saving the messages, retrieval, the prompt, and waiting
+  for its turn in the worker);
+* model -> client: the rest (the model's first token, relayed to the client);
+
+(all processes read the same monotonic clock) and checks that the answer arrived whole: 200
+deltas, indexes 0..199 in order, their text exactly the model's. The same requests are measured
+along five paths:
 
 * ``model``: the ``openai`` client streaming straight from the model server (no django-ragchat);
-* ``pipeline``: ``stream_turn`` in this process, N concurrent tasks (the turn, no transport);
+* ``pipeline``: ``stream_turn`` in this process, N concurrent tasks (the turn without transport);
 * ``websocket``: through uvicorn and the chat consumer;
 * ``sse asgi`` / ``sse wsgi``: the server-sent events endpoint under uvicorn / gunicorn.
 
-"transport +" is a path's time to first token minus the pipeline's (what the transport adds),
-"total +" minus the model's (what django-ragchat adds: saving the messages, retrieval, the
-prompt, the transport). Tokens/s is all deltas delivered over the round's wall time.
+Tokens/s is all deltas delivered over the round's wall time.
 """
 
 from __future__ import annotations
@@ -416,7 +424,8 @@ def read_arrivals(path: str) -> dict[str, float]:
     return arrivals
 
 
-def run(clients: list[int], rounds: int, tokens: int, llm: str, stagger: float, paths: list[str]) -> list[list]:
+def run(clients: list[int], rounds: int, tokens: int, llm: str, stagger: float, paths: list[str],
+        ws_deflate: bool = False) -> list[list]:
     expected = reply_text(tokens) if llm == "openai" else None
     if llm != "openai":
         paths = [p for p in paths if p != "model"]
@@ -435,7 +444,8 @@ def run(clients: list[int], rounds: int, tokens: int, llm: str, stagger: float, 
             asgi_port, wsgi_port = free_port(), free_port()
             asgi = stack.enter_context(process([
                 sys.executable, "-m", "uvicorn", "example_project.asgi:application", "--host", "127.0.0.1",
-                "--port", str(asgi_port), "--lifespan", "off", "--no-access-log", "--log-level", "warning",
+                "--port", str(asgi_port), "--ws-per-message-deflate", str(ws_deflate).lower(),
+                "--lifespan", "off", "--no-access-log", "--log-level", "warning",
             ], env, asgi_port, "uvicorn"))
             wsgi = stack.enter_context(process([
                 sys.executable, "-m", "gunicorn", "example_project.wsgi", "--bind", f"127.0.0.1:{wsgi_port}",
@@ -491,6 +501,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--llm", choices=["openai", "extractive"], default="openai",
                         help="openai: the loopback model server (default); extractive: the offline answerer")
     parser.add_argument("--quick", action="store_true", help="2 and 5 clients, 20 tokens, 1 round")
+    parser.add_argument("--ws-deflate", action="store_true",
+                        help="let uvicorn compress websocket frames (permessage-deflate; off by default, "
+                             "as docs/deployment.md recommends)")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, from: {', '.join(PATHS)}")
     parser.add_argument("--stagger", type=float, default=0.0,
                         help="spread each round's starts evenly over this many seconds (default: all at once)")
@@ -507,12 +520,14 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(paths) - set(PATHS)
     if unknown:
         parser.error(f"unknown paths {sorted(unknown)}; choose from {', '.join(PATHS)}")
-    rows = run(clients, args.rounds, args.tokens, args.llm, args.stagger, paths)
+    rows = run(clients, args.rounds, args.tokens, args.llm, args.stagger, paths, args.ws_deflate)
     from django.db import connection
 
     start = "all at once" if not args.stagger else f"spread over {args.stagger:g} s"
+    deflate = "on" if args.ws_deflate else "off"
     print(f"Streaming: {args.tokens}-token answers ({args.llm}), N clients starting {start}, "
-          f"{args.rounds} round(s) per cell; one uvicorn worker, one gunicorn gthread worker, "
+          f"{args.rounds} round(s) per cell; one uvicorn worker (websocket compression {deflate}), "
+          f"one gunicorn gthread worker, "
           f"{connection.vendor}; {machine()}")
     print("Milliseconds, p50 and p99 over every client of every round. ttft: message sent -> first "
           "token received. before model: message sent -> the model server receives the request "
