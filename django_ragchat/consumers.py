@@ -44,13 +44,18 @@ def _stopped_payload(message_id: int) -> dict[str, Any]:
 
 
 class GroupRelay:
-    """Publishes one turn's frames to its conversation's group, in order.
+    """Publishes one turn's frames to its conversation's group, in order, in batches.
 
-    One ``group_send`` at a time; frames produced while one is in flight go out together in
-    the next (a list). A slow channel layer, or a fast model, then costs fewer and larger
-    messages instead of slowing the turn down; when the layer keeps up, each frame goes out
-    at once. Watchers receive ``{"type": "ragchat.events", "origin": ..., "frames": [...]}``.
+    The socket that sent the message gets each frame directly, at once; the group (the other
+    sockets on the conversation, and this one's own channel, which ignores it) gets what
+    accumulated over ``window`` seconds in one message,
+    ``{"type": "ragchat.events", "origin": ..., "frames": [...]}``, one ``group_send`` at a
+    time. A model writing thousands of tokens a second then costs the channel layer tens of
+    messages a second, not thousands, at the price of ``window`` seconds of delay for the
+    watching tabs.
     """
+
+    window = 0.02
 
     def __init__(self, channel_layer, group: str, origin: str):
         self.channel_layer, self.group, self.origin = channel_layer, group, origin
@@ -65,6 +70,7 @@ class GroupRelay:
     async def _send(self) -> None:
         try:
             while self.pending:
+                await asyncio.sleep(self.window)  # let the batch fill
                 frames, self.pending = self.pending, []
                 await self.channel_layer.group_send(
                     self.group, {"type": "ragchat.events", "origin": self.origin, "frames": frames})
