@@ -1,0 +1,23 @@
+"""``bench/bench_streaming.py --quick`` runs end to end (its own processes and database) and
+every answer arrives whole on every path, so the benchmark cannot rot."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_the_streaming_benchmark_runs_and_loses_no_token():
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run([sys.executable, "bench/bench_streaming.py", "--quick"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split() for line in result.stdout.splitlines() if line[:1].isdigit()]
+    paths = {" ".join(row[1:-9]) for row in rows}
+    assert paths == {"model", "pipeline", "websocket", "sse asgi", "sse wsgi"}, result.stdout
+    assert len(rows) == 10 and all(row[-1] == "0/0" for row in rows), result.stdout
