@@ -136,6 +136,40 @@ def test_a_second_tab_on_the_conversation_shows_the_answer_live(page, asgi, prod
     page.switch_to.window(first_tab)
 
 
+def test_stop_in_one_tab_stops_the_answer_another_tab_asked_for(page, asgi, product_corpus, openai_server):
+    openai_server.token_delay = 0.05
+    openai_server.when("", " ".join(f"word{i}" for i in range(200)))
+    page.get(f"{asgi.url}/chat/")
+    wait_for_page(page)
+    conversation = Conversation.objects.create(session_key=page.get_cookie("sessionid")["value"], profile="fake")
+    page.refresh()
+    first_tab = page.current_window_handle
+    page.switch_to.new_window("tab")
+    page.get(f"{asgi.url}/chat/")
+    for tab in (page.current_window_handle, first_tab):  # both tabs live on the conversation
+        page.switch_to.window(tab)
+        wait_for_page(page)
+        WebDriverWait(page, 20).until(lambda d: d.execute_script(
+            "return document.getElementById('ragchat-log').dataset.live === 'websocket'"))
+    second_tab = page.window_handles[-1]
+    box = page.find_element(By.ID, "ragchat-input")
+    box.send_keys(QUESTION)
+    page.find_element(By.ID, "ragchat-send").click()  # asked in the first tab
+    page.switch_to.window(second_tab)
+    WebDriverWait(page, 20).until(lambda d: "word3" in d.execute_script(
+        "const a = document.querySelectorAll('.ragchat-assistant'); return a.length ? a[a.length - 1].textContent : ''"))
+    page.find_element(By.ID, "ragchat-stop").click()  # stopped from the second
+    for tab in (second_tab, first_tab):
+        page.switch_to.window(tab)
+        WebDriverWait(page, 20).until(lambda d: "Stopped before the end." in last_answer(d).text)
+        assert page.find_element(By.ID, "ragchat-send").is_enabled()
+    answer = Message.objects.get(conversation=conversation, role="assistant")
+    assert answer.status == "incomplete" and answer.content.startswith("word0 word1 word2 word3")
+    page.switch_to.window(second_tab)
+    page.close()
+    page.switch_to.window(first_tab)
+
+
 def test_the_page_streams_a_cited_answer_over_server_sent_events_under_wsgi(page, live_server, product_corpus, user):
     page.get(f"{live_server.url}/chat/")  # a page of the site, to be allowed to set its cookie
     page.add_cookie({"name": "sessionid", "value": caller_for(user).sessionid, "path": "/"})

@@ -200,7 +200,7 @@
   }
 
   async function openConversation(id) {
-    if (state.turn && state.turn.own) return;  // finish or stop the answer first
+    if (state.turn && !state.turn.ended) return;  // finish or stop the answer first
     state.conversationId = id;
     state.turn = null;
     markOpenConversation();
@@ -395,15 +395,16 @@
     if (turn && turn.own && frame.client_id === turn.clientId) {
       onEvent(turn, frame);
     } else if (frame.type === "ack" && (!turn || turn.ended)) {
-      onEvent(watchOtherTab(frame), frame);  // a turn started in another tab or window
+      onEvent(watchOtherTab(socket, frame), frame);  // a turn started in another tab or window
     } else if (turn && !turn.own) {
       onEvent(turn, frame);
     }
   }
 
-  function watchOtherTab(ack) {
+  function watchOtherTab(socket, ack) {
     const turn = startTurnView(false, "");
-    setBusy(false);
+    setBusy(true);  // one answer at a time in a conversation, whichever tab asked; Stop works too
+    turn.abort = () => socket.ws.send(JSON.stringify({ type: "cancel" }));
     const after = ack.user_seq - 1;
     api("GET", `${urlFor(config.api.messages, ack.conversation_id)}?after=${after}&limit=1`).then((page) => {
       const question = page.results[0];
@@ -453,7 +454,7 @@
   ui.form.addEventListener("submit", (event) => {
     event.preventDefault();
     const content = ui.input.value;
-    if (!content.trim() || (state.turn && state.turn.own)) return;
+    if (!content.trim() || (state.turn && !state.turn.ended)) return;
     ui.input.value = "";
     send(content);
   });
@@ -467,7 +468,7 @@
 
   ui.stop.addEventListener("click", () => {
     const turn = state.turn;
-    if (turn && turn.own && turn.abort) turn.abort();
+    if (turn && !turn.ended && turn.abort) turn.abort();
   });
 
   ui.newButton.addEventListener("click", () => openConversation(null));
