@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench._setup import machine, median, percentile, table  # noqa: E402
+from bench._setup import machine, median, percentile, table
 
 QUESTIONS = (
     "How much does the Aurora X2 cost?",

@@ -6,7 +6,7 @@ set by the benchmark."""
 
 import os
 
-from example_project.settings import *  # noqa: F403
+from example_project.settings import *  # noqa: F403  (these settings extend the demo's)
 
 DEBUG = False
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]

@@ -18,7 +18,7 @@ import contextlib
 import json
 import logging
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -202,7 +202,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def on_ping(self, frame: dict, client_id: str | None) -> None:
         await self._send_frame(self._frame({"type": "pong"}, None, client_id))
 
-    frame_handlers = {"message": on_message, "cancel": on_cancel, "ping": on_ping}
+    frame_handlers: ClassVar[dict] = {"message": on_message, "cancel": on_cancel, "ping": on_ping}
 
     # --- channel-layer messages ---------------------------------------------------------
 

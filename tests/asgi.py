@@ -8,12 +8,13 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402  (after Django is set up)
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+# Imported once Django is set up (they load models and settings).
+from channels.auth import AuthMiddlewareStack
+from channels.routing import ProtocolTypeRouter, URLRouter
+from channels.security.websocket import AllowedHostsOriginValidator
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
-from django_ragchat.routing import websocket_urlpatterns  # noqa: E402
+from django_ragchat.routing import websocket_urlpatterns
 
 application = ProtocolTypeRouter({
     # The page's script and styles are served from the app, as runserver would (the servers

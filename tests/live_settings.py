@@ -9,7 +9,7 @@ variables are set by ``tests/live_servers.py``.
 
 import os
 
-from tests.settings import *  # noqa: F403
+from tests.settings import *  # noqa: F403  (these settings extend the tests')
 from tests.settings import DATABASES, RAGCHAT
 
 _database = DATABASES["default"]

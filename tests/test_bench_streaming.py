@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_streaming_benchmark_runs_and_loses_no_token():
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     result = subprocess.run([sys.executable, "bench/bench_streaming.py", "--quick"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.split() for line in result.stdout.splitlines() if line[:1].isdigit()]
     paths = {" ".join(row[1:-9]) for row in rows}

@@ -11,7 +11,6 @@ import time
 
 import httpx
 import pytest
-
 from asgiref.sync import async_to_sync, sync_to_async
 
 from django_ragchat.events import StageChanged
@@ -19,7 +18,13 @@ from django_ragchat.models import Conversation, Message
 from django_ragchat.sse import _AsyncBody
 from django_ragchat.sync_stream import ThreadedStream
 from tests.live_servers import (
-    anonymous_caller, caller_for, post_stream, sse_headers, sse_url, unknown_id, wait_for,
+    anonymous_caller,
+    caller_for,
+    post_stream,
+    sse_headers,
+    sse_url,
+    unknown_id,
+    wait_for,
     within_one_rate_window,
 )
 

@@ -15,8 +15,16 @@ from websockets.exceptions import InvalidStatus
 
 from django_ragchat.models import Conversation, Message
 from tests.live_servers import (
-    anonymous_caller, caller_for, frames_until, open_socket, read_turn, receive, send, unknown_id,
-    wait_for, within_one_rate_window,
+    anonymous_caller,
+    caller_for,
+    frames_until,
+    open_socket,
+    read_turn,
+    receive,
+    send,
+    unknown_id,
+    wait_for,
+    within_one_rate_window,
 )
 
 QUESTION = "How much does the Aurora X2 cost?"

@@ -7,7 +7,15 @@ from __future__ import annotations
 import pytest
 
 from django_ragchat.models import Conversation, Message
-from tests.live_servers import caller_for, frames_until, open_socket, read_turn, receive, send, wait_for
+from tests.live_servers import (
+    caller_for,
+    frames_until,
+    open_socket,
+    read_turn,
+    receive,
+    send,
+    wait_for,
+)
 
 QUESTION = "How much does the Aurora X2 cost?"
 FINAL = ("done", "error")
@@ -49,7 +57,7 @@ def test_a_turn_on_one_worker_streams_to_a_tab_on_the_other(tabs, openai_server)
 
 
 def test_a_tab_on_one_worker_stops_a_turn_running_on_the_other(tabs, openai_server):
-    conversation, tab_a, tab_b = tabs
+    _, tab_a, tab_b = tabs
     openai_server.token_delay = 0.02
     openai_server.when("", words(200))
     send(tab_a, type="message", content=QUESTION)
