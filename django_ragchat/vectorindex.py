@@ -4,6 +4,9 @@ Embeddings are stored as float32 bytes in the ``Chunk.embedding`` column; the fi
 space loads them, in batches, into one normalised numpy matrix held per process. Every search
 first asks the database for the space's (row count, highest id), one cheap indexed query, and
 reloads when that stamp changed, so ingestion in another process is seen at the next query.
+The stamp is sound because Django creates SQLite primary keys with AUTOINCREMENT: a deleted
+chunk's id is never reused, so replacing chunks always raises the highest id (only a rolled-back
+transaction, as in tests, can hand an id out twice; the test suite clears the index per test).
 Searching is a matrix-vector product and a partial sort: about a millisecond for 20,000
 chunks of 384 dimensions.
 """
