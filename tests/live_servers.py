@@ -337,3 +337,8 @@ def within_one_rate_window(seconds: float = 6.0) -> None:
 
 def unknown_id() -> str:
     return str(uuid.uuid4())
+
+
+def words(n: int) -> str:
+    """A model-free answer of exactly ``n`` distinct tokens, to count what a client receives."""
+    return " ".join(f"word{i}" for i in range(n))

@@ -26,6 +26,7 @@ from tests.live_servers import (
     unknown_id,
     wait_for,
     within_one_rate_window,
+    words,
 )
 
 # Committed data: the servers are other processes (the ``server`` fixture is chosen at run
@@ -34,9 +35,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 QUESTION = "How much does the Aurora X2 cost?"
 
-
-def words(n: int) -> str:
-    return " ".join(f"word{i}" for i in range(n))
 
 
 @pytest.fixture(params=["wsgi", "asgi"])

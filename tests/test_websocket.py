@@ -25,14 +25,12 @@ from tests.live_servers import (
     unknown_id,
     wait_for,
     within_one_rate_window,
+    words,
 )
 
 QUESTION = "How much does the Aurora X2 cost?"
 FINAL = ("done", "error")
 
-
-def words(n: int) -> str:
-    return " ".join(f"word{i}" for i in range(n))
 
 
 def assert_turn_shape(frames: list[dict]) -> None:

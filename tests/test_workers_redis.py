@@ -15,14 +15,12 @@ from tests.live_servers import (
     receive,
     send,
     wait_for,
+    words,
 )
 
 QUESTION = "How much does the Aurora X2 cost?"
 FINAL = ("done", "error")
 
-
-def words(n: int) -> str:
-    return " ".join(f"word{i}" for i in range(n))
 
 
 @pytest.fixture
