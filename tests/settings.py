@@ -57,6 +57,14 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # IMMEDIATE: a write transaction takes the lock up front, so concurrent turns wait
     # (busy timeout) instead of failing on a read-to-write lock upgrade.
     DATABASES["default"].setdefault("OPTIONS", {}).update({"timeout": 20, "transaction_mode": "IMMEDIATE"})
+else:
+    # A test database of its own per run (inherited by the server processes the tests start),
+    # so two runs on one PostgreSQL server never collide.
+    DATABASES["default"]["TEST"] = {
+        "NAME": os.environ.setdefault(
+            "RAGCHAT_TEST_PG_NAME", f"test_{DATABASES['default']['NAME']}_{os.getpid()}"
+        )
+    }
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 ASGI_APPLICATION = "tests.asgi.application"
 STATIC_URL = "static/"
