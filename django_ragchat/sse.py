@@ -1,7 +1,8 @@
 """Server-sent events: a turn streamed over a plain HTTP response, for clients without
 websockets and for sites served by WSGI.
 
-``POST <prefix>/conversations/<uuid>/stream/`` with ``{"content": "..."}`` answers
+``POST <prefix>/conversations/<uuid>/stream/`` (or ``POST <prefix>/stream/`` to start a new
+conversation, created only once the message is accepted) with ``{"content": "..."}`` answers
 ``text/event-stream``; each event of the turn (the websocket's vocabulary, docs/protocol.md)
 is one SSE message::
 
@@ -34,7 +35,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.http import require_POST
 
-from django_ragchat import transport
+from django_ragchat import permissions, transport
 from django_ragchat.events import PROTOCOL_VERSION, TurnEvent
 from django_ragchat.sync_stream import ThreadedStream
 from django_ragchat.transport import TurnRefused
@@ -77,13 +78,31 @@ def _read_content(request) -> Any:
 
 async def turn_stream(user, session_key: str | None, conversation_id, content: Any) -> AsyncIterator[TurnEvent]:
     """The events of one turn for this caller: the conversation is opened, then the turn runs
-    (``TurnRefused`` before the first event when either cannot happen)."""
-    conversation, _ = await transport.open_conversation(user, conversation_id, session_key, for_sending=True)
-    async with contextlib.aclosing(
-        transport.turn_events(conversation, content, user=user, session_key=session_key)
-    ) as events:
-        async for event in events:
-            yield event
+    (``TurnRefused`` before the first event when either cannot happen).
+
+    ``conversation_id`` ``None`` starts a new conversation, which is kept only once the message
+    has been accepted: a refused first message (invalid, over a limit) leaves nothing behind.
+    """
+    created = None
+    if conversation_id is None:
+        transport.validate(content)  # refuse an invalid message before creating anything
+        try:
+            created = conversation = await sync_to_async(permissions.create_conversation)(user, session_key)
+        except PermissionError as exc:
+            raise TurnRefused("forbidden", str(exc), 403) from None
+    else:
+        conversation, _ = await transport.open_conversation(user, conversation_id, session_key, for_sending=True)
+    accepted = False
+    try:
+        async with contextlib.aclosing(
+            transport.turn_events(conversation, content, user=user, session_key=session_key)
+        ) as events:
+            async for event in events:
+                accepted = True
+                yield event
+    finally:
+        if created is not None and not accepted:
+            await sync_to_async(created.delete)()
 
 
 def _event_stream_response(body) -> StreamingHttpResponse:
@@ -207,8 +226,10 @@ def _start_threaded(user, session_key, conversation_id, content):
 
 
 @require_POST
-async def stream_view(request, conversation_id):
-    """Send a message to a conversation and stream the turn as server-sent events."""
+async def stream_view(request, conversation_id=None):
+    """Send a message to a conversation and stream the turn as server-sent events. Without a
+    ``conversation_id`` (``POST <prefix>/stream/``) the message starts a new conversation; its
+    id is in the ``ack`` event."""
     user = await request.auser()
     session_key = transport.caller_session_key(user, getattr(request, "session", None))
     # The request's own database work (session, user) is done, but Django would keep its

@@ -16,4 +16,6 @@ urlpatterns = [
     path("", views.chat_page, name="chat"),
     # Ids are matched as strings so a malformed one answers the same JSON 404 as an unknown one.
     path("conversations/<str:conversation_id>/stream/", sse.stream_view, name="stream"),
+    # A new conversation: created only once its first message is accepted (id in the ack).
+    path("stream/", sse.stream_view, name="stream-new"),
 ]

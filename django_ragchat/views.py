@@ -1,7 +1,8 @@
-"""The chat page: a minimal, dependency-free front end over the REST API and the streaming
-transports (the websocket under ASGI, server-sent events otherwise).
+"""The chat page: the chat widget (``{% ragchat_widget %}``, ``static/django_ragchat/widget.js``)
+on a page of its own. The widget is a dependency-free front end over the REST API and the
+streaming transports (the websocket under ASGI, server-sent events otherwise); docs/widget.md.
 
-Everything the page shows that comes from the model or the documents is inserted as text
+Everything the widget shows that comes from the model or the documents is inserted as text
 (``textContent``), never as HTML: model output is untrusted.
 """
 
@@ -30,6 +31,8 @@ def page_config(request) -> dict:
             "conversations": reverse("ragchat_api:conversation-list"),
             "conversation": reverse("ragchat_api:conversation-detail", args=[ID_PLACEHOLDER]),
             "messages": reverse("ragchat_api:message-list", args=[ID_PLACEHOLDER]),
+            "feedback": reverse("ragchat_api:message-feedback", args=[ID_PLACEHOLDER]),
+            "feedbackList": reverse("ragchat_api:feedback-list"),
         }
     except NoReverseMatch:
         raise ImproperlyConfigured(
@@ -41,6 +44,7 @@ def page_config(request) -> dict:
         "idPlaceholder": ID_PLACEHOLDER,
         "api": api,
         "stream": reverse("ragchat:stream", args=[ID_PLACEHOLDER]),
+        "streamNew": reverse("ragchat:stream-new"),
         # Only an ASGI server can have the websocket; the page falls back to server-sent
         # events when it is absent or does not connect.
         "websocket": get_script_prefix() + WEBSOCKET_PATH if isinstance(request, ASGIRequest) else None,
@@ -49,14 +53,22 @@ def page_config(request) -> dict:
     }
 
 
+def may_chat(request) -> bool:
+    """Whether the caller may chat: signed in, or anonymous chat is on (their session is started
+    here, so the API, the stream and the websocket all see the same one)."""
+    if request.user.is_authenticated:
+        return True
+    if not ragchat_settings.ALLOW_ANONYMOUS:
+        return False
+    if request.session.session_key is None:
+        # An anonymous visitor's conversations are bound to their session: start it now.
+        request.session.save()
+    return True
+
+
 @require_GET
 def chat_page(request):
     """The chat page: your conversations, a new one, and the answer streaming with its sources."""
-    if not request.user.is_authenticated:
-        if not ragchat_settings.ALLOW_ANONYMOUS:
-            return redirect_to_login(request.get_full_path())
-        if request.session.session_key is None:
-            # An anonymous visitor's conversations are bound to their session: start it now,
-            # so the API, the stream and the websocket all see the same one.
-            request.session.save()
-    return render(request, "django_ragchat/chat.html", {"config": page_config(request)})
+    if not may_chat(request):
+        return redirect_to_login(request.get_full_path())
+    return render(request, "django_ragchat/chat.html")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import uuid
 from pathlib import PurePath
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -350,7 +351,8 @@ class MessageFeedback(RagchatAPIView, generics.GenericAPIView):
 
 @extend_schema(
     summary="Feedback: yours; staff see everyone's",
-    parameters=[OpenApiParameter("rating", OpenApiTypes.STR, enum=["up", "down"])],
+    parameters=[OpenApiParameter("rating", OpenApiTypes.STR, enum=["up", "down"]),
+                OpenApiParameter("conversation", OpenApiTypes.UUID, description="Only this conversation's")],
     responses={200: s.FeedbackSerializer(many=True), **errors(403)},
 )
 class FeedbackList(RagchatAPIView, generics.ListAPIView):
@@ -372,6 +374,13 @@ class FeedbackList(RagchatAPIView, generics.ListAPIView):
         rating = request.query_params.get("rating")
         if rating:
             queryset = queryset.filter(rating=rating)
+        conversation = request.query_params.get("conversation")
+        if conversation:
+            # The chat widget shows your earlier ratings when it opens a conversation.
+            try:
+                queryset = queryset.filter(message__conversation_id=uuid.UUID(conversation))
+            except ValueError:
+                queryset = queryset.none()
         return queryset.order_by("-updated_at", "-pk")
 
 

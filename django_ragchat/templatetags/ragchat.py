@@ -1,0 +1,45 @@
+"""Template tags of django-ragchat.
+
+``{% load ragchat %}{% ragchat_widget %}`` puts the chat widget on any page of a site: the
+conversation list, a new conversation, the streamed answer with its sources, feedback. Its
+stylesheet and ES module (``static/django_ragchat/widget.css``, ``widget.js``) come with it;
+no build step. See docs/widget.md.
+"""
+
+from __future__ import annotations
+
+import secrets
+from urllib.parse import quote
+
+from django import template
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.shortcuts import resolve_url
+
+register = template.Library()
+
+
+@register.inclusion_tag("django_ragchat/widget.html", takes_context=True)
+def ragchat_widget(context, label: str = "Chat", compact: bool = False):
+    """The chat widget.
+
+    ``label`` names it for screen readers (``aria-label``); ``compact`` hides the conversation
+    list behind a button at every width (as it is on a phone), for a widget in a side panel.
+    Needs ``django.template.context_processors.request``. A visitor who may not chat (anonymous,
+    with ``RAGCHAT["ALLOW_ANONYMOUS"]`` off) sees a link to ``settings.LOGIN_URL`` instead.
+    """
+    from django_ragchat.views import may_chat, page_config  # views import the API's URLs
+
+    request = context.get("request")
+    if request is None:
+        raise ImproperlyConfigured(
+            "{% ragchat_widget %} needs the request in the template context: add "
+            '"django.template.context_processors.request" to your TEMPLATES context_processors.'
+        )
+    widget_id = "ragchat-" + secrets.token_hex(4)  # several widgets on a page stay apart
+    if not may_chat(request):
+        login = resolve_url(settings.LOGIN_URL)
+        return {"widget_id": widget_id, "label": label, "compact": compact,
+                "login_url": f"{login}?next={quote(request.get_full_path())}"}
+    return {"widget_id": widget_id, "config_id": widget_id + "-config", "label": label, "compact": compact,
+            "config": page_config(request)}
