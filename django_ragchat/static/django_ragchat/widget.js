@@ -1,0 +1,778 @@
+/* The django-ragchat chat widget (an ES module; no build step, no dependencies).
+ *
+ * Put on a page by the {% ragchat_widget %} template tag, which renders the markup and a JSON
+ * config (<script type="application/json">, never inline code). Every element with a
+ * data-ragchat-widget attribute (the id of its config) is mounted when the module loads;
+ * mount(root, config) does it by hand. docs/widget.md describes the widget; docs/protocol.md
+ * the events it reads: ack, status, sources, delta, retry, done, error.
+ *
+ * Conversations are listed through the REST API. A new conversation is never created ahead of
+ * its first message: the message goes to the websocket without a conversation id, or to the
+ * server-sent events endpoint for new conversations, and the conversation exists once the
+ * server has accepted it (the ack carries its id). An answer streams over the websocket when
+ * the server has one (ASGI), over server-sent events otherwise.
+ *
+ * Everything that comes from the model, the documents or the user is untrusted: it reaches the
+ * page only as text nodes (textContent, or markdown.js, which builds elements and never parses
+ * HTML). Nothing here uses innerHTML.
+ */
+import { isSafeUrl, renderMarkdown } from "./markdown.js";
+
+const STAGES = { retrieving: "Searching the documents…", generating: "Writing the answer…" };
+const STOPPED = "Stopped before the end.";
+const LOST = "The connection was lost before the answer ended.";
+const EXCERPT_CHARS = 220;
+// Refusals a retry cannot fix: the message itself must change.
+const NOT_RETRYABLE = new Set(["empty", "invalid_type", "invalid_characters", "too_long", "too_large",
+                               "parse_error", "forbidden", "not_found"]);
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  return node;
+}
+
+function button(className, text, label) {
+  const node = el("button", className, text);
+  node.type = "button";
+  if (label) node.setAttribute("aria-label", label);
+  return node;
+}
+
+/**
+ * An excerpt of a source's snippet for people: whitespace folded, the Markdown heading lines
+ * and a leading repeat of the heading dropped (the heading is shown once, beside the title), and
+ * cut at a word boundary with "…" when longer than ``limit`` or cut short by the server.
+ */
+export function excerpt(snippet, heading, limit = EXCERPT_CHARS, serverLimit = 300) {
+  let text = String(snippet || "");
+  const truncated = text.length >= serverLimit;
+  text = text.split("\n").filter((line) => !/^\s{0,3}#{1,6}\s/.test(line)).join(" ");
+  text = text.replace(/\s+/g, " ").trim();
+  for (const part of String(heading || "").split(/\s*[>›»/]\s*/).reverse()) {
+    if (part && text.toLowerCase().startsWith(part.toLowerCase())) text = text.slice(part.length).replace(/^[\s:.–-]+/, "");
+  }
+  if (text.length <= limit && !truncated) return text;
+  let cut = text.slice(0, Math.min(limit, text.length));
+  if (text.length > cut.length || truncated) {
+    const space = cut.search(/\s\S*$/);
+    if (space > limit / 2) cut = cut.slice(0, space);
+    cut = cut.replace(/[\s,;:.–-]+$/, "") + "…";
+  }
+  return cut;
+}
+
+/** The sources to show: one entry per index, in order (a source repeated by a stream is shown once). */
+export function uniqueSources(sources) {
+  const seen = new Map();
+  for (const source of sources || []) if (!seen.has(source.index)) seen.set(source.index, source);
+  return [...seen.values()].sort((a, b) => a.index - b.index);
+}
+
+class ChatWidget {
+  constructor(root, config) {
+    this.root = root;
+    this.config = config;
+    const $ = (selector) => root.querySelector(selector);
+    this.ui = {
+      toggle: $(".ragchat-toggle"),
+      nav: $(".ragchat-nav"),
+      list: $(".ragchat-conversations"),
+      newButton: $(".ragchat-new"),
+      log: $(".ragchat-log"),
+      empty: $(".ragchat-empty"),
+      form: $(".ragchat-form"),
+      input: $(".ragchat-input"),
+      send: $(".ragchat-send"),
+      stop: $(".ragchat-stop"),
+      status: $(".ragchat-status"),
+    };
+    this.ui.input.maxLength = config.maxMessageChars;
+    this.conversationId = null;
+    this.turn = null;      // the turn shown live in the open conversation (ours or another tab's)
+    this.socket = null;    // {ws, ready} for the open conversation (or a new one), under ASGI
+    this.websocket = Boolean(config.websocket && "WebSocket" in window);
+    this.nextClientId = 1;
+    this.viewCount = 0;
+    this.ratings = new Map();  // message id -> {rating, comment}
+    this.bind();
+  }
+
+  // --- helpers ---------------------------------------------------------------------------
+
+  urlFor(template, id) {
+    return template.replace(this.config.idPlaceholder, encodeURIComponent(id));
+  }
+
+  setStatus(text, isError) {
+    this.ui.status.textContent = text || "";
+    this.ui.status.classList.toggle("ragchat-status-error", Boolean(isError));
+  }
+
+  async api(method, url, body) {
+    const response = await fetch(url, {
+      method,
+      credentials: "same-origin",
+      headers: { "Accept": "application/json", "Content-Type": "application/json", "X-CSRFToken": this.config.csrfToken },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    if (!response.ok) {
+      const error = await response.json().catch(() => ({}));
+      throw new Error(error.message || error.detail || `The server answered ${response.status}.`);
+    }
+    return response.status === 204 ? null : response.json();
+  }
+
+  async fetchAll(url) {
+    const items = [];
+    for (let next = url; next; ) {
+      const page = await this.api("GET", next);
+      items.push(...page.results);
+      next = page.next;
+    }
+    return items;
+  }
+
+  scrollToEnd() {
+    this.ui.log.scrollTop = this.ui.log.scrollHeight;
+  }
+
+  // --- messages on the page --------------------------------------------------------------
+
+  /* One message: {node, body, progress, note, actions, sources, feedback, text, ...}. */
+  addMessageView(role) {
+    this.ui.empty.hidden = true;
+    const node = el("article", `ragchat-message ragchat-${role}`);
+    node.setAttribute("aria-label", role === "user" ? "You" : "Assistant");
+    const view = {
+      key: `${this.root.id}-${++this.viewCount}`, node, role, text: "", sources: [], sourceIds: new Map(),
+      progress: el("p", "ragchat-progress"),
+      body: el("div", "ragchat-body"),
+      note: el("p", "ragchat-note"),
+      actions: el("div", "ragchat-actions"),
+      sourceList: el("ol", "ragchat-sources"),
+      feedback: el("div", "ragchat-feedback"),
+      renderTimer: null,
+    };
+    view.sourceList.setAttribute("aria-label", "Sources");
+    for (const part of [view.progress, view.note, view.actions, view.sourceList, view.feedback]) part.hidden = true;
+    node.append(view.progress, view.body, view.note, view.actions, view.sourceList, view.feedback);
+    this.ui.log.append(node);
+    return view;
+  }
+
+  setNote(view, text, isError) {
+    view.note.textContent = text || "";
+    view.note.hidden = !text;
+    view.note.classList.toggle("ragchat-note-error", Boolean(isError));
+  }
+
+  setProgress(view, text) {
+    view.progress.replaceChildren();
+    view.progress.hidden = !text;
+    if (text) view.progress.append(el("span", "ragchat-spinner"), el("span", null, text));
+  }
+
+  /* The citation [n] (or [1, 2]) as links to the sources it names. */
+  citation(view, numbers, raw) {
+    const parts = numbers.split(/(\s*[,\u2013-]\s*)/);
+    if (!parts.some((part) => view.sourceIds.has(Number(part)))) return document.createTextNode(raw);
+    const group = el("span", "ragchat-citation");
+    group.append("[");
+    for (const part of parts) {
+      const targetId = /^\d+$/.test(part) && view.sourceIds.get(Number(part));
+      if (targetId) {
+        const link = el("a", "ragchat-cite", part);
+        link.href = "#" + targetId;
+        link.dataset.source = part;
+        const source = view.sources.find((s) => s.index === Number(part));
+        link.setAttribute("aria-label", `Source ${part}${source ? ": " + (source.title || source.source) : ""}`);
+        group.append(link);
+      } else {
+        group.append(part);
+      }
+    }
+    group.append("]");
+    return group;
+  }
+
+  renderBody(view) {
+    if (view.renderTimer !== null) {
+      clearTimeout(view.renderTimer);
+      view.renderTimer = null;
+    }
+    if (view.role === "user") {
+      view.body.textContent = view.text;  // what the user typed, exactly
+    } else {
+      view.body.replaceChildren(renderMarkdown(view.text, { cite: (numbers, raw) => this.citation(view, numbers, raw) }));
+    }
+  }
+
+  /* Re-render at most every 40 ms while tokens arrive (a fast model sends hundreds a second). */
+  scheduleRender(view) {
+    if (view.renderTimer === null) view.renderTimer = setTimeout(() => {
+      view.renderTimer = null;
+      this.renderBody(view);
+      this.scrollToEnd();
+    }, 40);
+  }
+
+  renderSources(view, sources, citedIndexes) {
+    view.sources = uniqueSources(sources);
+    view.sourceIds = new Map();
+    view.sourceList.replaceChildren();
+    view.sourceList.hidden = view.sources.length === 0;
+    for (const source of view.sources) {
+      const id = `${view.key}-source-${source.index}`;
+      view.sourceIds.set(source.index, id);
+      const item = el("li", "ragchat-source");
+      item.id = id;
+      item.value = source.index;
+      item.tabIndex = -1;  // a citation moves the focus here
+      if (citedIndexes.has(source.index)) item.classList.add("ragchat-source-cited");
+      const title = source.title || source.source || "Untitled";
+      const url = source.url || source.source;
+      let titleNode;
+      if (url && isSafeUrl(url)) {
+        titleNode = el("a", "ragchat-source-title", title);
+        titleNode.href = url;
+        titleNode.target = "_blank";
+        titleNode.rel = "noopener noreferrer nofollow";
+      } else {
+        titleNode = el("span", "ragchat-source-title", title);
+        if (source.source && source.source !== title) titleNode.title = source.source;
+      }
+      item.append(titleNode);
+      let heading = String(source.heading || "");
+      if (heading.toLowerCase().startsWith(title.toLowerCase())) heading = heading.slice(title.length).replace(/^\s*[>›»/:–-]\s*/, "");
+      if (heading) item.append(el("span", "ragchat-source-heading", heading));
+      const text = excerpt(source.snippet, source.heading);
+      if (text) item.append(el("p", "ragchat-source-snippet", text));
+      view.sourceList.append(item);
+    }
+  }
+
+  markCited(view, citedIndexes) {
+    for (const item of view.sourceList.children) {
+      item.classList.toggle("ragchat-source-cited", citedIndexes.has(Number(item.value)));
+    }
+  }
+
+  /* A saved message (history, or the end of a turn) shown as the server has it. */
+  applySavedMessage(view, message) {
+    view.text = message.content;
+    view.messageId = message.id;
+    const cited = new Set((message.citations || []).map((c) => c.index));
+    if (message.sources && message.sources.length) this.renderSources(view, message.sources, cited);
+    else this.markCited(view, cited);
+    this.renderBody(view);
+    if (message.status === "incomplete") this.setNote(view, STOPPED);
+    else if (message.status === "error") this.setNote(view, (message.error && message.error.message) || "The answer failed.", true);
+    else if (message.status === "streaming") this.setNote(view, "Being written…");
+    else this.setNote(view, "");
+    if (message.role === "assistant" && (message.status === "complete" || message.status === "incomplete")) {
+      this.showFeedback(view);
+    }
+  }
+
+  showSavedMessage(message) {
+    const view = this.addMessageView(message.role);
+    this.applySavedMessage(view, message);
+    return view;
+  }
+
+  // --- feedback --------------------------------------------------------------------------
+
+  showFeedback(view) {
+    const box = view.feedback;
+    box.replaceChildren();
+    box.hidden = false;
+    box.setAttribute("role", "group");
+    box.setAttribute("aria-label", "Rate this answer");
+    const saved = this.ratings.get(view.messageId) || null;
+    const up = button("ragchat-rate ragchat-rate-up", "👍", "Good answer");
+    const down = button("ragchat-rate ragchat-rate-down", "👎", "Bad answer");
+    up.dataset.rating = "up";
+    down.dataset.rating = "down";
+    const form = el("form", "ragchat-comment");
+    const commentId = `${view.key}-comment`;
+    const label = el("label", "ragchat-visually-hidden", "Comment on this answer (optional)");
+    label.htmlFor = commentId;
+    const comment = el("textarea", "ragchat-comment-input");
+    comment.id = commentId;
+    comment.rows = 2;
+    comment.maxLength = 2000;
+    comment.placeholder = "What was good or wrong? (optional)";
+    const save = el("button", "ragchat-comment-save", "Send feedback");
+    save.type = "submit";
+    form.append(label, comment, save);
+    const status = el("span", "ragchat-feedback-status");
+    status.setAttribute("role", "status");
+    box.append(up, down, form, status);
+
+    const show = (rating, note) => {
+      up.setAttribute("aria-pressed", String(rating === "up"));
+      down.setAttribute("aria-pressed", String(rating === "down"));
+      form.hidden = !rating;
+      status.textContent = note || "";
+    };
+    show(saved && saved.rating, "");
+    if (saved) comment.value = saved.comment || "";
+
+    const url = this.urlFor(this.config.api.feedback, view.messageId);
+    const rate = async (rating) => {
+      const current = this.ratings.get(view.messageId);
+      try {
+        if (current && current.rating === rating) {  // pressed again: withdraw it
+          await this.api("DELETE", url);
+          this.ratings.delete(view.messageId);
+          comment.value = "";
+          show(null, "Rating withdrawn.");
+        } else {
+          const feedback = await this.api("POST", url, { rating, comment: comment.value });
+          this.ratings.set(view.messageId, feedback);
+          show(feedback.rating, "Thanks for the feedback.");
+        }
+      } catch (error) {
+        status.textContent = error.message;
+      }
+    };
+    up.addEventListener("click", () => rate("up"));
+    down.addEventListener("click", () => rate("down"));
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const current = this.ratings.get(view.messageId);
+      if (!current) return;
+      try {
+        const feedback = await this.api("POST", url, { rating: current.rating, comment: comment.value });
+        this.ratings.set(view.messageId, feedback);
+        show(feedback.rating, "Comment saved. Thank you.");
+      } catch (error) {
+        status.textContent = error.message;
+      }
+    });
+  }
+
+  // --- conversations ---------------------------------------------------------------------
+
+  async loadConversations() {
+    const conversations = await this.fetchAll(this.config.api.conversations);
+    this.ui.list.replaceChildren();
+    for (const conversation of conversations) this.addConversationItem(conversation, false);
+    this.markOpenConversation();
+    return conversations;
+  }
+
+  addConversationItem(conversation, first) {
+    const item = el("li");
+    const label = conversation.title || `Conversation of ${new Date(conversation.created_at).toLocaleString()}`;
+    const entry = button("ragchat-conversation", label);
+    entry.dataset.id = conversation.id;
+    entry.addEventListener("click", () => {
+      this.openConversation(conversation.id);
+      this.setNavOpen(false);
+    });
+    item.append(entry);
+    if (first) this.ui.list.prepend(item); else this.ui.list.append(item);
+    return entry;
+  }
+
+  markOpenConversation() {
+    for (const entry of this.ui.list.querySelectorAll(".ragchat-conversation")) {
+      const open = entry.dataset.id === this.conversationId;
+      entry.classList.toggle("ragchat-open", open);
+      if (open) entry.setAttribute("aria-current", "true"); else entry.removeAttribute("aria-current");
+    }
+  }
+
+  setNavOpen(open) {
+    this.root.classList.toggle("ragchat-nav-open", open);
+    this.ui.toggle.setAttribute("aria-expanded", String(open));
+  }
+
+  async openConversation(id) {
+    if (this.turn && !this.turn.ended) return;  // finish or stop the answer first
+    this.conversationId = id;
+    this.turn = null;
+    this.markOpenConversation();
+    this.ui.log.replaceChildren(this.ui.empty);
+    this.ui.empty.hidden = false;
+    this.setStatus("");
+    this.connectSocket(id);
+    if (id === null) return;
+    try {
+      const [messages, ratings] = await Promise.all([
+        this.fetchAll(this.urlFor(this.config.api.messages, id)),
+        this.fetchAll(`${this.config.api.feedbackList}?conversation=${encodeURIComponent(id)}`).catch(() => []),
+      ]);
+      if (this.conversationId !== id) return;
+      for (const feedback of ratings) this.ratings.set(feedback.message_id, feedback);
+      for (const message of messages) this.showSavedMessage(message);
+      this.scrollToEnd();
+    } catch (error) {
+      this.setStatus(error.message, true);
+    }
+  }
+
+  /* The server accepted the first message of a new conversation: it exists now. */
+  adoptConversation(id, question) {
+    if (this.conversationId === id) return;
+    this.conversationId = id;
+    const title = question.trim().replace(/\s+/g, " ").slice(0, 80);
+    this.addConversationItem({ id, title, created_at: new Date().toISOString() }, true);
+    this.markOpenConversation();
+    this.setBusy(true);  // the new entry too
+    // Name it after its first question (best effort: the list shows a date otherwise).
+    this.api("PATCH", this.urlFor(this.config.api.conversation, id), { title }).catch(() => {});
+  }
+
+  // --- a live turn -----------------------------------------------------------------------
+
+  startTurnView(own, question) {
+    const user = this.addMessageView("user");
+    user.text = question || "";
+    this.renderBody(user);
+    const answer = this.addMessageView("assistant");
+    answer.node.setAttribute("aria-busy", "true");  // read out once it is complete
+    this.setProgress(answer, "Sending…");
+    const turn = { own, question, user, answer, nextIndex: 0, ended: false, abort: null, accepted: false };
+    this.turn = turn;
+    this.setBusy(true);
+    this.scrollToEnd();
+    return turn;
+  }
+
+  setBusy(busy) {
+    this.ui.send.disabled = busy;
+    this.ui.stop.hidden = !busy;
+    this.ui.newButton.disabled = busy;
+    for (const entry of this.ui.list.querySelectorAll(".ragchat-conversation")) entry.disabled = busy;
+  }
+
+  /* Apply one protocol event to the turn on the page. */
+  onEvent(turn, event) {
+    if (turn.ended) return;
+    const answer = turn.answer;
+    switch (event.type) {
+      case "ack":
+        turn.accepted = true;
+        turn.assistantMessageId = event.assistant_message_id;
+        if (turn.own && event.conversation_id) this.adoptConversation(event.conversation_id, turn.question);
+        this.setProgress(answer, "Thinking…");
+        break;
+      case "status":
+        this.setProgress(answer, STAGES[event.stage] || "Working…");
+        this.setStatus(STAGES[event.stage] || "");
+        break;
+      case "sources":
+        this.renderSources(answer, event.sources || [], new Set());
+        this.renderBody(answer);
+        break;
+      case "delta":
+        if (turn.nextIndex !== null && event.index !== turn.nextIndex) {
+          this.setNote(answer, "Part of the answer was lost on the way; it is complete once saved.");
+        }
+        turn.nextIndex = event.index + 1;
+        answer.text += event.text;
+        if (!answer.progress.hidden && answer.text) this.setProgress(answer, "");
+        this.scheduleRender(answer);
+        break;
+      case "retry":
+        // The server threw the attempt away (a guardrail asked the model again): start over.
+        answer.text = typeof event.text === "string" ? event.text : "";
+        turn.nextIndex = null;
+        this.setProgress(answer, "Revising the answer…");
+        this.renderBody(answer);
+        break;
+      case "done":
+        this.finishTurn(turn, event.message, null);
+        break;
+      case "error":
+        this.finishTurn(turn, event.assistant_message || null, event);
+        break;
+      default:
+        break;  // newer protocol versions may add events: ignore what we don't know
+    }
+  }
+
+  finishTurn(turn, message, error) {
+    turn.ended = true;
+    const { answer, user } = turn;
+    answer.node.removeAttribute("aria-busy");
+    this.setProgress(answer, "");
+    if (this.turn === turn) this.turn = null;
+    this.setBusy(false);
+    if (message) {
+      // The saved message is the truth (whatever a stream lost on the way).
+      this.applySavedMessage(answer, message);
+    } else {
+      this.renderBody(answer);
+    }
+    const cancelled = error && error.code === "cancelled";
+    if (error && !cancelled) {
+      const text = error.message || "The answer failed.";
+      if (!turn.accepted && !message) {
+        // Refused: nothing was saved. Say so on the question, and offer it again.
+        answer.node.remove();
+        user.node.classList.add("ragchat-refused");
+        this.setNote(user, `Not sent: ${text}`, true);
+        if (turn.own && !this.ui.input.value) this.ui.input.value = turn.question;
+        if (turn.own && !NOT_RETRYABLE.has(error.code)) this.offerRetry(user, turn, error);
+      } else {
+        this.setNote(answer, text, true);
+        if (turn.own) this.offerRetry(answer, turn, error);
+      }
+      this.setStatus(text, true);
+    } else {
+      if (cancelled) this.setNote(answer, STOPPED);
+      if (!message && cancelled && !answer.text) this.setNote(answer, STOPPED);
+      this.setStatus("");
+    }
+    this.scrollToEnd();
+  }
+
+  offerRetry(view, turn, error) {
+    const retry = button("ragchat-retry", "Retry");
+    if (error.retry_after) retry.title = `The server asks to wait ${Math.ceil(error.retry_after)} s.`;
+    retry.addEventListener("click", () => {
+      if (this.turn && !this.turn.ended) return;
+      view.actions.hidden = true;
+      if (this.ui.input.value === turn.question) this.ui.input.value = "";
+      this.send(turn.question);
+    });
+    view.actions.replaceChildren(retry);
+    view.actions.hidden = false;
+  }
+
+  // --- transports ------------------------------------------------------------------------
+
+  /* Server-sent events over fetch (works under WSGI and ASGI; EventSource cannot POST). */
+  async streamOverHTTP(turn, conversationId, content) {
+    const controller = new AbortController();
+    turn.abort = () => controller.abort();
+    const url = conversationId === null ? this.config.streamNew : this.urlFor(this.config.stream, conversationId);
+    try {
+      const response = await fetch(url, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "Content-Type": "application/json", "Accept": "text/event-stream", "X-CSRFToken": this.config.csrfToken },
+        body: JSON.stringify({ content }),
+        signal: controller.signal,
+      });
+      if (!response.ok) {
+        const refusal = await response.json().catch(() => null);
+        const retryAfter = Number(response.headers.get("Retry-After")) || undefined;
+        this.onEvent(turn, refusal && refusal.type === "error" ? refusal
+          : { type: "error", code: "http_error", message: `The server answered ${response.status}.`, retry_after: retryAfter });
+        return;
+      }
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += value;
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          const data = block.split("\n").filter((line) => line.startsWith("data:"))
+            .map((line) => line.slice(5).replace(/^ /, "")).join("\n");
+          if (data) this.onEvent(turn, JSON.parse(data));
+        }
+      }
+      if (!turn.ended) this.onEvent(turn, { type: "error", code: "connection_lost", message: LOST });
+    } catch (error) {
+      if (controller.signal.aborted) {
+        // The server saw us leave: it stopped the model and saved the partial answer.
+        this.finishTurn(turn, null, { code: "cancelled" });
+      } else {
+        this.onEvent(turn, { type: "error", code: "connection_lost", message: LOST });
+      }
+    }
+  }
+
+  /* The websocket of the open conversation (our turns, and other tabs' turns in it), or an
+   * unbound one for a new conversation (its first message creates it). */
+  connectSocket(conversationId) {
+    if (this.socket) {
+      this.socket.ws.onclose = null;
+      this.socket.ws.close();
+      this.socket = null;
+      delete this.ui.log.dataset.live;
+    }
+    if (!this.websocket) return;
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    const path = conversationId === null ? this.config.websocket
+      : `${this.config.websocket}conversations/${encodeURIComponent(conversationId)}/`;
+    const ws = new WebSocket(`${scheme}${location.host}${path}`);
+    const socket = { ws, opened: false };
+    socket.ready = new Promise((resolve, reject) => {
+      socket.resolve = resolve;
+      socket.reject = reject;
+    });
+    socket.ready.catch(() => {});
+    ws.onmessage = (message) => {
+      let frame;
+      try {
+        frame = JSON.parse(message.data);
+      } catch {
+        return;
+      }
+      this.onFrame(socket, frame);
+    };
+    ws.onclose = () => {
+      if (this.socket !== socket) return;
+      this.socket = null;
+      delete this.ui.log.dataset.live;
+      socket.reject(new Error("closed"));
+      if (!socket.opened) this.websocket = false;  // no websocket here: server-sent events from now on
+      const turn = this.turn;
+      if (turn && !turn.ended && (turn.socket === socket || !turn.own)) {
+        this.onEvent(turn, { type: "error", code: "connection_lost", message: LOST });
+      }
+    };
+    this.socket = socket;
+  }
+
+  onFrame(socket, frame) {
+    if (frame.type === "ready") {
+      socket.opened = true;
+      socket.resolve(socket);
+      this.ui.log.dataset.live = "websocket";  // for styling and tests: this conversation is live
+      return;
+    }
+    if (frame.type === "pong") return;
+    const turn = this.turn;
+    // Our own message's frames are matched by client_id: a refusal may carry no conversation id.
+    if (turn && turn.own && frame.client_id !== undefined && frame.client_id === turn.clientId) {
+      this.onEvent(turn, frame);
+      return;
+    }
+    if (!frame.conversation_id || frame.conversation_id !== this.conversationId) return;
+    if (frame.type === "ack" && (!turn || turn.ended)) {
+      this.onEvent(this.watchOtherTab(socket, frame), frame);  // a turn started in another tab or window
+    } else if (turn && !turn.own) {
+      this.onEvent(turn, frame);
+    }
+  }
+
+  watchOtherTab(socket, ack) {
+    const turn = this.startTurnView(false, "");
+    turn.abort = () => socket.ws.send(JSON.stringify({ type: "cancel" }));  // Stop works here too
+    const after = ack.user_seq - 1;
+    this.api("GET", `${this.urlFor(this.config.api.messages, ack.conversation_id)}?after=${after}&limit=1`).then((page) => {
+      const question = page.results[0];
+      if (question) {
+        turn.user.text = question.content;
+        this.renderBody(turn.user);
+      }
+    }).catch(() => {});
+    return turn;
+  }
+
+  async streamOverSocket(turn, content) {
+    const socket = await this.socket.ready;
+    const clientId = `c${this.nextClientId++}`;
+    turn.clientId = clientId;
+    turn.socket = socket;
+    const frame = { type: "message", content, client_id: clientId };
+    if (this.conversationId !== null) frame.conversation_id = this.conversationId;
+    turn.abort = () => {
+      const cancel = { type: "cancel", client_id: clientId };
+      if (this.conversationId !== null) cancel.conversation_id = this.conversationId;
+      socket.ws.send(JSON.stringify(cancel));
+    };
+    socket.ws.send(JSON.stringify(frame));
+  }
+
+  // --- sending ---------------------------------------------------------------------------
+
+  async send(content) {
+    this.setStatus("");
+    const turn = this.startTurnView(true, content);
+    if (this.socket) {
+      try {
+        await this.streamOverSocket(turn, content);
+        return;
+      } catch {
+        // The websocket did not open: this server has none. Send it over HTTP instead.
+      }
+    }
+    await this.streamOverHTTP(turn, this.conversationId, content);
+  }
+
+  bind() {
+    const { ui } = this;
+    ui.form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      const content = ui.input.value;
+      if (!content.trim() || (this.turn && !this.turn.ended)) return;
+      ui.input.value = "";
+      this.send(content);
+    });
+    ui.input.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+        event.preventDefault();
+        ui.form.requestSubmit();
+      }
+    });
+    this.root.addEventListener("keydown", (event) => {
+      if (event.key === "Escape" && this.turn && !this.turn.ended) {
+        event.preventDefault();
+        this.stop();
+      } else if (event.key === "Escape" && this.root.classList.contains("ragchat-nav-open")) {
+        this.setNavOpen(false);
+        ui.toggle.focus();
+      }
+    });
+    ui.stop.addEventListener("click", () => this.stop());
+    ui.newButton.addEventListener("click", () => {
+      this.openConversation(null);
+      this.setNavOpen(false);
+      ui.input.focus();
+    });
+    ui.toggle.addEventListener("click", () => this.setNavOpen(!this.root.classList.contains("ragchat-nav-open")));
+    // A citation moves the reader, and the focus, to its source.
+    ui.log.addEventListener("click", (event) => {
+      const link = event.target.closest && event.target.closest("a.ragchat-cite");
+      if (!link) return;
+      const target = document.getElementById(link.hash.slice(1));
+      if (!target) return;
+      for (const item of this.root.querySelectorAll(".ragchat-source-current")) item.classList.remove("ragchat-source-current");
+      target.classList.add("ragchat-source-current");
+      setTimeout(() => target.focus({ preventScroll: true }), 0);
+    });
+  }
+
+  stop() {
+    const turn = this.turn;
+    if (turn && !turn.ended && turn.abort) {
+      this.setProgress(turn.answer, "Stopping…");
+      turn.abort();
+    }
+  }
+
+  start() {
+    this.connectSocket(null);
+    this.loadConversations().then((conversations) => {
+      if (conversations.length && this.conversationId === null && !this.turn) this.openConversation(conversations[0].id);
+    }).catch((error) => this.setStatus(error.message, true));
+  }
+}
+
+/** Mount the widget on ``root`` (the markup of templates/django_ragchat/widget.html). */
+export function mount(root, config) {
+  if (root.ragchat) return root.ragchat;
+  const widget = new ChatWidget(root, config);
+  root.ragchat = widget;
+  root.dataset.ready = "true";
+  widget.start();
+  return widget;
+}
+
+for (const root of document.querySelectorAll("[data-ragchat-widget]")) {
+  const config = document.getElementById(root.dataset.ragchatWidget);
+  if (config) mount(root, JSON.parse(config.textContent));
+}
