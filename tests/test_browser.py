@@ -1,24 +1,37 @@
-"""The chat page in headless Chromium (Debian's, driven by selenium through /usr/bin/chromedriver):
-a question about the sample documents streams its answer with [n] links to the numbered
-sources, over the websocket under ASGI and over server-sent events under WSGI; model output
-that looks like HTML stays text."""
+"""The chat widget in headless Chromium (Debian's, driven by selenium through /usr/bin/chromedriver).
+
+The chat page is ``{% ragchat_widget %}`` on a page of its own. These tests use it as a person
+would: a question streams its answer token by token with [n] links to the numbered sources,
+over the websocket under ASGI and over server-sent events under WSGI; Stop and Escape stop it;
+the history comes back on reload; feedback is saved; refusals and failures are shown, with
+Retry; model output and documents that look like HTML stay text.
+
+Each test saves a screenshot under ``var/screenshots/`` (git-ignored). With
+``RAGCHAT_DOC_IMAGES=1`` the streaming test also writes ``docs/images/chat-widget.png`` (the
+README's picture).
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
-from django_ragchat.models import Conversation, Message
+from django_ragchat.models import Conversation, Feedback, Message
 from tests.live_servers import caller_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
+ROOT = Path(__file__).resolve().parent.parent
+SCREENSHOTS = ROOT / "var" / "screenshots"
 QUESTION = "How much does the Aurora X2 cost?"
 
 
@@ -29,7 +42,8 @@ def browser():
     options.binary_location = "/usr/bin/chromium"
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                      "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--no-first-run", f"--user-data-dir={profile}", "--window-size=1200,900"):
+                     "--no-first-run", f"--user-data-dir={profile}", "--window-size=1200,900",
+                     "--force-device-scale-factor=1"):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(executable_path="/usr/bin/chromedriver"), options=options)
     driver.set_page_load_timeout(30)
@@ -41,45 +55,69 @@ def browser():
 
 
 @pytest.fixture
-def page(browser):
-    """The browser with no cookies left from an earlier test."""
+def page(browser, request):
+    """The browser with no cookies left from an earlier test; a screenshot of the page when the
+    test ends (passed or failed)."""
     browser.delete_all_cookies()
-    return browser
+    browser.set_window_size(1200, 900)
+    yield browser
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SCREENSHOTS / f"{request.node.name}.png"))
+
+
+def wait(driver, condition, timeout: float = 20):
+    return WebDriverWait(driver, timeout).until(condition)
+
+
+def js(driver, script: str, *args):
+    return driver.execute_script(script, *args)
+
+
+def open_chat(driver, url: str) -> None:
+    """Load the chat page and wait until the widget is mounted and has its conversations."""
+    driver.get(url)
+    wait(driver, lambda d: js(d, "const w = document.querySelector('.ragchat');"
+                                 " return document.readyState === 'complete' && w && w.dataset.ready === 'true'"))
+
+
+def idle(driver) -> bool:
+    return js(driver, "const w = document.querySelector('.ragchat');"
+                      " return w.querySelector('.ragchat-stop').hidden && !w.querySelector('.ragchat-send').disabled")
+
+
+def type_question(driver, question: str) -> None:
+    box = driver.find_element(By.CSS_SELECTOR, ".ragchat-input")
+    box.clear()
+    box.send_keys(question)
 
 
 def ask(driver, question: str) -> None:
     """Type ``question``, send it and wait until its answer has ended."""
     before = len(driver.find_elements(By.CSS_SELECTOR, ".ragchat-assistant"))
-    box = driver.find_element(By.ID, "ragchat-input")
-    box.clear()
-    box.send_keys(question)
-    driver.find_element(By.ID, "ragchat-send").click()
-    wait = WebDriverWait(driver, 20)
-    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant")) > before)
-    wait.until(lambda d: d.execute_script(
-        "return document.getElementById('ragchat-stop').hidden"
-        " && !document.getElementById('ragchat-send').disabled"))
-
-
-def wait_for_page(driver) -> None:
-    WebDriverWait(driver, 20).until(lambda d: d.execute_script(
-        "return document.readyState === 'complete' && document.getElementById('ragchat-form') !== null"))
+    type_question(driver, question)
+    driver.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+    wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant")) > before)
+    wait(driver, idle)
 
 
 def last_answer(driver):
     return driver.find_elements(By.CSS_SELECTOR, ".ragchat-assistant")[-1]
 
 
+def last_answer_text(driver) -> str:
+    return js(driver, "const a = document.querySelectorAll('.ragchat-assistant .ragchat-body');"
+                      " return a.length ? a[a.length - 1].textContent : ''")
+
+
 def stream_requests(driver) -> list[str]:
     """URLs of the server-sent events requests the page made."""
-    return driver.execute_script(
-        "return performance.getEntriesByType('resource').map(e => e.name).filter(n => n.includes('/stream/'))")
+    return js(driver, "return performance.getEntriesByType('resource').map(e => e.name).filter(n => n.includes('stream/'))")
 
 
-def check_cited_answer(driver) -> None:
+def check_cited_answer(driver, expected: str = "$699") -> None:
     answer = last_answer(driver)
     body = answer.find_element(By.CSS_SELECTOR, ".ragchat-body")
-    assert "$699" in body.text
+    assert expected in body.text
     sources = answer.find_elements(By.CSS_SELECTOR, ".ragchat-sources > li")
     assert sources and "Aurora X2" in sources[0].text
     links = body.find_elements(By.CSS_SELECTOR, "a.ragchat-cite")
@@ -88,47 +126,224 @@ def check_cited_answer(driver) -> None:
     for link in links:
         target = link.get_attribute("href").split("#", 1)[1]
         assert target in source_ids and f"[{link.text}]" in body.text
-    links[0].click()  # a citation takes the reader to its source
-    assert driver.execute_script("return location.hash") == "#" + links[0].get_attribute("href").split("#", 1)[1]
-    cited = answer.find_elements(By.CSS_SELECTOR, ".ragchat-source-cited")
-    assert cited
+    links[0].click()  # a citation takes the reader, and the focus, to its source
+    target = links[0].get_attribute("href").split("#", 1)[1]
+    assert js(driver, "return location.hash") == "#" + target
+    wait(driver, lambda d: js(d, "return document.activeElement.id") == target)
+    assert answer.find_elements(By.CSS_SELECTOR, ".ragchat-source-cited")
+    # Each source once, its heading once, its excerpt cut at a word boundary.
+    for source in sources:
+        title = source.find_element(By.CSS_SELECTOR, ".ragchat-source-title").text
+        headings = source.find_elements(By.CSS_SELECTOR, ".ragchat-source-heading")
+        snippet = source.find_element(By.CSS_SELECTOR, ".ragchat-source-snippet").text
+        for heading in headings:
+            assert heading.text and heading.text not in snippet and title not in heading.text
+    indexes = [s.get_attribute("value") for s in sources]
+    assert len(indexes) == len(set(indexes))
 
 
-def test_the_page_streams_a_cited_answer_over_the_websocket_under_asgi(page, asgi, product_corpus):
-    page.get(f"{asgi.url}/chat/")
-    wait_for_page(page)
+def test_a_new_conversation_streams_a_cited_answer_over_the_websocket_and_comes_back_on_reload(
+        page, asgi, product_corpus):
+    open_chat(page, f"{asgi.url}/chat/")
+    assert not Conversation.objects.exists()  # nothing is created before a message is accepted
     ask(page, QUESTION)
     check_cited_answer(page)
     assert stream_requests(page) == []  # the websocket carried it
     session_key = page.get_cookie("sessionid")["value"]
     conversation = Conversation.objects.get(session_key=session_key)  # anonymous, bound to the session
-    assert conversation.title == QUESTION
+    wait(page, lambda d: Conversation.objects.get(pk=conversation.pk).title == QUESTION)  # named after it
     assert list(conversation.messages.values_list("role", "status")) == [("user", "complete"), ("assistant", "complete")]
-    # The sidebar lists it; after a reload its history shows the same links.
+    assert page.find_element(By.CSS_SELECTOR, ".ragchat-conversation.ragchat-open").text == QUESTION
+    # After a reload the sidebar lists it and its history shows the same links.
     page.refresh()
-    wait_for_page(page)
-    WebDriverWait(page, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant"))
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant"))
     assert page.find_element(By.CSS_SELECTOR, ".ragchat-conversation.ragchat-open").text == QUESTION
     check_cited_answer(page)
 
 
+ANSWER = ("The **Aurora X2** costs $699 with 128 GB of storage [1].\n\n"
+          "- The 256 GB model costs $799 [1].\n- Both have a `48 MP` camera [1].\n\n"
+          "Ask me about the Nimbus Tab next.")
+
+
+def test_the_answer_grows_token_by_token_then_shows_its_citations(page, asgi, product_corpus, openai_server):
+    openai_server.token_delay = 0.06
+    openai_server.when("", ANSWER)
+    open_chat(page, f"{asgi.url}/chat/")
+    conversation = Conversation.objects.create(session_key=page.get_cookie("sessionid")["value"], profile="fake",
+                                               title="Aurora X2 prices")
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-conversation.ragchat-open"))
+    wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))
+    # Record the answer's length each time it changes, and what the widget said it was doing.
+    js(page, """
+        window.__lengths = []; window.__stages = new Set();
+        new MutationObserver(() => {
+          const a = document.querySelectorAll('.ragchat-assistant');
+          if (!a.length) return;
+          const last = a[a.length - 1];
+          const n = last.querySelector('.ragchat-body').textContent.length;
+          if (window.__lengths[window.__lengths.length - 1] !== n) window.__lengths.push(n);
+          const p = last.querySelector('.ragchat-progress');
+          if (!p.hidden) window.__stages.add(p.textContent);
+        }).observe(document.querySelector('.ragchat-log'), {subtree: true, childList: true, characterData: true,
+                                                            attributes: true});
+    """)
+    type_question(page, QUESTION)
+    page.find_element(By.CSS_SELECTOR, ".ragchat-input").send_keys(Keys.ENTER)  # Enter sends
+    wait(page, lambda d: "$699" in last_answer_text(d) and not idle(d))
+    assert not page.find_element(By.CSS_SELECTOR, ".ragchat-stop").get_attribute("hidden")  # Stop shown meanwhile
+    wait(page, idle)
+    lengths = js(page, "return window.__lengths")
+    assert len([n for n in lengths if 0 < n < len("The Aurora X2 costs $699")]) >= 3, lengths  # grew piece by piece
+    stages = js(page, "return [...window.__stages]")
+    assert "Writing the answer…" in stages and "Searching the documents…" in stages, stages
+    answer = last_answer(page)
+    body = answer.find_element(By.CSS_SELECTOR, ".ragchat-body")
+    assert body.find_element(By.CSS_SELECTOR, "strong").text == "Aurora X2"  # Markdown, rendered safely
+    assert [li.text for li in body.find_elements(By.CSS_SELECTOR, "ul > li")][0] == "The 256 GB model costs $799 [1]."
+    assert body.find_element(By.CSS_SELECTOR, "code").text == "48 MP"
+    check_cited_answer(page)
+    saved = Message.objects.get(conversation=conversation, role="assistant")
+    assert saved.status == "complete" and saved.content == ANSWER
+    js(page, "document.activeElement.blur(); location.hash = ''; "
+             "document.querySelectorAll('.ragchat-source-current').forEach(e => e.classList.remove('ragchat-source-current'))")
+    page.execute_script("document.querySelector('.ragchat-log').scrollTop = 0")
+    if os.environ.get("RAGCHAT_DOC_IMAGES"):
+        page.save_screenshot(str(ROOT / "docs" / "images" / "chat-widget.png"))
+
+
+def test_stop_mid_answer_marks_it_incomplete_and_escape_stops_too(page, asgi, product_corpus, openai_server):
+    openai_server.token_delay = 0.05
+    openai_server.when("", " ".join(f"word{i}" for i in range(300)))
+    open_chat(page, f"{asgi.url}/chat/")
+    conversation = Conversation.objects.create(session_key=page.get_cookie("sessionid")["value"], profile="fake")
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))
+    for stop_with in ("button", "escape"):
+        type_question(page, QUESTION)
+        page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+        wait(page, lambda d: "word3" in last_answer_text(d))
+        if stop_with == "button":
+            page.find_element(By.CSS_SELECTOR, ".ragchat-stop").click()
+        else:
+            page.find_element(By.CSS_SELECTOR, ".ragchat-input").send_keys(Keys.ESCAPE)
+        wait(page, lambda d: "Stopped before the end." in last_answer(d).text)
+        wait(page, idle)
+        text = last_answer_text(page)
+        assert text.startswith("word0 word1 word2 word3") and "word299" not in text
+    answers = Message.objects.filter(conversation=conversation, role="assistant").order_by("seq")
+    assert [a.status for a in answers] == ["incomplete", "incomplete"]
+    page.refresh()  # the history says so too
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant")) == 2)
+    assert all("Stopped before the end." in a.text for a in page.find_elements(By.CSS_SELECTOR, ".ragchat-assistant"))
+
+
+def test_feedback_with_a_comment_is_saved_and_shown_again(page, asgi, product_corpus):
+    open_chat(page, f"{asgi.url}/chat/")
+    ask(page, QUESTION)
+    answer = last_answer(page)
+    down = answer.find_element(By.CSS_SELECTOR, ".ragchat-rate-down")
+    assert down.get_attribute("aria-label") == "Bad answer" and down.get_attribute("aria-pressed") == "false"
+    down.click()
+    wait(page, lambda d: Feedback.objects.filter(rating="down").exists())
+    wait(page, lambda d: down.get_attribute("aria-pressed") == "true")
+    box = answer.find_element(By.CSS_SELECTOR, ".ragchat-comment-input")
+    box.send_keys("It should say <b>which</b> storage.")
+    answer.find_element(By.CSS_SELECTOR, ".ragchat-comment-save").click()
+    wait(page, lambda d: Feedback.objects.filter(comment__startswith="It should").exists())
+    feedback = Feedback.objects.get()
+    message = Message.objects.get(role="assistant")
+    assert (feedback.message_id, feedback.rating, feedback.comment, feedback.user) == (
+        message.pk, "down", "It should say <b>which</b> storage.", None)
+    assert feedback.session_key == page.get_cookie("sessionid")["value"]
+    # Changing your mind updates the one rating.
+    answer.find_element(By.CSS_SELECTOR, ".ragchat-rate-up").click()
+    wait(page, lambda d: Feedback.objects.get().rating == "up")
+    assert Feedback.objects.count() == 1
+    page.refresh()
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant .ragchat-rate-up[aria-pressed='true']"))
+    assert last_answer(page).find_element(By.CSS_SELECTOR, ".ragchat-comment-input").get_attribute("value") == \
+        "It should say <b>which</b> storage."
+    # Pressed again: withdrawn.
+    last_answer(page).find_element(By.CSS_SELECTOR, ".ragchat-rate-up").click()
+    wait(page, lambda d: not Feedback.objects.exists())
+
+
+def check_refusal_shown(driver, *, text: str) -> None:
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-user.ragchat-refused"))
+    wait(driver, idle)  # not hanging: Send works, Stop is gone
+    refused = driver.find_elements(By.CSS_SELECTOR, ".ragchat-user.ragchat-refused")[-1]
+    assert text in refused.find_element(By.CSS_SELECTOR, ".ragchat-note").text
+    assert text in driver.find_element(By.CSS_SELECTOR, ".ragchat-status").text
+    assert not driver.find_elements(By.CSS_SELECTOR, ".ragchat-assistant")  # no "…" left waiting
+
+
+def test_a_refused_first_message_is_shown_as_an_error_and_creates_nothing(page, asgi, product_corpus, settings):
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))
+    limit = js(page, "return document.querySelector('.ragchat-input').maxLength")
+    # Typing stops at the limit; a script (or a paste handler) can still go past it.
+    js(page, "document.querySelector('.ragchat-input').value = arguments[0]", "x" * (limit + 1))
+    page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+    check_refusal_shown(page, text="characters")
+    assert page.find_element(By.CSS_SELECTOR, ".ragchat-input").get_attribute("value") == "x" * (limit + 1)
+    assert not page.find_elements(By.CSS_SELECTOR, ".ragchat-refused .ragchat-retry")  # it must change first
+    assert not Conversation.objects.exists() and not page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")
+    # Fixed, it goes.
+    page.find_element(By.CSS_SELECTOR, ".ragchat-input").clear()
+    ask(page, QUESTION)
+    assert "$699" in last_answer_text(page)
+    assert Conversation.objects.count() == 1
+
+
+def test_a_refusal_over_server_sent_events_is_shown_and_creates_nothing(page, live_server, product_corpus, user):
+    page.get(f"{live_server.url}/chat/")  # a page of the site, to be allowed to set its cookie
+    page.add_cookie({"name": "sessionid", "value": caller_for(user).sessionid, "path": "/"})
+    open_chat(page, f"{live_server.url}/chat/")
+    limit = js(page, "return document.querySelector('.ragchat-input').maxLength")
+    js(page, "document.querySelector('.ragchat-input').value = arguments[0]", "y" * (limit + 1))
+    page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+    check_refusal_shown(page, text="characters")
+    assert stream_requests(page) and not Conversation.objects.exists()
+
+
+def test_a_failed_answer_can_be_retried(page, asgi, product_corpus, openai_server):
+    open_chat(page, f"{asgi.url}/chat/")
+    conversation = Conversation.objects.create(session_key=page.get_cookie("sessionid")["value"], profile="fake")
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))
+    openai_server.fail_next("server_error", times=1, path="/v1/chat/completions")
+    openai_server.when("", "The Aurora X2 costs $699 [1].")
+    ask(page, QUESTION)
+    answer = last_answer(page)
+    note = answer.find_element(By.CSS_SELECTOR, ".ragchat-note")
+    assert "ragchat-note-error" in note.get_attribute("class") and note.text
+    answer.find_element(By.CSS_SELECTOR, ".ragchat-retry").click()
+    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant")) == 2)
+    wait(page, idle)
+    check_cited_answer(page)
+    statuses = list(conversation.messages.filter(role="assistant").order_by("seq").values_list("status", flat=True))
+    assert statuses == ["error", "complete"]
+
+
 def test_a_second_tab_on_the_conversation_shows_the_answer_live(page, asgi, product_corpus):
     first_tab = page.current_window_handle
-    page.get(f"{asgi.url}/chat/")
-    wait_for_page(page)
+    open_chat(page, f"{asgi.url}/chat/")
     ask(page, QUESTION)
     page.switch_to.new_window("tab")  # same browser, same session: the conversation opens there too
-    page.get(f"{asgi.url}/chat/")
-    wait_for_page(page)
-    WebDriverWait(page, 20).until(lambda d: d.execute_script(
-        "return document.getElementById('ragchat-log').dataset.live === 'websocket'"
-        " && document.querySelectorAll('.ragchat-message').length === 2"))
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"
+                               " && document.querySelectorAll('.ragchat-message').length === 2"))
     second_tab = page.current_window_handle
     page.switch_to.window(first_tab)
     ask(page, "How much does the 256 GB model cost?")
     page.switch_to.window(second_tab)
-    WebDriverWait(page, 20).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-message")) == 4
-                                  and "$799" in last_answer(d).text)
+    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-message")) == 4
+         and "$799" in last_answer(d).text)
     bodies = [b.text for b in page.find_elements(By.CSS_SELECTOR, ".ragchat-body")]
     assert bodies[2] == "How much does the 256 GB model cost?"  # the question typed in the other tab
     assert last_answer(page).find_elements(By.CSS_SELECTOR, "a.ragchat-cite")
@@ -139,8 +354,7 @@ def test_a_second_tab_on_the_conversation_shows_the_answer_live(page, asgi, prod
 def test_stop_in_one_tab_stops_the_answer_another_tab_asked_for(page, asgi, product_corpus, openai_server):
     openai_server.token_delay = 0.05
     openai_server.when("", " ".join(f"word{i}" for i in range(200)))
-    page.get(f"{asgi.url}/chat/")
-    wait_for_page(page)
+    open_chat(page, f"{asgi.url}/chat/")
     conversation = Conversation.objects.create(session_key=page.get_cookie("sessionid")["value"], profile="fake")
     page.refresh()
     first_tab = page.current_window_handle
@@ -148,21 +362,18 @@ def test_stop_in_one_tab_stops_the_answer_another_tab_asked_for(page, asgi, prod
     page.get(f"{asgi.url}/chat/")
     for tab in (page.current_window_handle, first_tab):  # both tabs live on the conversation
         page.switch_to.window(tab)
-        wait_for_page(page)
-        WebDriverWait(page, 20).until(lambda d: d.execute_script(
-            "return document.getElementById('ragchat-log').dataset.live === 'websocket'"))
+        wait(page, lambda d: js(d, "const l = document.querySelector('.ragchat-log');"
+                                   " return l !== null && l.dataset.live === 'websocket'"))
     second_tab = page.window_handles[-1]
-    box = page.find_element(By.ID, "ragchat-input")
-    box.send_keys(QUESTION)
-    page.find_element(By.ID, "ragchat-send").click()  # asked in the first tab
+    type_question(page, QUESTION)
+    page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()  # asked in the first tab
     page.switch_to.window(second_tab)
-    WebDriverWait(page, 20).until(lambda d: "word3" in d.execute_script(
-        "const a = document.querySelectorAll('.ragchat-assistant'); return a.length ? a[a.length - 1].textContent : ''"))
-    page.find_element(By.ID, "ragchat-stop").click()  # stopped from the second
+    wait(page, lambda d: "word3" in last_answer_text(d))
+    page.find_element(By.CSS_SELECTOR, ".ragchat-stop").click()  # stopped from the second
     for tab in (second_tab, first_tab):
         page.switch_to.window(tab)
-        WebDriverWait(page, 20).until(lambda d: "Stopped before the end." in last_answer(d).text)
-        assert page.find_element(By.ID, "ragchat-send").is_enabled()
+        wait(page, lambda d: "Stopped before the end." in last_answer(d).text)
+        assert page.find_element(By.CSS_SELECTOR, ".ragchat-send").is_enabled()
     answer = Message.objects.get(conversation=conversation, role="assistant")
     assert answer.status == "incomplete" and answer.content.startswith("word0 word1 word2 word3")
     page.switch_to.window(second_tab)
@@ -173,40 +384,127 @@ def test_stop_in_one_tab_stops_the_answer_another_tab_asked_for(page, asgi, prod
 def test_the_page_streams_a_cited_answer_over_server_sent_events_under_wsgi(page, live_server, product_corpus, user):
     page.get(f"{live_server.url}/chat/")  # a page of the site, to be allowed to set its cookie
     page.add_cookie({"name": "sessionid", "value": caller_for(user).sessionid, "path": "/"})
-    page.get(f"{live_server.url}/chat/")
-    wait_for_page(page)
+    open_chat(page, f"{live_server.url}/chat/")
     ask(page, QUESTION)
     check_cited_answer(page)
-    assert len(stream_requests(page)) == 1
-    assert Conversation.objects.get().owner == user
+    assert stream_requests(page) == [f"{live_server.url}/chat/stream/"]  # a new conversation's endpoint
+    conversation = Conversation.objects.get()
+    assert conversation.owner == user
+    ask(page, "How much does the 256 GB model cost?")  # then the conversation's own
+    assert stream_requests(page)[-1] == f"{live_server.url}/chat/conversations/{conversation.pk}/stream/"
+    assert Conversation.objects.count() == 1 and conversation.messages.count() == 4
 
 
-XSS = 'Look: <img src=x onerror="window.__xss=1"> and <script>window.__xss=2</script> done [1]'
+XSS = 'Look: <img src=x onerror="window.__xss=1"> and <script>window.__xss=2</script> done [1] [x](javascript:window.__xss=4)'
 
 
 def test_model_output_and_questions_are_shown_as_text_never_as_html(page, asgi, product_corpus, openai_server):
     openai_server.when("", XSS)
-    page.get(f"{asgi.url}/chat/")
-    wait_for_page(page)
+    open_chat(page, f"{asgi.url}/chat/")
     session_key = page.get_cookie("sessionid")["value"]
     Conversation.objects.create(session_key=session_key, profile="fake", title="<b>title</b>")
-    page.refresh()
-    wait_for_page(page)
-    WebDriverWait(page, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-conversation.ragchat-open"))
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-conversation.ragchat-open"))
     question = "What is <img src=y onerror=window.__xss=3>?"
     ask(page, question)
 
     def check():
-        log = page.find_element(By.ID, "ragchat-log")
+        log = page.find_element(By.CSS_SELECTOR, ".ragchat-log")
         bodies = [b.text for b in log.find_elements(By.CSS_SELECTOR, ".ragchat-body")]
         assert bodies[-2:] == [question, XSS]
         assert log.find_elements(By.CSS_SELECTOR, "img, script, b") == []
+        assert not [a for a in log.find_elements(By.CSS_SELECTOR, "a") if "javascript" in (a.get_attribute("href") or "")]
         assert page.find_element(By.CSS_SELECTOR, ".ragchat-conversation").text == "<b>title</b>"
-        assert page.execute_script("return window.__xss === undefined")
+        assert js(page, "return window.__xss === undefined")
 
     check()
     assert Message.objects.get(role="assistant").content == XSS
     page.refresh()  # the saved history renders the same way
-    wait_for_page(page)
-    WebDriverWait(page, 20).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-body")) >= 2)
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-body")) >= 2)
     check()
+
+
+HOSTILE_DOC = """# Hostile Widget Manual
+
+## Setup
+The hostile widget installs in ten minutes. <img src=x onerror="window.__xss=5"> and
+<script>window.__xss=6</script> are part of this page's text, not markup.
+"""
+
+
+def test_a_document_with_html_is_cited_and_shown_as_text(page, asgi, product_corpus):
+    from django_ragchat.ingestion.pipeline import ingest_text
+
+    ingest_text("manuals/hostile.md", HOSTILE_DOC, content_type="markdown")
+    open_chat(page, f"{asgi.url}/chat/")
+    ask(page, "How long does the hostile widget take to install?")
+    answer = last_answer(page)
+    assert answer.find_elements(By.CSS_SELECTOR, "a.ragchat-cite")
+    sources = answer.find_elements(By.CSS_SELECTOR, ".ragchat-sources > li")
+    hostile = [s for s in sources if "Hostile Widget Manual" in s.text]
+    assert hostile, [s.text for s in sources]
+    snippet = hostile[0].find_element(By.CSS_SELECTOR, ".ragchat-source-snippet").text
+    assert "<img src=x onerror=" in snippet or "<img" in answer.text
+    log = page.find_element(By.CSS_SELECTOR, ".ragchat-log")
+    assert log.find_elements(By.CSS_SELECTOR, "img, script") == []
+    assert js(page, "return window.__xss === undefined")
+    cited = {c.get_attribute("data-source") for c in answer.find_elements(By.CSS_SELECTOR, "a.ragchat-cite")}
+    assert hostile[0].get_attribute("value") in cited
+
+
+def test_markdown_module_builds_elements_and_never_html(page, asgi):
+    open_chat(page, f"{asgi.url}/chat/")
+    result = page.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        import('/static/django_ragchat/markdown.js').then(({renderMarkdown}) => {
+          const box = document.createElement('div');
+          box.append(renderMarkdown([
+            '# Title', 'one **bold** and *it* and `<i>code</i>`', '',
+            '1. first', '2. second', '   - nested', '', '> quoted <u>u</u>', '',
+            '```html', '<script>window.__xss=7</script>', '```',
+            '[ok](https://example.com/a) [bad](javascript:alert(1)) [data](data:text/html,x) see [2]',
+          ].join('\\n'), {cite: (n) => { const s = document.createElement('sup'); s.textContent = n; return s; }}));
+          done({
+            tags: [...box.querySelectorAll('*')].map(e => e.tagName.toLowerCase()),
+            links: [...box.querySelectorAll('a')].map(a => a.getAttribute('href')),
+            text: box.textContent,
+            nested: box.querySelector('ol > li > ul > li') && box.querySelector('ol > li > ul > li').textContent,
+          });
+        });
+    """)
+    assert set(result["tags"]) <= {"h3", "p", "strong", "em", "code", "ol", "ul", "li", "blockquote", "pre", "a", "sup",
+                                   "br"}
+    assert result["links"] == ["https://example.com/a"]
+    assert "<i>code</i>" in result["text"] and "<u>u</u>" in result["text"] and "<script>" in result["text"]
+    assert "[bad](javascript:alert(1))" in result["text"] and "[data](data:text/html,x)" in result["text"]
+    assert result["nested"] == "nested"
+    assert js(page, "return window.__xss === undefined")
+
+
+def test_the_widget_is_usable_at_phone_width(page, asgi, product_corpus):
+    page.set_window_size(390, 800)
+    open_chat(page, f"{asgi.url}/chat/")
+    ask(page, QUESTION)
+    assert js(page, "return document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+    toggle = page.find_element(By.CSS_SELECTOR, ".ragchat-toggle")
+    new = page.find_element(By.CSS_SELECTOR, ".ragchat-new")
+    assert toggle.is_displayed() and not new.is_displayed()  # the list folds behind a button
+    toggle.click()
+    assert toggle.get_attribute("aria-expanded") == "true" and new.is_displayed()
+    page.find_element(By.CSS_SELECTOR, ".ragchat-conversation").click()  # picking one folds it again
+    wait(page, lambda d: not new.is_displayed())
+    check_cited_answer(page)
+    # Keyboard only: the toggle, then New conversation, then typing and Enter.
+    toggle.send_keys(Keys.ENTER)
+    assert new.is_displayed()
+    new.send_keys(Keys.ENTER)
+    wait(page, lambda d: js(d, "return document.activeElement.classList.contains('ragchat-input')"))
+    assert not page.find_elements(By.CSS_SELECTOR, ".ragchat-message")
+
+
+def test_the_template_tag_puts_the_widget_on_any_page(page, asgi, product_corpus):
+    open_chat(page, f"{asgi.url}/embed/")
+    assert page.find_elements(By.CSS_SELECTOR, ".ragchat") and page.find_element(By.TAG_NAME, "h1").text
+    ask(page, QUESTION)
+    check_cited_answer(page)

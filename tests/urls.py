@@ -6,3 +6,18 @@ urlpatterns = [
     path("api/ragchat/", include("django_ragchat.api.urls")),
     path("chat/", include("django_ragchat.urls")),
 ]
+
+# A page of a site with the chat widget on it (tests/test_browser.py).
+_EMBED = """{% load ragchat %}<!doctype html><html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1"><title>Products</title></head>
+<body><h1>Our products</h1><p>Questions? Ask below.</p>{% ragchat_widget label="Product questions" %}</body></html>"""
+
+
+def _embed_page(request):
+    from django.http import HttpResponse
+    from django.template import engines
+
+    return HttpResponse(engines["django"].from_string(_EMBED).render({}, request))
+
+
+urlpatterns.append(path("embed/", _embed_page))

@@ -48,11 +48,11 @@ function button(className, text, label) {
 export function excerpt(snippet, heading, limit = EXCERPT_CHARS, serverLimit = 300) {
   let text = String(snippet || "");
   const truncated = text.length >= serverLimit;
+  // A chunk's text starts with its heading path on a line of its own (ingestion/chunking.py).
+  const path = String(heading || "").trim();
+  if (path && text.trimStart().startsWith(path)) text = text.trimStart().slice(path.length);
   text = text.split("\n").filter((line) => !/^\s{0,3}#{1,6}\s/.test(line)).join(" ");
   text = text.replace(/\s+/g, " ").trim();
-  for (const part of String(heading || "").split(/\s*[>›»/]\s*/).reverse()) {
-    if (part && text.toLowerCase().startsWith(part.toLowerCase())) text = text.slice(part.length).replace(/^[\s:.–-]+/, "");
-  }
   if (text.length <= limit && !truncated) return text;
   let cut = text.slice(0, Math.min(limit, text.length));
   if (text.length > cut.length || truncated) {
