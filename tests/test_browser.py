@@ -425,27 +425,29 @@ def test_model_output_and_questions_are_shown_as_text_never_as_html(page, asgi, 
     check()
 
 
-HOSTILE_DOC = """# Hostile Widget Manual
-
-## Setup
-The hostile widget installs in ten minutes. <img src=x onerror="window.__xss=5"> and
+HOSTILE_DOC = """The hostile widget installs in ten minutes. <img src=x onerror="window.__xss=5"> and
 <script>window.__xss=6</script> are part of this page's text, not markup.
 """
 
 
-def test_a_document_with_html_is_cited_and_shown_as_text(page, asgi, product_corpus):
+def test_a_document_with_html_is_cited_and_shown_as_text(page, asgi, product_corpus, openai_server):
     from django_ragchat.ingestion.pipeline import ingest_text
 
-    ingest_text("manuals/hostile.md", HOSTILE_DOC, content_type="markdown")
+    # Plain text keeps the markup as written (the Markdown and HTML loaders drop tags).
+    ingest_text("manuals/hostile.txt", HOSTILE_DOC, content_type="text", title="<b>Hostile</b> Widget Manual")
+    openai_server.when("hostile", "It installs in ten minutes [1].")
     open_chat(page, f"{asgi.url}/chat/")
+    Conversation.objects.create(session_key=page.get_cookie("sessionid")["value"], profile="fake")
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-conversation.ragchat-open"))
     ask(page, "How long does the hostile widget take to install?")
     answer = last_answer(page)
     assert answer.find_elements(By.CSS_SELECTOR, "a.ragchat-cite")
     sources = answer.find_elements(By.CSS_SELECTOR, ".ragchat-sources > li")
-    hostile = [s for s in sources if "Hostile Widget Manual" in s.text]
+    hostile = [s for s in sources if "<b>Hostile</b> Widget Manual" in s.text]
     assert hostile, [s.text for s in sources]
     snippet = hostile[0].find_element(By.CSS_SELECTOR, ".ragchat-source-snippet").text
-    assert "<img src=x onerror=" in snippet or "<img" in answer.text
+    assert '<img src=x onerror="window.__xss=5"> and <script>window.__xss=6</script>' in snippet
     log = page.find_element(By.CSS_SELECTOR, ".ragchat-log")
     assert log.find_elements(By.CSS_SELECTOR, "img, script") == []
     assert js(page, "return window.__xss === undefined")
@@ -494,6 +496,7 @@ def test_the_widget_is_usable_at_phone_width(page, asgi, product_corpus):
     assert toggle.get_attribute("aria-expanded") == "true" and new.is_displayed()
     page.find_element(By.CSS_SELECTOR, ".ragchat-conversation").click()  # picking one folds it again
     wait(page, lambda d: not new.is_displayed())
+    wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant"))
     check_cited_answer(page)
     # Keyboard only: the toggle, then New conversation, then typing and Enter.
     toggle.send_keys(Keys.ENTER)

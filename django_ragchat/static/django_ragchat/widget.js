@@ -70,6 +70,22 @@ export function uniqueSources(sources) {
   return [...seen.values()].sort((a, b) => a.index - b.index);
 }
 
+// A thumb (Material Icons "thumb_up", Apache 2.0); the "down" button turns it over in CSS.
+const THUMB = "M1 21h4V9H1v12zm22-11c0-1.1-.9-2-2-2h-6.31l.95-4.57.03-.32c0-.41-.17-.79-.44-1.06L14.17 1 " +
+  "7.59 7.59C7.22 7.95 7 8.45 7 9v10c0 1.1.9 2 2 2h9c.83 0 1.54-.5 1.84-1.22l3.02-7.05c.09-.23.14-.47.14-.73v-2z";
+
+function thumbIcon() {
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("viewBox", "0 0 24 24");
+  svg.setAttribute("aria-hidden", "true");
+  svg.setAttribute("focusable", "false");
+  const path = document.createElementNS(ns, "path");
+  path.setAttribute("d", THUMB);
+  svg.append(path);
+  return svg;
+}
+
 class ChatWidget {
   constructor(root, config) {
     this.root = root;
@@ -291,8 +307,12 @@ class ChatWidget {
     box.setAttribute("role", "group");
     box.setAttribute("aria-label", "Rate this answer");
     const saved = this.ratings.get(view.messageId) || null;
-    const up = button("ragchat-rate ragchat-rate-up", "👍", "Good answer");
-    const down = button("ragchat-rate ragchat-rate-down", "👎", "Bad answer");
+    const up = button("ragchat-rate ragchat-rate-up", null, "Good answer");
+    const down = button("ragchat-rate ragchat-rate-down", null, "Bad answer");
+    up.append(thumbIcon());
+    down.append(thumbIcon());
+    up.title = "Good answer";
+    down.title = "Bad answer";
     up.dataset.rating = "up";
     down.dataset.rating = "down";
     const form = el("form", "ragchat-comment");
@@ -370,7 +390,7 @@ class ChatWidget {
     const entry = button("ragchat-conversation", label);
     entry.dataset.id = conversation.id;
     entry.addEventListener("click", () => {
-      this.openConversation(conversation.id);
+      if (conversation.id !== this.conversationId) this.openConversation(conversation.id);
       this.setNavOpen(false);
     });
     item.append(entry);
