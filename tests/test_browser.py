@@ -211,7 +211,8 @@ def test_the_answer_grows_token_by_token_then_shows_its_citations(page, asgi, pr
              "document.querySelectorAll('.ragchat-source-current').forEach(e => e.classList.remove('ragchat-source-current'))")
     page.execute_script("document.querySelector('.ragchat-log').scrollTop = 0")
     if os.environ.get("RAGCHAT_DOC_IMAGES"):
-        page.save_screenshot(str(ROOT / "docs" / "images" / "chat-widget.png"))
+        (ROOT / "docs" / "images").mkdir(exist_ok=True)
+        assert page.save_screenshot(str(ROOT / "docs" / "images" / "chat-widget.png"))
 
 
 def test_stop_mid_answer_marks_it_incomplete_and_escape_stops_too(page, asgi, product_corpus, openai_server):
