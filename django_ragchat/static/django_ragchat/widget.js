@@ -33,6 +33,12 @@ function el(tag, className, text) {
   return node;
 }
 
+/* A random id (crypto.randomUUID needs a secure context; getRandomValues does not). */
+function newClientId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(12));
+  return "w" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
 function button(className, text, label) {
   const node = el("button", className, text);
   node.type = "button";
@@ -109,7 +115,6 @@ class ChatWidget {
     this.turn = null;      // the turn shown live in the open conversation (ours or another tab's)
     this.socket = null;    // {ws, ready} for the open conversation (or a new one), under ASGI
     this.websocket = Boolean(config.websocket && "WebSocket" in window);
-    this.nextClientId = 1;
     this.viewCount = 0;
     this.ratings = new Map();  // message id -> {rating, comment}
     this.bind();
@@ -284,7 +289,9 @@ class ChatWidget {
     else this.markCited(view, cited);
     this.renderBody(view);
     if (message.status === "incomplete") this.setNote(view, STOPPED);
-    else if (message.status === "error") this.setNote(view, (message.error && message.error.message) || "The answer failed.", true);
+    else if (message.status === "error" || message.status === "interrupted") {
+      this.setNote(view, (message.error && message.error.message) || "The answer was not finished.", true);
+    }
     else if (message.status === "streaming") this.setNote(view, "Being written…");
     else this.setNote(view, "");
     if (message.role === "assistant" && (message.status === "complete" || message.status === "incomplete")) {
@@ -428,7 +435,17 @@ class ChatWidget {
       ]);
       if (this.conversationId !== id) return;
       for (const feedback of ratings) this.ratings.set(feedback.message_id, feedback);
-      for (const message of messages) this.showSavedMessage(message);
+      let previous = null;
+      let last = null;
+      for (const message of messages) {
+        previous = last;
+        last = this.showSavedMessage(message);
+        last.message = message;
+      }
+      // An answer that failed last time can be asked for again from here.
+      if (last && previous && previous.role === "user" && ["error", "interrupted"].includes(last.message.status)) {
+        this.offerRetry(last, { question: previous.message.content }, last.message.error || {});
+      }
       this.scrollToEnd();
     } catch (error) {
       this.setStatus(error.message, true);
@@ -456,7 +473,10 @@ class ChatWidget {
     const answer = this.addMessageView("assistant");
     answer.node.setAttribute("aria-busy", "true");  // read out once it is complete
     this.setProgress(answer, "Sending…");
-    const turn = { own, question, user, answer, nextIndex: 0, ended: false, abort: null, accepted: false };
+    // The client id labels the message: the websocket's frames about it carry it back, and
+    // the server treats a resend with the same id (after a lost connection) as the same message.
+    const turn = { own, question, user, answer, nextIndex: 0, ended: false, abort: null, accepted: false,
+                   clientId: own ? newClientId() : null };
     this.turn = turn;
     this.setBusy(true);
     this.scrollToEnd();
@@ -499,9 +519,10 @@ class ChatWidget {
         this.scheduleRender(answer);
         break;
       case "retry":
-        // The server threw the attempt away (a guardrail asked the model again): start over.
-        answer.text = typeof event.text === "string" ? event.text : "";
-        turn.nextIndex = null;
+        // An output guardrail had the model answer again: the text so far is discarded and the
+        // new answer's deltas count from 0 again.
+        answer.text = "";
+        turn.nextIndex = 0;
         this.setProgress(answer, "Revising the answer…");
         this.renderBody(answer);
         break;
@@ -577,7 +598,7 @@ class ChatWidget {
         method: "POST",
         credentials: "same-origin",
         headers: { "Content-Type": "application/json", "Accept": "text/event-stream", "X-CSRFToken": this.config.csrfToken },
-        body: JSON.stringify({ content }),
+        body: JSON.stringify({ content, client_id: turn.clientId }),
         signal: controller.signal,
       });
       if (!response.ok) {
@@ -694,8 +715,7 @@ class ChatWidget {
 
   async streamOverSocket(turn, content) {
     const socket = await this.socket.ready;
-    const clientId = `c${this.nextClientId++}`;
-    turn.clientId = clientId;
+    const clientId = turn.clientId;
     turn.socket = socket;
     const frame = { type: "message", content, client_id: clientId };
     if (this.conversationId !== null) frame.conversation_id = this.conversationId;
