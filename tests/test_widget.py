@@ -10,9 +10,9 @@ import re
 
 import httpx
 import pytest
+from django.contrib.sessions.backends.db import SessionStore
 from django.core.exceptions import ImproperlyConfigured
 from django.template import Context, Template, engines
-from django.contrib.sessions.backends.db import SessionStore
 
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.models import Conversation, Feedback, Message
