@@ -34,7 +34,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.http import require_POST
 
-from django_ragchat import transport
+from django_ragchat import jsonbody, transport
 from django_ragchat.events import PROTOCOL_VERSION, TurnEvent
 from django_ragchat.sync_stream import ThreadedStream
 from django_ragchat.transport import TurnRefused
@@ -67,8 +67,8 @@ def _read_content(request) -> Any:
     if len(body) > transport.max_request_chars():
         raise too_large
     try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
+        data = jsonbody.loads(body)
+    except jsonbody.JSONRefused:
         raise TurnRefused("parse_error", 'The body must be JSON: {"content": "..."}.', 400) from None
     if not isinstance(data, dict):
         raise TurnRefused("invalid_type", 'The body must be a JSON object: {"content": "..."}.', 400)
