@@ -99,6 +99,10 @@ ERRORS = {code: OpenApiResponse(s.ErrorSerializer, description=text) for code, t
 }.items()}
 
 
+NOT_RATEABLE = OpenApiResponse(s.ErrorSerializer, description="`not_rateable`: only finished answers of the "
+                                                            "assistant can be rated.")
+
+
 def errors(*codes: int) -> dict[int, OpenApiResponse]:
     return {code: ERRORS[code] for code in codes}
 
@@ -173,7 +177,7 @@ class ListPagination(StrictLimitOffsetPagination):
 
 @extend_schema_view(
     get=extend_schema(summary="Your conversations, most recently active first", responses={
-        200: s.ConversationSerializer(many=True), **errors(403)}),
+        200: s.ConversationSerializer(many=True), **errors(400, 403)}),
     post=extend_schema(summary="Start a conversation", request=s.ConversationCreateSerializer,
                        responses={201: s.ConversationSerializer, **errors(400, 403)}),
 )
@@ -339,10 +343,12 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
                       responses={200: s.FeedbackSerializer, **errors(403, 404)}),
     post=extend_schema(summary="Rate an answer (again: replaces your rating)", parameters=[MESSAGE_ID],
                        request=s.FeedbackSerializer,
-                       responses={200: s.FeedbackSerializer, 201: s.FeedbackSerializer, **errors(400, 403, 404)}),
+                       responses={200: s.FeedbackSerializer, 201: s.FeedbackSerializer, **errors(400, 403, 404),
+                                  409: NOT_RATEABLE}),
     put=extend_schema(summary="Rate an answer (same as POST)", parameters=[MESSAGE_ID],
                       request=s.FeedbackSerializer,
-                      responses={200: s.FeedbackSerializer, 201: s.FeedbackSerializer, **errors(400, 403, 404)}),
+                      responses={200: s.FeedbackSerializer, 201: s.FeedbackSerializer, **errors(400, 403, 404),
+                                 409: NOT_RATEABLE}),
     delete=extend_schema(summary="Withdraw your feedback", parameters=[MESSAGE_ID],
                          responses={204: None, **errors(403, 404)}),
 )
@@ -370,7 +376,8 @@ class MessageFeedback(RagchatAPIView, generics.GenericAPIView):
     def post(self, request, message_id):
         message = access.get_message(request, message_id)
         if message.role != Message.Role.ASSISTANT or message.status == Message.Status.STREAMING:
-            raise APIError(400, "not_rateable", "Only finished answers of the assistant can be rated.")
+            # A state of the message, not a fault of the request body: 409, as for a turn in progress.
+            raise APIError(409, "not_rateable", "Only finished answers of the assistant can be rated.")
         form = s.FeedbackSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         feedback, created = Feedback.objects.update_or_create(
@@ -389,7 +396,7 @@ class MessageFeedback(RagchatAPIView, generics.GenericAPIView):
 @extend_schema(
     summary="Feedback: yours; staff see everyone's",
     parameters=[OpenApiParameter("rating", OpenApiTypes.STR, enum=["up", "down"])],
-    responses={200: s.FeedbackSerializer(many=True), **errors(403)},
+    responses={200: s.FeedbackSerializer(many=True), **errors(400, 403)},
 )
 class FeedbackList(RagchatAPIView, generics.ListAPIView):
     """Ratings, newest first: the caller's own; staff see everyone's."""
@@ -420,7 +427,7 @@ class FeedbackList(RagchatAPIView, generics.ListAPIView):
 
 
 @extend_schema(summary="Long-term memory about you and your conversations; staff see all",
-               responses={200: s.MemoryRecordSerializer(many=True), **errors(403)})
+               responses={200: s.MemoryRecordSerializer(many=True), **errors(400, 403)})
 class MemoryList(RagchatAPIView, generics.ListAPIView):
     """Summaries and facts the assistant remembers about the caller and their conversations."""
 
@@ -466,7 +473,7 @@ class DocumentViewMixin:
 
 @extend_schema_view(
     get=extend_schema(summary="The documents the assistant searches",
-                      responses={200: s.DocumentSerializer(many=True), **errors(403)}),
+                      responses={200: s.DocumentSerializer(many=True), **errors(400, 403)}),
     post=extend_schema(
         summary="Upload a document for ingestion",
         description="Parses, chunks and embeds the file now; uploading the same `source` again "
