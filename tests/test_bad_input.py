@@ -141,3 +141,14 @@ def test_nul_and_surrogates_in_text_are_refused(signed_in, title):
                               content_type="application/json")
     assert response.status_code == 400
     assert not Conversation.objects.exists()
+
+
+def test_sse_refuses_an_anonymous_caller_as_the_api_does(client, user, ragchat_settings_override):
+    ragchat_settings_override(ALLOW_ANONYMOUS=False)
+    conversation = Conversation.objects.create(owner=user)
+    sse = client.post(f"/chat/conversations/{conversation.pk}/stream/", data='{"content": "Hi"}',
+                      content_type="application/json")
+    rest = client.post(f"/api/ragchat/conversations/{conversation.pk}/messages/", data='{"content": "Hi"}',
+                       content_type="application/json")
+    assert (sse.status_code, json.loads(sse.content)["code"]) == (rest.status_code, rest.json()["code"]) \
+        == (403, "not_authenticated")
