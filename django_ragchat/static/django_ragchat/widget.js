@@ -499,7 +499,8 @@ class ChatWidget {
         turn.accepted = true;
         turn.assistantMessageId = event.assistant_message_id;
         if (turn.own && event.conversation_id) this.adoptConversation(event.conversation_id, turn.question);
-        this.setProgress(answer, "Thinking…");
+        this.setProgress(answer, turn.stopRequested ? "Stopping…" : "Thinking…");
+        if (turn.stopRequested) turn.abort();
         break;
       case "status":
         this.setProgress(answer, STAGES[event.stage] || "Working…");
@@ -788,10 +789,12 @@ class ChatWidget {
 
   stop() {
     const turn = this.turn;
-    if (turn && !turn.ended && turn.abort) {
-      this.setProgress(turn.answer, "Stopping…");
-      turn.abort();
-    }
+    if (!turn || turn.ended) return;
+    this.setProgress(turn.answer, "Stopping…");
+    // Over the websocket a cancel names a conversation, which a first message only has once
+    // it is accepted: stop at the ack then.
+    if (turn.own && !turn.accepted && turn.socket) turn.stopRequested = true;
+    else if (turn.abort) turn.abort();
   }
 
   start() {
