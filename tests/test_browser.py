@@ -512,3 +512,38 @@ def test_the_template_tag_puts_the_widget_on_any_page(page, asgi, product_corpus
     assert page.find_elements(By.CSS_SELECTOR, ".ragchat") and page.find_element(By.TAG_NAME, "h1").text
     ask(page, QUESTION)
     check_cited_answer(page)
+
+
+def test_two_widgets_on_a_page_keep_apart(page, asgi, product_corpus):
+    page.get(f"{asgi.url}/embed-two/")
+    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat[data-ready='true']")) == 2)
+    first, second = page.find_elements(By.CSS_SELECTOR, ".ragchat")
+    assert first.get_attribute("id") != second.get_attribute("id")
+    assert second.find_element(By.CSS_SELECTOR, ".ragchat-toggle").is_displayed()  # compact
+    box = second.find_element(By.CSS_SELECTOR, ".ragchat-input")
+    box.send_keys(QUESTION, Keys.ENTER)
+    wait(page, lambda d: "$699" in second.text and second.find_elements(By.CSS_SELECTOR, "a.ragchat-cite"))
+    wait(page, lambda d: second.find_element(By.CSS_SELECTOR, ".ragchat-send").is_enabled())
+    assert not first.find_elements(By.CSS_SELECTOR, ".ragchat-message")
+    link = second.find_element(By.CSS_SELECTOR, "a.ragchat-cite")
+    assert second.find_elements(By.ID, link.get_attribute("href").split("#", 1)[1])  # its own source
+
+
+def test_excerpts_are_cut_at_a_word_boundary_without_the_heading(page, asgi):
+    open_chat(page, f"{asgi.url}/chat/")
+    result = page.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        import('/static/django_ragchat/widget.js').then(({excerpt, uniqueSources}) => done({
+          long: excerpt('Aurora X2 > Pricing\\n' + 'The Aurora X2 costs $699 with storage. '.repeat(10), 'Aurora X2 > Pricing'),
+          cut: excerpt('Guide > Setup\\nInstall it with pip and then run the migrations before starting', 'Guide > Setup', 40, 300),
+          short: excerpt('Guide\\nShort text.', 'Guide'),
+          markdown: excerpt('## Setup\\nRun it.', ''),
+          unique: uniqueSources([{index: 2}, {index: 1}, {index: 2}]).map(s => s.index),
+        }));
+    """)
+    assert result["long"].startswith("The Aurora X2 costs") and result["long"].endswith("…")
+    assert "Pricing" not in result["long"] and len(result["long"]) <= 221
+    assert result["long"][:-1].split()[-1] in "The Aurora X2 costs $699 with storage.".split()  # a whole word
+    assert result["cut"] == "Install it with pip and then run the…"
+    assert result["short"] == "Short text." and result["markdown"] == "Run it."
+    assert result["unique"] == [1, 2]

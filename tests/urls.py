@@ -13,11 +13,18 @@ _EMBED = """{% load ragchat %}<!doctype html><html lang="en"><head><meta charset
 <body><h1>Our products</h1><p>Questions? Ask below.</p>{% ragchat_widget label="Product questions" %}</body></html>"""
 
 
-def _embed_page(request):
-    from django.http import HttpResponse
-    from django.template import engines
-
-    return HttpResponse(engines["django"].from_string(_EMBED).render({}, request))
+_EMBED_TWO = """{% load ragchat %}<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Two</title></head>
+<body><div id="first">{% ragchat_widget label="First" %}</div><div id="second">{% ragchat_widget label="Second" compact=True %}</div>
+</body></html>"""
 
 
-urlpatterns.append(path("embed/", _embed_page))
+def _render(source):
+    def view(request):
+        from django.http import HttpResponse
+        from django.template import engines
+
+        return HttpResponse(engines["django"].from_string(source).render({}, request))
+    return view
+
+
+urlpatterns += [path("embed/", _render(_EMBED)), path("embed-two/", _render(_EMBED_TWO))]
