@@ -47,6 +47,10 @@ def test_the_tag_renders_the_widget_with_its_config_and_module(rf, user):
     assert config["websocket"] is None  # a WSGI request: server-sent events only
     assert config["csrfToken"]
     assert 'aria-label="Product questions"' in html
+    noticed = engines["django"].from_string("{% load ragchat %}{% ragchat_widget notice=text %}").render(
+        {"text": "<b>Answers</b> quote the documents."}, request)  # a variable's text is escaped
+    assert '<p class="ragchat-notice" role="note">&lt;b&gt;Answers&lt;/b&gt; quote the documents.</p>' in noticed
+    assert "ragchat-notice" not in html
     assert '<script type="module" src="/static/django_ragchat/widget.js"></script>' in html
     assert 'href="/static/django_ragchat/widget.css"' in html
     # No inline code: the only other script is the JSON config.

@@ -20,11 +20,13 @@ register = template.Library()
 
 
 @register.inclusion_tag("django_ragchat/widget.html", takes_context=True)
-def ragchat_widget(context, label: str = "Chat", compact: bool = False):
+def ragchat_widget(context, label: str = "Chat", compact: bool = False, notice: str = ""):
     """The chat widget.
 
     ``label`` names it for screen readers (``aria-label``); ``compact`` hides the conversation
-    list behind a button at every width (as it is on a phone), for a widget in a side panel.
+    list behind a button at every width (as it is on a phone), for a widget in a side panel;
+    ``notice`` is a line of text shown above the messages (the demo says its answers are
+    extractive until a model is configured).
     Needs ``django.template.context_processors.request``. A visitor who may not chat (anonymous,
     with ``RAGCHAT["ALLOW_ANONYMOUS"]`` off) sees a link to ``settings.LOGIN_URL`` instead.
     """
@@ -39,7 +41,7 @@ def ragchat_widget(context, label: str = "Chat", compact: bool = False):
     widget_id = "ragchat-" + secrets.token_hex(4)  # several widgets on a page stay apart
     if not may_chat(request):
         login = resolve_url(settings.LOGIN_URL)
-        return {"widget_id": widget_id, "label": label, "compact": compact,
+        return {"widget_id": widget_id, "label": label, "compact": compact, "notice": notice,
                 "login_url": f"{login}?next={quote(request.get_full_path())}"}
     return {"widget_id": widget_id, "config_id": widget_id + "-config", "label": label, "compact": compact,
-            "config": page_config(request)}
+            "notice": notice, "config": page_config(request)}
