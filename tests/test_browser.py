@@ -299,6 +299,13 @@ def test_a_refused_first_message_is_shown_as_an_error_and_creates_nothing(page, 
     ask(page, QUESTION)
     assert "$699" in last_answer_text(page)
     assert Conversation.objects.count() == 1
+    # In a conversation that exists, a refusal is shown the same way and saves nothing.
+    js(page, "document.querySelector('.ragchat-input').value = arguments[0]", "z" * (limit + 1))
+    page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-refused")) == 2)
+    wait(page, idle)
+    assert "characters" in page.find_elements(By.CSS_SELECTOR, ".ragchat-refused .ragchat-note")[-1].text
+    assert Message.objects.count() == 2
 
 
 def test_a_refusal_over_server_sent_events_is_shown_and_creates_nothing(page, live_server, product_corpus, user):
