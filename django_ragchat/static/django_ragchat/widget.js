@@ -172,13 +172,17 @@ class ChatWidget {
       body: el("div", "ragchat-body"),
       note: el("p", "ragchat-note"),
       actions: el("div", "ragchat-actions"),
+      sourcesLabel: el("p", "ragchat-sources-label", "Sources"),
       sourceList: el("ol", "ragchat-sources"),
       feedback: el("div", "ragchat-feedback"),
       renderTimer: null,
     };
-    view.sourceList.setAttribute("aria-label", "Sources");
-    for (const part of [view.progress, view.note, view.actions, view.sourceList, view.feedback]) part.hidden = true;
-    node.append(view.progress, view.body, view.note, view.actions, view.sourceList, view.feedback);
+    view.sourcesLabel.id = `${view.key}-sources`;
+    view.sourceList.setAttribute("aria-labelledby", view.sourcesLabel.id);
+    for (const part of [view.progress, view.note, view.actions, view.sourcesLabel, view.sourceList, view.feedback]) {
+      part.hidden = true;
+    }
+    node.append(view.progress, view.body, view.note, view.actions, view.sourcesLabel, view.sourceList, view.feedback);
     this.ui.log.append(node);
     return view;
   }
@@ -243,7 +247,7 @@ class ChatWidget {
     view.sources = uniqueSources(sources);
     view.sourceIds = new Map();
     view.sourceList.replaceChildren();
-    view.sourceList.hidden = view.sources.length === 0;
+    view.sourceList.hidden = view.sourcesLabel.hidden = view.sources.length === 0;
     for (const source of view.sources) {
       const id = `${view.key}-source-${source.index}`;
       view.sourceIds.set(source.index, id);
