@@ -554,3 +554,16 @@ def test_excerpts_are_cut_at_a_word_boundary_without_the_heading(page, asgi):
     assert result["cut"] == "Install it with pip and then run the…"
     assert result["short"] == "Short text." and result["markdown"] == "Run it."
     assert result["unique"] == [1, 2]
+
+
+def test_older_conversations_load_a_page_at_a_time(page, asgi):
+    open_chat(page, f"{asgi.url}/chat/")
+    session_key = page.get_cookie("sessionid")["value"]
+    for i in range(25):
+        Conversation.objects.create(session_key=session_key, title=f"Topic {i:02d}")
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")) == 20)
+    page.find_element(By.CSS_SELECTOR, ".ragchat-more").click()
+    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")) == 25)
+    titles = [b.text for b in page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")]
+    assert sorted(titles) == [f"Topic {i:02d}" for i in range(25)] and not page.find_elements(By.CSS_SELECTOR, ".ragchat-more")

@@ -387,12 +387,29 @@ class ChatWidget {
 
   // --- conversations ---------------------------------------------------------------------
 
-  async loadConversations() {
-    const conversations = await this.fetchAll(this.config.api.conversations);
-    this.ui.list.replaceChildren();
-    for (const conversation of conversations) this.addConversationItem(conversation, false);
+  /* The newest conversations, a page at a time ("Older conversations" fetches the next). */
+  async loadConversations(url = this.config.api.conversations) {
+    const page = await this.api("GET", url);
+    if (url === this.config.api.conversations) this.ui.list.replaceChildren();
+    for (const conversation of page.results) {
+      if (!this.ui.list.querySelector(`[data-id="${CSS.escape(String(conversation.id))}"]`)) {
+        this.addConversationItem(conversation, false);
+      }
+    }
+    this.root.querySelector(".ragchat-more")?.remove();
+    if (page.next) {
+      const more = button("ragchat-more", "Older conversations");
+      more.addEventListener("click", () => {
+        more.disabled = true;
+        this.loadConversations(page.next).catch((error) => {
+          more.disabled = false;
+          this.setStatus(error.message, true);
+        });
+      });
+      this.ui.list.after(more);
+    }
     this.markOpenConversation();
-    return conversations;
+    return page.results;
   }
 
   addConversationItem(conversation, first) {
