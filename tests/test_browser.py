@@ -569,3 +569,44 @@ def test_older_conversations_load_a_page_at_a_time(page, asgi):
     wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")) == 25)
     titles = [b.text for b in page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")]
     assert sorted(titles) == [f"Topic {i:02d}" for i in range(25)] and not page.find_elements(By.CSS_SELECTOR, ".ragchat-more")
+
+
+def test_a_retry_event_replaces_the_streamed_text_and_a_footer_follows_the_answer(page, asgi):
+    """The widget's handling of a guardrail's ``retry`` (docs/protocol.md) and of text streamed
+    after the model's last token, fed as protocol events to the mounted widget."""
+    open_chat(page, f"{asgi.url}/chat/")
+    states = js(page, """
+        const w = document.querySelector('.ragchat').ragchat;
+        const turn = w.startTurnView(false, 'How much?');
+        const body = () => turn.answer.body.textContent;
+        const progress = () => turn.answer.progress.hidden ? '' : turn.answer.progress.textContent;
+        const states = {};
+        const source = {index: 1, chunk_id: 1, document_id: 1, source: 'a.md', title: 'Aurora X2',
+                        heading: 'Aurora X2 > Pricing', snippet: 'Aurora X2 > Pricing\\nIt costs $699.'};
+        w.onEvent(turn, {type: 'ack', assistant_message_id: 9, user_seq: 1});
+        w.onEvent(turn, {type: 'sources', sources: [source]});
+        w.onEvent(turn, {type: 'delta', text: 'It is ', index: 0});
+        w.onEvent(turn, {type: 'delta', text: 'cheap.', index: 1});
+        w.renderBody(turn.answer);
+        states.first = body();
+        w.onEvent(turn, {type: 'retry', attempt: 1, guardrail: 'require_citation'});
+        states.afterRetry = [body(), progress()];
+        w.onEvent(turn, {type: 'delta', text: 'It costs $699 [1].', index: 0});
+        w.onEvent(turn, {type: 'delta', text: '\\n\\n---\\n_Prices include tax._', index: 1});
+        w.renderBody(turn.answer);
+        states.streamed = body();
+        states.note = turn.answer.note.hidden ? '' : turn.answer.note.textContent;
+        states.footer = [...turn.answer.body.querySelectorAll('hr + p > em')].map(e => e.textContent);
+        states.links = [...turn.answer.body.querySelectorAll('a.ragchat-cite')].map(a => a.textContent);
+        w.onEvent(turn, {type: 'done', message: {id: 9, role: 'assistant', status: 'complete',
+          content: 'It costs $699 [1].\\n\\n---\\n_Prices include tax._', sources: [source],
+          citations: [{index: 1, chunk_id: 1, source: 'a.md', title: 'Aurora X2'}]}});
+        states.done = [body(), turn.ended, w.ui.send.disabled];
+        return states;
+    """)
+    assert states["first"] == "It is cheap."
+    assert states["afterRetry"] == ["", "Revising the answer…"]
+    assert states["streamed"] == "It costs $699 [1].Prices include tax."
+    assert states["note"] == ""  # the restart at index 0 is not a lost piece
+    assert states["footer"] == ["Prices include tax."] and states["links"] == ["1"]
+    assert states["done"] == ["It costs $699 [1].Prices include tax.", True, False]
