@@ -589,7 +589,6 @@ class ChatWidget {
       this.setStatus(text, true);
     } else {
       if (cancelled) this.setNote(answer, STOPPED);
-      if (!message && cancelled && !answer.text) this.setNote(answer, STOPPED);
       this.setStatus("");
     }
     this.scrollToEnd();
