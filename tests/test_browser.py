@@ -517,6 +517,8 @@ def test_the_widget_is_usable_at_phone_width(page, asgi, product_corpus):
 
 
 def test_the_template_tag_puts_the_widget_on_any_page(page, asgi, product_corpus):
+    """The page has a Content Security Policy without 'unsafe-inline' scripts: the widget
+    needs none (its config is JSON, its code a module from the site)."""
     open_chat(page, f"{asgi.url}/embed/")
     assert page.find_elements(By.CSS_SELECTOR, ".ragchat") and page.find_element(By.TAG_NAME, "h1").text
     ask(page, QUESTION)

@@ -9,7 +9,8 @@ urlpatterns = [
 
 # A page of a site with the chat widget on it (tests/test_browser.py).
 _EMBED = """{% load ragchat %}<!doctype html><html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1"><title>Products</title></head>
+<meta name="viewport" content="width=device-width, initial-scale=1"><title>Products</title>
+<meta http-equiv="Content-Security-Policy" content="script-src 'self'; object-src 'none'; base-uri 'none'"></head>
 <body><h1>Our products</h1><p>Questions? Ask below.</p>{% ragchat_widget label="Product questions" %}</body></html>"""
 
 
