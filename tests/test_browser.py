@@ -612,3 +612,14 @@ def test_a_retry_event_replaces_the_streamed_text_and_a_footer_follows_the_answe
     assert states["note"] == ""  # the restart at index 0 is not a lost piece
     assert states["footer"] == ["Prices include tax."] and states["links"] == ["1"]
     assert states["done"] == ["It costs $699 [1].Prices include tax.", True, False]
+
+
+def test_a_dropped_websocket_comes_back(page, asgi, product_corpus):
+    open_chat(page, f"{asgi.url}/chat/")
+    ask(page, QUESTION)
+    wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))
+    js(page, "document.querySelector('.ragchat').ragchat.socket.ws.close()")  # as a network drop would
+    wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === undefined"))
+    wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))
+    ask(page, "How much does the 256 GB model cost?")
+    assert "$799" in last_answer_text(page) and stream_requests(page) == []

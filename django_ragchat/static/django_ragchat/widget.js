@@ -684,7 +684,7 @@ class ChatWidget {
       }
       this.onFrame(socket, frame);
     };
-    ws.onclose = () => {
+    ws.onclose = (event) => {
       if (this.socket !== socket) return;
       this.socket = null;
       delete this.ui.log.dataset.live;
@@ -693,6 +693,17 @@ class ChatWidget {
       const turn = this.turn;
       if (turn && !turn.ended && (turn.socket === socket || !turn.own)) {
         this.onEvent(turn, { type: "error", code: "connection_lost", message: LOST });
+      }
+      // A socket that worked and dropped (a server restart, a network change) comes back, so
+      // answers asked in other tabs show here again. Not after an application close code
+      // (4000-4999: conversation not found, session ended).
+      if (socket.opened && !(event.code >= 4000 && event.code < 5000)) {
+        const open = this.conversationId;  // a new conversation's socket may have adopted one since
+        setTimeout(() => {
+          if (this.socket === null && this.conversationId === open && (!this.turn || this.turn.ended)) {
+            this.connectSocket(open);
+          }
+        }, 2000);
       }
     };
     this.socket = socket;
