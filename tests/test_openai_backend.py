@@ -426,7 +426,7 @@ def test_the_overhead_benchmark_runs_and_counts_the_requests_each_profile_implie
     results = bench_openai_overhead.run(chunks=60, histories=(2, 12), turns=2, warmup=1)
 
     cells = results["cells"]
-    assert len(cells) == 2 * 2 * 3 and all(len(c["ms"]) == 2 for c in cells)
+    assert len(cells) == 2 * 2 * 4 and all(len(c["ms"]) == 2 for c in cells)
     for cell in cells:
         expected = (1, 1) if cell["profile"] == "plain" else (3, 1)
         assert set(cell["requests"]) == {expected}
