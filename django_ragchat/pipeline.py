@@ -445,6 +445,17 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
                         if chunk:
                             parts.append(chunk)
                             yield Delta(text=chunk, index=len(parts) - 1)
+                # After the model's last piece: each augmenter's tail, passed through the
+                # augmenters after it, streams like the model's text.
+                augmenters = turn.components.response_augmenters
+                for position, augmenter in enumerate(augmenters):
+                    chunk = await await_me_maybe(augmenter.finish(turn)) or ""
+                    for later in augmenters[position + 1:]:
+                        if chunk:
+                            chunk = await await_me_maybe(later.on_delta(chunk, turn))
+                    if chunk:
+                        parts.append(chunk)
+                        yield Delta(text=chunk, index=len(parts) - 1)
             else:
                 response = await llm.complete(turn.prompt, turn)
                 _record_llm(turn, response.model, response.usage)

@@ -2,7 +2,10 @@
 
 ``augment(answer, turn)`` handles a whole answer. For a streamed answer ``on_delta(text,
 turn)`` sees each piece as it passes (it runs on the event loop and must not block; return the
-text to send, possibly changed) and ``on_complete(answer, turn)`` the assembled answer.
+text to send, possibly changed), ``finish(turn)`` runs after the model's last piece and may
+return text to stream after it (a footer, a sources line: it reaches the client as ``delta``
+events like the model's own text), and ``on_complete(answer, turn)`` sees the assembled answer,
+tails included.
 
 Built in:
 
@@ -51,6 +54,17 @@ class ResponseAugmenter(Component):
 
     def on_delta(self, text: str, turn: TurnContext) -> str:
         return text
+
+    def finish(self, turn: TurnContext) -> str:
+        """Text to stream after the model's last piece ("" for none).
+
+        Called once per streamed answer, in augmenter order, before ``on_complete``. The text
+        passes through the ``on_delta`` of the augmenters after this one and is sent as
+        ``delta`` events, so clients render it like the model's text; it is part of the saved
+        answer. A whole (non-streamed) answer has no tail: ``augment`` changes its text.
+        May be ``async def``.
+        """
+        return ""
 
     def on_complete(self, answer: Answer, turn: TurnContext) -> Answer:
         return self.augment(answer, turn)
