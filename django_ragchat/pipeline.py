@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -368,9 +369,25 @@ def describe_error(exc: BaseException) -> tuple[str, str, float | None]:
 # --- The turn ---------------------------------------------------------------------------------
 
 
+def _components_trace(components: ProfileComponents) -> list[dict[str, str]]:
+    """Which component of which plugin runs at each stage: the trace shows what a turn ran."""
+    registry = get_registry()
+    rows = []
+    for f in dataclasses.fields(components):
+        value = getattr(components, f.name)
+        for component in value if isinstance(value, list) else [value]:
+            try:
+                plugin = registry.get(component.kind, component.name).plugin
+            except Exception:  # a component built outside the registry (tests, advisors)
+                plugin = ""
+            rows.append({"stage": component.kind, "name": component.name, "plugin": plugin})
+    return rows
+
+
 def _new_trace(turn: TurnContext) -> dict[str, Any]:
     return {
         "profile": turn.profile.name,
+        "components": _components_trace(turn.components),
         "question": turn.question,
         "queries": {"original": turn.question, "transformed": [], "expanded": [], "final": turn.question},
         "retrieval": [],
