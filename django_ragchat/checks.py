@@ -8,6 +8,7 @@ ragchat.E004  a plugin could not be loaded or failed while registering component
 ragchat.E005  a hook implementation matches no hook spec (misspelt hook name)
 ragchat.E006  a dotted path in settings cannot be imported
 ragchat.E007  a setting has a value of the wrong type or range
+ragchat.E008  a wrapper (``wrapper=True``/``hookwrapper=True``) on a registration hook
 ragchat.W020  a profile uses api.openai.com but the API key's environment variable is not set
 
 Database checks (run by ``migrate`` and ``check --database default``):
@@ -78,6 +79,28 @@ def check_plugins(app_configs=None, **kwargs):
 
 
 @register(Tags.compatibility)
+def check_registration_wrappers(app_configs=None, **kwargs):
+    """A wrapper on a ``register_*`` hook would wrap nothing: each implementation is called on
+    its own (to know which plugin registered what), so its code would never run."""
+    from django_ragchat import plugins
+
+    pm = plugins.get_plugin_manager()
+    errors = []
+    for hook_name in plugins.REGISTRATION_HOOKS:
+        for impl in getattr(pm.hook, hook_name).get_hookimpls():
+            if impl.wrapper or impl.hookwrapper:
+                option = "wrapper" if impl.wrapper else "hookwrapper"
+                errors.append(Error(
+                    f"Plugin {impl.plugin_name!r} implements {hook_name} with {option}=True; a registration "
+                    f"hook cannot be wrapped, so it never runs.",
+                    hint="Drop the wrapper option and call register(...) directly; to wrap part of a turn, "
+                         "register an Advisor (register_advisors), or use wrapper=True on an on_* hook.",
+                    id="ragchat.E008",
+                ))
+    return errors
+
+
+@register(Tags.compatibility)
 def check_profiles(app_configs=None, **kwargs):
     from django_ragchat import plugins
     from django_ragchat.profiles import (
@@ -125,7 +148,7 @@ def check_profiles(app_configs=None, **kwargs):
             problems.append("max_answer_tokens must be smaller than context_window")
         if not problems:
             # Build the components once: options they do not accept fail here, not at the first turn.
-            from django_ragchat.pipeline import components_for
+            from django_ragchat.context import components_for
 
             try:
                 components_for(profile)
@@ -144,7 +167,7 @@ def check_openai_keys(app_configs=None, **kwargs):
     import dataclasses
 
     from django_ragchat.openai_backend import OpenAIConnection
-    from django_ragchat.pipeline import components_for
+    from django_ragchat.context import components_for
     from django_ragchat.profiles import build_profile
 
     warnings = []

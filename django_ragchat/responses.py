@@ -22,7 +22,7 @@ from django_ragchat.components import Component
 from django_ragchat.types import Answer, Citation
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
+    from django_ragchat.context import TurnContext
 
 
 class ResponseAugmenter(Component):
