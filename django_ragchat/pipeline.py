@@ -350,9 +350,9 @@ async def check_output(turn: TurnContext, answer: Answer, run: _Answering) -> As
             if isinstance(result, Reprompt):
                 used = reprompts.get(position, 0)
                 if used >= guardrail.max_reprompts:
-                    result = await await_me_maybe(guardrail.exhausted(answer, result, turn))
                     turn.trace.setdefault("reprompts", []).append(
-                        {"guardrail": guardrail.name, "exhausted": True, "reason": getattr(result, "reason", "")})
+                        {"guardrail": guardrail.name, "exhausted": True, "reason": result.reason})
+                    result = await await_me_maybe(guardrail.exhausted(answer, result, turn))
                 else:
                     reprompts[position] = used + 1
                     attempts += 1
