@@ -126,3 +126,27 @@ def test_the_cycle_finder_sees_function_level_imports_and_ignores_type_checking_
     module.write_text("if TYPE_CHECKING:\n    from django_ragchat.pipeline import TurnContext\n")
     assert imports_of("django_ragchat.stage", module, known) == set()
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_user_facing_error_shares_one_base_with_a_stable_code_and_a_safe_message():
+    from django_ragchat.api.views import APIError
+    from django_ragchat.exceptions import InvalidMessage, LLMError, RagchatError, TurnInProgress
+    from django_ragchat.pipeline import describe_error
+    from django_ragchat.transport import TurnRefused
+
+    errors = [
+        InvalidMessage("too_long", "The message is too long."),
+        TurnInProgress(),
+        LLMError("rate_limited", "The model is busy.", retry_after=2.5),
+        TurnRefused("too_many_streams", "Too many answers at once.", 429, retry_after=1.0),
+        APIError(409, "turn_in_progress", "Wait for the answer."),
+    ]
+    assert all(isinstance(e, RagchatError) for e in errors)
+    assert [(e.code, e.http_status) for e in errors] == [
+        ("too_long", 413), ("turn_in_progress", 409), ("rate_limited", 502), ("too_many_streams", 429),
+        ("turn_in_progress", 409)]
+    assert describe_error(errors[2]) == ("rate_limited", "The model is busy.", 2.5)
+    assert errors[2].user_message == "The model is busy." and str(errors[2]) == "rate_limited: The model is busy."
+    assert errors[1].as_dict() == {"code": "turn_in_progress", "message": TurnInProgress.default_message}
+    assert isinstance(errors[0], ValueError)  # callers catching ValueError keep working
+    assert str(errors[4].detail) == "Wait for the answer." and errors[4].status_code == 409
