@@ -12,18 +12,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from django_ragchat.conf import ragchat_settings
+from django_ragchat.exceptions import TurnInProgress
 from django_ragchat.models import Conversation, Message, MessageSource, TurnTrace
 from django_ragchat.tokens import count_tokens
 from django_ragchat.types import Answer
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
-
-
-class TurnInProgress(Exception):
-    """The conversation already has an answer streaming; one turn at a time."""
-
-    code = "turn_in_progress"
+    from django_ragchat.context import TurnContext
 
 
 def begin_turn(conversation_id, text: str) -> tuple[Message, Message]:
@@ -44,8 +39,7 @@ def begin_turn(conversation_id, text: str) -> tuple[Message, Message]:
             raise Conversation.DoesNotExist(f"No conversation {conversation_id}")
         streaming = Message.objects.filter(conversation_id=conversation_id, status=Message.Status.STREAMING)
         if streaming.filter(updated_at__gte=stale_before).exists():
-            raise TurnInProgress("An answer is still being written in this conversation; wait for "
-                                 "it to finish or cancel it.")
+            raise TurnInProgress()
         streaming.update(status=Message.Status.ERROR, metadata={"error": {"code": "abandoned"}})
         last_seq = Conversation.objects.filter(pk=conversation_id).values_list("last_seq", flat=True).get()
         user = Message(conversation_id=conversation_id, seq=last_seq - 1, role=Message.Role.USER,

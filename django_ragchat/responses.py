@@ -35,7 +35,7 @@ from django_ragchat.components import Component
 from django_ragchat.types import Answer, Citation, RetrievedChunk
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
+    from django_ragchat.context import TurnContext
 
 # Kept under its historical name: the default reference parser.
 parse_references = parse_default_references
@@ -156,7 +156,7 @@ class SourcesFilter(ResponseAugmenter):
         "options": {"sources_filter": {"threshold": 0.8, "append": True}}
 
     The similarities are only meaningful with a semantic embedder: ``check`` warns
-    (ragchat.W030) when the profile uses the offline hashing embedder.
+    (ragchat.W040) when the profile uses the offline hashing embedder.
     """
 
     name = "sources_filter"
@@ -176,7 +176,7 @@ class SourcesFilter(ResponseAugmenter):
         self.keep_cited = bool(keep_cited)
 
     def check_warnings(self) -> list[str]:
-        """Problems ``manage.py check`` reports as warnings (ragchat.W030)."""
+        """Problems ``manage.py check`` reports as warnings (ragchat.W040)."""
         from django_ragchat.embedders import HashingEmbedder
         from django_ragchat.plugins import get_registry
 

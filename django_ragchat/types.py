@@ -196,3 +196,17 @@ class SkipRetrieval:
     """
 
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class Reprompt:
+    """Returned by an output guardrail: ask the model again.
+
+    ``feedback`` is appended to the prompt as a user message after the rejected answer (say
+    what was wrong and what to do instead); ``reason`` goes to the trace. The guardrail's
+    ``max_reprompts`` bounds the attempts; after the last one its ``exhausted`` method decides
+    (by default a refusal).
+    """
+
+    feedback: str
+    reason: str = ""

@@ -175,7 +175,7 @@ def test_check_warns_with_the_hashing_embedder_and_not_with_a_semantic_one(ragch
         "semantic": profile(),
         "plain": {},
     })
-    warnings = [w for w in check_component_warnings() if w.id == "ragchat.W030"]
+    warnings = [w for w in check_component_warnings() if w.id == "ragchat.W040"]
     assert len(warnings) == 1
     assert "'default'" in warnings[0].msg and "hashing" in warnings[0].msg
 

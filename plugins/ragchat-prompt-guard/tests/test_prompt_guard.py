@@ -12,7 +12,8 @@ from django.test import override_settings
 import ragchat_prompt_guard
 from django_ragchat import checks, plugins
 from django_ragchat.models import Conversation, TurnTrace
-from django_ragchat.pipeline import components_for, run_turn_sync
+from django_ragchat.context import components_for
+from django_ragchat.pipeline import run_turn_sync
 from django_ragchat.profiles import get_profile
 from ragchat_prompt_guard import PromptGuard, assess
 from ragchat_prompt_guard.detect import MAX_SCAN_CHARS, despace, normalize
