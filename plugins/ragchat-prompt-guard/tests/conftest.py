@@ -6,9 +6,6 @@ import pytest
 from django_ragchat import plugins
 from django_ragchat.vectorindex import vector_index
 
-# openai_server: a real OpenAI-compatible server on loopback, to stream model output over HTTP.
-pytest_plugins = ["django_ragchat.testing.pytest_plugin"]
-
 
 @pytest.fixture(autouse=True)
 def _fresh_ragchat_state():
