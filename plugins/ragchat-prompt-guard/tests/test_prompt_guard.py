@@ -9,12 +9,13 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-import ragchat_prompt_guard
 from django_ragchat import checks, plugins
-from django_ragchat.models import Conversation, TurnTrace
 from django_ragchat.context import components_for
+from django_ragchat.models import Conversation, TurnTrace
 from django_ragchat.pipeline import run_turn_sync
 from django_ragchat.profiles import get_profile
+
+import ragchat_prompt_guard
 from ragchat_prompt_guard import PromptGuard, assess
 from ragchat_prompt_guard.detect import MAX_SCAN_CHARS, despace, normalize
 from ragchat_prompt_guard.evaluation import evaluate, load_labelled

@@ -56,8 +56,8 @@ SIGNALS: tuple[Signal, ...] = (
     _signal("override_instructions", 1.0,
             rf"\b{_VERB_OVERRIDE}\b[^.?!\n]{{0,40}}?\b{_DETERMINER}\b[^.?!\n]{{0,30}}?\b{_NOUN_RULES}\b"),
     _signal("override_everything", 1.0,
-            rf"\b(?:ignore|disregard|forget)\s+(?:about\s+)?(?:everything|all|anything)\s+"
-            rf"(?:above|before|prior|previous|earlier|you\s+(?:were|have\s+been)\s+told)"),
+            r"\b(?:ignore|disregard|forget)\s+(?:about\s+)?(?:everything|all|anything)\s+"
+            r"(?:above|before|prior|previous|earlier|you\s+(?:were|have\s+been)\s+told)"),
     _signal("disregard_above", 1.0, r"\b(?:ignore|disregard|forget)\s+(?:the\s+|all\s+)?(?:above|preceding)\b"),
     # Reveal the prompt or the context.
     _signal("reveal_prompt", 1.0,
