@@ -28,8 +28,12 @@ import numpy as np
 
 from django_ragchat import hookimpl
 from django_ragchat.answers import (
-    DEFAULT_REFERENCES, build_answer, compile_answer_pattern, compile_reference_pattern,
-    parse_default_references, validate_xml_tags,
+    DEFAULT_REFERENCES,
+    build_answer,
+    compile_answer_pattern,
+    compile_reference_pattern,
+    parse_default_references,
+    validate_xml_tags,
 )
 from django_ragchat.components import Component
 from django_ragchat.types import Answer, Citation, RetrievedChunk
