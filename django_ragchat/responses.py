@@ -249,14 +249,28 @@ class SourcesFilter(ResponseAugmenter):
     async def finish(self, turn):
         state = turn.state.setdefault(self.name, {})
         documents = turn.prompt.documents if turn.prompt else ()
-        state["similar"] = similar = await self.select("".join(state.get("parts", [])), turn, documents)
-        return self.tail(similar)
+        text = "".join(state.get("parts", []))
+        # Compare with the answer the user will get, not the raw stream: if the profile's
+        # citations augmenter extracts the answer (XML tags, a pattern), do the same here.
+        for augmenter in turn.components.response_augmenters:
+            if isinstance(augmenter, CitationParser) and (augmenter.pattern or augmenter.extract_xml_tags):
+                text = build_answer(text, pattern=augmenter.pattern,
+                                    extract_xml_tags=augmenter.extract_xml_tags).text
+        state["similar"] = similar = await self.select(text, turn, documents)
+        state["tail"] = tail = self.tail(similar)
+        return tail
 
     async def on_complete(self, answer, turn):
         state = turn.state.get(self.name, {})
         if "similar" not in state:  # a pipeline that never called finish: work on the whole answer
             return await self.augment(answer, turn)
-        return answer.replace(sources=self._sources(state["similar"], answer, turn))
+        text = answer.text
+        tail = state.get("tail", "")
+        if tail and not text.endswith(tail):
+            # An earlier augmenter rebuilt the text (citations extracting an <answer> tag) and
+            # dropped the streamed line: the saved answer keeps what the client was shown last.
+            text += tail
+        return answer.replace(text=text, sources=self._sources(state["similar"], answer, turn))
 
 
 @hookimpl

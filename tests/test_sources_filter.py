@@ -195,3 +195,21 @@ def test_trace_records_every_similarity(configure, conversation):
     trace = TurnTrace.objects.get(message_id=result.message["id"]).data["sources_filter"]
     assert trace["threshold"] == 0.85
     assert len(trace["similarities"]) == len(result.trace["documents"])
+
+
+def test_streamed_similarity_uses_the_extracted_answer_not_the_reasoning(ragchat_settings_override, configure, conversation):
+    # The reasoning talks about the Nimbus Tab; the answer inside <answer> is about the Aurora.
+    reply = "<thinking>Nimbus Nimbus Nimbus tablet tablet screen?</thinking><answer>The Aurora X2 costs $699.</answer>"
+    configure(reply=reply, append=True)
+    from django.conf import settings
+
+    profiles = settings.RAGCHAT["PROFILES"]
+    profiles["default"]["options"]["citations"] = {"extract_xml_tags": ["answer"]}
+    ragchat_settings_override(PROFILES=profiles)
+    events = collect(conversation, "How much does the Aurora X2 cost?", stream=True)
+    done = events[-1]
+    assert done.type == "done"
+    assert [s["source"] for s in done.message["sources"]] == ["products/aurora-x2.md"]
+    # The built answer, and the streamed sources line is kept after it.
+    assert done.message["content"] == "The Aurora X2 costs $699. (Sources: products/aurora-x2.md)"
+    assert [e.text for e in events if e.type == "delta"][-1] == " (Sources: products/aurora-x2.md)"
