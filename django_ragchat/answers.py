@@ -296,3 +296,81 @@ def build_answer(
     )
     return BuiltAnswer(text=text, documents=wrapped, tags=found_tags, discarded=discarded,
                        invalid_references=tuple(invalid), warnings=tuple(warnings))
+
+
+class TagStreamFilter:
+    """Streams only the content of ``tags`` from a reply that arrives in pieces.
+
+    The streamed counterpart of ``extract_xml_tags``: a model's ``<thinking>`` must not reach
+    the client while it streams. ``feed(piece)`` returns the text to send now; ``close()`` the
+    rest at the end. Text outside the tags is held back; a possible partial tag at the end of a
+    piece (``"<ans"``) waits for the next piece. If the reply turns out to have none of the tags,
+    ``close()`` returns everything held (the whole reply is then the answer, as in
+    ``build_answer``). ``raw`` is everything fed, for building the final answer.
+    """
+
+    def __init__(self, tags: Sequence[str]):
+        self.tags = validate_xml_tags(tags)
+        names = "|".join(re.escape(t) for t in self.tags)
+        self._open = re.compile(rf"<({names})(?:\s[^>]*)?>", re.IGNORECASE)
+        self._longest = max(len(t) for t in self.tags) + 3  # "</" + name + ">" without attributes
+        self._buffer = ""
+        self._inside: str | None = None
+        self._held: list[str] = []
+        self.seen = False
+        self.raw_parts: list[str] = []
+        self.emitted = ""  # everything feed() and close() returned
+
+    @property
+    def raw(self) -> str:
+        return "".join(self.raw_parts)
+
+    @staticmethod
+    def _partial_at_end(text: str, limit: int) -> int:
+        """Where a possibly incomplete tag starts at the end of ``text`` (``len(text)`` if none)."""
+        start = text.rfind("<", max(0, len(text) - limit - 64))
+        if start == -1 or ">" in text[start:]:
+            return len(text)
+        return start
+
+    def feed(self, piece: str) -> str:
+        self.raw_parts.append(piece)
+        text = self._buffer + piece
+        out: list[str] = []
+        while True:
+            if self._inside is None:
+                match = self._open.search(text)
+                if match:
+                    self._held.append(text[:match.start()])
+                    if self.seen:
+                        out.append("\n\n")  # as build_answer joins several tags' contents
+                    self._inside, self.seen = match.group(1), True
+                    text = text[match.end():]
+                    continue
+                cut = self._partial_at_end(text, self._longest)
+                self._held.append(text[:cut])
+                text = text[cut:]
+                break
+            close = re.search(rf"</{re.escape(self._inside)}\s*>", text, re.IGNORECASE)
+            if close:
+                out.append(text[:close.start()])
+                self._inside = None
+                text = text[close.end():]
+                continue
+            cut = self._partial_at_end(text, self._longest)
+            out.append(text[:cut])
+            text = text[cut:]
+            break
+        self._buffer = text
+        result = "".join(out)
+        self.emitted += result
+        return result
+
+    def close(self) -> str:
+        rest, self._buffer = self._buffer, ""
+        if not self.seen:
+            result = "".join(self._held) + rest
+        else:
+            result = rest if self._inside is not None else ""
+        self.emitted += result
+        return result

@@ -29,6 +29,7 @@ import numpy as np
 from django_ragchat import hookimpl
 from django_ragchat.answers import (
     DEFAULT_REFERENCES,
+    TagStreamFilter,
     build_answer,
     compile_answer_pattern,
     compile_reference_pattern,
@@ -133,6 +134,30 @@ class CitationParser(ResponseAugmenter):
         if self.return_only_referenced:
             changes["sources"] = tuple(d.document for d in referenced)
         return answer.replace(**changes)
+
+    # Streamed, with extract_xml_tags: only the tags' content streams (a model's <thinking>
+    # never reaches the client); the answer is built from the whole raw reply at the end.
+
+    def on_delta(self, text, turn):
+        if not self.extract_xml_tags:
+            return text
+        stream = turn.state.setdefault(self.name, {}).setdefault("tags", TagStreamFilter(self.extract_xml_tags))
+        return stream.feed(text)
+
+    def finish(self, turn):
+        stream = turn.state.get(self.name, {}).get("tags")
+        return stream.close() if stream is not None else ""
+
+    def on_complete(self, answer, turn):
+        stream = turn.state.get(self.name, {}).pop("tags", None)
+        if stream is not None:
+            # Build from what the model said, not from the filtered pieces. What follows the
+            # filtered text (tails of later augmenters) stays after it: outside the tags, it is
+            # discarded from the answer, and an augmenter that wants its tail kept (the sources
+            # filter) adds it back in its own on_complete.
+            rest = answer.text[len(stream.emitted):] if answer.text.startswith(stream.emitted) else ""
+            answer = answer.replace(text=stream.raw + rest)
+        return self.augment(answer, turn)
 
 
 def cosine_similarities(vector: np.ndarray, matrix: np.ndarray) -> np.ndarray:

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from django_ragchat.answers import build_answer
+from django_ragchat.answers import TagStreamFilter, build_answer
 from django_ragchat.types import RetrievedChunk
 
 
@@ -163,3 +163,33 @@ def test_no_documents():
     built = build_answer("Cites [1].", (), reference_pattern="default")
     assert built.documents == () and built.invalid_references == (1,)
     assert build_answer("x", ()).documents == ()
+
+
+# --- Streaming: only the tags' content streams --------------------------------------------------
+REPLIES = [
+    ("<thinking>secret [1]</thinking>\n<answer>It costs $699 [2].</answer>", "It costs $699 [2]."),
+    ("<thinking>a < b</thinking><answer>x <b>bold</b> y</answer> trailing secret", "x <b>bold</b> y"),
+    ("<Answer>one</Answer> secret <answer>two", "one\n\ntwo"),  # an unclosed tag runs to the end
+    ("No tags at all < here.", "No tags at all < here."),  # the whole reply, released at the end
+]
+
+
+@pytest.mark.parametrize("reply, expected", REPLIES)
+def test_tag_stream_filter_at_every_split_point(reply, expected):
+    for cut in range(len(reply) + 1):
+        for step in (1, 3):
+            stream = TagStreamFilter(["answer"])
+            pieces = [reply[:cut]] + [reply[i:i + step] for i in range(cut, len(reply), step)]
+            sent = "".join(stream.feed(p) for p in pieces) + stream.close()
+            assert sent == expected, (cut, step)
+            assert "secret" not in sent
+            assert stream.raw == reply and stream.emitted == sent
+
+
+def test_tag_stream_filter_holds_thinking_until_the_answer_opens():
+    stream = TagStreamFilter(["answer"])
+    assert stream.feed("<thinking>The user wants") == ""
+    assert stream.feed(" prices.</thinking><ans") == ""
+    assert stream.feed("wer>It costs") == "It costs"
+    assert stream.feed(" $699.</answ") == " $699."
+    assert stream.feed("er>") == "" and stream.close() == ""

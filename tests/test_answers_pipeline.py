@@ -144,3 +144,12 @@ def test_the_api_never_500s_on_a_hostile_reply(scripted, product_corpus, convers
     assert response.status_code == 201, response.content
     answer = response.json()["assistant_message"]
     assert answer["status"] == "complete" and answer["citations"] == []
+
+
+def test_streamed_thinking_never_reaches_the_client(scripted, product_corpus, conversation):
+    scripted(default=profile(extract_xml_tags=["answer"]))
+    events = collect(conversation, QUESTION, stream=True)
+    streamed = "".join(e.text for e in events if e.type == "delta")
+    assert streamed == "The Aurora X2 costs $699 [2][1]. See also [7]."
+    assert "earbuds" not in streamed and "thinking" not in streamed
+    assert events[-1].message["content"] == streamed
