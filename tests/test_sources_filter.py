@@ -213,3 +213,25 @@ def test_streamed_similarity_uses_the_extracted_answer_not_the_reasoning(ragchat
     # The built answer, and the streamed sources line is kept after it.
     assert done.message["content"] == "The Aurora X2 costs $699. (Sources: products/aurora-x2.md)"
     assert [e.text for e in events if e.type == "delta"][-1] == " (Sources: products/aurora-x2.md)"
+
+
+def test_with_a_holding_redactor_the_sources_line_still_comes_last(ragchat_settings_override, db, conversation):
+    """pii_redact_stream (order 50) holds the end of a stream back and releases it in finish();
+    the sources line (order 200) streams after it, and the saved answer ends with it."""
+    from django_ragchat.ingestion.pipeline import ingest_text
+    from tests.conftest import PRODUCT_DOCS
+
+    reply = "The Aurora X2 costs $699, call 555 123 4567"
+    config = profile(reply=reply, append=True)
+    config["response_augmenters"] = ["pii_redact_stream", "citations", "sources_filter"]
+    ragchat_settings_override(PLUGINS=["tests.test_sources_filter.TestPlugin", "ragchat_pii_guard"],
+                              PROFILES={"default": config})
+    for source, text in PRODUCT_DOCS.items():
+        ingest_text(source, text, content_type="markdown")
+    events = collect(conversation, "How much does the Aurora X2 cost?", stream=True)
+    deltas = [e.text for e in events if e.type == "delta"]
+    done = events[-1].message
+    assert deltas[-1] == " (Sources: products/aurora-x2.md)"
+    assert done["content"] == "".join(deltas)
+    assert done["content"].endswith("[redacted phone] (Sources: products/aurora-x2.md)")
+    assert "4567" not in done["content"]
