@@ -26,6 +26,7 @@ them with the flag set.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Sequence
@@ -123,6 +124,7 @@ def validate_xml_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
     return tuple(tags)
 
 
+@functools.lru_cache(maxsize=256)
 def _group_is_repeated(pattern: re.Pattern) -> bool:
     """Whether capture group 1 sits inside a repetition (``(...)+``), as in the "acm" shortcut.
 
@@ -211,13 +213,18 @@ def find_references(text: str, reference_pattern: re.Pattern | str = DEFAULT_REF
     return list(dict.fromkeys(_parse_with_pattern(text, reference_pattern))), []
 
 
+@functools.lru_cache(maxsize=64)
+def _tag_regex(tags: tuple[str, ...]) -> re.Pattern:
+    names = "|".join(re.escape(t) for t in tags)
+    return re.compile(rf"<({names})(?:\s[^>]*)?>(.*?)(?:</\1\s*>|\Z)", re.DOTALL | re.IGNORECASE)
+
+
 def extract_tags(reply: str, tags: Sequence[str]) -> tuple[dict[str, list[str]], str, str]:
     """(contents by tag, the answer, the discarded rest) for ``extract_xml_tags``.
 
     An unclosed tag runs to the end of the reply (a stream cut short keeps what it said).
     """
-    names = "|".join(re.escape(t) for t in tags)
-    tag_re = re.compile(rf"<({names})(?:\s[^>]*)?>(.*?)(?:</\1\s*>|\Z)", re.DOTALL | re.IGNORECASE)
+    tag_re = _tag_regex(tuple(tags))
     found: dict[str, list[str]] = {}
     kept: list[str] = []
     rest: list[str] = []
