@@ -166,8 +166,8 @@ def check_openai_keys(app_configs=None, **kwargs):
     build step), and every turn would fail with a clear "model unavailable" anyway."""
     import dataclasses
 
-    from django_ragchat.openai_backend import OpenAIConnection
     from django_ragchat.context import components_for
+    from django_ragchat.openai_backend import OpenAIConnection
     from django_ragchat.profiles import build_profile
 
     warnings = []

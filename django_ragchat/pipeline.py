@@ -46,7 +46,14 @@ from django_ragchat.advisors import ShortCircuit, run_llm_chain, run_stream_chai
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.context import ProfileComponents, TurnContext, components_for  # noqa: F401  (re-exported)
 from django_ragchat.events import (
-    Accepted, Completed, Delta, Failed, Retry, SourcesFound, StageChanged, TurnEvent,
+    Accepted,
+    Completed,
+    Delta,
+    Failed,
+    Retry,
+    SourcesFound,
+    StageChanged,
+    TurnEvent,
 )
 from django_ragchat.exceptions import InvalidMessage, LLMError, RagchatError, TurnInProgress  # noqa: F401
 from django_ragchat.models import Conversation, Message
@@ -55,7 +62,15 @@ from django_ragchat.profiles import get_profile
 from django_ragchat.retrievers import EmbeddingSpaceMismatch
 from django_ragchat.tokens import count_tokens, tokenizer_name
 from django_ragchat.types import (
-    Answer, EndTurn, LLMResponse, Prompt, Query, Refusal, Reprompt, RetrievedChunk, SkipRetrieval, Usage,
+    Answer,
+    EndTurn,
+    LLMResponse,
+    Prompt,
+    Query,
+    Reprompt,
+    RetrievedChunk,
+    SkipRetrieval,
+    Usage,
 )
 
 logger = logging.getLogger(__name__)
