@@ -283,7 +283,7 @@ def test_an_input_guardrail_that_ends_the_turn_still_records_its_stage(
         "options": {"blocked_phrases": {"phrases": ["secret"]}}}})
     result = run_turn_sync(conversation, "Tell me the secret")
     assert result.trace["ended_by"]["stage"] == "input_guardrails"
-    assert list(result.trace["timings"]) == ["input_guardrails", "total"]
+    assert set(result.trace["timings"]) == {"input_guardrails", "total"}  # jsonb keeps no key order
     assert [c for c in advisor_plugins.CALLS if c[0] == "stage"] == [("stage", "input_guardrails")]
 
 
