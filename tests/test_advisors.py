@@ -295,3 +295,64 @@ def test_a_wrapper_on_a_registration_hook_is_a_system_check_error(ragchat_settin
     assert [e.id for e in errors] == ["ragchat.E008"]
     assert "register_advisors" in errors[0].msg and "tests.advisor_plugins.registration_wrapper" in errors[0].msg
     assert checks.check_plugins() == []
+
+
+# --- failures and cancellation through the advisor chain ---------------------------------------
+
+
+def test_closing_the_stream_inside_an_around_turn_advisor_saves_the_partial_answer_as_incomplete(
+    ragchat_settings_override, product_corpus, conversation
+):
+    use(ragchat_settings_override, ["advisors"], advisors=["stamp"])
+
+    async def first_delta_then_close():
+        events = stream_turn(conversation, QUESTION, stream=True)
+        seen = []
+        async for event in events:
+            seen.append(event)
+            if isinstance(event, Delta):
+                break
+        await events.aclose()
+        return seen
+
+    seen = async_to_sync(first_delta_then_close)()
+    message = Message.objects.get(pk=seen[0].assistant_message_id)
+    assert message.status == "incomplete" and message.content == seen[-1].text
+    assert message.metadata["error"]["code"] == "cancelled"
+    assert TurnTrace.objects.get(message=message).data["cancelled"] is True
+
+
+class _Broken:
+    from django_ragchat import hookimpl as _hookimpl
+
+    @staticmethod
+    @_hookimpl
+    def register_advisors(register):
+        from django_ragchat.advisors import Advisor
+
+        class Broken(Advisor):
+            name = "broken"
+
+            async def around_turn(self, turn, call_next):
+                await call_next()
+                raise RuntimeError("advisor bug")
+
+        register(Broken)
+
+
+def test_an_advisor_that_raises_fails_the_turn_with_the_partial_answer_saved(
+    ragchat_settings_override, product_corpus, conversation
+):
+    from django_ragchat import plugins
+
+    plugins.get_plugin_manager()  # built from settings; then add the broken plugin to it
+    plugins.reset()
+    pm = plugins.get_plugin_manager()
+    pm.register(_Broken(), name="broken_advisor")
+    plugins._state["registry"] = plugins.build_registry(pm)
+    events = collect(conversation, QUESTION, stream=True)
+    failed = events[-1].to_dict()
+    assert failed["type"] == "error" and failed["code"] == "internal_error"
+    saved = failed["assistant_message"]
+    assert saved["status"] == "error" and "$699" in saved["content"]  # the streamed text is kept
+    assert "advisor bug" in TurnTrace.objects.get(message_id=saved["id"]).data["error"]["detail"]
