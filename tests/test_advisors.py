@@ -356,3 +356,16 @@ def test_an_advisor_that_raises_fails_the_turn_with_the_partial_answer_saved(
     saved = failed["assistant_message"]
     assert saved["status"] == "error" and "$699" in saved["content"]  # the streamed text is kept
     assert "advisor bug" in TurnTrace.objects.get(message_id=saved["id"]).data["error"]["detail"]
+
+
+@pytest.mark.parametrize("stream,answer", [(False, "Canned answer about 4 documents [1]."),
+                                           (True, "Canned stream [1].")])
+def test_plain_function_advisors_can_answer_instead_of_the_model(
+    ragchat_settings_override, product_corpus, conversation, stream, answer
+):
+    use(ragchat_settings_override, ["advisors"], advisors=["canned_model"], top_k=4)
+    events = collect(conversation, QUESTION, stream=stream)
+    done = events[-1].to_dict()["message"]
+    assert done["content"] == answer and done["citations"][0]["index"] == 1
+    deltas = [e.text for e in events if isinstance(e, Delta)]
+    assert deltas == (["Canned ", "stream ", "[1]."] if stream else [])
