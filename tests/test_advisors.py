@@ -263,7 +263,7 @@ def test_lifecycle_hooks_run_through_pluggy_so_wrappers_wrap_the_other_implement
     assert result.status == "complete"
     calls = advisor_plugins.CALLS
     completed = [c for c in calls if c[0] in ("wrapper before", "observer", "wrapper after")]
-    assert completed == [("wrapper before", "complete"), ("observer", "complete"), ("wrapper after", 1)]
+    assert completed == [("wrapper before", "complete"), ("observer", "complete"), ("wrapper after", True)]
     started = [c[0] for c in calls if "observer" in c[0] or "old-style" in c[0]][:3]
     # The async observer's body runs once the hook call (and so the wrapper) has returned.
     assert started == ["old-style wrapper before", "old-style wrapper after", "async observer"]
