@@ -78,7 +78,8 @@ def run(baseline_ref: str, *, chunks: int, histories: list[int], turns: int, war
     products = product_names(max(1, chunks // 10))
     asked = questions(products)
     pipelines = {"baseline": baseline, "current": current}
-    cells = [{"history": h, "mode": m, "ms": {name: [] for name in pipelines}, "answers": {name: [] for name in pipelines},
+    cells = [{"history": h, "mode": m, "ms": {name: [] for name in pipelines},
+              "answers": {name: [] for name in pipelines},
               "conversations": {name: [make_conversation(h, products, offset=i) for i in range(warmup + turns)]
                                 for name in pipelines}}
              for h in histories for m in ("whole", "streamed")]
@@ -102,7 +103,7 @@ def report(results: dict, database: str) -> str:
     rows = []
     for cell in results["cells"]:
         base, now = cell["ms"]["baseline"], cell["ms"]["current"]
-        same = sum(a == b for a, b in zip(cell["answers"]["baseline"], cell["answers"]["current"]))
+        same = sum(a == b for a, b in zip(cell["answers"]["baseline"], cell["answers"]["current"], strict=True))
         rows.append([cell["history"], cell["mode"], len(now), median(base), median(now),
                      percentile(base, 90), percentile(now, 90), f"{median(now) / median(base):.3f}",
                      f"{same}/{len(now)}"])

@@ -115,5 +115,5 @@ class TurnContext:
         missing = [t for t in dict.fromkeys(texts) if t not in self._embeddings]
         if missing:
             vectors = await self.components.embedder.aembed(missing)
-            self._embeddings.update(zip(missing, vectors))
+            self._embeddings.update(zip(missing, vectors, strict=True))
         return np.vstack([self._embeddings[t] for t in texts])

@@ -47,7 +47,14 @@ from django_ragchat.advisors import ShortCircuit, run_llm_chain, run_stream_chai
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.context import ProfileComponents, TurnContext, components_for  # noqa: F401  (re-exported)
 from django_ragchat.events import (
-    Accepted, Completed, Delta, Failed, Retry, SourcesFound, StageChanged, TurnEvent,
+    Accepted,
+    Completed,
+    Delta,
+    Failed,
+    Retry,
+    SourcesFound,
+    StageChanged,
+    TurnEvent,
 )
 from django_ragchat.exceptions import InvalidMessage, LLMError, RagchatError, TurnInProgress  # noqa: F401
 from django_ragchat.models import Conversation, Message
@@ -56,7 +63,15 @@ from django_ragchat.profiles import get_profile
 from django_ragchat.retrievers import EmbeddingSpaceMismatch
 from django_ragchat.tokens import count_tokens, tokenizer_name
 from django_ragchat.types import (
-    Answer, EndTurn, LLMResponse, Prompt, Query, Refusal, Reprompt, RetrievedChunk, SkipRetrieval, Usage,
+    Answer,
+    EndTurn,
+    LLMResponse,
+    Prompt,
+    Query,
+    Reprompt,
+    RetrievedChunk,
+    SkipRetrieval,
+    Usage,
 )
 
 logger = logging.getLogger(__name__)
@@ -285,10 +300,22 @@ class _Answering:
     streaming: bool
     parts: list[str] = field(default_factory=list)
     answer: Answer | None = None
+    # Pieces the client has been given (advisors may run ahead of it by a few events).
+    delivered: int = 0
 
     def delta(self, text: str) -> Delta:
         self.parts.append(text)
         return Delta(text=text, index=len(self.parts) - 1)
+
+    def sent(self, event: TurnEvent) -> None:
+        if isinstance(event, Delta):
+            self.delivered = event.index + 1
+        elif isinstance(event, Retry):
+            self.delivered = 0
+
+    def partial(self) -> str:
+        """The answer so far, as the client saw it (what a stopped or failed turn saves)."""
+        return "".join(self.parts[:self.delivered] if self.streaming else self.parts)
 
 
 async def _stream(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]:
@@ -542,6 +569,7 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         stages = _advised(turn, run) if components.turn_advisors else answer_stages(turn, run)
         async with contextlib.aclosing(stages):
             async for event in stages:
+                run.sent(event)
                 yield event
         payload = await save(run.answer, Message.Status.COMPLETE)
         finished = True
@@ -551,7 +579,7 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         if not finished:
             turn.trace["cancelled"] = True
             # Shielded: the partial answer must be saved even though this task is cancelled.
-            await asyncio.shield(save(Answer(text="".join(run.parts)), Message.Status.INCOMPLETE,
+            await asyncio.shield(save(Answer(text=run.partial()), Message.Status.INCOMPLETE,
                                       {"code": "cancelled", "message": "The answer was stopped."}))
         raise
     except Exception as exc:
@@ -560,7 +588,7 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         code, message, retry_after = describe_error(exc)
         logger.exception("ragchat turn in conversation %s failed (%s)", conversation.pk, code)
         turn.trace["error"] = {"code": code, "detail": repr(exc)[:2000]}
-        payload = await save(Answer(text="".join(run.parts)), Message.Status.ERROR, {"code": code, "message": message})
+        payload = await save(Answer(text=run.partial()), Message.Status.ERROR, {"code": code, "message": message})
         await notify("on_turn_failed", turn=turn, error=exc)
         yield Failed(code=code, message=message, assistant_message=payload, retry_after=retry_after)
 

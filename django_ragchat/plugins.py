@@ -24,8 +24,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
-from django_ragchat import hookimpl  # noqa: F401  (also importable from here, as in pluggy projects)
-from django_ragchat import hookspecs
+from django_ragchat import hookimpl, hookspecs  # noqa: F401  (hookimpl: importable from here too, as in pluggy projects)
 from django_ragchat.components import Component, ComponentRegistry
 from django_ragchat.conf import ragchat_settings
 
@@ -123,10 +122,11 @@ def build_registry(pm: pluggy.PluginManager) -> ComponentRegistry:
                 continue  # it could wrap nothing; reported by the check ragchat.E008
 
             def register(cls: type[Component], *, name: str | None = None,
-                         order: int | None = None, _kind: str = kind, _plugin: str = plugin) -> None:
+                         order: int | None = None, _kind: str = kind, _plugin: str = plugin,
+                         _hook: str = hook_name) -> None:
                 if not (isinstance(cls, type) and issubclass(cls, Component) and cls.kind == _kind):
                     registry.errors.append(
-                        f"Plugin {_plugin!r} passed {cls!r} to register() in {hook_name}, "
+                        f"Plugin {_plugin!r} passed {cls!r} to register() in {_hook}, "
                         f"but it is not a subclass of the {_kind} base class."
                     )
                     return

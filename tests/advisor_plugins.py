@@ -112,10 +112,23 @@ class Signature(Advisor):
         yield LLMDelta(text=" by the advisor.")
 
 
+class CannedModel(Advisor):
+    """Plain (sync) ``around_llm`` and ``around_llm_stream`` that answer instead of the model."""
+
+    name = "canned_model"
+    enabled_by_default = False
+
+    def around_llm(self, prompt, turn, call_next):
+        return f"Canned answer about {len(prompt.documents)} documents [1]."
+
+    def around_llm_stream(self, prompt, turn, call_next):
+        return ["Canned ", LLMDelta(text="stream "), "[1]."]
+
+
 class Advisors:
     @hookimpl
     def register_advisors(self, register):
-        for cls in (Cache, Stamp, Concise, Signature):
+        for cls in (Cache, Stamp, Concise, Signature, CannedModel):
             register(cls)
 
 
@@ -164,7 +177,7 @@ class LifecycleWrapper:
     def on_turn_completed(self, turn, message):
         CALLS.append(("wrapper before", message.status))
         results = yield
-        CALLS.append(("wrapper after", len(results)))
+        CALLS.append(("wrapper after", "observed" in results))
         return results
 
     @hookimpl
