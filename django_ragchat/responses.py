@@ -253,9 +253,16 @@ class SourcesFilter(ResponseAugmenter):
             keep |= {c.chunk_id for c in answer.citations}
         return tuple(d for d in self._documents(answer, turn) if d.chunk_id in keep)
 
+    @staticmethod
+    def _name(doc: RetrievedChunk) -> str:
+        # Document names are data (an uploaded file's name): one line, no control characters,
+        # bounded, so a name cannot add lines or markup of its own to the answer.
+        name = " ".join("".join(c if c.isprintable() else " " for c in (doc.source or doc.title)).split())
+        return name[:200]
+
     def tail(self, similar) -> str:
         """The text appended to the answer ("" unless ``append`` and something was kept)."""
-        names = list(dict.fromkeys(d.source or d.title for d in similar))
+        names = [n for n in dict.fromkeys(self._name(d) for d in similar) if n]
         return self.template.format(sources=", ".join(names)) if names and self.append else ""
 
     async def augment(self, answer, turn):

@@ -235,3 +235,16 @@ def test_with_a_holding_redactor_the_sources_line_still_comes_last(ragchat_setti
     assert done["content"] == "".join(deltas)
     assert done["content"].endswith("[redacted phone] (Sources: products/aurora-x2.md)")
     assert "4567" not in done["content"]
+
+
+def test_the_sources_line_keeps_document_names_on_one_line():
+    from django_ragchat.profiles import Profile
+    from django_ragchat.responses import SourcesFilter
+    from django_ragchat.types import RetrievedChunk
+
+    component = SourcesFilter(Profile(), append=True)
+    docs = [RetrievedChunk(chunk_id=1, text="t", score=1, document_id=1, source="evil.md\n\n# Heading\x00\u202e"),
+            RetrievedChunk(chunk_id=2, text="t", score=1, document_id=2, source="x" * 500)]
+    line = component.tail(docs)
+    assert "\n" not in line and "\x00" not in line and "\u202e" not in line
+    assert line.startswith(" (Sources: evil.md # Heading, xxx") and len(line) < 240
