@@ -11,6 +11,7 @@ from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from django_ragchat import plugins
+from django_ragchat.answers import build_answer
 from django_ragchat.checks import check_profiles
 from django_ragchat.llms import LLMBackend
 from django_ragchat.models import MessageSource, TurnTrace
@@ -90,6 +91,11 @@ def test_xml_answer_citations_in_prompt_order_live_and_through_rest(scripted, pr
     saved = MessageSource.objects.filter(message_id=message["id"]).order_by("rank")
     assert [s.rank for s in saved if s.cited] == [1, 2] and len(saved) == 3
     assert {s.chunk_id for s in saved if s.cited} == {c["chunk_id"] for c in message["citations"]}
+    # The function itself, on the same reply and the prompt's documents, says the same.
+    prompt_chunks = [d["chunk_id"] for d in trace["documents"]]
+    built = build_answer(REASONED, prompt_chunks, reference_pattern="default", extract_xml_tags=["answer"])
+    assert built.text == message["content"]
+    assert [d.document for d in built.referenced] == [c["chunk_id"] for c in message["citations"]]
     rest = listed_assistant(conversation)
     assert rest["content"] == message["content"]
     assert [(c["index"], c["chunk_id"]) for c in rest["citations"]] == \
