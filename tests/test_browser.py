@@ -192,13 +192,21 @@ def test_the_answer_grows_token_by_token_then_shows_its_citations(page, asgi, pr
         }).observe(document.querySelector('.ragchat-log'), {subtree: true, childList: true, characterData: true,
                                                             attributes: true});
     """)
+    openai_server.hold_streams(after_tokens=4)  # the model pauses mid-answer until released
     type_question(page, QUESTION)
     page.find_element(By.CSS_SELECTOR, ".ragchat-input").send_keys(Keys.ENTER)  # Enter sends
-    wait(page, lambda d: "$699" in last_answer_text(d) and not idle(d))
-    assert not page.find_element(By.CSS_SELECTOR, ".ragchat-stop").get_attribute("hidden")  # Stop shown meanwhile
+    wait(page, lambda d: last_answer_text(d) and not idle(d))
+    partial = last_answer_text(page)
+    assert 0 < len(partial) < len(ANSWER) // 2 and "[1]" not in partial, partial
+    assert page.find_element(By.CSS_SELECTOR, ".ragchat-stop").is_displayed()  # Stop shown meanwhile
+    assert last_answer(page).get_attribute("aria-busy") == "true"
+    # The sources came before the first token; the citations become links once written.
+    assert last_answer(page).find_elements(By.CSS_SELECTOR, ".ragchat-sources > li")
+    assert not last_answer(page).find_elements(By.CSS_SELECTOR, "a.ragchat-cite")
+    openai_server.release_streams()
     wait(page, idle)
     lengths = js(page, "return window.__lengths")
-    assert len([n for n in lengths if 0 < n < len("The Aurora X2 costs $699")]) >= 3, lengths  # grew piece by piece
+    assert len([n for n in lengths if 0 < n < len(ANSWER) - 30]) >= 3, lengths  # grew piece by piece
     stages = js(page, "return [...window.__stages]")
     assert "Writing the answer…" in stages and "Searching the documents…" in stages, stages
     answer = last_answer(page)
