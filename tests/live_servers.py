@@ -108,7 +108,7 @@ def daphne(name: str, env: dict[str, str]) -> ServerProcess:
 def gunicorn(name: str, env: dict[str, str]) -> ServerProcess:
     port = free_port()
     return ServerProcess(name, [
-        sys.executable, "-m", "gunicorn", "django.core.wsgi:get_wsgi_application()",
+        sys.executable, "-m", "gunicorn", "tests.wsgi:application",
         "--bind", f"127.0.0.1:{port}", "--workers", "1", "--worker-class", "gthread",
         "--threads", "16", "--graceful-timeout", "2", "--log-level", "warning",
     ], env, port)

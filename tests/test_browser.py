@@ -2,7 +2,7 @@
 
 The chat page is ``{% ragchat_widget %}`` on a page of its own. These tests use it as a person
 would: a question streams its answer token by token with [n] links to the numbered sources,
-over the websocket under ASGI and over server-sent events under WSGI; Stop and Escape stop it;
+over the websocket under ASGI (uvicorn) and over server-sent events under WSGI (gunicorn); Stop and Escape stop it;
 the history comes back on reload; feedback is saved; refusals and failures are shown, with
 Retry; model output and documents that look like HTML stay text.
 
@@ -318,10 +318,10 @@ def test_a_refused_first_message_is_shown_as_an_error_and_creates_nothing(page, 
     assert Message.objects.count() == 2
 
 
-def test_a_refusal_over_server_sent_events_is_shown_and_creates_nothing(page, live_server, product_corpus, user):
-    page.get(f"{live_server.url}/chat/")  # a page of the site, to be allowed to set its cookie
+def test_a_refusal_over_server_sent_events_is_shown_and_creates_nothing(page, wsgi, product_corpus, user):
+    page.get(f"{wsgi.url}/chat/")  # a page of the site, to be allowed to set its cookie
     page.add_cookie({"name": "sessionid", "value": caller_for(user).sessionid, "path": "/"})
-    open_chat(page, f"{live_server.url}/chat/")
+    open_chat(page, f"{wsgi.url}/chat/")
     limit = js(page, "return document.querySelector('.ragchat-input').maxLength")
     js(page, "document.querySelector('.ragchat-input').value = arguments[0]", "y" * (limit + 1))
     page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
@@ -399,17 +399,17 @@ def test_stop_in_one_tab_stops_the_answer_another_tab_asked_for(page, asgi, prod
     page.switch_to.window(first_tab)
 
 
-def test_the_page_streams_a_cited_answer_over_server_sent_events_under_wsgi(page, live_server, product_corpus, user):
-    page.get(f"{live_server.url}/chat/")  # a page of the site, to be allowed to set its cookie
+def test_the_page_streams_a_cited_answer_over_server_sent_events_under_wsgi(page, wsgi, product_corpus, user):
+    page.get(f"{wsgi.url}/chat/")  # a page of the site, to be allowed to set its cookie
     page.add_cookie({"name": "sessionid", "value": caller_for(user).sessionid, "path": "/"})
-    open_chat(page, f"{live_server.url}/chat/")
+    open_chat(page, f"{wsgi.url}/chat/")
     ask(page, QUESTION)
     check_cited_answer(page)
-    assert stream_requests(page) == [f"{live_server.url}/chat/stream/"]  # a new conversation's endpoint
+    assert stream_requests(page) == [f"{wsgi.url}/chat/stream/"]  # a new conversation's endpoint
     conversation = Conversation.objects.get()
     assert conversation.owner == user
     ask(page, "How much does the 256 GB model cost?")  # then the conversation's own
-    assert stream_requests(page)[-1] == f"{live_server.url}/chat/conversations/{conversation.pk}/stream/"
+    assert stream_requests(page)[-1] == f"{wsgi.url}/chat/conversations/{conversation.pk}/stream/"
     assert Conversation.objects.count() == 1 and conversation.messages.count() == 4
 
 
