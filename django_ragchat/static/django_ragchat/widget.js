@@ -24,7 +24,8 @@ const LOST = "The connection was lost before the answer ended.";
 const EXCERPT_CHARS = 220;
 // Refusals a retry cannot fix: the message itself must change.
 const NOT_RETRYABLE = new Set(["empty", "invalid_type", "invalid_characters", "too_long", "too_large",
-                               "parse_error", "forbidden", "not_found"]);
+                               "parse_error", "forbidden", "not_found", "not_authenticated", "session_ended",
+                               "invalid_client_id"]);
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
