@@ -631,3 +631,26 @@ def test_a_dropped_websocket_comes_back(page, asgi, product_corpus):
     wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))
     ask(page, "How much does the 256 GB model cost?")
     assert "$799" in last_answer_text(page) and stream_requests(page) == []
+
+
+def test_stop_over_server_sent_events_keeps_the_partial_answer(page, wsgi, product_corpus, user, openai_server):
+    openai_server.when("", " ".join(f"word{i}" for i in range(50)))
+    openai_server.token_delay = 0.05  # after the release: time for the server to see the client gone
+    openai_server.hold_streams(after_tokens=4)
+    conversation = Conversation.objects.create(owner=user, profile="fake")
+    page.get(f"{wsgi.url}/chat/")
+    page.add_cookie({"name": "sessionid", "value": caller_for(user).sessionid, "path": "/"})
+    open_chat(page, f"{wsgi.url}/chat/")
+    wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-conversation.ragchat-open"))
+    type_question(page, QUESTION)
+    page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+    wait(page, lambda d: "word3" in last_answer_text(d))
+    page.find_element(By.CSS_SELECTOR, ".ragchat-stop").click()  # closes the request
+    wait(page, lambda d: "Stopped before the end." in last_answer(d).text)
+    wait(page, idle)
+    openai_server.release_streams()
+    answer = wait(page, lambda d: Message.objects.filter(conversation=conversation, role="assistant")
+                  .exclude(status="streaming").first())
+    assert answer.status == "incomplete" and answer.content.startswith("word0 word1 word2 word3")
+    assert "word49" not in answer.content
+    assert stream_requests(page) == [f"{wsgi.url}/chat/conversations/{conversation.pk}/stream/"]
