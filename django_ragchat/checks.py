@@ -10,6 +10,8 @@ ragchat.E006  a dotted path in settings cannot be imported
 ragchat.E007  a setting has a value of the wrong type or range
 ragchat.E008  a wrapper (``wrapper=True``/``hookwrapper=True``) on a registration hook
 ragchat.W020  a profile uses api.openai.com but the API key's environment variable is not set
+ragchat.W040  a component warns about its configuration (``check_warnings()``), e.g. the sources
+              filter with an embedder whose similarities never reach its threshold
 
 Database checks (run by ``migrate`` and ``check --database default``):
 
@@ -264,3 +266,29 @@ def _sqlite_search_checks(alias: str) -> list:
         return [Warning("A profile uses full-text or hybrid retrieval, but this SQLite was built without FTS5.",
                         hint="Use a Python whose sqlite3 has FTS5 (most do), or PostgreSQL.", id="ragchat.W012")]
     return []
+
+
+@register(Tags.compatibility)
+def check_component_warnings(app_configs=None, **kwargs):
+    """Each built component may say what is doubtful about its configuration through an
+    optional ``check_warnings()`` method returning messages (ragchat.W040)."""
+    import dataclasses
+
+    from django_ragchat.context import components_for
+    from django_ragchat.profiles import build_profile
+
+    warnings = []
+    profiles = ragchat_settings.PROFILES if isinstance(ragchat_settings.PROFILES, dict) else {}
+    for name, config in profiles.items():
+        try:
+            components = components_for(build_profile(name, config or {}))
+        except Exception:  # reported by check_profiles (ragchat.E002)
+            continue
+        for f in dataclasses.fields(components):
+            value = getattr(components, f.name)
+            for component in value if isinstance(value, list) else [value]:
+                check = getattr(component, "check_warnings", None)
+                for message in (check() if callable(check) else ()):
+                    warnings.append(Warning(f"Profile {name!r}, {component.kind} {component.name!r}: {message}",
+                                            hint="See docs/plugins.md.", id="ragchat.W040"))
+    return warnings

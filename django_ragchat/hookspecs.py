@@ -157,8 +157,9 @@ def register_response_augmenters(register):
     Response augmenters see the answer after the LLM: ``augment`` for a whole answer,
     ``on_delta`` for each streamed piece (it must not block), ``finish`` after the model's last
     piece (text it returns is streamed as more deltas: a footer, a sources line),
-    ``on_complete`` when a stream ends. Built in: ``citations`` (parses ``[1]``-style
-    references into ``Citation`` objects).
+    ``on_complete`` when a stream ends. Built in: ``citations`` (the answer builder,
+    ``django_ragchat.answers.build_answer``: references, answer extraction, XML tags) and
+    ``sources_filter`` (off unless listed: keeps the sources similar to the answer).
     """
 
 

@@ -66,7 +66,7 @@ def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str,
         metadata.update(answer.metadata)
     message.metadata = metadata
     cited = {c.chunk_id for c in answer.citations}
-    documents = turn.prompt.documents if turn.prompt else ()
+    documents = stored_sources(answer, turn.prompt.documents if turn.prompt else ())
     with transaction.atomic():
         message.save(update_fields=[
             "content", "status", "token_count", "prompt_tokens", "completion_tokens", "metadata", "updated_at",
@@ -74,7 +74,7 @@ def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str,
         MessageSource.objects.bulk_create([
             MessageSource(message=message, chunk_id=doc.chunk_id, rank=rank, score=doc.score,
                           cited=doc.chunk_id in cited, source=doc.source[:1000], title=doc.title[:500])
-            for rank, doc in enumerate(documents, start=1)
+            for rank, doc in documents
         ])
         TurnTrace.objects.create(
             message=message, profile=turn.profile.name,
@@ -84,12 +84,25 @@ def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str,
     return message
 
 
+def stored_sources(answer: Answer | None, documents) -> list[tuple[int, Any]]:
+    """(prompt index, document) of the documents saved as the message's sources: all of the
+    prompt's, or the subset a response augmenter chose (``Answer.sources``)."""
+    indexed = list(enumerate(documents, start=1))
+    if answer is None or answer.sources is None:
+        return indexed
+    keep = {d.chunk_id for d in answer.sources}
+    return [(i, d) for i, d in indexed if d.chunk_id in keep]
+
+
 def message_payload(message: Message, answer: Answer | None = None, documents=()) -> dict[str, Any]:
     """The JSON form of an assistant message that the ``done`` and ``error`` events carry."""
-    by_chunk = {d.chunk_id: (i, d) for i, d in enumerate(documents, start=1)}
+    sources = stored_sources(answer, documents)
+    by_chunk = {d.chunk_id: (i, d) for i, d in sources}
     citations = []
     for citation in (answer.citations if answer else ()):
         _, doc = by_chunk.get(citation.chunk_id, (None, None))
+        if doc is None:
+            continue  # not stored as a source, so the REST API will not list it either
         citations.append({
             "index": citation.index, "chunk_id": citation.chunk_id,
             "source": doc.source if doc else "", "title": doc.title if doc else "",
@@ -102,6 +115,6 @@ def message_payload(message: Message, answer: Answer | None = None, documents=()
         "content": message.content,
         "status": message.status,
         "citations": citations,
-        "sources": [d.as_source(i) for i, d in enumerate(documents, start=1)],
+        "sources": [d.as_source(i) for i, d in sources],
         "error": message.metadata.get("error"),
     }

@@ -58,7 +58,7 @@ from django_ragchat.events import (
 )
 from django_ragchat.exceptions import InvalidMessage, LLMError, RagchatError, TurnInProgress  # noqa: F401
 from django_ragchat.models import Conversation, Message
-from django_ragchat.plugins import await_me_maybe, notify
+from django_ragchat.plugins import await_me_maybe, get_registry, notify
 from django_ragchat.profiles import get_profile
 from django_ragchat.retrievers import EmbeddingSpaceMismatch
 from django_ragchat.tokens import count_tokens, tokenizer_name
@@ -503,9 +503,25 @@ def describe_error(exc: BaseException) -> tuple[str, str, float | None]:
 # --- The turn ---------------------------------------------------------------------------------
 
 
+def _components_trace(components: ProfileComponents) -> list[dict[str, str]]:
+    """Which component of which plugin runs at each stage: the trace shows what a turn ran."""
+    registry = get_registry()
+    rows = []
+    for f in dataclasses.fields(components):
+        value = getattr(components, f.name)
+        for component in value if isinstance(value, list) else [value]:
+            try:
+                plugin = registry.get(component.kind, component.name).plugin
+            except Exception:  # a component built outside the registry (tests, advisors)
+                plugin = ""
+            rows.append({"stage": component.kind, "name": component.name, "plugin": plugin})
+    return rows
+
+
 def _new_trace(turn: TurnContext) -> dict[str, Any]:
     return {
         "profile": turn.profile.name,
+        "components": _components_trace(turn.components),
         "question": turn.question,
         "queries": {"original": turn.question, "transformed": [], "expanded": [], "final": turn.question},
         "retrieval": [],

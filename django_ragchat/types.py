@@ -142,10 +142,16 @@ class Citation:
 
 @dataclass(frozen=True)
 class Answer:
-    """The answer as response augmenters see and change it."""
+    """The answer as response augmenters see and change it.
+
+    ``citations`` are in prompt order. ``sources`` is the subset of the prompt's documents to
+    store as the message's sources (``None``: all of them); each keeps its prompt index, so
+    ``[n]`` still means the n-th document the model saw.
+    """
 
     text: str
     citations: tuple[Citation, ...] = ()
+    sources: tuple[RetrievedChunk, ...] | None = None
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def replace(self, **changes: Any) -> Answer:
