@@ -59,6 +59,19 @@ RAGCHAT = {
                 "timeout": 10,
             }},
         },
+        # The fake model, reprompted when it cites nothing, with a streamed footer (the chat
+        # widget's browser tests: the retry event, text after the last token).
+        "fake_cited": {
+            "llm": "openai",
+            "guardrails": ["require_citation"],
+            "response_augmenters": ["citations", "footer"],
+            "options": {"openai": {
+                "base_url": os.environ.get("RAGCHAT_FAKE_OPENAI_URL", "http://127.0.0.1:9/v1"),
+                "model": "gpt-4o-mini",
+                "max_retries": 0,
+                "timeout": 10,
+            }},
+        },
         # The default profile plus a streamed response augmenter (tests/streaming_plugin.py).
         "shouting": {"response_augmenters": ["citations", "shout"]},
     },

@@ -654,3 +654,46 @@ def test_stop_over_server_sent_events_keeps_the_partial_answer(page, wsgi, produ
     assert answer.status == "incomplete" and answer.content.startswith("word0 word1 word2 word3")
     assert "word49" not in answer.content
     assert stream_requests(page) == [f"{wsgi.url}/chat/conversations/{conversation.pk}/stream/"]
+
+
+def test_a_footer_after_the_last_token_and_a_reprompted_answer(page, asgi, product_corpus, openai_server):
+    """End to end (tests/live_settings.py, profile ``fake_cited``): the footer augmenter streams
+    text after the model's last token; the require_citation guardrail rejects an uncited answer
+    and the ``retry`` event replaces it with the model's second attempt."""
+    openai_server.token_delay = 0.03
+    openai_server.script("The Aurora X2 costs $699 [1].", "It costs $799.", "The 256 GB model costs $799 [1].")
+    open_chat(page, f"{asgi.url}/chat/")
+    conversation = Conversation.objects.create(session_key=page.get_cookie("sessionid")["value"],
+                                               profile="fake_cited")
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))
+    ask(page, QUESTION)
+    body = last_answer(page).find_element(By.CSS_SELECTOR, ".ragchat-body")
+    assert body.text.startswith("The Aurora X2 costs $699 [1].") and body.find_elements(By.CSS_SELECTOR, "a.ragchat-cite")
+    assert body.find_element(By.CSS_SELECTOR, "hr + p > em").text == "Checked against the product sheets."
+    first = Message.objects.filter(conversation=conversation, role="assistant").get()
+    assert first.content == "The Aurora X2 costs $699 [1].\n\n---\n_Checked against the product sheets._"
+
+    js(page, """
+        window.__seen = {texts: new Set(), stages: new Set()};
+        new MutationObserver(() => {
+          const a = document.querySelectorAll('.ragchat-assistant');
+          const last = a[a.length - 1];
+          window.__seen.texts.add(last.querySelector('.ragchat-body').textContent);
+          const p = last.querySelector('.ragchat-progress');
+          if (!p.hidden) window.__seen.stages.add(p.textContent);
+        }).observe(document.querySelector('.ragchat-log'), {subtree: true, childList: true, characterData: true,
+                                                            attributes: true});
+    """)
+    openai_server.hold_streams(after_tokens=2)  # the first attempt pauses half-written
+    type_question(page, "How much does the 256 GB model cost?")
+    page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+    wait(page, lambda d: last_answer_text(d).startswith("It costs"))  # the first attempt, streaming
+    openai_server.release_streams()
+    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant")) == 2 and idle(d))
+    seen = js(page, "return {texts: [...window.__seen.texts], stages: [...window.__seen.stages]}")
+    assert "Revising the answer…" in seen["stages"], seen  # the retry event cleared it
+    body = last_answer(page).find_element(By.CSS_SELECTOR, ".ragchat-body")
+    assert body.text.startswith("The 256 GB model costs $799 [1].") and "It costs $799." not in body.text
+    assert body.find_elements(By.CSS_SELECTOR, "a.ragchat-cite")
+    assert not last_answer(page).find_element(By.CSS_SELECTOR, ".ragchat-note").is_displayed()  # nothing "lost"
