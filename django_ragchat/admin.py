@@ -310,7 +310,7 @@ class ConversationAdmin(admin.ModelAdmin):
         users = []
         if term:
             lookup = {f"{User.USERNAME_FIELD}__icontains": term}
-            users = list(User.objects.filter(**lookup).annotate(_n=Count("ragchat_conversations"))
+            users = list(User.objects.filter(**lookup).annotate(conversation_count=Count("ragchat_conversations"))
                          .order_by(User.USERNAME_FIELD)[:50])
         context = {**self.admin_site.each_context(request), "opts": self.opts, "term": term, "users": users,
                    "title": "User chat data"}
