@@ -30,6 +30,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.text import capfirst
 
 from django_ragchat import admin_views
@@ -443,7 +444,7 @@ class MessageAdmin(ReadOnlyAdmin):
     @admin.display(description="feedback")
     def feedback_given(self, obj):
         rows = obj.feedback.select_related("user")
-        return format_html_join(format_html("<br>"), "{} — {} {}", (
+        return format_html_join(mark_safe("<br>"), "{} — {} {}", (
             (f.rating, f.user or "anonymous", f.comment) for f in rows)) or "—"
 
     @admin.display(description="trace")
@@ -706,7 +707,7 @@ class DocumentAdmin(admin.ModelAdmin):
     @admin.display(description="chunks by embedding space")
     def chunks_by_space(self, obj):
         rows = obj.chunks.order_by("space").values_list("space", flat=False).annotate(n=Count("pk"))
-        return format_html_join(format_html("<br>"), "{}: {}", rows) or "no chunks"
+        return format_html_join(mark_safe("<br>"), "{}: {}", rows) or "no chunks"
 
     def get_deleted_objects(self, objs, request):
         # Django would list every chunk on the confirmation page (thousands of rows); a count says it.

@@ -49,6 +49,22 @@ def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
     return cut.rstrip(" ,;:.") + "…"
 
 
+def short_heading(heading: str, title: str) -> str:
+    """A chunk's heading without its document's title in front ("Aurora X2 > Pricing" -> "Pricing")."""
+    heading = heading or ""
+    if title and heading.startswith(title + " > "):
+        return heading[len(title) + 3:]
+    return "" if heading == title else heading
+
+
+def chunk_snippet(chunk: Chunk) -> str:
+    """The chunk's text without the heading line it starts with, as a snippet."""
+    text = chunk.text or ""
+    if chunk.heading and text.startswith(chunk.heading):
+        text = text[len(chunk.heading):]
+    return snippet(text)
+
+
 def _as_dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
@@ -198,8 +214,8 @@ def build_trace_view(data: Any, chunks: dict[int, Chunk], sources=()) -> TraceVi
         if chunk is not None:
             hit.title = chunk.document.title or chunk.document.source
             hit.source = chunk.document.source
-            hit.heading = chunk.heading
-            hit.snippet = snippet(chunk.text)
+            hit.heading = short_heading(chunk.heading, chunk.document.title)
+            hit.snippet = chunk_snippet(chunk)
         return hit
 
     for search in _as_list(data.get("retrieval")):
@@ -289,6 +305,8 @@ def transcript(conversation: Conversation, page_number: Any = 1, per_page: int =
     turns = []
     for message in rows:
         sources = list(message.sources.all())
+        for source in sources:  # what the template shows beside the title
+            source.display_heading = short_heading(source.chunk.heading, source.title) if source.chunk else ""
         trace = traces.get(message.pk)
         turns.append(Turn(
             message=message, sources=sources, feedback=list(message.feedback.all()),
