@@ -35,7 +35,14 @@ from django.utils.text import capfirst
 
 from django_ragchat import admin_views
 from django_ragchat.models import (
-    Chunk, Conversation, Document, Feedback, MemoryRecord, Message, MessageSource, TurnTrace,
+    Chunk,
+    Conversation,
+    Document,
+    Feedback,
+    MemoryRecord,
+    Message,
+    MessageSource,
+    TurnTrace,
 )
 
 # --- Helpers ----------------------------------------------------------------------------------

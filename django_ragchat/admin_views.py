@@ -22,9 +22,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.db.models import Prefetch, Q
 
-from django_ragchat.models import (
-    Chunk, Conversation, Feedback, MemoryRecord, Message, MessageSource, TurnTrace,
-)
+from django_ragchat.models import Chunk, Conversation, Feedback, MemoryRecord, Message, MessageSource, TurnTrace
 
 #: Messages per page of a conversation's transcript in the admin.
 TRANSCRIPT_PAGE_SIZE = 200

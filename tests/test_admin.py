@@ -20,7 +20,14 @@ from django.utils.html import escape
 
 from django_ragchat import admin_views
 from django_ragchat.models import (
-    Chunk, Conversation, Document, Feedback, MemoryRecord, Message, MessageSource, TurnTrace,
+    Chunk,
+    Conversation,
+    Document,
+    Feedback,
+    MemoryRecord,
+    Message,
+    MessageSource,
+    TurnTrace,
 )
 from django_ragchat.pipeline import run_turn_sync
 
