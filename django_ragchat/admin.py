@@ -73,6 +73,21 @@ def _count_subquery(queryset, field: str):
     return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
 
 
+def deletion_summary(request, objs, model, related_counts: dict) -> tuple:
+    """``get_deleted_objects`` that counts related rows instead of listing each of them.
+
+    Django's confirmation page lists every row a delete cascades to: thousands of chunks or
+    messages. ``related_counts`` maps each related model to the number of rows that go.
+    """
+    counts = {model: len(objs), **{m: n for m, n in related_counts.items() if n}}
+    perms_needed = {
+        m._meta.verbose_name for m in counts
+        if not request.user.has_perm(f"{m._meta.app_label}.delete_{m._meta.model_name}")
+    }
+    model_count = {capfirst(m._meta.verbose_name_plural): n for m, n in counts.items()}
+    return [admin_link(o) for o in objs], model_count, perms_needed, []
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """For the append-only log: view pages without Save buttons, no add, no bulk delete.
 
@@ -87,10 +102,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
-        return actions
+    actions = None  # no bulk delete (and nothing else to do in bulk with a log)
 
     def delete_view(self, request, object_id, extra_context=None):
         raise PermissionDenied
@@ -223,6 +235,16 @@ class ConversationAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # conversations start in the chat
+
+    def get_deleted_objects(self, objs, request):
+        objs = list(objs)
+        return deletion_summary(request, objs, Conversation, {
+            Message: Message.objects.filter(conversation__in=objs).count(),
+            MessageSource: MessageSource.objects.filter(message__conversation__in=objs).count(),
+            TurnTrace: TurnTrace.objects.filter(message__conversation__in=objs).count(),
+            Feedback: Feedback.objects.filter(message__conversation__in=objs).count(),
+            MemoryRecord: MemoryRecord.objects.filter(conversation__in=objs).count(),
+        })
 
     @admin.display(description="conversation", ordering="title")
     def display_title(self, obj):
@@ -426,7 +448,7 @@ class MessageAdmin(ReadOnlyAdmin):
     list_display = ("__str__", "conversation_link", "seq", "role", "status", "created_at", "trace_link")
     list_filter = ("role", "status", ("created_at", admin.DateFieldListFilter))
     search_fields = ("content", "conversation__title")
-    fields = ("conversation_link", "seq", "role", "status", "text", "token_count", "prompt_tokens",
+    fields = ("conversation_link", "seq", "role", "status", "text", "searched_query", "token_count", "prompt_tokens",
               "completion_tokens", "error", "feedback_given", "trace_link", "created_at")
     readonly_fields = fields
     inlines = [SourceInline]
@@ -442,6 +464,13 @@ class MessageAdmin(ReadOnlyAdmin):
     @admin.display(description="content")
     def text(self, obj):
         return format_html('<div class="ragchat-text">{}</div>', obj.content)
+
+    @admin.display(description="query searched")
+    def searched_query(self, obj):
+        """The question as retrieval saw it (rewritten for a follow-up), from the answer's trace."""
+        data = TurnTrace.objects.filter(message=obj).values_list("data", flat=True).first()
+        queries = data.get("queries") if isinstance(data, dict) else None
+        return (queries.get("final") or "—") if isinstance(queries, dict) else "—"
 
     @admin.display(description="error")
     def error(self, obj):
@@ -502,6 +531,19 @@ class TurnTraceAdmin(ReadOnlyAdmin):
     list_filter = ("profile", "ended_by", ("created_at", admin.DateFieldListFilter))
     search_fields = ("message__content", "message__conversation__title")
     fields = ("message_link", "conversation_link", "profile", "ended_by", "total_ms", "created_at")
+
+    def get_search_fields(self, request):
+        return (*self.search_fields, f"message__conversation__owner__{get_user_model().USERNAME_FIELD}")
+
+    def get_search_results(self, request, queryset, search_term):
+        # A conversation's full id finds its traces.
+        queryset, duplicates = super().get_search_results(request, queryset, search_term)
+        if search_term.strip():
+            try:
+                queryset |= self.get_queryset(request).filter(message__conversation_id=search_term.strip())
+            except ValidationError:
+                pass
+        return queryset, duplicates
     readonly_fields = fields
     change_form_template = "admin/django_ragchat/turntrace/change_form.html"
 
@@ -717,17 +759,8 @@ class DocumentAdmin(admin.ModelAdmin):
         return format_html_join(mark_safe("<br>"), "{}: {}", rows) or "no chunks"
 
     def get_deleted_objects(self, objs, request):
-        # Django would list every chunk on the confirmation page (thousands of rows); a count says it.
         objs = list(objs)
-        perms_needed = set()
-        for model in (Document, Chunk):
-            if not request.user.has_perm(f"{model._meta.app_label}.delete_{model._meta.model_name}"):
-                perms_needed.add(model._meta.verbose_name)
-        chunks = Chunk.objects.filter(document__in=objs).count()
-        to_delete = [admin_link(d) for d in objs]
-        model_count = {capfirst(Document._meta.verbose_name_plural): len(objs),
-                       capfirst(Chunk._meta.verbose_name_plural): chunks}
-        return to_delete, model_count, perms_needed, []
+        return deletion_summary(request, objs, Document, {Chunk: Chunk.objects.filter(document__in=objs).count()})
 
     def add_view(self, request, form_url="", extra_context=None):
         """Upload a file and ingest it (parse, chunk, embed, store), like the documents API."""

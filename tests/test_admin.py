@@ -187,9 +187,16 @@ def test_messages_sources_traces_and_feedback_are_read_only(admin_client, chatte
     # The message page shows its feedback and links its trace.
     html = admin_client.get(url("message_change", answer.pk)).content.decode()
     assert url("turntrace_change", answer.trace.pk) in html and "up — alice" in html
+    assert answer.trace.data["queries"]["final"] in html  # the rewritten query, on the message's page
+    traces = admin_client.get(url("turntrace_changelist") + "?q=alice").context["cl"].result_list
+    assert {t.message_id for t in traces} == set(Message.objects.filter(role="assistant").values_list("pk", flat=True))
+    traces = admin_client.get(url("turntrace_changelist") + f"?q={chatted.pk}").context["cl"].result_list
+    assert len(traces) == 2
 
 
 def test_deleting_a_conversation_in_the_admin_still_works(admin_client, chatted):
+    confirm = admin_client.get(url("conversation_delete", chatted.pk)).content.decode()
+    assert "Messages: 4" in confirm and "Turn traces: 2" in confirm  # counted, not listed
     response = admin_client.post(url("conversation_delete", chatted.pk), {"post": "yes"})
     assert response.status_code == 302
     assert not Conversation.objects.exists() and not Message.objects.exists() and not TurnTrace.objects.exists()
