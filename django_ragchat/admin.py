@@ -178,6 +178,14 @@ class NegativeFeedbackFilter(admin.SimpleListFilter):
         return queryset
 
 
+class LastActivityFilter(admin.DateFieldListFilter):
+    """The date filter on ``updated_at``, titled as the list's column is."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.title = "last activity"
+
+
 class MemoryInline(admin.StackedInline):
     """The conversation's own memory records (its summary), editable on its page."""
 
@@ -191,12 +199,13 @@ class MemoryInline(admin.StackedInline):
 @admin.register(Conversation)
 class ConversationAdmin(admin.ModelAdmin):
     list_display = ("display_title", "owner_link", "profile", "message_count", "last_activity", "feedback_counts")
-    list_filter = ("profile", OwnerFilter, LastAnswerStatusFilter, ("updated_at", admin.DateFieldListFilter),
+    list_filter = ("profile", OwnerFilter, LastAnswerStatusFilter, ("updated_at", LastActivityFilter),
                    NegativeFeedbackFilter)
-    date_hierarchy = None
     readonly_fields = ("id", "owner_link", "session_key", "profile", "created_at", "updated_at", "user_data_link")
-    fields = ("id", "title", "owner_link", "user_data_link", "profile", "session_key", "metadata",
-              "created_at", "updated_at")
+    fieldsets = [
+        (None, {"fields": ("title", "owner_link", "user_data_link", "profile", "created_at", "updated_at")}),
+        ("Details", {"fields": ("id", "session_key", "metadata"), "classes": ["collapse"]}),
+    ]
     inlines = [MemoryInline]
     change_form_template = "admin/django_ragchat/conversation/change_form.html"
     change_list_template = "admin/django_ragchat/conversation/change_list.html"

@@ -1,6 +1,9 @@
 """The admin in headless Chromium: staff sign in, open a conversation and expand an answer's
-trace, which shows the rewritten query and the cited source. Saves a screenshot under
-var/screenshots/ (ignored by git; docs/images/admin-trace.png is a copy of it)."""
+trace, which shows the rewritten query and the cited source. Saves screenshots under
+var/screenshots/ (ignored by git; docs/images/admin-trace.png is a copy of admin-trace.png).
+
+The site runs in a server process of its own (the ``asgi`` fixture, uvicorn): pytest-django's
+in-process ``live_server`` shares the test's SQLite connection between its request threads."""
 
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ def browser(tmp_path):
 
 
 def test_staff_expand_a_turns_trace_and_see_the_rewritten_query_and_cited_source(
-        browser, live_server, product_corpus, user, django_user_model):
+        browser, asgi, product_corpus, user, django_user_model):
     django_user_model.objects.create_superuser("boss", "boss@example.com", "secret-pw")
     conversation = Conversation.objects.create(owner=user)
     run_turn_sync(conversation, "Tell me about the Aurora X2 phone")
@@ -49,17 +52,20 @@ def test_staff_expand_a_turns_trace_and_see_the_rewritten_query_and_cited_source
     assert rewritten != "How much does it cost?"
     cited = MessageSource.objects.get(message_id=result.message["id"], cited=True, rank=1)
 
-    browser.get(live_server.url + reverse("admin:login"))
+    browser.get(asgi.url + reverse("admin:login"))
     browser.find_element(By.ID, "id_username").send_keys("boss")
     browser.find_element(By.ID, "id_password").send_keys("secret-pw")
     browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
     WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "user-tools"))
     # From the conversation list (owner and first question shown) to the conversation.
-    browser.get(live_server.url + reverse("admin:django_ragchat_conversation_changelist"))
+    browser.get(asgi.url + reverse("admin:django_ragchat_conversation_changelist"))
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SCREENSHOTS / "admin-conversations.png"))
     row = browser.find_element(By.CSS_SELECTOR, "#result_list tbody tr")
     assert "Tell me about the Aurora X2 phone" in row.text and "alice" in row.text
     row.find_element(By.CSS_SELECTOR, "th a").click()
     WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "ragchat-transcript"))
+    browser.save_screenshot(str(SCREENSHOTS / "admin-conversation.png"))
 
     turn = browser.find_element(By.ID, f"message-{result.message['id']}")
     trace = turn.find_element(By.CSS_SELECTOR, "details.ragchat-trace")
@@ -76,6 +82,5 @@ def test_staff_expand_a_turns_trace_and_see_the_rewritten_query_and_cited_source
     assert "Pricing" in first.text  # the heading of the cited chunk
     assert trace.find_elements(By.CSS_SELECTOR, ".ragchat-hits tr.ragchat-cited")
 
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     browser.execute_script("arguments[0].scrollIntoView({block: 'start'})", turn)
     assert turn.screenshot(str(SCREENSHOTS / "admin-trace.png"))
