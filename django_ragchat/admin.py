@@ -294,6 +294,9 @@ class ConversationAdmin(admin.ModelAdmin):
         return format_html('<a href="{}">Export or erase this user\'s chat data</a>', url)
 
     def get_urls(self):
+        # Also here: the site's URLs are built after every app registered its admin, so the user
+        # admin exists now even when django_ragchat comes before django.contrib.auth.
+        add_user_admin_action(self.admin_site)
         wrap = self.admin_site.admin_view
         return [
             path("<path:object_id>/trace/<int:message_id>.json", wrap(self.trace_json_view),

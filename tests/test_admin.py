@@ -89,6 +89,17 @@ def test_the_conversation_page_shows_the_transcript_and_each_answers_trace(admin
     assert trace["queries"]["final"] in trace_page and "Raw JSON" in trace_page
 
 
+def test_staff_rename_a_conversation_on_its_page(admin_client, chatted):
+    response = admin_client.post(url("conversation_change", chatted.pk), {
+        "title": "Aurora X2 pricing", "metadata": "{}",
+        "memories-TOTAL_FORMS": "0", "memories-INITIAL_FORMS": "0",
+        "memories-MIN_NUM_FORMS": "0", "memories-MAX_NUM_FORMS": "1000",
+    })
+    assert response.status_code == 302, response.content.decode()[:2000]
+    chatted.refresh_from_db()
+    assert chatted.title == "Aurora X2 pricing" and chatted.last_seq == 4  # the counter is untouched
+
+
 def test_the_transcript_paginates_past_a_few_hundred_messages(admin_client, user):
     conversation = Conversation.objects.create(owner=user)
     Message.objects.bulk_create([
