@@ -315,6 +315,10 @@ class ConversationAdmin(admin.ModelAdmin):
             page, turns = admin_views.transcript(conversation, request.GET.get("page") or 1)
             extra_context.update(transcript_page=page, turns=turns,
                                  page_range=page.paginator.get_elided_page_range(page.number))
+            if not conversation.title:  # the first question says more than "Conversation 63da9061"
+                first = next((t.message.content for t in turns if t.message.role == Message.Role.USER), "")
+                if first and page.number == 1:
+                    extra_context["subtitle"] = short(first)
         return super().change_view(request, object_id, form_url, extra_context)
 
     def trace_json_view(self, request, object_id, message_id):
@@ -371,6 +375,8 @@ class ConversationAdmin(admin.ModelAdmin):
             if request.POST.get("confirm") == "yes":
                 erased = data.erase()
                 summary = ", ".join(f"{n} {kind}" for kind, n in erased.items())
+                # On the user's history in the admin: who erased what, when.
+                self.log_change(request, user, f"Erased the django-ragchat chat data: {summary}.")
                 self.message_user(request, f"Erased the chat data of {user}: {summary}.", messages.SUCCESS)
                 return HttpResponseRedirect(reverse("admin:django_ragchat_conversation_changelist"))
         context = {

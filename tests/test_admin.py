@@ -9,6 +9,7 @@ from datetime import timedelta
 from urllib.parse import urlencode
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Group
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import call_command
@@ -68,6 +69,7 @@ def test_the_conversation_page_shows_the_transcript_and_each_answers_trace(admin
     assert transcript.index("Tell me about the Aurora X2 phone") < transcript.index("How much does it cost?")
     assert answer.content.split("[")[0].strip()[:30] in transcript
     assert "messages-0-content" not in page
+    assert "<h2>Tell me about the Aurora X2 phone</h2>" in page  # untitled: named by its first question
     # The trace: collapsed, the question as typed, the rewriting and who did it, hits, documents.
     assert transcript.count('<details class="ragchat-trace">') == 2  # collapsed: no "open"
     assert 'class="ragchat-rewritten">' + trace["queries"]["final"] in transcript
@@ -369,6 +371,8 @@ def test_a_users_chat_data_is_counted_exported_and_erased(admin_client, chatted,
     assert Message.objects.filter(pk=bobs_message.pk).exists() and MemoryRecord.objects.filter(pk=bobs_memory.pk).exists()
     assert Feedback.objects.count() == 0
     assert user.__class__.objects.filter(pk=user.pk).exists()  # the account itself stays
+    entry = LogEntry.objects.get(object_id=str(user.pk))  # and its admin history says who erased what
+    assert "Erased the django-ragchat chat data: 1 conversations, 4 messages" in entry.get_change_message()
 
 
 def test_user_chat_data_is_reached_from_the_user_admin_and_needs_permissions(admin_client, client, staff_user,
