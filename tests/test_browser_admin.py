@@ -84,3 +84,26 @@ def test_staff_expand_a_turns_trace_and_see_the_rewritten_query_and_cited_source
 
     browser.execute_script("arguments[0].scrollIntoView({block: 'start'})", turn)
     assert turn.screenshot(str(SCREENSHOTS / "admin-trace.png"))
+
+
+def test_staff_erase_a_users_chat_data_after_a_page_counting_it(browser, asgi, product_corpus, user,
+                                                                django_user_model):
+    django_user_model.objects.create_superuser("boss", "boss@example.com", "secret-pw")
+    conversation = Conversation.objects.create(owner=user)
+    run_turn_sync(conversation, "How much does the Aurora X2 cost?")
+    browser.get(asgi.url + reverse("admin:login"))
+    browser.find_element(By.ID, "id_username").send_keys("boss")
+    browser.find_element(By.ID, "id_password").send_keys("secret-pw")
+    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
+    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "user-tools"))
+    browser.get(asgi.url + reverse("admin:django_ragchat_conversation_change", args=[conversation.pk]))
+    browser.find_element(By.LINK_TEXT, "Export or erase this user's chat data").click()
+    counts = WebDriverWait(browser, 20).until(lambda d: d.find_element(By.ID, "ragchat-user-data-counts"))
+    rows = {r.find_elements(By.TAG_NAME, "td")[0].text: r.find_elements(By.TAG_NAME, "td")[1].text
+            for r in counts.find_elements(By.CSS_SELECTOR, "tbody tr")}
+    assert rows["Conversations"] == "1" and rows["Messages"] == "2" and rows["Traces"] == "1"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SCREENSHOTS / "admin-user-data.png"))
+    browser.find_element(By.CSS_SELECTOR, "#ragchat-erase [type=submit]").click()
+    WebDriverWait(browser, 20).until(lambda d: "Erased the chat data of alice" in d.page_source)
+    assert not Conversation.objects.filter(owner=user).exists()
