@@ -73,6 +73,13 @@ def _count_subquery(queryset, field: str):
     return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
 
 
+class RagchatAdmin(admin.ModelAdmin):
+    """Every django-ragchat admin: loads the app's admin stylesheet (transcripts, traces, text)."""
+
+    class Media:
+        css = {"all": ["django_ragchat/admin.css"]}
+
+
 def deletion_summary(request, objs, model, related_counts: dict) -> tuple:
     """``get_deleted_objects`` that counts related rows instead of listing each of them.
 
@@ -88,7 +95,7 @@ def deletion_summary(request, objs, model, related_counts: dict) -> tuple:
     return [admin_link(o) for o in objs], model_count, perms_needed, []
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(RagchatAdmin):
     """For the append-only log: view pages without Save buttons, no add, no bulk delete.
 
     Delete permission is left to the model's permission because deleting a conversation (or
@@ -197,7 +204,7 @@ class MemoryInline(admin.StackedInline):
 
 
 @admin.register(Conversation)
-class ConversationAdmin(admin.ModelAdmin):
+class ConversationAdmin(RagchatAdmin):
     list_display = ("display_title", "owner_link", "profile", "message_count", "last_activity", "feedback_counts")
     list_filter = ("profile", OwnerFilter, LastAnswerStatusFilter, ("updated_at", LastActivityFilter),
                    NegativeFeedbackFilter)
@@ -647,7 +654,7 @@ class MemoryRecordForm(forms.ModelForm):
 
 
 @admin.register(MemoryRecord)
-class MemoryRecordAdmin(admin.ModelAdmin):
+class MemoryRecordAdmin(RagchatAdmin):
     """Summaries and facts the model is shown. Staff correct them here; see docs/admin.md for the
     permissions that takes (``ragchat_admin_group`` creates a group with them)."""
 
@@ -743,7 +750,7 @@ class DocumentUploadForm(forms.Form):
 
 
 @admin.register(Document)
-class DocumentAdmin(admin.ModelAdmin):
+class DocumentAdmin(RagchatAdmin):
     list_display = ("__str__", "source", "content_type", "chunk_count", "embedding_spaces", "updated_at")
     list_filter = ("content_type",)
     search_fields = ("title", "source")
