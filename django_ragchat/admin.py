@@ -798,11 +798,13 @@ class DocumentAdmin(RagchatAdmin):
         form = DocumentUploadForm(request.POST or None, request.FILES or None)
         if request.method == "POST" and form.is_valid():
             data = form.cleaned_data
+            if self._ingest_in_background(request, data):
+                return HttpResponseRedirect(reverse("admin:django_ragchat_document_changelist"))
             try:
                 result = ingest_text(data["source"], data["text"], title=data["title"],
                                      content_type=data["content_type"], profile=data["profile"] or None)
             except (DocumentLoadError, UnknownProfile) as exc:
-                form.add_error(None, str(exc))
+                form.add_error(None, getattr(exc, "reason", None) or str(exc))
             except Exception as exc:  # the embedder or the database failed: nothing stored is lost
                 form.add_error(None, f"The document could not be embedded or stored ({type(exc).__name__}); "
                                      "what was stored before is kept.")
@@ -810,7 +812,7 @@ class DocumentAdmin(RagchatAdmin):
                 if result.status == "failed":
                     form.add_error(None, f"Ingestion failed: {result.reason}")
                 else:
-                    self.message_user(request, f"{data['source']}: {result.status}, {result.chunks} chunks.",
+                    self.message_user(request, f"Ingested {data['source']}: {result.status}, {result.chunks} chunks.",
                                       messages.SUCCESS)
                     return HttpResponseRedirect(reverse("admin:django_ragchat_document_change",
                                                         args=[result.document_id]))
@@ -820,6 +822,27 @@ class DocumentAdmin(RagchatAdmin):
             "has_view_permission": self.has_view_permission(request),
         }
         return TemplateResponse(request, "admin/django_ragchat/document/upload.html", context)
+
+    def _ingest_in_background(self, request, data) -> bool:
+        """Queue a large upload for the task worker, as the documents API does (docs/tasks.md).
+
+        Only when the site runs tasks in a worker and the file is larger than
+        ``RAGCHAT["BACKGROUND_INGEST_BYTES"]``; otherwise (the default) it is ingested right away.
+        """
+        try:
+            from django_ragchat import tasks
+            from django_ragchat.conf import ragchat_settings
+
+            threshold = ragchat_settings.BACKGROUND_INGEST_BYTES
+        except (ImportError, AttributeError):  # a version without background tasks
+            return False
+        if data["file"].size <= threshold or not tasks.runs_in_background():
+            return False
+        tasks.enqueue(tasks.ingest_upload, data["source"], data["text"], data["title"], data["content_type"],
+                      data["profile"] or None)
+        self.message_user(request, f"Queued {data['source']}: it appears here once the task worker "
+                                   "has ingested it.", messages.SUCCESS)
+        return True
 
     @admin.action(description="Re-ingest from source (files readable on the server)", permissions=["add"])
     def reingest(self, request, queryset):

@@ -292,6 +292,16 @@ def test_add_document_is_an_upload_that_runs_ingestion(admin_client):
     assert Document.objects.count() == 1
 
 
+def test_a_large_upload_goes_to_the_task_worker_when_the_site_has_one(admin_client, ragchat_settings_override):
+    ragchat_settings_override(TASK_BACKEND="database", BACKGROUND_INGEST_BYTES=100)
+    text = b"# Guide\n\n## Setup\n" + b"Plug it in and wait for the light. " * 10
+    response = admin_client.post(url("document_add"), {"file": SimpleUploadedFile("guide.md", text)}, follow=True)
+    assert "Queued upload/guide.md" in response.content.decode()
+    assert not Document.objects.filter(source="upload/guide.md").exists()
+    call_command("db_worker", "--batch", "--backend", "database", "--no-startup-delay", verbosity=0)
+    assert Document.objects.get(source="upload/guide.md").chunks.exists()
+
+
 def test_documents_list_chunks_and_spaces_and_chunks_show_heading_and_text(admin_client, product_corpus):
     page = admin_client.get(url("document_changelist")).content.decode()
     space = Chunk.objects.values_list("space", flat=True).first()
