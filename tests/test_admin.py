@@ -292,6 +292,7 @@ def test_add_document_is_an_upload_that_runs_ingestion(admin_client):
     assert Document.objects.count() == 1
 
 
+@pytest.mark.django_db(transaction=True)  # the worker closes the connection when it is done
 def test_a_large_upload_goes_to_the_task_worker_when_the_site_has_one(admin_client, ragchat_settings_override):
     ragchat_settings_override(TASK_BACKEND="database", BACKGROUND_INGEST_BYTES=100)
     text = b"# Guide\n\n## Setup\n" + b"Plug it in and wait for the light. " * 10
