@@ -226,12 +226,13 @@ class ConversationAdmin(RagchatAdmin):
         return fields
 
     def get_search_results(self, request, queryset, search_term):
-        # A conversation's id (or its first characters, as the chat page shows them) finds it.
+        # A conversation's full id finds it too (within the filters already applied).
+        filtered = queryset
         queryset, duplicates = super().get_search_results(request, queryset, search_term)
         term = search_term.strip()
         if term:
             try:
-                queryset |= self.get_queryset(request).filter(pk=term)
+                queryset |= filtered.filter(pk=term)
             except ValidationError:
                 pass
         return queryset, duplicates
@@ -290,8 +291,8 @@ class ConversationAdmin(RagchatAdmin):
     def feedback_counts(self, obj):
         if not (obj._up or obj._down):
             return "—"
-        return format_html('<span title="thumbs up">👍 {}</span> <span title="thumbs down"{}>👎 {}</span>',
-                           obj._up, ' class="ragchat-negative"' if obj._down else "", obj._down)
+        return format_html('<span title="thumbs up">👍 {}</span> <span title="thumbs down" class="{}">👎 {}</span>',
+                           obj._up, "ragchat-negative" if obj._down else "", obj._down)
 
     @admin.display(description="chat data")
     def user_data_link(self, obj):
@@ -336,7 +337,7 @@ class ConversationAdmin(RagchatAdmin):
         if not self.has_view_or_change_permission(request, conversation):
             raise PermissionDenied
         trace = get_object_or_404(TurnTrace, message_id=message_id, message__conversation=conversation)
-        return JsonResponse(trace.data, json_dumps_params={"indent": 2, "ensure_ascii": False})
+        return JsonResponse(trace.data, safe=False, json_dumps_params={"indent": 2, "ensure_ascii": False})
 
     # User chat data: export and erase.
 
@@ -561,11 +562,12 @@ class TurnTraceAdmin(ReadOnlyAdmin):
         return (*self.search_fields, f"message__conversation__owner__{get_user_model().USERNAME_FIELD}")
 
     def get_search_results(self, request, queryset, search_term):
-        # A conversation's full id finds its traces.
+        # A conversation's full id finds its traces (within the filters already applied).
+        filtered = queryset
         queryset, duplicates = super().get_search_results(request, queryset, search_term)
         if search_term.strip():
             try:
-                queryset |= self.get_queryset(request).filter(message__conversation_id=search_term.strip())
+                queryset |= filtered.filter(message__conversation_id=search_term.strip())
             except ValidationError:
                 pass
         return queryset, duplicates

@@ -171,6 +171,8 @@ def test_the_conversation_list_shows_owner_question_counts_and_filters(admin_cli
     assert listed("?q=bob") == {str(titled.pk)}  # owner
     assert listed(f"?q={str(untitled.pk)[:8]}") == set()  # a prefix is not an id: no error
     assert listed(f"?q={untitled.pk}") == {str(untitled.pk)}
+    assert listed(f"?q={untitled.pk}&owner={other_user.pk}") == set()  # the filters still apply
+    assert '<span title="thumbs down" class="ragchat-negative">👎 1</span>' in page
 
 
 # --- Read-only log -----------------------------------------------------------------------------
