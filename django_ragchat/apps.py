@@ -7,4 +7,12 @@ class RagchatConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.contrib.auth.signals import user_logged_in
+
         from django_ragchat import checks  # noqa: F401  (registers the system checks)
+        from django_ragchat import sessions, shutdown
+
+        user_logged_in.connect(sessions.move_anonymous_conversations, dispatch_uid="ragchat_move_anonymous")
+        # Chained to the server's handlers: saves the answers being written on SIGTERM (see
+        # shutdown.py; turns on the main thread install it again if the server replaced it).
+        shutdown.install()

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from asgiref.sync import async_to_sync, sync_to_async
 
-from django_ragchat import persistence
+from django_ragchat import persistence, shutdown
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import Accepted, Completed, Delta, Failed, SourcesFound, StageChanged, TurnEvent
 from django_ragchat.llms import LLMError
@@ -384,7 +384,8 @@ def _new_trace(turn: TurnContext) -> dict[str, Any]:
     }
 
 
-async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | None = None) -> AsyncIterator[TurnEvent]:
+async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | None = None,
+                      client_id: str = "") -> AsyncIterator[TurnEvent]:
     """Run one turn, yielding its events (see ``django_ragchat.events``).
 
     Raises ``InvalidMessage`` (nothing saved), ``TurnInProgress`` (nothing saved) or
@@ -392,6 +393,9 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
     becomes an ``error`` event with the partial answer saved. Closing the iterator early (the
     client cancelled or went away) saves the partial answer as "incomplete".
     ``stream=False`` asks the model for a whole answer (no ``delta`` events).
+    ``client_id`` is the sender's idempotency key: a resend raises ``persistence.DuplicateMessage``
+    (nothing saved). While the answer is written a ``persistence.Heartbeat`` renews its lease
+    and saves the partial text (see docs/architecture.md, "Crash safety").
     """
     text = validate_user_message(text)
     profile = get_profile(conversation.profile)
@@ -400,10 +404,12 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
     turn = TurnContext(conversation=conversation, profile=profile, components=components, question=text)
     turn.trace = _new_trace(turn)
     turn_started = time.perf_counter()
-    turn.user_message, turn.assistant_message = await sync_to_async(persistence.begin_turn)(conversation.pk, text)
+    turn.user_message, turn.assistant_message = await sync_to_async(persistence.begin_turn)(
+        conversation.pk, text, client_id)
 
     parts: list[str] = []
     finished = False
+    heartbeat = persistence.Heartbeat(turn.assistant_message, parts).start()
 
     async def save(answer: Answer, status: str, error: dict | None = None) -> dict[str, Any]:
         turn.trace["timings"]["total"] = round((time.perf_counter() - turn_started) * 1000, 3)
@@ -461,7 +467,7 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
             turn.trace["cancelled"] = True
             # Shielded: the partial answer must be saved even though this task is cancelled.
             await asyncio.shield(save(Answer(text="".join(parts)), Message.Status.INCOMPLETE,
-                                      {"code": "cancelled", "message": "The answer was stopped."}))
+                                      shutdown.stopped_error()))
         raise
     except Exception as exc:
         if finished:
@@ -472,12 +478,15 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         payload = await save(Answer(text="".join(parts)), Message.Status.ERROR, {"code": code, "message": message})
         await notify("on_turn_failed", turn=turn, error=exc)
         yield Failed(code=code, message=message, assistant_message=payload, retry_after=retry_after)
+    finally:
+        await heartbeat.stop()
 
 
-async def run_turn(conversation: Conversation, text: Any, *, stream: bool = False) -> TurnResult:
+async def run_turn(conversation: Conversation, text: Any, *, stream: bool = False,
+                   client_id: str = "") -> TurnResult:
     """Run one turn to the end and return its result (see ``stream_turn`` for the errors)."""
     accepted = final = None
-    async with contextlib.aclosing(stream_turn(conversation, text, stream=stream)) as events:
+    async with contextlib.aclosing(stream_turn(conversation, text, stream=stream, client_id=client_id)) as events:
         async for event in events:
             if isinstance(event, Accepted):
                 accepted = event
@@ -498,6 +507,7 @@ def _load_trace(message_id: int) -> dict[str, Any]:
     return TurnTrace.objects.filter(message_id=message_id).values_list("data", flat=True).first() or {}
 
 
-def run_turn_sync(conversation: Conversation, text: Any, *, stream: bool = False) -> TurnResult:
+def run_turn_sync(conversation: Conversation, text: Any, *, stream: bool = False,
+                  client_id: str = "") -> TurnResult:
     """``run_turn`` for synchronous callers (WSGI views, management commands, tests)."""
-    return async_to_sync(run_turn)(conversation, text, stream=stream)
+    return async_to_sync(run_turn)(conversation, text, stream=stream, client_id=client_id)

@@ -125,6 +125,10 @@ class MessageCreateSerializer(serializers.Serializer):
 
     content = serializers.CharField(help_text="The user's message: a non-empty string without NUL "
                                               "characters, at most RAGCHAT['MAX_MESSAGE_CHARS'] long.")
+    client_id = serializers.CharField(
+        required=False, max_length=100,
+        help_text="Your idempotency key for this message: a resend with the same client_id in the same "
+                  "conversation answers 200 with the first attempt's messages instead of a new turn.")
 
 
 class TurnSerializer(serializers.Serializer):
