@@ -48,7 +48,7 @@ DEFAULTS: dict[str, Any] = {
     # way. See docs/architecture.md, "Crash safety".
     "STREAM_HEARTBEAT_SECONDS": 5,
     "STREAM_LEASE_SECONDS": 30,
-    # On SIGTERM/SIGINT, how long the answers being written get to save their partial text
+    # On SIGTERM, how long the answers being written get to save their partial text
     # (as "incomplete") and tell their clients before the server's own shutdown goes on.
     "SHUTDOWN_GRACE_SECONDS": 5,
     # Vector search on databases without pgvector: rows loaded per batch when building the

@@ -1,4 +1,4 @@
-"""Graceful shutdown: on SIGTERM (or SIGINT) every answer being written in this process is
+"""Graceful shutdown: on SIGTERM every answer being written in this process is
 stopped, saved as "incomplete" with the error code ``server_shutdown``, and its client gets an
 ``error`` event it can retry on, before the server's own shutdown goes on.
 
@@ -27,7 +27,8 @@ import time
 logger = logging.getLogger(__name__)
 
 SHUTDOWN = "ragchat-server-shutdown"
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGTERM only: Ctrl-C (SIGINT) in a management command keeps its own meaning (stop, "cancelled").
+SIGNALS = (signal.SIGTERM,)
 
 SERVER_SHUTDOWN_ERROR = {
     "code": "server_shutdown",
@@ -42,7 +43,7 @@ _installed: set[int] = set()
 
 
 def stopping() -> bool:
-    """Whether this process received SIGTERM/SIGINT and is stopping its answers."""
+    """Whether this process received SIGTERM and is stopping its answers."""
     return _stopping.is_set()
 
 
