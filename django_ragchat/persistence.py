@@ -265,3 +265,25 @@ def message_payload(message: Message, answer: Answer | None = None, documents=()
         "sources": [d.as_source(i) for i, d in enumerate(documents, start=1)],
         "error": message.metadata.get("error"),
     }
+
+
+def saved_payload(message_id: int) -> dict[str, Any] | None:
+    """``message_payload`` of a saved assistant message, its sources and citations read back
+    from its ``MessageSource`` rows (a resend's replay, a stopped turn's ``error``); ``None``
+    when the message no longer exists. Two queries."""
+    message = Message.objects.filter(pk=message_id).first()
+    if message is None:
+        return None
+    payload = message_payload(message)
+    rows = list(MessageSource.objects.filter(message_id=message_id).select_related("chunk").order_by("rank"))
+    payload["sources"] = [{
+        "index": row.rank, "chunk_id": row.chunk_id,
+        "document_id": row.chunk.document_id if row.chunk else None,
+        "source": row.source, "title": row.title,
+        "heading": row.chunk.heading if row.chunk else "",
+        "score": round(float(row.score), 6),
+        "snippet": row.chunk.text[:300] if row.chunk else "",
+    } for row in rows]
+    payload["citations"] = [{"index": row.rank, "chunk_id": row.chunk_id, "source": row.source, "title": row.title}
+                            for row in rows if row.cited]
+    return payload

@@ -149,11 +149,10 @@ def shutdown_refusal() -> TurnRefused:
                        503, retry_after=1)
 
 
-def _replay_payload(message_id: int) -> dict[str, Any]:
+def _replay_payload(message_id: int) -> dict[str, Any] | None:
     from django_ragchat import persistence
-    from django_ragchat.models import Message
 
-    return persistence.message_payload(Message.objects.get(pk=message_id))
+    return persistence.saved_payload(message_id)
 
 
 async def replay(duplicate) -> AsyncIterator[TurnEvent]:
@@ -164,9 +163,11 @@ async def replay(duplicate) -> AsyncIterator[TurnEvent]:
     if assistant is None or assistant.status == assistant.Status.STREAMING:
         raise TurnRefused("turn_in_progress", "The answer to this message is still being written; "
                           "send it again (same client_id) to get it when it is done.", 409, retry_after=1)
+    payload = await sync_to_async(_replay_payload)(assistant.pk)
+    if payload is None:  # deleted meanwhile
+        raise TurnRefused.not_found()
     yield Accepted(conversation_id=str(user.conversation_id), user_message_id=user.pk, user_seq=user.seq,
                    assistant_message_id=assistant.pk)
-    payload = await sync_to_async(_replay_payload)(assistant.pk)
     if assistant.status == assistant.Status.COMPLETE:
         yield Completed(message=payload)
     else:
