@@ -9,8 +9,8 @@ class RagchatConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib.auth.signals import user_logged_in
 
-        from django_ragchat import checks  # noqa: F401  (registers the system checks)
-        from django_ragchat import sessions, shutdown
+        # checks: imported to register the system checks.
+        from django_ragchat import checks, sessions, shutdown  # noqa: F401
 
         user_logged_in.connect(sessions.move_anonymous_conversations, dispatch_uid="ragchat_move_anonymous")
         # Chained to the server's handlers: saves the answers being written on SIGTERM (see

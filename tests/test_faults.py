@@ -22,7 +22,16 @@ from django.utils import timezone
 
 from django_ragchat.models import Conversation, Message
 from tests.live_servers import (
-    REDIS_URL, caller_for, open_socket, parse_sse, receive, send, sse_headers, sse_url, uvicorn, wait_for,
+    REDIS_URL,
+    caller_for,
+    open_socket,
+    parse_sse,
+    receive,
+    send,
+    sse_headers,
+    sse_url,
+    uvicorn,
+    wait_for,
     words,
 )
 

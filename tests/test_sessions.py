@@ -24,7 +24,16 @@ from websockets.exceptions import InvalidStatus
 from django_ragchat import origins, persistence
 from django_ragchat.models import Conversation, Message
 from tests.live_servers import (
-    REDIS_URL, caller_for, open_socket, parse_sse, read_turn, receive, send, sse_headers, sse_url, words,
+    REDIS_URL,
+    caller_for,
+    open_socket,
+    parse_sse,
+    read_turn,
+    receive,
+    send,
+    sse_headers,
+    sse_url,
+    words,
 )
 
 QUESTION = "How much does the Aurora X2 cost?"
@@ -33,7 +42,8 @@ API = "/api/ragchat"
 
 def sse_post(server, caller, conversation_id, body: dict) -> tuple[int, list[dict], dict]:
     with httpx.Client(cookies=caller.cookies, timeout=30) as client:
-        with client.stream("POST", sse_url(server, conversation_id), json=body, headers=sse_headers(caller)) as response:
+        with client.stream("POST", sse_url(server, conversation_id), json=body,
+                           headers=sse_headers(caller)) as response:
             if response.headers.get("content-type", "").startswith("text/event-stream"):
                 return response.status_code, parse_sse(response.iter_lines()), dict(response.headers)
             response.read()
