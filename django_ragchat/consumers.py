@@ -338,8 +338,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             # (the saved error says why: a cancel, a disconnect, the server shutting down).
             payload = await sync_to_async(_stopped_payload)(accepted.assistant_message_id)
             error = (payload or {}).get("error") or {}
-            stopped = Failed(code=error.get("code", "cancelled"), message=error.get("message", "The answer was stopped."),
-                             assistant_message=payload, retry_after=1 if error.get("code") == "server_shutdown" else None)
+            code = error.get("code", "cancelled")
+            stopped = Failed(code=code, message=error.get("message", "The answer was stopped."),
+                             assistant_message=payload, retry_after=1 if code == "server_shutdown" else None)
             await self._relay(group, self._frame(stopped.to_dict(), key, client_id))
         if group is not None:
             await group.flush()
