@@ -183,8 +183,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if not isinstance(frame, dict):
             return await self._error("invalid_frame", 'A frame is a JSON object with a "type".')
         client_id = frame.get("client_id")
-        if client_id is not None and not (isinstance(client_id, str) and len(client_id) <= 100):
-            return await self._error("invalid_frame", '"client_id" must be a string of at most 100 characters.')
+        try:
+            transport.check_client_id(client_id)  # it is stored (the idempotency key): no NUL either
+        except TurnRefused as refusal:
+            return await self._error("invalid_frame", refusal.message)
         handler = self.frame_handlers.get(frame.get("type")) if isinstance(frame.get("type"), str) else None
         if handler is None:
             return await self._error("unknown_type", 'Unknown frame type; send "message", "cancel" or "ping".',
