@@ -135,12 +135,12 @@ def renew_lease(message_id: int, text: str | None) -> bool:
     return bool(Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(**fields))
 
 
-def close_expired_leases(now=None) -> int:
+def close_expired_leases(now=None, exclude=()) -> int:
     """Mark every "streaming" answer whose lease has expired "interrupted" (its text is that of
     its last heartbeat); the number closed. The sweep: run by ``ragchat_purge`` and, at most
-    once per lease period, by each process writing answers."""
+    once per lease period, by each process writing answers (``exclude``: its own)."""
     now = now or timezone.now()
-    stale = Message.objects.filter(status=Message.Status.STREAMING).filter(
+    stale = Message.objects.filter(status=Message.Status.STREAMING).exclude(pk__in=exclude).filter(
         Q(lease_expires_at__lte=now) | Q(
             lease_expires_at__isnull=True,
             updated_at__lte=now - timedelta(seconds=ragchat_settings.STREAM_LEASE_SECONDS)))
@@ -149,15 +149,18 @@ def close_expired_leases(now=None) -> int:
 
 
 _last_sweep = 0.0
+# The answers this process is writing (their heartbeats run here): never swept from here, even
+# when a busy moment delayed their heartbeat past their lease.
+_writing: set[int] = set()
 
 
-def _beat(message_id: int, text: str | None) -> bool:
+def _beat(message_id: int, text: str | None, writing: tuple[int, ...]) -> bool:
     global _last_sweep
     alive = renew_lease(message_id, text)
     now = time.monotonic()
     if now - _last_sweep >= ragchat_settings.STREAM_LEASE_SECONDS:
         _last_sweep = now
-        close_expired_leases()
+        close_expired_leases(exclude=writing)
     return alive
 
 
@@ -178,10 +181,12 @@ class Heartbeat:
         self._task: asyncio.Task | None = None
 
     def start(self) -> Heartbeat:
+        _writing.add(self.message.pk)
         self._task = asyncio.get_running_loop().create_task(self._run())
         return self
 
     async def stop(self) -> None:
+        _writing.discard(self.message.pk)
         if self._task is not None and not self._task.done():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -196,7 +201,7 @@ class Heartbeat:
             count = len(self.parts)
             text = "".join(self.parts[:count]) if count != saved else None
             try:
-                alive = await sync_to_async(_beat)(self.message.pk, text)
+                alive = await sync_to_async(_beat)(self.message.pk, text, tuple(_writing))
                 await sync_to_async(limits.renew_held_slots, thread_sensitive=False)()
             except Exception:  # a database hiccup: the next beat tries again
                 logger.warning("ragchat: could not renew the lease of message %s", self.message.pk, exc_info=True)

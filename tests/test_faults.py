@@ -1,8 +1,8 @@
 """Crash safety with real server processes: a worker killed (SIGKILL) or stopped (SIGTERM) while
 it writes several answers at once (docs/architecture.md, "Crash safety").
 
-The servers run ``tests.fault_settings``: heartbeats every 0.2 s and leases of 1 s, so what a
-dead worker leaves behind expires within about a second. The model is the loopback
+The servers run ``tests.fault_settings``: heartbeats every 0.2 s and leases of 2 s, so what a
+dead worker leaves behind expires within about two seconds. The model is the loopback
 OpenAI-compatible server with a token delay, so every answer is still being written when the
 worker dies. The waits poll for a state (bounded by the lease), never for a fixed time.
 """
@@ -36,7 +36,10 @@ from tests.live_servers import (
 )
 
 QUESTION = "Tell me everything about the Aurora X2."
-LONG = words(3000)  # at 0.02 s a token, a minute of writing: still streaming when the worker dies
+# The model's answer is cut at 1024 tokens (max_tokens): at 0.05 s a token, 50 s of writing, so
+# every answer is still being written when the worker dies.
+LONG = words(1100)
+DELAY = 0.05
 
 
 @pytest.fixture
@@ -72,9 +75,10 @@ class Streams:
             send(ws, type="message", content=QUESTION, conversation_id=str(conversation.pk), client_id=client_id)
 
     def pump(self, timeout: float = 0.05) -> None:
-        """Read what has arrived (on open sockets)."""
+        """Read what has arrived (on open sockets), a bounded batch from each: the streams go on
+        while we read."""
         for ws in self.sockets:
-            while True:
+            for _ in range(1000):
                 try:
                     frame = receive(ws, timeout)
                 except TimeoutError:
@@ -102,7 +106,7 @@ def users_with_conversations(django_user_model, n_users: int, per_user: int, pre
 
 def test_sigkill_mid_stream_loses_no_heartbeat_and_blocks_nothing(
         fault_server, openai_server, product_corpus, django_user_model, live_prefix):
-    openai_server.token_delay = 0.02
+    openai_server.token_delay = DELAY
     openai_server.script(*[LONG] * 6)
     people = users_with_conversations(django_user_model, 3, 2, "killed")  # 2 = MAX_CONCURRENT_STREAMS
     streams = Streams()
@@ -114,7 +118,13 @@ def test_sigkill_mid_stream_loses_no_heartbeat_and_blocks_nothing(
         return (all(streams.of_type(c, "delta") for c in streams.frames)
                 and Message.objects.filter(role="assistant", status="streaming").exclude(content="").count() == 6)
 
-    wait_for(every_answer_has_a_heartbeat, timeout=30)
+    try:
+        wait_for(every_answer_has_a_heartbeat, timeout=30)
+    except AssertionError:
+        raise AssertionError((
+            {c: [f["type"] for f in frames][:5] for c, frames in streams.frames.items()},
+            [(r, s, len(c)) for r, s, c in Message.objects.values_list("role", "status", "content")],
+            fault_server.log_tail()))
     seen = dict(Message.objects.filter(role="assistant").values_list("pk", "content"))
     assert slot_keys(live_prefix), "the worker holds its users' stream slots"
 
@@ -133,7 +143,7 @@ def test_sigkill_mid_stream_loses_no_heartbeat_and_blocks_nothing(
         received, kept = streams.text(client_id), saved[ack["assistant_message_id"]].content
         assert kept and (received.startswith(kept) or kept.startswith(received))
 
-    # The dead worker's leases and stream slots run out by themselves (1 s here).
+    # The dead worker's leases and stream slots run out by themselves (2 s here).
     wait_for(lambda: not slot_keys(live_prefix), timeout=10)
     wait_for(lambda: not Message.objects.filter(status="streaming", lease_expires_at__gt=timezone.now()).exists(),
              timeout=10)
@@ -161,7 +171,7 @@ def test_sigkill_mid_stream_loses_no_heartbeat_and_blocks_nothing(
 
 def test_sigterm_saves_every_answer_incomplete_and_tells_every_client(
         fault_server, openai_server, product_corpus, django_user_model):
-    openai_server.token_delay = 0.02
+    openai_server.token_delay = DELAY
     openai_server.script(*[LONG] * 6)
     people = users_with_conversations(django_user_model, 3, 2, "stopped")
     streams = Streams()
