@@ -24,6 +24,8 @@ from django_ragchat.models import Conversation, Message
 from tests.live_servers import (
     REDIS_URL,
     caller_for,
+    daphne,
+    gunicorn,
     open_socket,
     parse_sse,
     receive,
@@ -42,9 +44,15 @@ LONG = words(1100)
 DELAY = 0.05
 
 
+SERVERS = {"uvicorn": uvicorn, "daphne": daphne, "gunicorn": gunicorn}
+
+
 @pytest.fixture
-def fault_server(live_env, transactional_db, live_cache, openai_server, tmp_path):
-    server = uvicorn("uvicorn-faults", {**live_env, "DJANGO_SETTINGS_MODULE": "tests.fault_settings"})
+def fault_server(request, live_env, transactional_db, live_cache, openai_server, tmp_path):
+    """A server process of its own (uvicorn unless parametrized), for this test to kill."""
+    kind = getattr(request, "param", "uvicorn")
+    server = SERVERS[kind](f"{kind}-faults", {**live_env, "DJANGO_SETTINGS_MODULE": "tests.fault_settings"})
+    server.kind = kind
     server.log = tmp_path / "uvicorn.log"
     server.start()
     yield server
@@ -169,8 +177,11 @@ def test_sigkill_mid_stream_loses_no_heartbeat_and_blocks_nothing(
                 ("user", "complete"), ("assistant", "interrupted"), ("user", "complete"), ("assistant", "complete")]
 
 
+@pytest.mark.parametrize("fault_server", ["uvicorn", "daphne", "gunicorn"], indirect=True)
 def test_sigterm_saves_every_answer_incomplete_and_tells_every_client(
         fault_server, openai_server, product_corpus, django_user_model):
+    """Two answers per user: over a websocket and server-sent events (both over SSE under
+    gunicorn, which serves WSGI)."""
     openai_server.token_delay = DELAY
     openai_server.script(*[LONG] * 6)
     people = users_with_conversations(django_user_model, 3, 2, "stopped")
@@ -192,15 +203,18 @@ def test_sigterm_saves_every_answer_incomplete_and_tells_every_client(
                         events.extend(parse_sse(lines))
                         lines = []
 
-    for user, (over_websocket, over_sse) in people:
-        streams.start(fault_server, user, [over_websocket], "t")
-        reader = threading.Thread(target=read_sse, args=(user, over_sse), daemon=True)
-        reader.start()
-        readers.append(reader)
+    for user, (first, second) in people:
+        over_sse = [first, second]
+        if fault_server.kind != "gunicorn":
+            streams.start(fault_server, user, [over_sse.pop(0)], "t")
+        for conversation in over_sse:
+            reader = threading.Thread(target=read_sse, args=(user, conversation), daemon=True)
+            reader.start()
+            readers.append(reader)
 
     def all_writing():
         streams.pump()
-        return (all(streams.of_type(c, "delta") for c in streams.frames) and len(sse_events) == 3
+        return (all(streams.of_type(c, "delta") for c in streams.frames) and len(sse_events) == len(readers)
                 and all(any(e["type"] == "delta" for e in list(events)) for events in sse_events.values()))
 
     wait_for(all_writing, timeout=30)
