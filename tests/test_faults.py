@@ -260,3 +260,34 @@ def test_the_sweep_closes_leases_nobody_will_renew(db, conversation):
         "interrupted", "The part saved by the last heartbeat", "interrupted")
     assert alive.status == "streaming"
 
+
+
+def test_stream_slots_are_leases(db, user, ragchat_settings_override):
+    from django.core.cache import cache
+
+    from django_ragchat import limits
+
+    ragchat_settings_override(MAX_CONCURRENT_STREAMS=2, STREAM_LEASE_SECONDS=20)
+    first, second = limits.StreamSlot(user).acquire(), limits.StreamSlot(user).acquire()
+    with pytest.raises(limits.LimitExceeded) as refused:
+        limits.StreamSlot(user).acquire()
+    assert refused.value.code == "too_many_streams" and 15 < refused.value.retry_after <= 20
+    # A holder that stops renewing (its worker died) loses the slot when the key expires.
+    cache.delete(first.key)
+    third = limits.StreamSlot(user).acquire()
+    first.release()  # too late: the slot is someone else's now, and stays theirs
+    with pytest.raises(limits.LimitExceeded):
+        limits.StreamSlot(user).acquire()
+    for slot in (second, third):
+        slot.renew()
+        slot.release()
+    assert limits.StreamSlot(user).acquire().key is not None
+
+
+def test_a_lease_shorter_than_two_heartbeats_is_a_check_error(ragchat_settings_override):
+    from django_ragchat.checks import check_settings
+
+    ragchat_settings_override(STREAM_HEARTBEAT_SECONDS=5, STREAM_LEASE_SECONDS=6)
+    assert [e.id for e in check_settings()] == ["ragchat.E007"]
+    ragchat_settings_override(STREAM_HEARTBEAT_SECONDS=0, STREAM_LEASE_SECONDS=30)
+    assert [e.id for e in check_settings()] == ["ragchat.E007"]

@@ -149,8 +149,8 @@ class MessageCreateSerializer(serializers.Serializer):
         help_text="The user's message: not only white space, no NUL characters, at most "
                   "RAGCHAT['MAX_MESSAGE_CHARS'] characters (longer: 413 `too_long`).")
     client_id = serializers.RegexField(
-        r"^[^\u0000]*$", required=False, max_length=100,
-        help_text="Your idempotency key for this message (at most 100 characters, no NUL): a resend with "
+        r"^[^\u0000]*$", required=False, allow_null=True, max_length=100,
+        help_text="Your idempotency key for this message (at most 100 characters, no NUL; null: none): a resend with "
                   "the same client_id in the same conversation answers 200 with the first attempt's "
                   "messages instead of a new turn (409 while its answer is still being written).")
 
