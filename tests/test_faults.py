@@ -128,11 +128,11 @@ def test_sigkill_mid_stream_loses_no_heartbeat_and_blocks_nothing(
 
     try:
         wait_for(every_answer_has_a_heartbeat, timeout=30)
-    except AssertionError:
+    except AssertionError as exc:
         raise AssertionError((
             {c: [f["type"] for f in frames][:5] for c, frames in streams.frames.items()},
             [(r, s, len(c)) for r, s, c in Message.objects.values_list("role", "status", "content")],
-            fault_server.log_tail()))
+            fault_server.log_tail())) from exc
     seen = dict(Message.objects.filter(role="assistant").values_list("pk", "content"))
     assert slot_keys(live_prefix), "the worker holds its users' stream slots"
 
