@@ -60,6 +60,12 @@ DEFAULTS: dict[str, Any] = {
     "CONVERSATION_CHANGE_PERMISSION": "django_ragchat.permissions.is_owner",
     # Who may add and delete documents through the API: dotted path of a callable(user) -> bool.
     "DOCUMENT_PERMISSION": "django_ragchat.permissions.is_staff",
+    # The alias in the site's TASKS setting that background work is enqueued on (summary folds,
+    # uploads, re-embedding; see django_ragchat.tasks and docs/tasks.md).
+    "TASK_BACKEND": "default",
+    # Uploads larger than this are ingested by a task (202 with its id) when the task backend
+    # runs tasks elsewhere; smaller ones, or every one on the immediate backend, answer at once.
+    "BACKGROUND_INGEST_BYTES": 256 * 1024,
 }
 
 
@@ -106,7 +112,5 @@ ragchat_settings = RagchatSettings(DEFAULTS)
 def _reload_settings(*, setting: str, **kwargs: Any) -> None:
     if setting == "RAGCHAT":
         ragchat_settings.reload()
-        # Components are built from profiles and plugins; rebuild them on next use.
-        from django_ragchat import plugins
-
-        plugins.reset()
+        # The plugin manager and the components built from profiles are dropped by the
+        # receiver in django_ragchat.plugins (connected after this one, so it runs after it).

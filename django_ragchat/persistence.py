@@ -9,6 +9,7 @@ import contextlib
 import logging
 import time
 from datetime import timedelta
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
@@ -17,20 +18,15 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from django_ragchat.conf import ragchat_settings
+from django_ragchat.exceptions import RagchatError, TurnInProgress
 from django_ragchat.models import Conversation, Message, MessageSource, TurnTrace
 from django_ragchat.tokens import count_tokens
 from django_ragchat.types import Answer
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
+    from django_ragchat.context import TurnContext
 
 logger = logging.getLogger(__name__)
-
-
-class TurnInProgress(Exception):
-    """The conversation already has an answer streaming; one turn at a time."""
-
-    code = "turn_in_progress"
 
 
 class DuplicateMessage(Exception):
@@ -45,11 +41,12 @@ class DuplicateMessage(Exception):
         self.assistant_message = assistant_message
 
 
-class ConversationGone(Exception):
+class ConversationGone(RagchatError):
     """The conversation (and so the answer being written) was deleted during the turn."""
 
     code = "conversation_deleted"
-    message = "This conversation was deleted while the answer was being written."
+    http_status = 410
+    default_message = "This conversation was deleted while the answer was being written."
 
 
 INTERRUPTED_ERROR = {"code": "interrupted",
@@ -107,8 +104,7 @@ def begin_turn(conversation_id, text: str, client_id: str = "") -> tuple[Message
                 duplicate = _duplicate(conversation_id, client_id) if client_id else None
                 if duplicate is not None:
                     raise duplicate
-                raise TurnInProgress("An answer is still being written in this conversation; wait for "
-                                     "it to finish or cancel it.")
+                raise TurnInProgress()
             streaming.update(status=Message.Status.INTERRUPTED, lease_expires_at=None,
                              metadata={"error": INTERRUPTED_ERROR}, updated_at=now)
             last_seq = Conversation.objects.filter(pk=conversation_id).values_list("last_seq", flat=True).get()
@@ -166,17 +162,17 @@ def _beat(message_id: int, text: str | None, writing: tuple[int, ...]) -> bool:
 
 class Heartbeat:
     """Renews a streaming answer's lease every ``STREAM_HEARTBEAT_SECONDS`` while its turn
-    runs, saving the partial text so far (``parts``, the list the turn appends to) and renewing
-    the caller's stream slots (``limits.renew_held_slots``).
+    runs, saving the partial text so far (``partial()``, the text the client was given) and
+    renewing the caller's stream slots (``limits.renew_held_slots``).
 
     A worker killed mid-answer loses at most the text of one heartbeat interval, and its
     answer stops blocking the conversation one lease after its last heartbeat. ``lost`` turns
     true when the answer was deleted (with its conversation) or closed by someone else.
     """
 
-    def __init__(self, message: Message, parts: list[str]):
+    def __init__(self, message: Message, partial: Callable[[], str]):
         self.message = message
-        self.parts = parts
+        self.partial = partial
         self.lost = False
         self._task: asyncio.Task | None = None
 
@@ -195,13 +191,13 @@ class Heartbeat:
     async def _run(self) -> None:
         from django_ragchat import limits
 
-        saved = 0
+        saved = ""
         while True:
             await asyncio.sleep(ragchat_settings.STREAM_HEARTBEAT_SECONDS)
-            count = len(self.parts)
-            text = "".join(self.parts[:count]) if count != saved else None
+            text = self.partial()
             try:
-                alive = await sync_to_async(_beat)(self.message.pk, text, tuple(_writing))
+                alive = await sync_to_async(_beat)(self.message.pk, text if text != saved else None,
+                                                  tuple(_writing))
                 await sync_to_async(limits.renew_held_slots, thread_sensitive=False)()
             except Exception:  # a database hiccup: the next beat tries again
                 logger.warning("ragchat: could not renew the lease of message %s", self.message.pk, exc_info=True)
@@ -209,7 +205,7 @@ class Heartbeat:
             if not alive:
                 self.lost = True
                 return
-            saved = count
+            saved = text
 
 
 def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str, Any] | None = None) -> Message:
@@ -228,18 +224,18 @@ def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str,
         metadata.update(answer.metadata)
     message.metadata = metadata
     cited = {c.chunk_id for c in answer.citations}
-    documents = turn.prompt.documents if turn.prompt else ()
+    documents = stored_sources(answer, turn.prompt.documents if turn.prompt else ())
     message.lease_expires_at = None
     message.updated_at = timezone.now()
     with transaction.atomic():
         fields = ("content", "status", "token_count", "prompt_tokens", "completion_tokens", "metadata",
                   "lease_expires_at", "updated_at")
         if not Message.objects.filter(pk=message.pk).update(**{f: getattr(message, f) for f in fields}):
-            raise ConversationGone(ConversationGone.message)
+            raise ConversationGone()
         MessageSource.objects.bulk_create([
             MessageSource(message=message, chunk_id=doc.chunk_id, rank=rank, score=doc.score,
                           cited=doc.chunk_id in cited, source=doc.source[:1000], title=doc.title[:500])
-            for rank, doc in enumerate(documents, start=1)
+            for rank, doc in documents
         ])
         TurnTrace.objects.create(
             message=message, profile=turn.profile.name,
@@ -249,12 +245,25 @@ def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str,
     return message
 
 
+def stored_sources(answer: Answer | None, documents) -> list[tuple[int, Any]]:
+    """(prompt index, document) of the documents saved as the message's sources: all of the
+    prompt's, or the subset a response augmenter chose (``Answer.sources``)."""
+    indexed = list(enumerate(documents, start=1))
+    if answer is None or answer.sources is None:
+        return indexed
+    keep = {d.chunk_id for d in answer.sources}
+    return [(i, d) for i, d in indexed if d.chunk_id in keep]
+
+
 def message_payload(message: Message, answer: Answer | None = None, documents=()) -> dict[str, Any]:
     """The JSON form of an assistant message that the ``done`` and ``error`` events carry."""
-    by_chunk = {d.chunk_id: (i, d) for i, d in enumerate(documents, start=1)}
+    sources = stored_sources(answer, documents)
+    by_chunk = {d.chunk_id: (i, d) for i, d in sources}
     citations = []
     for citation in (answer.citations if answer else ()):
         _, doc = by_chunk.get(citation.chunk_id, (None, None))
+        if doc is None:
+            continue  # not stored as a source, so the REST API will not list it either
         citations.append({
             "index": citation.index, "chunk_id": citation.chunk_id,
             "source": doc.source if doc else "", "title": doc.title if doc else "",
@@ -267,7 +276,7 @@ def message_payload(message: Message, answer: Answer | None = None, documents=()
         "content": message.content,
         "status": message.status,
         "citations": citations,
-        "sources": [d.as_source(i) for i, d in enumerate(documents, start=1)],
+        "sources": [d.as_source(i) for i, d in sources],
         "error": message.metadata.get("error"),
     }
 
