@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from datetime import timedelta
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
