@@ -55,9 +55,10 @@ def refusal_response(refusal: TurnRefused) -> JsonResponse:
     return JsonResponse(refusal.to_event().to_dict(), status=refusal.http_status, headers=refusal.http_headers())
 
 
-def _read_content(request) -> Any:
-    """The ``content`` of the JSON body (validated later, with the turn); ``TurnRefused`` for a
-    body that is too large or not a JSON object."""
+def _read_content(request) -> tuple[Any, str]:
+    """The ``content`` of the JSON body (validated later, with the turn) and its ``client_id``
+    (the idempotency key, "" for none); ``TurnRefused`` for a body that is too large or not a
+    JSON object, or a bad ``client_id``."""
     too_large = TurnRefused("too_large", "The request body is too large.", 413)
     try:
         # Read even when too long (up to Django's DATA_UPLOAD_MAX_MEMORY_SIZE): a server that
@@ -74,36 +75,43 @@ def _read_content(request) -> Any:
         raise TurnRefused("parse_error", 'The body must be JSON: {"content": "..."}.', 400) from None
     if not isinstance(data, dict):
         raise TurnRefused("invalid_type", 'The body must be a JSON object: {"content": "..."}.', 400)
-    return data.get("content")
+    return data.get("content"), transport.check_client_id(data.get("client_id"))
 
 
-async def turn_stream(user, session_key: str | None, conversation_id, content: Any) -> AsyncIterator[TurnEvent]:
+async def turn_stream(user, session_key: str | None, conversation_id, content: Any,
+                      client_id: str = "") -> AsyncIterator[TurnEvent]:
     """The events of one turn for this caller: the conversation is opened, then the turn runs
     (``TurnRefused`` before the first event when either cannot happen).
 
-    ``conversation_id`` ``None`` starts a new conversation, which is kept only once the message
-    has been accepted: a refused first message (invalid, over a limit) leaves nothing behind.
+    ``conversation_id`` ``None`` starts a new conversation, created only once the turn is
+    admitted (``transport.turn_events`` calls ``create``) and removed again if the turn ends
+    before its ``ack``: a refused first message leaves nothing behind.
     """
-    created = None
-    if conversation_id is None:
-        transport.validate(content)  # refuse an invalid message before creating anything
+    created: list = []  # the conversation create() made, if it ran
+
+    async def create():
         try:
-            created = conversation = await sync_to_async(permissions.create_conversation)(user, session_key)
+            conversation = await sync_to_async(permissions.create_conversation)(user, session_key)
         except PermissionError as exc:
             raise TurnRefused("forbidden", str(exc), 403) from None
+        created.append(conversation)
+        return conversation
+
+    if conversation_id is None:
+        target = create
     else:
-        conversation, _ = await transport.open_conversation(user, conversation_id, session_key, for_sending=True)
+        target, _ = await transport.open_conversation(user, conversation_id, session_key, for_sending=True)
     accepted = False
     try:
         async with contextlib.aclosing(
-            transport.turn_events(conversation, content, user=user, session_key=session_key)
+            transport.turn_events(target, content, user=user, session_key=session_key, client_id=client_id)
         ) as events:
             async for event in events:
                 accepted = True
                 yield event
     finally:
-        if created is not None and not accepted:
-            await sync_to_async(created.delete)()
+        if created and not accepted:
+            await sync_to_async(created[0].delete)()
 
 
 def _event_stream_response(body) -> StreamingHttpResponse:
@@ -216,8 +224,8 @@ class _SyncBody:
         self._stream.close()
 
 
-def _start_threaded(user, session_key, conversation_id, content):
-    stream = ThreadedStream(lambda: turn_stream(user, session_key, conversation_id, content))
+def _start_threaded(user, session_key, conversation_id, content, client_id):
+    stream = ThreadedStream(lambda: turn_stream(user, session_key, conversation_id, content, client_id))
     try:
         first = next(stream)
     except BaseException:
@@ -242,15 +250,15 @@ async def stream_view(request, conversation_id=None):
         if not getattr(user, "is_authenticated", False) and not ragchat_settings.ALLOW_ANONYMOUS:
             # The REST API's answer to the same caller (docs/api.md), not a 404.
             raise TurnRefused("not_authenticated", "Sign in to chat (anonymous conversations are not enabled).", 403)
-        content = _read_content(request)
+        content, client_id = _read_content(request)
         if isinstance(request, ASGIRequest):
-            body = _AsyncBody(lambda: turn_stream(user, session_key, conversation_id, content))
+            body = _AsyncBody(lambda: turn_stream(user, session_key, conversation_id, content, client_id))
             first = await body.next_event()  # refusals are raised here, before any response
             return _event_stream_response(_prepend(first, body))
         # Served by WSGI: this coroutine runs in a short-lived loop of its own; the turn runs
         # on the process's background loop (ThreadedStream), which outlives it.
         first, stream = await sync_to_async(_start_threaded, thread_sensitive=False)(
-            user, session_key, conversation_id, content
+            user, session_key, conversation_id, content, client_id
         )
         return _event_stream_response(_SyncBody(first, stream))
     except TurnRefused as refusal:
