@@ -55,7 +55,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "charging": ("charge", "charges", "charging", "charger", "recharge", "charged"),
     "water resistance": ("waterproof", "water", "rain", "wet", "sweat", "splash", "resistant", "ipx4", "ip67",
                          "ip68", "ipx7", "submerge", "swim"),
-    "length": ("length", "long", "tall", "short", "extend", "extends", "collapse", "collapses", "cm",
+    "length": ("length", "how long", "long", "tall", "short", "extend", "extends", "collapse", "collapses", "cm",
                "centimetres", "centimeters", "metres", "meters"),
     "duration": ("how long", "take", "takes", "days", "hours", "minutes", "weeks", "within"),
     "speed": ("fast", "quick", "quickly", "speed", "slow", "minutes", "rapid"),
@@ -88,9 +88,10 @@ NOUN_OF: dict[str, str] = {
 
 # Question words that say nothing about what is asked ("What is the Nimbus Tab good for?").
 GENERIC_WORDS = frozenset(
-    "good kind type sort thing things way really actually exactly possible able like tell know "
-    "happen happens happened anything something stuff okay ok hey hi thanks thank product products "
-    "item items come comes available offer offered get getting".split()
+    """good kind type sort thing things way really actually exactly possible able like tell know
+    happen happens happened anything something stuff okay ok hey hi thanks thank product products
+    item items come comes available offer offered get getting else other interesting aspect aspects
+    article notable significant important information info details detail more""".split()
 )
 
 # An amount: money, or a share ("10% off").
@@ -141,7 +142,7 @@ class SynonymTable:
     """The synonym groups, compiled: single words by stem, phrases by their word sequence."""
 
     groups: dict[str, frozenset[str]]  # label -> stems of its single words
-    phrases: tuple[tuple[tuple[str, ...], str], ...]  # (words, label), longest first
+    phrases: tuple[tuple[tuple[str, ...], str], ...]  # (words, "label|label"), longest first
     of_stem: dict[str, tuple[str, ...]]  # stem -> labels of the groups it is in
 
     @classmethod
@@ -152,7 +153,7 @@ class SynonymTable:
                 raise ValueError(f"synonyms[{label!r}] must be a list of words, not {entries!r}")
             merged.setdefault(str(label), []).extend(str(e) for e in entries)
         groups: dict[str, set[str]] = {}
-        phrases: list[tuple[tuple[str, ...], str]] = []
+        phrase_labels: dict[tuple[str, ...], list[str]] = {}
         of_stem: dict[str, list[str]] = {}
         for label, entries in merged.items():
             stems = groups.setdefault(label, set())
@@ -160,12 +161,13 @@ class SynonymTable:
                 tokens = tuple(_words(entry))
                 if len(tokens) == 1:
                     stems.add(stem(tokens[0]))
-                elif tokens:
-                    phrases.append((tokens, label))
+                elif tokens:  # a phrase may be in several groups ("how long": length, duration)
+                    phrase_labels.setdefault(tokens, []).append(label)
         for label, stems in groups.items():
             for s in stems:
                 of_stem.setdefault(s, []).append(label)
-        phrases.sort(key=lambda p: -len(p[0]))
+        phrases = sorted(((t, "|".join(dict.fromkeys(ls))) for t, ls in phrase_labels.items()),
+                         key=lambda p: -len(p[0]))
         return cls({k: frozenset(v) for k, v in groups.items()}, tuple(phrases),
                    {k: tuple(v) for k, v in of_stem.items()})
 
@@ -346,6 +348,8 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     # "Zephyr" alone names the Zephyr Buds; a full name ("Nimbus Pen") beats a shared word.
     partial = {e for e in known if set(e) & query_words - STOPWORDS - GENERIC_WORDS} if not full else set()
     need.subjects = full or partial
+    # "Zappa" also means the "Frank Zappa" a heading names: add the longer names containing it.
+    need.subjects |= {e for e in known if any(set(s) < set(e) for s in full)}
     for display, folded in _name_sequences(question):
         tokens = set(folded.split())
         if not any(tokens & set(e) for e in known) and not tokens <= STOPWORDS | GENERIC_WORDS:
