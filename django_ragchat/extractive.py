@@ -392,7 +392,7 @@ class AnswerSelector:
     """The engine, independent of Django and the pipeline: ``answer(prompt) -> str``."""
 
     def __init__(self, *, synonyms: dict[str, Iterable[str]] | None = None, min_coverage: float = 0.5,
-                 max_sentences: int = 4, rank_prior: float = 0.03,
+                 max_sentences: int = 4, rank_prior: float = 0.1,
                  no_answer: str = "I can't answer that from the documents I have."):
         self.table = SynonymTable.build(synonyms) if synonyms else default_table()
         self.min_coverage = min_coverage
