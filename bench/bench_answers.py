@@ -43,7 +43,6 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._setup import ROOT, bench_database, machine, table
-
 from django_ragchat import hookimpl
 from django_ragchat.llms import ExtractiveAnswerer, LegacyExtractiveAnswerer
 
@@ -285,10 +284,10 @@ def canard_report(results: dict) -> str:
 
 
 def measure_cost(repeats: int = 20) -> str:
+    # The plugin module's RECORDED: this one may be running as __main__.
+    from bench import bench_answers as registered
     from django_ragchat.extractive import _analyse_text
     from django_ragchat.profiles import get_profile
-
-    from bench import bench_answers as registered  # the plugin module (this one may be __main__)
 
     prompts = [p for p in registered.RECORDED["new"] if len(p.documents) == 4]
     if not prompts:

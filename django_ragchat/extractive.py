@@ -33,6 +33,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
+
 from django_ragchat.text import STOPWORDS, normalize, sentences, stem, words
 from django_ragchat.types import Prompt, RetrievedChunk
 
@@ -227,7 +228,7 @@ def _name_sequences(text: str) -> list[tuple[str, str]]:
                 found.append((display, " ".join(normalize(m.group(0)) for m in run)))
         run.clear()
 
-    for i, m in enumerate(tokens):
+    for m in tokens:
         token = m.group(0)
         adjacent = bool(run) and text[run[-1].end():m.start()].strip() == ""
         capital = token[:1].isupper() and any(c.islower() for c in token[1:]) if len(token) > 1 else False

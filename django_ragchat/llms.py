@@ -3,8 +3,8 @@
 Built in: ``extractive``, an offline answerer for the embedded default (no model, no server,
 no key). It answers with the sentences of the retrieved passages that state what was asked about
 the subject asked about, cites each as ``[n]``, streams the answer word by word, and says plainly
-when the documents don't say (the engine is ``django_ragchat.extractive``; docs/answerer.md). ``openai`` (any OpenAI-compatible server) lives in
-``django_ragchat.openai_backend``.
+when the documents don't say (the engine is ``django_ragchat.extractive``; docs/answerer.md).
+``openai`` (any OpenAI-compatible server) lives in ``django_ragchat.openai_backend``.
 """
 
 from __future__ import annotations
