@@ -276,8 +276,13 @@ def canard_report(results: dict) -> str:
     n = results["n"]
     rows.append([f"all ({n})", *(f"{v / max(1, n):.1%}" for v in results["counts"].values())])
     headers = ["CANARD follow-ups", *results["counts"]]
+    precision = ", ".join(
+        f"{name} {results['counts'][name] / max(1, n - declined_):.1%} of {n - declined_}"
+        for name, declined_ in results["declines"].items())
     return table(headers, rows) + "\ndeclined: " + ", ".join(
-        f"{name} {count}/{n}" for name, count in results["declines"].items())
+        f"{name} {count}/{n}" for name, count in results["declines"].items()) + (
+        f"\nquoting the gold span, of the turns answered (all): {precision}; "
+        f"first sentence of top passage {results['counts']['first sentence of top passage'] / max(1, n):.1%} of {n}")
 
 
 # --- Part 3: cost -------------------------------------------------------------------------------

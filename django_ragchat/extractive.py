@@ -403,11 +403,13 @@ class AnswerSelector:
 
     # The subject guard ------------------------------------------------------------------------
     def on_subject(self, passage: Passage, sentence: Sentence, subjects: set[tuple[str, ...]],
-                   known: set[tuple[str, ...]]) -> bool:
+                   known: set[tuple[str, ...]], heads: frozenset[tuple[str, ...]] = frozenset()) -> bool:
         """A sentence naming a subject is on it; otherwise it must come from a passage about a
         subject (its heading's, or one its sentences name: "It senses 4,096 levels" under
-        Nimbus Tab > Stylus is about the Nimbus Pen named before it) and name no entity foreign
-        to that passage."""
+        Nimbus Tab > Stylus is about the Nimbus Pen named before it) and not be about an entity
+        foreign to that passage: one that heads another passage ("Zephyr Buds" of "Zephyr Buds
+        > Warranty"), or that the sentence opens with. Other names in passing (people, places in
+        an encyclopedia article) do not make a sentence off-subject."""
         names = {tuple(n.split()) for n in sentence.names} & known
         if names & subjects:
             return True
@@ -415,7 +417,14 @@ class AnswerSelector:
                 {tuple(n.split()) for n in other.names} & subjects for other in passage.sentences):
             return False
         own = set(passage.subject)
-        return all(set(n) & own for n in names)
+        opening = normalize(sentence.text)
+        for name in names:
+            if set(name) & own:
+                continue
+            folded = " ".join(name)
+            if name in heads or opening.startswith((folded, "the " + folded)):
+                return False
+        return True
 
     def answer(self, prompt: Prompt) -> str:
         passages = build_passages(prompt.documents)
@@ -429,10 +438,11 @@ class AnswerSelector:
             # "Does the Galaxy S9 have a warranty?": another product's warranty is no answer.
             names = " or ".join(dict.fromkeys(need.unknown))
             return f"The documents don't mention {names}, so I can't answer that from them."
+        heads = frozenset(p.subject for p in passages if p.subject)
         eligible: list[tuple[Passage, Sentence]] = []
         for p in passages:
             for s in p.sentences:
-                if not need.subjects or self.on_subject(p, s, need.subjects, known):
+                if not need.subjects or self.on_subject(p, s, need.subjects, known, heads):
                     eligible.append((p, s))
         if not eligible:
             return self.decline(need, passages, [])

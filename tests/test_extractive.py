@@ -173,3 +173,14 @@ def test_answers_bench_runs_and_its_judge_can_fail(db, ragchat_settings_override
     Document.objects.all().delete()
     canard = bench_answers.run_canard(dialogs=3)
     assert canard["n"] > 0 and "first sentence of top passage" in bench_answers.canard_report(canard)
+
+
+def test_a_sentence_about_another_product_inside_the_passage_is_not_used():
+    phone = chunk(1, "Aurora X2 > Charging",
+                  "The Aurora X2 charges at 45 W. Zephyr Buds charge on its back at 5 W. "
+                  "The charger was designed by Ada Lovelace Studio in Paris.")
+    answer = AnswerSelector().answer(prompt("How does the Aurora X2 charge?", phone))
+    assert answer == "The Aurora X2 charges at 45 W [1]."
+    # A name in passing (a designer, a city) does not make a sentence off-subject.
+    answer = AnswerSelector().answer(prompt("Who designed the Aurora X2 charger?", phone))
+    assert "Ada Lovelace Studio" in answer and "Zephyr" not in answer, answer
