@@ -148,6 +148,8 @@ class SynonymTable:
 
     @classmethod
     def build(cls, extra: dict[str, Iterable[str]] | None = None) -> SynonymTable:
+        if extra is not None and not isinstance(extra, dict):
+            raise ValueError(f"synonyms must be a dict of group name -> list of words, not {extra!r}")
         merged: dict[str, list[str]] = {label: list(entries) for label, entries in SYNONYMS.items()}
         for label, entries in (extra or {}).items():
             if isinstance(entries, str) or not isinstance(entries, Iterable):
@@ -395,7 +397,11 @@ class AnswerSelector:
     def __init__(self, *, synonyms: dict[str, Iterable[str]] | None = None, min_coverage: float = 0.5,
                  max_sentences: int = 4, rank_prior: float = 0.1,
                  no_answer: str = "I can't answer that from the documents I have."):
-        self.table = SynonymTable.build(synonyms) if synonyms else default_table()
+        if isinstance(min_coverage, bool) or not isinstance(min_coverage, (int, float)) or not 0 <= min_coverage <= 1:
+            raise ValueError(f"min_coverage must be a number from 0 to 1, not {min_coverage!r}")
+        if isinstance(max_sentences, bool) or not isinstance(max_sentences, int) or max_sentences < 1:
+            raise ValueError(f"max_sentences must be a whole number of at least 1, not {max_sentences!r}")
+        self.table = SynonymTable.build(synonyms) if synonyms is not None else default_table()
         self.min_coverage = min_coverage
         self.max_sentences = max_sentences
         self.rank_prior = rank_prior

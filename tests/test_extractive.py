@@ -131,6 +131,20 @@ def test_bad_synonyms_are_rejected_with_a_clear_message():
         SynonymTable.build({"volume": "roomy"})
 
 
+@pytest.mark.parametrize(("options", "problem"), [
+    ({"synonyms": "roomy"}, "synonyms must be a dict of group name -> list of words, not 'roomy'"),
+    ({"synonyms": {"volume": 3}}, "synonyms['volume'] must be a list of words, not 3"),
+    ({"min_coverage": 2}, "min_coverage must be a number from 0 to 1, not 2"),
+    ({"max_sentences": 0}, "max_sentences must be a whole number of at least 1, not 0"),
+])
+def test_bad_answerer_options_fail_the_system_check(options, problem, ragchat_settings_override):
+    from django.core import checks
+
+    ragchat_settings_override(PROFILES={"default": {}, "shop": {"options": {"extractive": options}}})
+    errors = [e for e in checks.run_checks() if e.id == "ragchat.E002"]
+    assert [e.msg for e in errors] == [f"Profile 'shop': building its components failed: {problem}"]
+
+
 def test_the_first_ranked_passage_wins_a_tie():
     first = chunk(1, "Ridge Backpack > Price", "The Ridge Backpack costs $149.")
     second = chunk(2, "Ridge Backpack > Price", "The Ridge Backpack costs $139 in the sale.")
