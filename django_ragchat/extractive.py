@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from django_ragchat.text import STOPWORDS, normalize, sentences, stem, words
+from django_ragchat.text import STOPWORDS, normalize, sentences, stem
 from django_ragchat.types import Prompt, RetrievedChunk
 
 # --- The synonym table --------------------------------------------------------------------------
@@ -116,15 +116,26 @@ _POSSESSIVE_RE = re.compile(r"['’]s$")
 _MEASURE_GROUPS = frozenset({"weight", "size", "length", "duration", "storage", "battery life", "speed", "display"})
 
 
+_WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*", re.UNICODE)  # as text.words
+
+
 def _words(text: str) -> list[str]:
     """``text.words`` without possessive endings ("Aurora X2's" -> aurora, x2)."""
-    return [_POSSESSIVE_RE.sub("", w) for w in words(text)]
+    return [_POSSESSIVE_RE.sub("", w) if "'" in w or "’" in w else w for w in _WORD_RE.findall(_fold(text))]
+
+
+_LETTER_RE = re.compile(r"[^\W\d_]")
+
+
+def _fold(text: str) -> str:
+    """``text.normalize`` with a fast path: ASCII text only needs lower-casing."""
+    return text.lower() if text.isascii() else normalize(text)
 
 
 def is_prose(sentence: str) -> bool:
     """False for code, JSON, tables and markup: quoting them is never a readable answer."""
-    markup = sum(c in _MARKUP_CHARS for c in sentence)
-    letters = sum(c.isalpha() for c in sentence)
+    markup = sum(map(sentence.count, _MARKUP_CHARS))  # str.count runs in C, per character it doesn't
+    letters = len(_LETTER_RE.findall(sentence))
     return markup / len(sentence) < 0.03 and letters / len(sentence) > 0.5
 
 
@@ -220,14 +231,14 @@ def _name_sequences(text: str) -> list[tuple[str, str]]:
     run: list[re.Match] = []
 
     def close():
-        while run and normalize(run[0].group(0)) in STOPWORDS:
+        while run and _fold(run[0].group(0)) in STOPWORDS:
             run.pop(0)
         if run:
             first = run[0]
             starts = _sentence_start(text, first.start())
             if len(run) > 1 or not starts:
                 display = text[run[0].start():run[-1].end()]
-                found.append((display, " ".join(normalize(m.group(0)) for m in run)))
+                found.append((display, " ".join(_fold(m.group(0)) for m in run)))
         run.clear()
 
     for m in tokens:
@@ -423,7 +434,7 @@ class AnswerSelector:
                 {tuple(n.split()) for n in other.names} & subjects for other in passage.sentences):
             return False
         own = set(passage.subject)
-        opening = normalize(sentence.text)
+        opening = _fold(sentence.text)
         for name in names:
             if set(name) & own:
                 continue
