@@ -198,3 +198,11 @@ def test_a_sentence_about_another_product_inside_the_passage_is_not_used():
     # A name in passing (a designer, a city) does not make a sentence off-subject.
     answer = AnswerSelector().answer(prompt("Who designed the Aurora X2 charger?", phone))
     assert "Ada Lovelace Studio" in answer and "Zephyr" not in answer, answer
+
+
+def test_the_chat_page_says_answers_are_quoted_until_a_model_is_configured(client, user, ragchat_settings_override):
+    client.force_login(user)
+    page = client.get("/chat/").content.decode()
+    assert "Answers are sentences quoted from the documents" in page
+    ragchat_settings_override(PROFILES={"default": {"llm": "openai"}})
+    assert "Answers are sentences quoted" not in client.get("/chat/").content.decode()
