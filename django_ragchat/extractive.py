@@ -357,25 +357,34 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
             known.add(p.subject)
         for s in p.sentences:
             known.update(tuple(n.split()) for n in s.names)
-    query_words = set(_words(search_query)) | set(_words(question))
-    full = {e for e in known if set(e) <= query_words}
-    # "Zephyr" alone names the Zephyr Buds; a full name ("Nimbus Pen") beats a shared word.
-    partial = {e for e in known if set(e) & query_words - STOPWORDS - GENERIC_WORDS} if not full else set()
-    need.subjects = full or partial
-    # "Zappa" also means the "Frank Zappa" a heading names: add the longer names containing it.
-    need.subjects |= {e for e in known if any(set(s) < set(e) for s in full)}
+    def named(query_words: set[str]) -> set[tuple[str, ...]]:
+        full = {e for e in known if set(e) <= query_words}
+        # "Zephyr" alone names the Zephyr Buds; a full name ("Nimbus Pen") beats a shared word.
+        partial = {e for e in known if set(e) & query_words - STOPWORDS - GENERIC_WORDS} if not full else set()
+        # "Zappa" also means the "Frank Zappa" a heading names: add the longer names containing it.
+        return (full or partial) | {e for e in known if any(set(f) < set(e) for f in full)}
+
+    own_words = set(_words(question))
+    everything = named(own_words | set(_words(search_query)))
+    # The user's own words name the subject when they name one: in "And the Aurora X2?" after
+    # the Nimbus Tab, the transformer's inherited "Nimbus Tab" is context, not the subject.
+    need.subjects = named(own_words) or everything
     for display, folded in _name_sequences(question):
         tokens = set(folded.split())
         if not any(tokens & set(e) for e in known) and not tokens <= STOPWORDS | GENERIC_WORDS:
             need.unknown.append(display)
-    subject_words = {w for e in need.subjects for w in e}
+    names = {w for e in everything | need.subjects for w in e}  # names are subjects, not attributes
     for text, weight in ((question, 1.0), (search_query, 0.5)):
-        for key, label in _group_keys(text, table, subject_words):
+        for key, label in _group_keys(text, table, names):
             if key not in need.groups:
                 need.groups[key] = weight
                 need.labels[key] = label
             if weight == 1.0:
                 need.own.add(key)
+    if not need.own and need.groups:
+        # "What about the Nimbus Tab?": the attribute is the one the transformer carried over.
+        need.own = set(need.groups)
+        need.groups = dict.fromkeys(need.groups, 1.0)
     own_groups = {label for k in need.own if k.startswith("=") for label in k[1:].split("|")}
     need.wants_amount = bool("price" in own_groups or (
         _PRICE_QUESTION_RE.search(question) and not own_groups & _MEASURE_GROUPS))

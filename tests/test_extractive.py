@@ -206,3 +206,15 @@ def test_the_chat_page_says_answers_are_quoted_until_a_model_is_configured(clien
     assert "Answers are sentences quoted from the documents" in page
     ragchat_settings_override(PROFILES={"default": {"llm": "openai"}})
     assert "Answers are sentences quoted" not in client.get("/chat/").content.decode()
+
+
+def test_an_elliptical_follow_up_is_about_the_product_it_names_not_the_inherited_one(sample_docs):
+    answer = ask("How heavy is the Nimbus Tab?", "And the Aurora X2?")
+    assert "Aurora X2" in answer and "Nimbus" not in answer and "480 grams" not in answer, answer
+
+
+def test_an_attribute_carried_over_by_the_transformer_is_the_one_answered():
+    tab = chunk(1, "Nimbus Tab > Pricing", "The Nimbus Tab costs $449. Students get 10% off the price.")
+    overview = chunk(2, "Nimbus Tab > Overview", "The Nimbus Tab is an 11-inch tablet. It weighs 480 grams.")
+    question = prompt("What about the Nimbus Tab?", overview, tab, search_query="What about the Nimbus Tab? price")
+    assert AnswerSelector().answer(question) == "The Nimbus Tab costs $449 [2]. Students get 10% off the price [2]."
