@@ -212,6 +212,7 @@ class Sentence:
 @dataclass(frozen=True)
 class Passage:
     index: int  # 1-based, as cited
+    ordinal: int  # the chunk's place in its document: 0 is where a document describes its subject
     heading_leaf: str
     heading_stems: frozenset[str]
     subject_name: str  # display form of what the passage is about ("Aurora X2"), may be ""
@@ -298,7 +299,7 @@ def build_passages(documents: Iterable[RetrievedChunk]) -> list[Passage]:
     for index, chunk in enumerate(documents, start=1):
         leaf, found, subject, mentions_the = _analyse_text(chunk.text, chunk.heading or "", chunk.title or "")
         passages.append(Passage(
-            index=index, heading_leaf=leaf, heading_stems=frozenset(stem(w) for w in _words(leaf)),
+            index=index, ordinal=chunk.ordinal, heading_leaf=leaf, heading_stems=frozenset(stem(w) for w in _words(leaf)),
             subject_name=subject, subject=tuple(normalize(subject).split()) if subject else (),
             sentences=found, mentions_the=mentions_the,
         ))
@@ -474,9 +475,11 @@ class AnswerSelector:
             return self.decline(need, passages, [])
 
         if not need.own:
-            # "Tell me about the Aurora X2": no attribute asked, so the subject's description.
-            first = eligible[0]
-            same = [(p, s) for p, s in eligible if p is first[0]][:2]
+            # "Tell me about the Aurora X2": no attribute asked, so the subject's description,
+            # which a document gives first: the on-subject passage earliest in its document
+            # (the retrieval rank breaks ties), not whichever section was ranked first.
+            opening = min({id(p): p for p, _ in eligible}.values(), key=lambda p: (p.ordinal, p.index))
+            same = [(p, s) for p, s in eligible if p is opening][:2]
             return " ".join(cite(s.text, p.index) for p, s in same)
 
         # IDF of each asked group over the candidate sentences: rare evidence weighs more.

@@ -218,3 +218,13 @@ def test_an_attribute_carried_over_by_the_transformer_is_the_one_answered():
     overview = chunk(2, "Nimbus Tab > Overview", "The Nimbus Tab is an 11-inch tablet. It weighs 480 grams.")
     question = prompt("What about the Nimbus Tab?", overview, tab, search_query="What about the Nimbus Tab? price")
     assert AnswerSelector().answer(question) == "The Nimbus Tab costs $449 [2]. Students get 10% off the price [2]."
+
+
+def test_a_question_without_an_attribute_is_answered_with_the_subjects_description():
+    pricing = RetrievedChunk(chunk_id=1, text="Nimbus Tab > Pricing\nThe Nimbus Tab costs $449.", score=1.0,
+                             document_id=1, source="n.md", title="Nimbus Tab", heading="Nimbus Tab > Pricing", ordinal=1)
+    overview = RetrievedChunk(chunk_id=2, text="Nimbus Tab > Overview\nThe Nimbus Tab is an 11-inch tablet for drawing.",
+                              score=0.9, document_id=1, source="n.md", title="Nimbus Tab", heading="Nimbus Tab > Overview",
+                              ordinal=0)
+    answer = AnswerSelector().answer(prompt("Tell me about the Nimbus Tab", pricing, overview))
+    assert answer == "The Nimbus Tab is an 11-inch tablet for drawing [2]."
