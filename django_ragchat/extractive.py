@@ -299,7 +299,8 @@ def build_passages(documents: Iterable[RetrievedChunk]) -> list[Passage]:
     for index, chunk in enumerate(documents, start=1):
         leaf, found, subject, mentions_the = _analyse_text(chunk.text, chunk.heading or "", chunk.title or "")
         passages.append(Passage(
-            index=index, ordinal=chunk.ordinal, heading_leaf=leaf, heading_stems=frozenset(stem(w) for w in _words(leaf)),
+            index=index, ordinal=chunk.ordinal, heading_leaf=leaf,
+            heading_stems=frozenset(stem(w) for w in _words(leaf)),
             subject_name=subject, subject=tuple(normalize(subject).split()) if subject else (),
             sentences=found, mentions_the=mentions_the,
         ))

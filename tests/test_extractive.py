@@ -221,10 +221,12 @@ def test_an_attribute_carried_over_by_the_transformer_is_the_one_answered():
 
 
 def test_a_question_without_an_attribute_is_answered_with_the_subjects_description():
-    pricing = RetrievedChunk(chunk_id=1, text="Nimbus Tab > Pricing\nThe Nimbus Tab costs $449.", score=1.0,
-                             document_id=1, source="n.md", title="Nimbus Tab", heading="Nimbus Tab > Pricing", ordinal=1)
-    overview = RetrievedChunk(chunk_id=2, text="Nimbus Tab > Overview\nThe Nimbus Tab is an 11-inch tablet for drawing.",
-                              score=0.9, document_id=1, source="n.md", title="Nimbus Tab", heading="Nimbus Tab > Overview",
-                              ordinal=0)
+    def section(n, leaf, body, ordinal):
+        heading = f"Nimbus Tab > {leaf}"
+        return RetrievedChunk(chunk_id=n, text=f"{heading}\n{body}", score=1.0, document_id=1, source="n.md",
+                              title="Nimbus Tab", heading=heading, ordinal=ordinal)
+
+    pricing = section(1, "Pricing", "The Nimbus Tab costs $449.", 1)
+    overview = section(2, "Overview", "The Nimbus Tab is an 11-inch tablet for drawing.", 0)
     answer = AnswerSelector().answer(prompt("Tell me about the Nimbus Tab", pricing, overview))
     assert answer == "The Nimbus Tab is an 11-inch tablet for drawing [2]."
