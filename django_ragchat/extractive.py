@@ -17,8 +17,8 @@ No model, no download, deterministic. For each turn it
    continue the same attribute (all prices, all sizes), each cited as ``[n]``; nothing else;
 5. when no on-subject sentence states enough of the attribute, **declines plainly** and names
    what the documents do describe for that subject ("The documents don't say anything about
-   water resistance for the Aurora X2. They describe its overview, pricing and charging."),
-   citing nothing.
+   water resistance for the Aurora X2. They describe the Aurora X2's charging, pricing and
+   overview."), citing nothing.
 
 Options (``RAGCHAT["PROFILES"][name]["options"]["extractive"]``): ``synonyms`` (extra groups,
 merged into ``SYNONYMS``: ``{"sizes": ["fit", "small", "large"]}``), ``min_coverage`` (0.5, the
@@ -190,6 +190,7 @@ _DEFAULT_TABLE: SynonymTable | None = None
 
 
 def default_table() -> SynonymTable:
+    """``SYNONYMS`` compiled once per process (profiles without a ``synonyms`` option share it)."""
     global _DEFAULT_TABLE
     if _DEFAULT_TABLE is None:
         _DEFAULT_TABLE = SynonymTable.build()
@@ -201,16 +202,20 @@ def default_table() -> SynonymTable:
 
 @dataclass(frozen=True)
 class Sentence:
+    """One scorable sentence of a passage, with what scoring needs precomputed."""
+
     text: str
     position: int
     stems: frozenset[str]
     has_currency: bool
     has_number: bool
-    names: tuple[tuple[str, ...], ...]  # capitalised name sequences it contains (folded tokens)
+    names: tuple[str, ...]  # capitalised name runs it contains, folded ("aurora x2")
 
 
 @dataclass(frozen=True)
 class Passage:
+    """A retrieved chunk as the answerer sees it: its sentences, heading and subject."""
+
     index: int  # 1-based, as cited
     ordinal: int  # the chunk's place in its document: 0 is where a document describes its subject
     heading_leaf: str
@@ -295,6 +300,7 @@ def _analyse_text(text: str, heading: str, title: str) -> tuple[str, tuple[Sente
 
 
 def build_passages(documents: Iterable[RetrievedChunk]) -> list[Passage]:
+    """The prompt's documents as ``Passage`` objects, numbered from 1 as they are cited."""
     passages = []
     for index, chunk in enumerate(documents, start=1):
         leaf, found, subject, mentions_the = _analyse_text(chunk.text, chunk.heading or "", chunk.title or "")
@@ -351,6 +357,7 @@ def _group_keys(text: str, table: SynonymTable, skip: set[str]) -> list[tuple[st
 
 
 def analyse_query(question: str, search_query: str, passages: list[Passage], table: SynonymTable) -> Need:
+    """Split the user's ``question`` and the transformed ``search_query`` into subject and attribute."""
     need = Need()
     # The entities the passages know about: their subjects and the names in their sentences.
     known: set[tuple[str, ...]] = set()
@@ -407,6 +414,8 @@ def _covers(key: str, stems: frozenset[str], table: SynonymTable) -> bool:
 
 @dataclass(frozen=True)
 class Choice:
+    """A candidate sentence with its score and the share of the asked attribute it states."""
+
     passage: Passage
     sentence: Sentence
     score: float
