@@ -18,28 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from django_ragchat import hookimpl
 from django_ragchat.components import Component
+from django_ragchat.exceptions import LLMError  # noqa: F401  (its historical home)
 from django_ragchat.extractive import AnswerSelector, is_prose
 from django_ragchat.text import content_terms, sentences
 from django_ragchat.tokens import count_tokens
 from django_ragchat.types import LLMDelta, LLMResponse, Prompt, Usage
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
-
-
-class LLMError(Exception):
-    """A model call failed in a way the user should hear about.
-
-    ``code`` is short and stable (``rate_limited``, ``timeout``, ``model_unavailable``,
-    ``bad_response``, ``stream_interrupted``); ``user_message`` is safe to show. The detail
-    goes to the log, not to the user.
-    """
-
-    def __init__(self, code: str, user_message: str, *, retry_after: float | None = None):
-        super().__init__(f"{code}: {user_message}")
-        self.code = code
-        self.user_message = user_message
-        self.retry_after = retry_after
+    from django_ragchat.context import TurnContext
 
 
 class LLMBackend(Component):
@@ -103,7 +89,7 @@ class ExtractiveAnswerer(LLMBackend):
 
 class LegacyExtractiveAnswerer(ExtractiveAnswerer):
     """The first offline answerer (before issue #9), kept, unregistered, as the baseline that
-    ``bench/bench_answers.py`` compares against. Not for new sites.
+    ``bench/bench_extractive.py`` compares against. Not for new sites.
 
     Composes an answer from the passages' most relevant sentences, with ``[n]`` citations.
 
@@ -150,7 +136,7 @@ class LegacyExtractiveAnswerer(ExtractiveAnswerer):
         idf = {t: math.log(1 + n / (1 + df[t])) for t in weights}
         total = sum(weights[t] * idf[t] for t in weights) or 1.0
         scored = []
-        for (index, position, sentence), terms in zip(candidates, terms_of):
+        for (index, position, sentence), terms in zip(candidates, terms_of, strict=True):
             matched = sum(weights[t] * idf[t] for t in weights if t in terms)
             # A mild preference for higher-ranked passages and for concise sentences.
             score = matched / total - 0.01 * index - 0.0005 * max(0, len(terms) - 25)

@@ -169,24 +169,24 @@ def test_no_passages_gives_the_no_answer_text():
 
 
 def test_answers_bench_runs_and_its_judge_can_fail(db, ragchat_settings_override):
-    from bench import bench_answers
+    from bench import bench_extractive
 
-    ragchat_settings_override(**{k: v for k, v in bench_answers.RAGCHAT.items() if k != "LOAD_ENTRY_POINTS"})
-    items = [i for i in bench_answers.load_set() if i["id"] in ("q01", "q15", "q21")]
-    answers = bench_answers.run_labelled(items)
-    report = bench_answers.labelled_report(items, answers)
+    ragchat_settings_override(**{k: v for k, v in bench_extractive.RAGCHAT.items() if k != "LOAD_ENTRY_POINTS"})
+    items = [i for i in bench_extractive.load_set() if i["id"] in ("q01", "q15", "q21")]
+    answers = bench_extractive.run_labelled(items)
+    report = bench_extractive.labelled_report(items, answers)
     assert "fact stated" in report and "heldout" in report
-    judged = bench_answers.judge(items[0], answers["new"]["q01"])
+    judged = bench_extractive.judge(items[0], answers["new"]["q01"])
     assert judged["fact"] and not judged["off"] and not judged["declined"]
     # A wrong answer is scored wrong: another product's warranty for the Aurora X2.
-    wrong = bench_answers.judge(items[1], "Zephyr Buds come with a two-year warranty [1].")
+    wrong = bench_extractive.judge(items[1], "Zephyr Buds come with a two-year warranty [1].")
     assert wrong["off"] and not wrong["declined"]
-    assert "new/old" in bench_answers.measure_cost(repeats=1)
+    assert "new/old" in bench_extractive.measure_cost(repeats=1)
     from django_ragchat.models import Document
 
     Document.objects.all().delete()
-    canard = bench_answers.run_canard(dialogs=3)
-    assert canard["n"] > 0 and "first sentence of top passage" in bench_answers.canard_report(canard)
+    canard = bench_extractive.run_canard(dialogs=3)
+    assert canard["n"] > 0 and "first sentence of top passage" in bench_extractive.canard_report(canard)
 
 
 def test_a_sentence_about_another_product_inside_the_passage_is_not_used():
