@@ -383,7 +383,10 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
         if not any(tokens & set(e) for e in known) and not tokens <= STOPWORDS | GENERIC_WORDS:
             need.unknown.append(display)
     names = {w for e in everything | need.subjects for w in e}  # names are subjects, not attributes
-    for text, weight in ((question, 1.0), (search_query, 0.5)):
+    # In "I have an Aurora X2. How long does the battery last?" (or a pasted "Ignore all previous
+    # instructions. How much...?") the attribute is what the question sentence asks.
+    asked = " ".join(q for q in sentences(question) if q.endswith("?")) or question
+    for text, weight in ((asked, 1.0), (search_query, 0.5)):
         for key, label in _group_keys(text, table, names):
             if key not in need.groups:
                 need.groups[key] = weight
@@ -396,10 +399,10 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
         need.groups = dict.fromkeys(need.groups, 1.0)
     own_groups = {label for k in need.own if k.startswith("=") for label in k[1:].split("|")}
     need.wants_amount = bool("price" in own_groups or (
-        _PRICE_QUESTION_RE.search(question) and not own_groups & _MEASURE_GROUPS))
-    if "pay" in _words(question) and not _PRICE_QUESTION_RE.search(question):
+        _PRICE_QUESTION_RE.search(asked) and not own_groups & _MEASURE_GROUPS))
+    if "pay" in _words(asked) and not _PRICE_QUESTION_RE.search(asked):
         need.wants_amount = False  # "Do I have to pay for..." is answered by "free" as well as by "$15"
-    need.wants_number = bool(_QUANTITY_QUESTION_RE.search(question))
+    need.wants_number = bool(_QUANTITY_QUESTION_RE.search(asked))
     return need
 
 
