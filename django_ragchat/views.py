@@ -18,6 +18,7 @@ from django.views.decorators.http import require_GET
 
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import PROTOCOL_VERSION
+from django_ragchat.profiles import get_profile
 from django_ragchat.routing import WEBSOCKET_PATH
 
 # Stands for a conversation id in the URL templates handed to the page's script.
@@ -71,4 +72,11 @@ def chat_page(request):
     """The chat page: your conversations, a new one, and the answer streaming with its sources."""
     if not may_chat(request):
         return redirect_to_login(request.get_full_path())
-    return render(request, "django_ragchat/chat.html")
+    # Said on the page: until a model is configured, answers are quoted, not written (issue #9).
+    try:
+        extractive = get_profile().llm == "extractive"
+    except ImproperlyConfigured:  # a wrong profile is reported by the turn and the system check
+        extractive = False
+    notice = ("Answers are sentences quoted from the documents, with their sources, until a language "
+              "model is configured." if extractive else "")
+    return render(request, "django_ragchat/chat.html", {"notice": notice})
