@@ -8,7 +8,14 @@ from django.contrib import admin
 from django.db.models import Count
 
 from django_ragchat.models import (
-    Chunk, Conversation, Document, Feedback, MemoryRecord, Message, MessageSource, TurnTrace,
+    Chunk,
+    Conversation,
+    Document,
+    Feedback,
+    MemoryRecord,
+    Message,
+    MessageSource,
+    TurnTrace,
 )
 
 

@@ -81,7 +81,10 @@ def check_plugins(app_configs=None, **kwargs):
 def check_profiles(app_configs=None, **kwargs):
     from django_ragchat import plugins
     from django_ragchat.profiles import (
-        CHOICE_STAGES, EMPTY_CONTEXT_POLICIES, LIST_STAGES, build_profile,
+        CHOICE_STAGES,
+        EMPTY_CONTEXT_POLICIES,
+        LIST_STAGES,
+        build_profile,
     )
 
     errors = []

@@ -46,7 +46,14 @@ from django_ragchat.profiles import Profile, get_profile
 from django_ragchat.retrievers import EmbeddingSpaceMismatch
 from django_ragchat.tokens import count_tokens, tokenizer_name
 from django_ragchat.types import (
-    Answer, EndTurn, HistoryMessage, Prompt, Query, RetrievedChunk, SkipRetrieval, Usage,
+    Answer,
+    EndTurn,
+    HistoryMessage,
+    Prompt,
+    Query,
+    RetrievedChunk,
+    SkipRetrieval,
+    Usage,
 )
 
 logger = logging.getLogger(__name__)

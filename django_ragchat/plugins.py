@@ -15,18 +15,18 @@ import asyncio
 import inspect
 import logging
 import threading
+from importlib import import_module
 from typing import Any
 
 import pluggy
 from django.utils.module_loading import import_string
-from importlib import import_module
 
 from django_ragchat import hookspecs
 from django_ragchat.components import Component, ComponentRegistry
 
 logger = logging.getLogger(__name__)
 
-from django_ragchat import hookimpl  # noqa: F401  (also importable from here, as in pluggy projects)
+from django_ragchat import hookimpl  # noqa: E402, F401  (also importable from here, as in pluggy projects)
 
 ENTRY_POINT_GROUP = "django_ragchat"
 
@@ -110,10 +110,11 @@ def build_registry(pm: pluggy.PluginManager) -> ComponentRegistry:
             plugin = impl.plugin_name
 
             def register(cls: type[Component], *, name: str | None = None,
-                         order: int | None = None, _kind: str = kind, _plugin: str = plugin) -> None:
+                         order: int | None = None, _kind: str = kind, _plugin: str = plugin,
+                         _hook: str = hook_name) -> None:
                 if not (isinstance(cls, type) and issubclass(cls, Component) and cls.kind == _kind):
                     registry.errors.append(
-                        f"Plugin {_plugin!r} passed {cls!r} to register() in {hook_name}, "
+                        f"Plugin {_plugin!r} passed {cls!r} to register() in {_hook}, "
                         f"but it is not a subclass of the {_kind} base class."
                     )
                     return

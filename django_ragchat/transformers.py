@@ -66,7 +66,7 @@ def mid_sentence_names(texts: list[str]) -> set[str]:
     """Folded words written capitalised inside a sentence somewhere in ``texts``: names."""
     found = set()
     for text in texts:
-        for i, match in enumerate(_TOKEN_RE.finditer(text[:_MAX_SCAN_CHARS])):
+        for match in _TOKEN_RE.finditer(text[:_MAX_SCAN_CHARS]):
             token = match.group(0)
             if token[0].isupper() and not _starts_sentence(text, match):
                 found.add(normalize(token))

@@ -20,7 +20,13 @@ from rest_framework.test import APIClient
 from django_ragchat import limits, plugins
 from django_ragchat.llms import LLMBackend, LLMError
 from django_ragchat.models import (
-    Chunk, Conversation, Document, Feedback, MemoryRecord, Message, MessageSource,
+    Chunk,
+    Conversation,
+    Document,
+    Feedback,
+    MemoryRecord,
+    Message,
+    MessageSource,
 )
 from django_ragchat.types import LLMDelta
 
