@@ -21,6 +21,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files (offline)
     "channels",
     "django_ragchat",
 ]
@@ -78,7 +79,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 LOGIN_URL = "/admin/login/"
 
-REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema"}
+# No REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]: the API views set their schema class themselves.
 SPECTACULAR_SETTINGS = {"TITLE": "django-ragchat demo API", "VERSION": "1"}
 
 # The demo lets visitors chat without an account (bound to their session).

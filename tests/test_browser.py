@@ -210,3 +210,22 @@ def test_model_output_and_questions_are_shown_as_text_never_as_html(page, asgi, 
     wait_for_page(page)
     WebDriverWait(page, 20).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-body")) >= 2)
     check()
+
+
+@pytest.mark.parametrize("page_name", ["docs", "redoc"])
+def test_the_api_docs_render_from_the_sites_own_static_files(page, live_server, page_name):
+    """Swagger UI and Redoc come from drf-spectacular-sidecar through the site's static files:
+    the pages render their operations with no network, and load nothing from another origin."""
+    page.get(f"{live_server.url}/api/ragchat/{page_name}/")
+    selector = ".swagger-ui .opblock-summary-path" if page_name == "docs" else "[data-section-id^='operation/']"
+    WebDriverWait(page, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, selector))
+    if page_name == "docs":
+        paths = {e.text.replace("\u200b", "") for e in page.find_elements(By.CSS_SELECTOR, selector)}
+        assert "/api/ragchat/conversations/" in paths
+    else:
+        assert "conversation" in page.find_element(By.TAG_NAME, "body").text.lower()
+    # Scripts, stylesheets and the schema (Redoc's own footer logo is an image from its site).
+    resources = page.execute_script("return performance.getEntriesByType('resource')"
+                                    ".filter(e => e.initiatorType !== 'img').map(e => e.name)")
+    assert any("/static/drf_spectacular_sidecar/" in url for url in resources), resources
+    assert all(url.startswith(live_server.url) for url in resources), resources
