@@ -21,7 +21,6 @@ import secrets
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -45,9 +44,13 @@ def free_port() -> int:
 class ServerProcess:
     """A server started as a child process, answering on 127.0.0.1:``port``."""
 
+    # Where the servers' logs go: pytest's temporary directory of the session (set by the
+    # ``server_logs`` fixture), never loose files in the system's temp folder.
+    log_dir: Path = ROOT / "var" / "test-logs"
+
     def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int):
         self.name, self.argv, self.env, self.port = name, argv, env, port
-        self.log = Path(tempfile.gettempdir()) / f"ragchat-{name}-{os.getpid()}-{port}.log"
+        self.log = self.log_dir / f"ragchat-{name}-{os.getpid()}-{port}.log"
         self.process: subprocess.Popen | None = None
 
     @property
@@ -59,6 +62,7 @@ class ServerProcess:
         return f"ws://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=log,
                                             stderr=subprocess.STDOUT)
@@ -115,6 +119,13 @@ def gunicorn(name: str, env: dict[str, str]) -> ServerProcess:
 
 
 # --- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def server_logs(tmp_path_factory) -> Path:
+    """The directory of the server processes' logs, in pytest's temporary directory."""
+    ServerProcess.log_dir = tmp_path_factory.mktemp("server-logs")
+    return ServerProcess.log_dir
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,8 @@ that looks like HTML stays text."""
 
 from __future__ import annotations
 
+import os
 import shutil
-import tempfile
 
 import pytest
 from selenium import webdriver
@@ -23,15 +23,18 @@ QUESTION = "How much does the Aurora X2 cost?"
 
 
 @pytest.fixture(scope="module")
-def browser():
-    profile = tempfile.mkdtemp(prefix="ragchat-chromium-")
+def browser(tmp_path_factory):
+    profile = tmp_path_factory.mktemp("chromium-profile")
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                      "--disable-background-networking", "--disable-component-update", "--disable-sync",
                      "--no-first-run", f"--user-data-dir={profile}", "--window-size=1200,900"):
         options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(executable_path="/usr/bin/chromedriver"), options=options)
+    # Chromium and its driver write scratch files to TMPDIR: pytest's directory, not /tmp.
+    scratch = tmp_path_factory.mktemp("chromium-tmp")
+    service = Service(executable_path="/usr/bin/chromedriver", env={**os.environ, "TMPDIR": str(scratch)})
+    driver = webdriver.Chrome(service=service, options=options)
     driver.set_page_load_timeout(30)
     try:
         yield driver
