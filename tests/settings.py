@@ -70,6 +70,7 @@ else:
     }
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 ASGI_APPLICATION = "tests.asgi.application"
+LOGIN_URL = "admin:login"  # resolves (ragchat.W031)
 STATIC_URL = "static/"
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
