@@ -98,7 +98,9 @@ if os.environ.get("OPENAI_API_KEY") or os.environ.get("RAGCHAT_LLM_BASE_URL"):
         "model": os.environ.get("RAGCHAT_CHAT_MODEL", "gpt-4o-mini"),
         "embedding_model": os.environ.get("RAGCHAT_EMBEDDING_MODEL", "text-embedding-3-small"),
     }
-    if os.environ.get("RAGCHAT_EMBEDDING_DIMENSIONS"):  # needed for models other than OpenAI's
+    # Optional: the size is learnt from the model's first reply; set it to ask OpenAI's
+    # text-embedding-3 models for shorter vectors.
+    if os.environ.get("RAGCHAT_EMBEDDING_DIMENSIONS"):
         _openai["embedding_dimensions"] = int(os.environ["RAGCHAT_EMBEDDING_DIMENSIONS"])
     RAGCHAT["PROFILES"]["default"] = {"llm": "openai", "embedder": "openai", "options": {"openai": _openai}}
 
