@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
 from typing import Any, ClassVar
@@ -32,7 +31,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
 
-from django_ragchat import permissions, persistence, transport
+from django_ragchat import jsonbody, permissions, persistence, transport
 from django_ragchat.events import PROTOCOL_VERSION, Accepted, Completed, Failed
 from django_ragchat.models import Conversation, Message
 from django_ragchat.transport import TurnRefused
@@ -214,8 +213,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if len(text_data) > transport.max_request_chars():
             return await self._error("too_large", f"Frames are limited to {transport.max_request_chars():,} characters.")
         try:
-            frame = json.loads(text_data)
-        except (ValueError, RecursionError):
+            frame = jsonbody.loads(text_data)
+        except jsonbody.JSONRefused:
             return await self._error("parse_error", "The frame is not valid JSON.")
         if not isinstance(frame, dict):
             return await self._error("invalid_frame", 'A frame is a JSON object with a "type".')
