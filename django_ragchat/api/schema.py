@@ -5,7 +5,9 @@ drf-spectacular's ``@extend_schema`` on a view *method* builds its schema class 
 never set it to drf-spectacular's class gets DRF's own ``AutoSchema`` there, and the schema
 answers 500 ("Incompatible AutoSchema used on View ..."). The API views set
 ``schema = AutoSchema()`` themselves, and this generator re-bases the method-level schema
-classes on drf-spectacular's ``AutoSchema``, so that nothing has to be set by the site.
+classes on drf-spectacular's ``AutoSchema`` (``use_spectacular_schemas``, called by
+``django_ragchat.api.urls`` for its views), so that nothing has to be set by the site: the
+schema view, ``manage.py spectacular`` and drf-spectacular's own system check all work.
 """
 
 from __future__ import annotations
@@ -26,6 +28,19 @@ def _rebase(schema_class: type) -> None:
             cls.__bases__ = (AutoSchema,)
             return
         cls = base
+
+
+HTTP_METHODS = ("get", "post", "put", "patch", "delete", "head", "options", "trace")
+
+
+def use_spectacular_schemas(*view_classes: type) -> None:
+    """Re-base the ``@extend_schema`` classes of these views' methods on drf-spectacular's
+    ``AutoSchema`` (see the module's docstring)."""
+    for view_class in view_classes:
+        for method in HTTP_METHODS:
+            action_schema = getattr(getattr(view_class, method, None), "kwargs", {}).get("schema")
+            if isinstance(action_schema, type) and not issubclass(action_schema, AutoSchema):
+                _rebase(action_schema)
 
 
 class RagchatSchemaGenerator(SchemaGenerator):

@@ -15,7 +15,7 @@ from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from django_ragchat.api import views
-from django_ragchat.api.schema import RagchatSchemaGenerator
+from django_ragchat.api.schema import RagchatSchemaGenerator, use_spectacular_schemas
 
 app_name = "ragchat_api"
 
@@ -92,3 +92,6 @@ urlpatterns += [
     path("docs/", SwaggerView.as_view(), name="docs"),
     path("redoc/", RedocView.as_view(), name="redoc"),
 ]
+
+# Whatever the site's REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] (see django_ragchat.api.schema).
+use_spectacular_schemas(*(pattern.callback.cls for pattern in urlpatterns))
