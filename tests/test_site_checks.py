@@ -4,6 +4,7 @@ ragchat.W011 on a plain ``manage.py check`` (a PostgreSQL space without its HNSW
 
 from __future__ import annotations
 
+import re
 from io import StringIO
 
 import pytest
@@ -83,3 +84,16 @@ def test_ragchat_ingest_builds_the_index_and_plain_check_warns_when_it_is_gone(t
     # A second ingestion (nothing new) puts it back.
     call_command("ragchat_ingest", str(tmp_path), "--no-progress", stdout=StringIO())
     assert postgres.hnsw_index_status(space).ok
+
+
+def test_every_check_id_is_in_the_documented_table():
+    from pathlib import Path
+
+    import django_ragchat
+
+    package = Path(django_ragchat.__file__).parent
+    code = "".join(p.read_text() for p in package.rglob("*.py"))
+    documented = (package.parent / "docs" / "settings.md").read_text()
+    check_ids = set(re.findall(r'id="(ragchat\.[EW]\d{3})"', code))
+    assert {"ragchat.W011", "ragchat.W030", "ragchat.W031"} <= check_ids
+    assert [i for i in sorted(check_ids) if f"`{i}`" not in documented] == []
