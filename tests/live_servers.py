@@ -135,10 +135,11 @@ def live_prefix() -> str:
 
 
 @pytest.fixture(scope="session")
-def live_env(django_db_setup, openai_server_session, live_prefix) -> dict[str, str]:
+def live_env(django_db_setup, openai_server_session, live_prefix, tmp_path_factory) -> dict[str, str]:
     """The environment of the server processes (after the test database exists)."""
     return {
         **os.environ,
+        "TMPDIR": str(tmp_path_factory.mktemp("server-tmp")),  # gunicorn's worker files, not in /tmp
         "DJANGO_SETTINGS_MODULE": "tests.live_settings",
         "PYTHONPATH": str(ROOT),
         "RAGCHAT_LIVE_PREFIX": live_prefix,

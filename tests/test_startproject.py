@@ -108,6 +108,8 @@ def new_site(tmp_path_factory):
     wheels = base / "wheels"
     env = {k: v for k, v in os.environ.items()
            if k not in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH", "DATABASE_URL", "VIRTUAL_ENV")}
+    (base / "tmp").mkdir()
+    env["TMPDIR"] = str(base / "tmp")  # pip's and the servers' scratch files: here, not in /tmp
     run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
          "-w", str(wheels), str(source)], base, env)
     (wheel,) = wheels.glob("django_ragchat-*.whl")
