@@ -77,8 +77,10 @@ def test_events_arrive_as_the_model_writes_them(server, user, product_corpus, op
     first_delta = next(t for t, kind in arrivals if kind == "delta")
     done = arrivals[-1][0]
     assert arrivals[-1][1] == "done"
+    # Buffered, every delta would arrive with "done", at the end; streamed, they spread over the
+    # model's writing (30 tokens, 40 ms apart). No limit on the first one's latency: on a loaded
+    # machine that is a measure of the load, not of buffering.
     assert done - first_delta > 0.8, arrivals
-    assert first_delta < 0.6, arrivals
 
 
 def test_refusals_are_http_statuses_with_the_error_event_as_body(server, product_corpus, user, other_user, staff_user, conversation):
