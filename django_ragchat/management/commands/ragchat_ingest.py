@@ -80,10 +80,11 @@ class Command(BaseCommand):
                 f"No documents found in {' '.join(options['paths'])} "
                 f"(supported: {', '.join(sorted(SUPPORTED_SUFFIXES))})."
             )
-        self.stdout.write(f"Ingested {report.summary()}")
+        if report.count(FAILED) < len(report.results):
+            self._build_missing_indexes()
+        self.stdout.write(f"Ingested {report.summary()}")  # the last line: the counts
         if report.count(FAILED) == len(report.results):
             raise CommandError("Every document failed to ingest.")
-        self._build_missing_indexes()
 
     def _build_missing_indexes(self) -> None:
         from django.db import connections, router
