@@ -27,7 +27,7 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp || -n $(find plugins -name pyproj
   say "installing the optional plugins in plugins/ (for their tests)"
   # They are separate distributions; --no-build-isolation: offline, with the setuptools above.
   "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation \
-    -e plugins/ragchat-lexical-rerank -e plugins/ragchat-pii-guard
+    -e plugins/ragchat-lexical-rerank -e plugins/ragchat-pii-guard -e plugins/ragchat-prompt-guard
   echo "$DJANGO" > "$stamp"
   say "done in $(( $(date +%s) - started )) s: $("$VENV/bin/python" -c 'import django, sys; print(f"Python {sys.version.split()[0]}, Django {django.get_version()}")')"
 fi
