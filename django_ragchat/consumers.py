@@ -25,6 +25,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from django_ragchat import jsonbody, permissions, persistence, transport
 from django_ragchat.events import PROTOCOL_VERSION, Accepted, Completed, Failed
+from django_ragchat.lanes import database_lane
 from django_ragchat.models import Conversation, Message
 from django_ragchat.transport import TurnRefused
 
@@ -173,7 +174,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         content = frame.get("content")
         try:
             transport.validate(content)
-            conversation = await self._conversation_for_message(frame.get("conversation_id", self.conversation_id))
+            async with database_lane():
+                conversation = await self._conversation_for_message(frame.get("conversation_id", self.conversation_id))
         except TurnRefused as refusal:
             return await self._send_frame(self._frame(refusal.to_event().to_dict(), None, client_id))
         key = str(conversation.pk)
@@ -183,7 +185,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                                   "wait for it to finish or cancel it.", 409)
             return await self._send_frame(self._frame(refusal.to_event().to_dict(), key, client_id))
         self.conversation_id = key
-        self.turns[key] = asyncio.create_task(self._run_turn(conversation, content, client_id))
+        self.turns[key] = asyncio.create_task(self._run_turn_in_lane(conversation, content, client_id))
 
     async def on_cancel(self, frame: dict, client_id: str | None) -> None:
         """``{"type": "cancel", "conversation_id"?: ...}``: stop the turn being written there,
@@ -233,6 +235,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_add(group, self.channel_name)
             self.groups.append(group)  # left automatically on disconnect
         self.watching[key] = may_send
+
+    async def _run_turn_in_lane(self, conversation: Conversation, content: Any, client_id: str | None) -> None:
+        # The turn's database work on a thread of its own (one of a few), not the thread every
+        # turn of the worker shares: a burst of turns then does not queue behind each other's
+        # I/O waits (django_ragchat.lanes).
+        async with database_lane():
+            await self._run_turn(conversation, content, client_id)
 
     async def _run_turn(self, conversation: Conversation, content: Any, client_id: str | None) -> None:
         key = str(conversation.pk)
