@@ -31,8 +31,10 @@ DATABASES = {"default": {
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 if os.environ.get("RAGCHAT_BENCH_REDIS_PREFIX"):  # --workers 2 and more
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {
-        "hosts": [os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")],
-        "prefix": os.environ["RAGCHAT_BENCH_REDIS_PREFIX"],
+        # socket_timeout None: redis-py 8 defaults it to 5 s, which ends the layer's blocking
+        # receive (BZPOPMIN, 5 s) of an idle socket with a TimeoutError (channels_redis #422).
+        "hosts": [{"address": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), "socket_timeout": None}],
+        "prefix": os.environ["RAGCHAT_BENCH_REDIS_PREFIX"], "capacity": 1000,
     }}}
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 

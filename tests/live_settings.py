@@ -33,7 +33,8 @@ if os.environ.get("RAGCHAT_LIVE_CHANNEL_LAYER") == "redis":
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
-                "hosts": [_redis_url],
+                # As docs/deployment.md: redis-py 8's 5 s socket_timeout breaks idle sockets.
+                "hosts": [{"address": _redis_url, "socket_timeout": None}],
                 "prefix": os.environ.get("RAGCHAT_LIVE_PREFIX", "ragchat-live") + ":layer",
                 # Room for a whole streamed answer in a watcher's channel (see docs/deployment.md).
                 "capacity": 1000,
