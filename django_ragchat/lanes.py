@@ -66,7 +66,9 @@ def lane_count() -> int:
     """How many lanes blocks are spread over (1: asgiref's single thread, nothing changes)."""
     if not SUPPORTED:
         return 1
-    return max(1, int(ragchat_settings.DATABASE_THREADS or 1))
+    size = ragchat_settings.DATABASE_THREADS
+    # A bad value is reported by the system check (ragchat.E007); turns still run meanwhile.
+    return size if isinstance(size, int) and size > 1 else 1
 
 
 class database_lane:  # noqa: N801 (used like a function: ``async with database_lane():``)
