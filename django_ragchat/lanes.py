@@ -27,6 +27,7 @@ from __future__ import annotations
 import inspect
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Self
 
 from asgiref.sync import AsyncToSync, ThreadSensitiveContext
 
@@ -71,7 +72,7 @@ def lane_count() -> int:
     return size if isinstance(size, int) and size > 1 else 1
 
 
-class database_lane:  # noqa: N801 (used like a function: ``async with database_lane():``)
+class database_lane:  # lower case: used like a function, ``async with database_lane():``
     """Async context manager: the thread-sensitive calls in the block run on one lane's thread.
 
     Every task the block creates must finish inside it (asgiref refuses later calls).
@@ -81,7 +82,7 @@ class database_lane:  # noqa: N801 (used like a function: ``async with database_
         self.index: int | None = None
         self.context: ThreadSensitiveContext | None = None
 
-    async def __aenter__(self) -> database_lane:
+    async def __aenter__(self) -> Self:
         size = lane_count()
         if size <= 1 or getattr(AsyncToSync.executors, "current", None) is not None:
             return self

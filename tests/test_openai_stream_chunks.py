@@ -19,7 +19,7 @@ def sse_server(*chunks):
     """A server answering every POST with ``chunks`` as server-sent events, then [DONE]."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's name)
+        def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -79,7 +79,7 @@ def test_choices_and_deltas_of_another_shape_are_skipped():
 
 
 def test_a_chunk_that_is_not_an_object_is_a_bad_response():
-    with sse_server({"choices": [{"delta": {"content": "a"}}]}, ["not", "an", "object"]) as url:
-        with pytest.raises(LLMError) as raised:
-            stream(url)
+    with sse_server({"choices": [{"delta": {"content": "a"}}]}, ["not", "an", "object"]) as url, \
+            pytest.raises(LLMError) as raised:
+        stream(url)
     assert raised.value.code == "bad_response"
