@@ -138,13 +138,15 @@ class FollowUpEnricher(QueryTransformer):
     ANSWER_WEIGHT = 0.5
 
     def __init__(self, profile, *, max_terms: int = 4, lookback: int = 10, use_answers: bool = True,
-                 min_own_terms: int = 3, decay: float = 0.7, **options: Any):
+                 min_own_terms: int = 3, decay: float = 0.7, track_subjects: bool = True,
+                 **options: Any):
         super().__init__(profile, **options)
         self.max_terms = max_terms
         self.lookback = lookback
         self.use_answers = use_answers
         self.min_own_terms = min_own_terms
         self.decay = decay
+        self.track_subjects = track_subjects
 
     def is_dependent(self, text: str) -> bool:
         """Whether the question likely needs the conversation to be understood."""
