@@ -137,7 +137,8 @@ def run(*, limit: int | None = None) -> dict:
                 results[name] += play(selected, overrides)
         finally:
             remove_corpus(corpus)
-    return {"variants": results, "conversations": len({o.conversation for o in results["after"]}), "seconds": time.perf_counter() - started}
+    return {"variants": results, "conversations": len({o.conversation for o in results["after"]}),
+            "seconds": time.perf_counter() - started}
 
 
 def _rate(items: list[TurnOutcome], attr: str) -> str:

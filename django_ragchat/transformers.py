@@ -75,7 +75,7 @@ def mid_sentence_names(texts: list[str]) -> set[str]:
     """Folded words written capitalised inside a sentence somewhere in ``texts``: names."""
     found = set()
     for text in texts:
-        for i, match in enumerate(_TOKEN_RE.finditer(text[:_MAX_SCAN_CHARS])):
+        for match in _TOKEN_RE.finditer(text[:_MAX_SCAN_CHARS]):
             token = match.group(0)
             if token[0].isupper() and not _starts_sentence(text, match):
                 found.add(normalize(token))
@@ -230,17 +230,38 @@ class ConversationState:
 
 
 class FollowUpEnricher(QueryTransformer):
-    """Appends the conversation's subject to a follow-up that depends on it.
+    """Resolves a follow-up: appends the conversation's subject, or the attribute it inherits.
 
     A question counts as dependent when it points back (a pronoun such as "it" or "they", or
     an elliptical opening such as "And the battery?") or has fewer than ``min_own_terms``
     content words of its own. Such a question gets up to ``max_terms`` terms appended (see
     ``salient_terms``); a self-contained question is left alone.
 
+    Subjects and attributes (``track_subjects``, on by default): the names the corpus has as
+    document titles or name-like headings (``subjects.subject_index``) are the subjects a
+    conversation can be about; the other words a user asks with are the attribute. Reading the
+    user's messages oldest first (``ConversationState.step``):
+
+    * a message naming a new subject replaces the subject; when it asks nothing of its own
+      ("And the X?", "What about X?", "How about X?", "X?", "Same for X") it inherits the last
+      attribute, which is appended to the search ("What about the Nimbus Tab? battery life");
+      names of the subjects left behind are never appended;
+    * a follow-up without a name ("And its warranty?") keeps the subject; once the conversation
+      has switched subjects, only the current subject's name is appended;
+    * a message that starts afresh ("Thanks. Now, what is your return policy?") carries
+      nothing, and nothing said before it is carried later;
+    * a conversation that never names a corpus subject, or stays on one, is enriched as
+      before (``enrich``), which is what ``bench/bench_canard.py`` measures.
+
+    The trace's ``queries.followup`` says which rule fired (``subject_rule``: set, kept,
+    replaced, fresh or none; ``attribute_rule``: new, inherited or none), and the step's note
+    repeats it in words.
+
     Options: ``max_terms`` (4), ``lookback`` (10) user turns read, newest first;
     ``use_answers`` (True) lets names from the latest answer stand in when the user never
     named anything; ``min_own_terms`` (3); ``decay`` (0.7), the weight of a mention one user
-    turn older than another.
+    turn older than another; ``track_subjects`` (True; False is the subject-blind behaviour
+    of earlier versions, kept for comparison in ``bench/bench_followup.py``).
 
     Tuned on the first 100 dialogs of CANARD with ``bench/bench_canard.py`` (see
     bench/README.md): against the first version (names and topic words of the last 3 user
@@ -384,7 +405,7 @@ class FollowUpEnricher(QueryTransformer):
                 added = [w for w in after.attribute if stem(normalize(w)) not in own]
                 if added:
                     return _noted(query, f"follow-up: {rules}: added {added}", text=f"{query.text} {' '.join(added)}")
-            return _noted(query, f"names its subject: {rules}")
+            return _noted(query, f"self-contained (names its subject); {rules}")
         if not self.is_dependent(query.text):
             return _noted(query, f"self-contained; {rules}")
         if after.subject is not None and len(after.subjects_seen) > 1:
@@ -394,7 +415,7 @@ class FollowUpEnricher(QueryTransformer):
             if not set(after.subject.tokens) <= own:
                 added = [after.subject.name]
                 return _noted(query, f"follow-up: {rules}: added {added}", text=f"{query.text} {after.subject.name}")
-            return _noted(query, f"names its subject: {rules}")
+            return _noted(query, f"self-contained (names its subject); {rules}")
         result = self.enrich(self.since_fresh_start(query, index))
         return _noted(result.replace(history=query.history), f"{result.metadata['transform_note']}; {rules}")
 
