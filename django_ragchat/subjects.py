@@ -33,10 +33,16 @@ def name_key(word: str) -> str:
     return stem(normalize(word))
 
 
+def _identifies(word: str) -> bool:
+    # Stop words say nothing, but a single letter or a code is what tells "Product A" from
+    # "Product B" ("a" is also a stop word).
+    return word not in STOPWORDS or len(word) == 1 or any(c.isdigit() for c in word)
+
+
 def name_tokens(name: str) -> tuple[str, ...]:
-    """The keys of the words of ``name`` that identify it (stop words dropped; single letters
-    and digits kept, so "Product B" is not "Product A")."""
-    return tuple(dict.fromkeys(stem(w) for w in words(name) if w not in STOPWORDS))
+    """The keys of the words of ``name`` that identify it: stop words dropped, single letters
+    and codes kept."""
+    return tuple(dict.fromkeys(stem(w) for w in words(name) if _identifies(w)))
 
 
 def _written_as_name(heading: str) -> bool:
@@ -106,10 +112,13 @@ class SubjectIndex:
         matches = list(_NAME_WORD_RE.finditer(text))
         keys = [name_key(m.group(0)) for m in matches]
         positions: dict[str, list[int]] = {}
-        for position, key in enumerate(keys):
+        for position, (match, key) in enumerate(zip(matches, keys)):
+            # A single letter names something only in upper case: "product B", not "a product".
+            if len(key) == 1 and key.isalpha() and not match.group(0).isupper():
+                continue
             positions.setdefault(key, []).append(position)
         found: dict[Subject, int] = {}
-        for key in positions:
+        for key in list(positions):
             for subject in self._by_token.get(key, ()):
                 if subject in found or not all(t in positions for t in subject.tokens):
                     continue
