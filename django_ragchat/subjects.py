@@ -112,7 +112,7 @@ class SubjectIndex:
         matches = list(_NAME_WORD_RE.finditer(text))
         keys = [name_key(m.group(0)) for m in matches]
         positions: dict[str, list[int]] = {}
-        for position, (match, key) in enumerate(zip(matches, keys)):
+        for position, (match, key) in enumerate(zip(matches, keys, strict=True)):
             # A single letter names something only in upper case: "product B", not "a product".
             if len(key) == 1 and key.isalpha() and not match.group(0).isupper():
                 continue

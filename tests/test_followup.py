@@ -256,14 +256,16 @@ def test_a_fresh_start_carries_nothing_now_or_later():
     fresh = resolve("Thanks. Now, what is your return policy?", "How much do the Zephyr Buds cost?")
     assert fresh.text == "Thanks. Now, what is your return policy?"
     assert fresh.metadata["transform_note"].startswith("fresh start: nothing carried")
-    later = resolve("And the repair times?", "How much do the Zephyr Buds cost?", "Thanks. Now, what is your return policy?")
+    later = resolve("And the repair times?",
+                    "How much do the Zephyr Buds cost?", "Thanks. Now, what is your return policy?")
     assert "Zephyr" not in later.text
 
 
 def test_without_subjects_in_the_corpus_the_transformer_is_subject_blind():
     query = Query(text="What about the Nimbus Tab?", original="What about the Nimbus Tab?",
                   history=history("What is the battery life of the Zephyr Buds?"))
-    assert FollowUpEnricher(PROFILE).resolve(query, None, SubjectIndex([])).text == "What about the Nimbus Tab? Zephyr Buds"
+    result = FollowUpEnricher(PROFILE).resolve(query, None, SubjectIndex([]))
+    assert result.text == "What about the Nimbus Tab? Zephyr Buds"
 
 
 @pytest.mark.parametrize("text, attribute, elliptical, fresh", [
