@@ -6,7 +6,11 @@ set by the benchmark."""
 
 import os
 
-from example_project.settings import *  # noqa: F403  (these settings extend the demo's)
+# The demo's settings refuse to load without a key of their own unless in demo mode; the
+# benchmark runs on plain HTTP with the demo key, and turns DEBUG off again below.
+os.environ.setdefault("DJANGO_DEBUG", "1")
+
+from example_project.settings import *  # noqa: E402, F403  (these settings extend the demo's)
 
 DEBUG = False
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]

@@ -80,9 +80,7 @@ def check_plugins(app_configs=None, **kwargs):
 @register(Tags.compatibility)
 def check_profiles(app_configs=None, **kwargs):
     from django_ragchat import plugins
-    from django_ragchat.profiles import (
-        CHOICE_STAGES, EMPTY_CONTEXT_POLICIES, LIST_STAGES, build_profile,
-    )
+    from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, InvalidProfile, build_profile
 
     errors = []
     profiles = ragchat_settings.PROFILES
@@ -96,8 +94,18 @@ def check_profiles(app_configs=None, **kwargs):
         ))
     registry = plugins.get_registry()
     for name, config in profiles.items():
+        if not isinstance(config, (dict, type(None))):
+            errors.append(Error(f"Profile {name!r}: its options must be a dict, not {config!r}",
+                                hint="See docs/profiles.md for the options.", id="ragchat.E002"))
+            continue
         try:
             profile = build_profile(name, config or {})
+        except InvalidProfile as exc:
+            # The same sentences a turn refuses to start with (profiles.profile_problems).
+            for problem in exc.problems:
+                errors.append(Error(f"Profile {name!r}: {problem}",
+                                    hint="See docs/profiles.md for the options.", id="ragchat.E002"))
+            continue
         except (ImproperlyConfigured, TypeError) as exc:
             errors.append(Error(str(exc), hint="See docs/profiles.md for the options.", id="ragchat.E002"))
             continue
@@ -115,14 +123,6 @@ def check_profiles(app_configs=None, **kwargs):
                         registry.get(kind, component)
                     except ImproperlyConfigured as exc:
                         problems.append(f"{field}: {exc}")
-        if profile.empty_context not in EMPTY_CONTEXT_POLICIES:
-            problems.append(f"empty_context must be one of {EMPTY_CONTEXT_POLICIES}, not {profile.empty_context!r}")
-        if not 0 <= profile.history_share <= 1:
-            problems.append("history_share must be between 0 and 1")
-        if profile.top_k < 1 or profile.retrieval_k < profile.top_k:
-            problems.append("top_k must be at least 1 and retrieval_k at least top_k")
-        if profile.max_answer_tokens >= profile.context_window:
-            problems.append("max_answer_tokens must be smaller than context_window")
         if not problems:
             # Build the components once: options they do not accept fail here, not at the first turn.
             from django_ragchat.pipeline import components_for

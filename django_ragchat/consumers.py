@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from django_ragchat import permissions, persistence, transport
+from django_ragchat import jsonbody, permissions, persistence, transport
 from django_ragchat.events import PROTOCOL_VERSION, Accepted, Completed, Failed
 from django_ragchat.models import Conversation, Message
 from django_ragchat.transport import TurnRefused
@@ -154,8 +154,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if len(text_data) > transport.max_request_chars():
             return await self._error("too_large", f"Frames are limited to {transport.max_request_chars():,} characters.")
         try:
-            frame = json.loads(text_data)
-        except (ValueError, RecursionError):
+            frame = jsonbody.loads(text_data)
+        except jsonbody.JSONRefused:
             return await self._error("parse_error", "The frame is not valid JSON.")
         if not isinstance(frame, dict):
             return await self._error("invalid_frame", 'A frame is a JSON object with a "type".')

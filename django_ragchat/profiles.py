@@ -115,15 +115,82 @@ class UnknownProfile(ImproperlyConfigured):
     pass
 
 
+class InvalidProfile(ImproperlyConfigured):
+    """A profile whose values are wrong; ``problems`` lists each one (the system check reports
+    them one by one, a turn refuses to start with all of them in its message)."""
+
+    def __init__(self, name: str, problems: list[str]):
+        self.name = name
+        self.problems = problems
+        super().__init__("; ".join(f"Profile {name!r}: {problem}" for problem in problems))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def profile_problems(profile: Profile) -> list[str]:
+    """What is wrong with a profile's values, as sentences (empty when nothing is).
+
+    Component names are not looked up here (that needs the plugin registry, see
+    ``checks.check_profiles``); everything a profile says by value is."""
+    problems = []
+    for name in ("system_prompt", "llm", "embedder", "memory", "joiner", "prompt_augmenter", "no_context_answer"):
+        if not isinstance(getattr(profile, name), str):
+            problems.append(f"{name} must be a string, not {getattr(profile, name)!r}")
+    for name in LIST_STAGES:
+        value = getattr(profile, name)
+        if value is not None and (not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value)):
+            problems.append(f"{name} must be a list of component names or None, not {value!r}")
+    if not isinstance(profile.options, dict) or not all(
+        isinstance(key, str) and isinstance(value, dict) for key, value in profile.options.items()
+    ):
+        problems.append('options must be a dict of component name -> dict of options, e.g. {"openai": {"model": "..."}}')
+    if not isinstance(profile.metadata, dict):
+        problems.append("metadata must be a dict")
+    if profile.empty_context not in EMPTY_CONTEXT_POLICIES:
+        problems.append(f"empty_context must be one of {EMPTY_CONTEXT_POLICIES}, not {profile.empty_context!r}")
+    if not _is_number(profile.history_share) or not 0 <= profile.history_share <= 1:
+        problems.append("history_share must be between 0 and 1")
+    integers = ("top_k", "retrieval_k", "retrieval_concurrency", "context_window", "max_answer_tokens")
+    bad_integers = [name for name in integers if not _is_int(getattr(profile, name))]
+    for name in bad_integers:
+        problems.append(f"{name} must be a whole number, not {getattr(profile, name)!r}")
+    if not bad_integers:
+        if profile.top_k < 1 or profile.retrieval_k < profile.top_k:
+            problems.append("top_k must be at least 1 and retrieval_k at least top_k")
+        if profile.retrieval_concurrency < 1:
+            problems.append("retrieval_concurrency must be at least 1")
+        if profile.max_answer_tokens < 1 or profile.max_answer_tokens >= profile.context_window:
+            problems.append("max_answer_tokens must be at least 1 and smaller than context_window")
+    threshold = profile.similarity_threshold
+    if threshold is not None and (not _is_number(threshold) or not -1 <= threshold <= 1):
+        problems.append(f"similarity_threshold must be None or a number from -1 to 1, not {threshold!r}")
+    if not isinstance(profile.stream, bool):
+        problems.append(f"stream must be True or False, not {profile.stream!r}")
+    return problems
+
+
 def build_profile(name: str, config: dict[str, Any]) -> Profile:
-    """A ``Profile`` from one entry of ``RAGCHAT["PROFILES"]``; raises on unknown keys."""
+    """A ``Profile`` from one entry of ``RAGCHAT["PROFILES"]``.
+
+    Raises ``ImproperlyConfigured`` for unknown keys and ``InvalidProfile`` (listing every
+    problem, in the words of the system check ragchat.E002) for wrong values."""
     unknown = sorted(set(config) - PROFILE_FIELDS - {"name"})
     if unknown:
         raise ImproperlyConfigured(
             f"Profile {name!r} has unknown option(s) {unknown}; valid options are "
             f"{sorted(PROFILE_FIELDS - {'name'})}."
         )
-    return Profile(**{**config, "name": name})
+    profile = Profile(**{**config, "name": name})
+    problems = profile_problems(profile)
+    if problems:
+        raise InvalidProfile(name, problems)
+    return profile
 
 
 @functools.lru_cache(maxsize=None)

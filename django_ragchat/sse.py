@@ -34,7 +34,8 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.http import require_POST
 
-from django_ragchat import transport
+from django_ragchat import jsonbody, transport
+from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import PROTOCOL_VERSION, TurnEvent
 from django_ragchat.sync_stream import ThreadedStream
 from django_ragchat.transport import TurnRefused
@@ -67,8 +68,8 @@ def _read_content(request) -> Any:
     if len(body) > transport.max_request_chars():
         raise too_large
     try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
+        data = jsonbody.loads(body)
+    except jsonbody.JSONRefused:
         raise TurnRefused("parse_error", 'The body must be JSON: {"content": "..."}.', 400) from None
     if not isinstance(data, dict):
         raise TurnRefused("invalid_type", 'The body must be a JSON object: {"content": "..."}.', 400)
@@ -217,6 +218,9 @@ async def stream_view(request, conversation_id):
     # uses connections of its own.
     await sync_to_async(transport.close_stale_connections)()
     try:
+        if not getattr(user, "is_authenticated", False) and not ragchat_settings.ALLOW_ANONYMOUS:
+            # The REST API's answer to the same caller (docs/api.md), not a 404.
+            raise TurnRefused("not_authenticated", "Sign in to chat (anonymous conversations are not enabled).", 403)
         content = _read_content(request)
         if isinstance(request, ASGIRequest):
             body = _AsyncBody(lambda: turn_stream(user, session_key, conversation_id, content))

@@ -1,15 +1,42 @@
 """Settings of the demo site. Runs on the embedded defaults (SQLite, offline embedder and
-answerer) unless DATABASE_URL names another database."""
+answerer) unless DATABASE_URL names another database.
+
+Production-safe by default: DEBUG is off and the site refuses to start without its own
+``DJANGO_SECRET_KEY``. ``scripts/demo.sh`` sets ``DJANGO_DEBUG=1``, which allows the demo key
+and plain HTTP. docs/deployment.md has the production checklist; ``manage.py check --deploy``
+passes with the environment it gives.
+"""
 
 import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "demo-only-not-secret")
-DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
+_DEMO_SECRET_KEY = "demo-only-not-secret"
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or (_DEMO_SECRET_KEY if DEBUG else "")
+if not SECRET_KEY or (SECRET_KEY == _DEMO_SECRET_KEY and not DEBUG):
+    raise ImproperlyConfigured(
+        "Set DJANGO_SECRET_KEY to a long random value (python -c 'from django.core.management.utils "
+        "import get_random_secret_key as k; print(k())'), or DJANGO_DEBUG=1 to run the demo "
+        "(scripts/demo.sh does)."
+    )
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+if not DEBUG:
+    # Behind HTTPS (docs/deployment.md, "Production checklist"). A proxy that terminates TLS
+    # sets X-Forwarded-Proto; DJANGO_SECURE_PROXY_SSL_HEADER=1 trusts it.
+    SECURE_SSL_REDIRECT = os.environ.get("DJANGO_SECURE_SSL_REDIRECT", "1") == "1"
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_SECURE_HSTS_SECONDS", str(60 * 60 * 24 * 365)))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    if os.environ.get("DJANGO_SECURE_PROXY_SSL_HEADER") == "1":
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "daphne",

@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 PY=.venv/bin/python
+# The demo's own key and plain HTTP (example_project/settings.py refuses both without this).
+export DJANGO_DEBUG=${DJANGO_DEBUG:-1}
 $PY manage.py migrate --no-input
 $PY manage.py ragchat_ingest docs example_project/sample_docs --root .
 echo

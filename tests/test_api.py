@@ -389,7 +389,7 @@ def test_bad_feedback_is_a_400(alice, answered, body):
 def test_only_answers_can_be_rated(alice, answered):
     question, _ = answered
     response = post_json(alice, f"{API}/messages/{question.pk}/feedback/", {"rating": "up"})
-    assert response.status_code == 400 and response.json()["code"] == "not_rateable"
+    assert response.status_code == 409 and response.json()["code"] == "not_rateable"
     assert post_json(alice, f"{API}/messages/999999/feedback/", {"rating": "up"}).status_code == 404
     assert post_json(alice, f"{API}/messages/abc/feedback/", {"rating": "up"}).status_code == 404
 

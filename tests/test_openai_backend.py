@@ -406,7 +406,7 @@ def test_the_demo_uses_a_model_server_only_when_the_environment_names_one(env, e
              if k not in ("OPENAI_API_KEY", "RAGCHAT_LLM_BASE_URL", "RAGCHAT_CHAT_MODEL",
                           "RAGCHAT_EMBEDDING_MODEL", "RAGCHAT_EMBEDDING_DIMENSIONS")}
     code = "import json, example_project.settings as s; print(json.dumps(s.RAGCHAT['PROFILES']['default']))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, env={**clean, **env}, check=True,
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env={**clean, "DJANGO_DEBUG": "1", **env}, check=True,
                          capture_output=True, text=True).stdout
     profile = json.loads(out)
     if expected is None:

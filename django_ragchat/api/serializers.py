@@ -42,10 +42,29 @@ class ConversationSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "profile", "created_at", "updated_at"]
 
 
+class ProfileNameField(serializers.ChoiceField):
+    """A profile name: refused with the same message and code as before it was a choice."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid_choice", input=data)
+        if data not in self.choices:
+            raise serializers.ValidationError(f"There is no profile named {data!r}.", code="unknown_profile")
+        return data
+
+
 class ConversationCreateSerializer(serializers.Serializer):
     title = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
     profile = StrictCharField(max_length=100, required=False, allow_null=True, default=None,
                               help_text="A profile name from RAGCHAT['PROFILES']; the default profile if omitted.")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The schema lists the site's profiles (they are settings, known when it is generated).
+        from django_ragchat.profiles import profile_names
+
+        self.fields["profile"] = ProfileNameField(choices=profile_names(), required=False, allow_null=True,
+                                                  default=None, help_text=self.fields["profile"].help_text)
 
     def validate_profile(self, value: str | None) -> str:
         try:
@@ -123,8 +142,18 @@ class MessageSerializer(serializers.ModelSerializer):
 class MessageCreateSerializer(serializers.Serializer):
     """The request body; the content is checked by ``pipeline.validate_user_message``."""
 
-    content = serializers.CharField(help_text="The user's message: a non-empty string without NUL "
-                                              "characters, at most RAGCHAT['MAX_MESSAGE_CHARS'] long.")
+    # The view validates with ``pipeline.validate_user_message`` (the same rule on every
+    # transport); these constraints only tell the schema what that rule accepts.
+    content = serializers.RegexField(
+        r"^[^\u0000]*[^\s\u0000][^\u0000]*$", min_length=1,
+        help_text="The user's message: not only white space, no NUL characters, at most "
+                  "RAGCHAT['MAX_MESSAGE_CHARS'] characters (longer: 413 `too_long`).")
+
+    def __init__(self, *args, **kwargs):
+        from django_ragchat.conf import ragchat_settings
+
+        super().__init__(*args, **kwargs)
+        self.fields["content"].max_length = ragchat_settings.MAX_MESSAGE_CHARS
 
 
 class TurnSerializer(serializers.Serializer):

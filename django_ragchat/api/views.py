@@ -23,7 +23,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import exceptions, generics, status
 from rest_framework.pagination import LimitOffsetPagination
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -33,6 +33,7 @@ from django_ragchat import permissions as rules
 from django_ragchat.api import permissions as access
 from django_ragchat.api import serializers as s
 from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
+from django_ragchat.jsonbody import LimitedJSONParser
 from django_ragchat.ingestion.pipeline import CREATED, ingest_text
 from django_ragchat.models import Conversation, Document, Feedback, Message, MessageSource
 from django_ragchat.pipeline import TurnInProgress, run_turn_sync
@@ -98,6 +99,10 @@ ERRORS = {code: OpenApiResponse(s.ErrorSerializer, description=text) for code, t
 }.items()}
 
 
+NOT_RATEABLE = OpenApiResponse(s.ErrorSerializer, description="`not_rateable`: only finished answers of the "
+                                                            "assistant can be rated.")
+
+
 def errors(*codes: int) -> dict[int, OpenApiResponse]:
     return {code: ERRORS[code] for code in codes}
 
@@ -110,23 +115,59 @@ class RagchatAPIView(APIView):
     """Base of every view here: the chat permission, JSON bodies and ``{"code", "detail"}`` errors."""
 
     permission_classes = [access.CanChat]
-    parser_classes = [JSONParser]
+    parser_classes = [LimitedJSONParser]
 
     def get_exception_handler(self):
         return api_exception_handler
 
 
-class ConversationPagination(LimitOffsetPagination):
+#: Sequence numbers and offsets are stored in 32-bit columns on every database.
+MAX_INT = 2**31 - 1
+
+
+def int_param(request, name: str, *, minimum: int = 0, maximum: int = MAX_INT) -> int | None:
+    """The query parameter ``name`` as a whole number from ``minimum`` to ``maximum``, ``None``
+    when absent; anything else (text, floats, NUL, out of range) is 400 naming the parameter."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or not minimum <= int(raw) <= maximum:
+        raise exceptions.ValidationError(
+            {name: [f"Must be a whole number from {minimum} to {maximum}."]}, code="invalid")
+    return int(raw)
+
+
+class StrictLimitOffsetPagination(LimitOffsetPagination):
+    """``limit``/``offset`` that refuse what they cannot use (DRF's silently fall back to the
+    defaults): ``limit`` 1 to ``max_limit``, ``offset`` 0 or more; both say so in the schema."""
+
+    def get_limit(self, request):
+        limit = int_param(request, self.limit_query_param, minimum=1, maximum=self.max_limit)
+        return self.default_limit if limit is None else limit
+
+    def get_offset(self, request):
+        return int_param(request, self.offset_query_param) or 0
+
+    def get_schema_operation_parameters(self, view):
+        parameters = super().get_schema_operation_parameters(view)
+        bounds = {self.limit_query_param: {"minimum": 1, "maximum": self.max_limit, "default": self.default_limit},
+                  self.offset_query_param: {"minimum": 0, "maximum": MAX_INT, "default": 0}}
+        for parameter in parameters:
+            parameter["schema"].update(bounds.get(parameter["name"], {}))
+        return parameters
+
+
+class ConversationPagination(StrictLimitOffsetPagination):
     default_limit = 20
     max_limit = 100
 
 
-class MessagePagination(LimitOffsetPagination):
+class MessagePagination(StrictLimitOffsetPagination):
     default_limit = 50
     max_limit = 200
 
 
-class ListPagination(LimitOffsetPagination):
+class ListPagination(StrictLimitOffsetPagination):
     default_limit = 50
     max_limit = 500
 
@@ -136,7 +177,7 @@ class ListPagination(LimitOffsetPagination):
 
 @extend_schema_view(
     get=extend_schema(summary="Your conversations, most recently active first", responses={
-        200: s.ConversationSerializer(many=True), **errors(403)}),
+        200: s.ConversationSerializer(many=True), **errors(400, 403)}),
     post=extend_schema(summary="Start a conversation", request=s.ConversationCreateSerializer,
                        responses={201: s.ConversationSerializer, **errors(400, 403)}),
 )
@@ -185,7 +226,7 @@ class ConversationDetail(RagchatAPIView, generics.GenericAPIView):
 
     def patch(self, request, conversation_id):
         conversation = self.get_object()
-        form = s.ConversationRenameSerializer(conversation, data=request.data)
+        form = s.ConversationRenameSerializer(conversation, data=request.data, partial=True)
         form.is_valid(raise_exception=True)
         form.save()
         return Response(s.ConversationSerializer(conversation).data)
@@ -219,7 +260,8 @@ FAILED_TURN_STATUS = {
     get=extend_schema(
         summary="The conversation's messages, in order",
         parameters=[CONVERSATION_ID, OpenApiParameter(
-            "after", OpenApiTypes.INT, description="Only messages with a sequence number above this one.")],
+            "after", {"type": "integer", "minimum": 0, "maximum": MAX_INT},
+            description="Only messages with a sequence number above this one.")],
         responses={200: s.MessageSerializer(many=True), **errors(400, 403, 404)},
     ),
     post=extend_schema(
@@ -251,19 +293,19 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
     def get_queryset(self):
         conversation = access.get_conversation(self.request, self.kwargs["conversation_id"])
         queryset = Message.objects.filter(conversation=conversation).order_by("seq")
-        after = self.request.query_params.get("after")
+        after = int_param(self.request, "after")
         if after is not None:
-            try:
-                queryset = queryset.filter(seq__gt=int(after))
-            except ValueError:
-                raise APIError(400, "invalid", "'after' must be a message sequence number.") from None
+            queryset = queryset.filter(seq__gt=after)
         return messages_with_sources(queryset)
 
     def post(self, request, conversation_id):
         conversation = access.get_conversation(request, conversation_id)
         access.check_change(request, conversation)
+        if not request.META.get("CONTENT_LENGTH", "0").strip("0"):
+            # An empty body is not JSON: the same code the server-sent events endpoint gives it.
+            raise APIError(400, "parse_error", 'The body must be JSON: {"content": "..."}.')
         if not isinstance(request.data, dict):
-            raise APIError(400, "invalid_type", 'Send a JSON object: {"content": "..."}.')
+            raise APIError(400, "invalid_type", 'The body must be a JSON object: {"content": "..."}.')
         try:
             text = transport.validate(request.data.get("content"))
         except transport.TurnRefused as exc:
@@ -301,10 +343,12 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
                       responses={200: s.FeedbackSerializer, **errors(403, 404)}),
     post=extend_schema(summary="Rate an answer (again: replaces your rating)", parameters=[MESSAGE_ID],
                        request=s.FeedbackSerializer,
-                       responses={200: s.FeedbackSerializer, 201: s.FeedbackSerializer, **errors(400, 403, 404)}),
+                       responses={200: s.FeedbackSerializer, 201: s.FeedbackSerializer, **errors(400, 403, 404),
+                                  409: NOT_RATEABLE}),
     put=extend_schema(summary="Rate an answer (same as POST)", parameters=[MESSAGE_ID],
                       request=s.FeedbackSerializer,
-                      responses={200: s.FeedbackSerializer, 201: s.FeedbackSerializer, **errors(400, 403, 404)}),
+                      responses={200: s.FeedbackSerializer, 201: s.FeedbackSerializer, **errors(400, 403, 404),
+                                 409: NOT_RATEABLE}),
     delete=extend_schema(summary="Withdraw your feedback", parameters=[MESSAGE_ID],
                          responses={204: None, **errors(403, 404)}),
 )
@@ -332,7 +376,8 @@ class MessageFeedback(RagchatAPIView, generics.GenericAPIView):
     def post(self, request, message_id):
         message = access.get_message(request, message_id)
         if message.role != Message.Role.ASSISTANT or message.status == Message.Status.STREAMING:
-            raise APIError(400, "not_rateable", "Only finished answers of the assistant can be rated.")
+            # A state of the message, not a fault of the request body: 409, as for a turn in progress.
+            raise APIError(409, "not_rateable", "Only finished answers of the assistant can be rated.")
         form = s.FeedbackSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         feedback, created = Feedback.objects.update_or_create(
@@ -351,7 +396,7 @@ class MessageFeedback(RagchatAPIView, generics.GenericAPIView):
 @extend_schema(
     summary="Feedback: yours; staff see everyone's",
     parameters=[OpenApiParameter("rating", OpenApiTypes.STR, enum=["up", "down"])],
-    responses={200: s.FeedbackSerializer(many=True), **errors(403)},
+    responses={200: s.FeedbackSerializer(many=True), **errors(400, 403)},
 )
 class FeedbackList(RagchatAPIView, generics.ListAPIView):
     """Ratings, newest first: the caller's own; staff see everyone's."""
@@ -370,7 +415,10 @@ class FeedbackList(RagchatAPIView, generics.ListAPIView):
             queryset = Feedback.objects.filter(user=None, session_key=session_key) if session_key \
                 else Feedback.objects.none()
         rating = request.query_params.get("rating")
-        if rating:
+        if rating is not None:
+            if rating not in Feedback.Rating.values:
+                raise exceptions.ValidationError({"rating": [f"Must be one of {Feedback.Rating.values}."]},
+                                                 code="invalid")
             queryset = queryset.filter(rating=rating)
         return queryset.order_by("-updated_at", "-pk")
 
@@ -379,7 +427,7 @@ class FeedbackList(RagchatAPIView, generics.ListAPIView):
 
 
 @extend_schema(summary="Long-term memory about you and your conversations; staff see all",
-               responses={200: s.MemoryRecordSerializer(many=True), **errors(403)})
+               responses={200: s.MemoryRecordSerializer(many=True), **errors(400, 403)})
 class MemoryList(RagchatAPIView, generics.ListAPIView):
     """Summaries and facts the assistant remembers about the caller and their conversations."""
 
@@ -425,7 +473,7 @@ class DocumentViewMixin:
 
 @extend_schema_view(
     get=extend_schema(summary="The documents the assistant searches",
-                      responses={200: s.DocumentSerializer(many=True), **errors(403)}),
+                      responses={200: s.DocumentSerializer(many=True), **errors(400, 403)}),
     post=extend_schema(
         summary="Upload a document for ingestion",
         description="Parses, chunks and embeds the file now; uploading the same `source` again "

@@ -1,0 +1,154 @@
+"""Bad input never reaches a 500: nested JSON, query parameters, NUL characters; the same code
+for the same cause on every transport."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from django_ragchat import jsonbody
+from django_ragchat.models import Conversation, Feedback, Message
+from tests.live_servers import caller_for, open_socket, receive, send
+
+NESTED = "[" * 5_000 + "]" * 5_000  # past the parser's recursion limit, under the size limits
+JUST_TOO_DEEP = '{"content": ' + "[" * 40 + "]" * 40 + "}"
+
+
+@pytest.fixture
+def signed_in(client, user):
+    client.force_login(user)
+    return client
+
+
+def test_loads_refuses_depth_and_recursion():
+    assert jsonbody.loads('{"a": [1, {"b": 2}]}') == {"a": [1, {"b": 2}]}
+    assert jsonbody.loads("[" * 32 + "]" * 32) is not None
+    for text in (NESTED, "[" * 33 + "]" * 33, "{", b"\xff"):
+        with pytest.raises(jsonbody.JSONRefused):
+            jsonbody.loads(text)
+
+
+WRITE_ENDPOINTS = [
+    ("post", "/api/ragchat/conversations/"),
+    ("patch", "/api/ragchat/conversations/{c}/"),
+    ("post", "/api/ragchat/conversations/{c}/messages/"),
+    ("post", "/api/ragchat/messages/{a}/feedback/"),
+    ("put", "/api/ragchat/messages/{a}/feedback/"),
+    ("patch", "/api/ragchat/memory/{m}/"),
+]
+
+
+@pytest.mark.parametrize("body", [NESTED, JUST_TOO_DEEP])
+@pytest.mark.parametrize(("method", "path"), WRITE_ENDPOINTS)
+def test_nested_json_is_a_parse_error_on_every_json_endpoint(signed_in, user, method, path, body):
+    from django_ragchat.models import MemoryRecord
+
+    conversation = Conversation.objects.create(owner=user)
+    Message.objects.create(conversation=conversation, seq=1, role="user", content="Hi")
+    answer = Message.objects.create(conversation=conversation, seq=2, role="assistant", content="Hello",
+                                    status=Message.Status.COMPLETE)
+    memory = MemoryRecord.objects.create(user=user, kind="fact", content="likes tea")
+    url = path.format(c=conversation.pk, a=answer.pk, m=memory.pk)
+    response = getattr(signed_in, method)(url, data=body, content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == "parse_error"
+    assert Message.objects.filter(conversation=conversation).count() == 2
+
+
+def test_nested_json_on_the_sse_endpoint_is_a_parse_error(signed_in, user):
+    conversation = Conversation.objects.create(owner=user)
+    response = signed_in.post(f"/chat/conversations/{conversation.pk}/stream/", data=NESTED,
+                              content_type="application/json")
+    assert response.status_code == 400
+    assert json.loads(response.content)["code"] == "parse_error"
+
+
+def test_nested_json_on_the_websocket_is_a_parse_error_and_the_socket_stays(asgi, user):
+    with open_socket(asgi, caller_for(user)) as ws:
+        ws.send(JUST_TOO_DEEP.replace('{"content"', '{"type": "message", "content"'))
+        assert receive(ws)["code"] == "parse_error"
+        ws.send(NESTED)
+        assert receive(ws)["code"] == "parse_error"
+        send(ws, type="ping")
+        assert receive(ws)["type"] == "pong"
+    assert not Conversation.objects.exists()
+
+
+@pytest.mark.parametrize("query", [
+    "limit=-1", "limit=0", "limit=1.5", "limit=null", "limit=%00", "limit=abc", "limit=99999999999",
+    "offset=-1", "offset=2.0", "offset=%00", "offset=99999999999999999999",
+])
+def test_pagination_parameters_are_validated(signed_in, query):
+    response = signed_in.get(f"/api/ragchat/conversations/?{query}")
+    assert response.status_code == 400
+    body = response.json()
+    assert body["code"] == "invalid"
+    assert set(body["errors"]) == {query.split("=")[0]}
+
+
+def test_a_limit_above_the_maximum_is_clamped(signed_in):
+    assert signed_in.get("/api/ragchat/conversations/?limit=100000").status_code == 400
+    assert signed_in.get("/api/ragchat/conversations/?limit=100").status_code == 200
+
+
+@pytest.mark.parametrize("query", ["rating=%00", "rating=sideways", "rating="])
+def test_feedback_rating_filter_is_validated(signed_in, query):
+    response = signed_in.get(f"/api/ragchat/feedback/?{query}")
+    assert response.status_code == 400
+    assert set(response.json()["errors"]) == {"rating"}
+
+
+def test_feedback_rating_filter_filters(signed_in, user):
+    conversation = Conversation.objects.create(owner=user)
+    answer = Message.objects.create(conversation=conversation, seq=1, role="assistant", content="A",
+                                    status=Message.Status.COMPLETE)
+    Feedback.objects.create(message=answer, user=user, rating="up")
+    assert len(signed_in.get("/api/ragchat/feedback/?rating=up").json()["results"]) == 1
+    assert len(signed_in.get("/api/ragchat/feedback/?rating=down").json()["results"]) == 0
+
+
+@pytest.mark.parametrize("after", ["%00", "-1", "1e3", "99999999999999"])
+def test_after_is_validated(signed_in, user, after):
+    conversation = Conversation.objects.create(owner=user)
+    response = signed_in.get(f"/api/ragchat/conversations/{conversation.pk}/messages/?after={after}")
+    assert response.status_code == 400
+    assert set(response.json()["errors"]) == {"after"}
+
+
+def test_an_empty_body_is_a_parse_error_on_rest_and_sse_alike(signed_in, user):
+    conversation = Conversation.objects.create(owner=user)
+    rest = signed_in.post(f"/api/ragchat/conversations/{conversation.pk}/messages/", data="",
+                          content_type="application/json")
+    sse = signed_in.post(f"/chat/conversations/{conversation.pk}/stream/", data="",
+                         content_type="application/json")
+    assert (rest.status_code, rest.json()["code"]) == (400, "parse_error")
+    assert (sse.status_code, json.loads(sse.content)["code"]) == (400, "parse_error")
+    assert not Message.objects.exists()
+
+
+def test_patch_without_a_title_changes_nothing(signed_in, user):
+    conversation = Conversation.objects.create(owner=user, title="Kept")
+    response = signed_in.patch(f"/api/ragchat/conversations/{conversation.pk}/", data={},
+                               content_type="application/json")
+    assert response.status_code == 200
+    assert response.json()["title"] == "Kept"
+
+
+@pytest.mark.parametrize("title", ["a\x00b", "\ud800"])
+def test_nul_and_surrogates_in_text_are_refused(signed_in, title):
+    response = signed_in.post("/api/ragchat/conversations/", data=json.dumps({"title": title}),
+                              content_type="application/json")
+    assert response.status_code == 400
+    assert not Conversation.objects.exists()
+
+
+def test_sse_refuses_an_anonymous_caller_as_the_api_does(client, user, ragchat_settings_override):
+    ragchat_settings_override(ALLOW_ANONYMOUS=False)
+    conversation = Conversation.objects.create(owner=user)
+    sse = client.post(f"/chat/conversations/{conversation.pk}/stream/", data='{"content": "Hi"}',
+                      content_type="application/json")
+    rest = client.post(f"/api/ragchat/conversations/{conversation.pk}/messages/", data='{"content": "Hi"}',
+                       content_type="application/json")
+    assert (sse.status_code, json.loads(sse.content)["code"]) == (rest.status_code, rest.json()["code"]) \
+        == (403, "not_authenticated")

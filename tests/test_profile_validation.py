@@ -1,0 +1,63 @@
+"""Profiles are validated when they are built, with the sentences the system check prints, so a
+server (which never runs ``manage.py check``) refuses a wrong profile instead of running turns."""
+
+from __future__ import annotations
+
+import pytest
+from django.core import checks
+
+from django_ragchat.models import Message
+from django_ragchat.profiles import InvalidProfile, build_profile, get_profile
+
+BAD = [
+    ({"history_share": 5}, "history_share must be between 0 and 1"),
+    ({"top_k": 0}, "top_k must be at least 1 and retrieval_k at least top_k"),
+    ({"empty_context": "shrug"}, "empty_context must be one of ('decline', 'answer'), not 'shrug'"),
+    ({"top_k": "4"}, "top_k must be a whole number, not '4'"),
+    ({"top_k": True}, "top_k must be a whole number, not True"),
+    ({"retrievers": "vector"}, "retrievers must be a list of component names or None, not 'vector'"),
+    ({"options": {"openai": "gpt"}}, "options must be a dict of component name -> dict of options"),
+    ({"similarity_threshold": 3}, "similarity_threshold must be None or a number from -1 to 1, not 3"),
+    ({"max_answer_tokens": 9000}, "max_answer_tokens must be at least 1 and smaller than context_window"),
+    ({"stream": "yes"}, "stream must be True or False, not 'yes'"),
+]
+
+
+@pytest.mark.parametrize(("config", "problem"), BAD)
+def test_a_wrong_value_is_refused_when_the_profile_is_built(config, problem):
+    with pytest.raises(InvalidProfile) as caught:
+        build_profile("shop", config)
+    assert any(p.startswith(problem) for p in caught.value.problems)
+    assert f"Profile 'shop': {problem}" in str(caught.value)
+
+
+@pytest.mark.parametrize(("config", "problem"), BAD)
+def test_the_system_check_prints_the_same_sentence(config, problem, ragchat_settings_override):
+    ragchat_settings_override(PROFILES={"default": {}, "shop": config})
+    errors = [e for e in checks.run_checks() if e.id == "ragchat.E002"]
+    assert any(e.msg.startswith(f"Profile 'shop': {problem}") for e in errors), [e.msg for e in errors]
+    with pytest.raises(InvalidProfile) as caught:
+        get_profile("shop")
+    assert any(e.msg == f"Profile 'shop': {p}" for p in caught.value.problems for e in errors)
+
+
+def test_every_problem_is_reported_not_only_the_first():
+    with pytest.raises(InvalidProfile) as caught:
+        build_profile("shop", {"history_share": 5, "top_k": 0, "empty_context": "shrug"})
+    assert len(caught.value.problems) == 3
+
+
+def test_the_defaults_are_valid():
+    assert build_profile("default", {}).top_k == 4
+
+
+@pytest.mark.django_db
+def test_a_turn_on_a_wrong_profile_is_refused_before_anything_is_saved(ragchat_settings_override, user):
+    from django_ragchat.models import Conversation
+    from django_ragchat.pipeline import run_turn_sync
+
+    ragchat_settings_override(PROFILES={"default": {}, "shop": {"history_share": 5}})
+    conversation = Conversation.objects.create(owner=user, profile="shop")
+    with pytest.raises(InvalidProfile):
+        run_turn_sync(conversation, "How much does the Aurora X2 cost?")
+    assert not Message.objects.filter(conversation=conversation).exists()
