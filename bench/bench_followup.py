@@ -38,7 +38,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._setup import bench_database, machine, table
+from bench._setup import bench_database, machine, median, table
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "bench" / "data" / "followup_conversations.jsonl"
@@ -69,6 +69,7 @@ class TurnOutcome:
     first_doc: str = ""
     answer: str = ""
     notes: list[str] = field(default_factory=list)
+    transform_ms: float = 0.0
 
     @property
     def doc_ok(self) -> bool:
@@ -120,6 +121,7 @@ def play(conversations: list[dict], profile_overrides: dict) -> list[TurnOutcome
                     kind=turn["kind"], question=turn["q"], doc=turn["doc"], expect=turn["expect"],
                     searched=result.trace["queries"].get("final", turn["q"]), first_doc=first,
                     answer=result.answer, notes=[s.get("note", "") for s in steps],
+                    transform_ms=result.trace.get("timings", {}).get("query_transformers", 0.0),
                 ))
     return outcomes
 
@@ -173,6 +175,13 @@ def report(results: dict, database: str) -> str:
                     cells.append(f"{_rate(items, 'doc_ok')} / {_rate(items, 'answer_ok')}")
                 rows.append([split, corpus, n, *cells])
         lines += [subset, table(headers, rows), ""]
+    # The transformer stage's cost on follow-up turns (the subject lookup is one cached query).
+    baseline = median([o.transform_ms for o in results["variants"]["before"] if o.index]) or float("nan")
+    cost = [[name, f"{median([o.transform_ms for o in outcomes if o.index]):.3f}",
+             f"{median([o.transform_ms for o in outcomes if o.index]) / baseline:.2f}x"]
+            for name, outcomes in results["variants"].items()]
+    lines += ["query transformer stage on follow-up turns (median ms, ratio to 'before')",
+              table(["variant", "median ms", "vs before"], cost), ""]
     return "\n".join(lines)
 
 

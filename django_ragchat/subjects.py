@@ -13,8 +13,8 @@ no configuration:
   not a thing).
 
 ``subject_index(space)`` returns the names of one embedding space, cached per process and
-reloaded when the space's chunks change: one cheap aggregate query per call (row count, highest
-id, newest document update), like the in-process vector index's freshness stamp.
+reloaded when the documents change: one cheap aggregate query over the documents table per call
+(row count, highest id, newest update), like the in-process vector index's freshness stamp.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ class SubjectIndex:
 
     @classmethod
     def from_rows(cls, rows) -> SubjectIndex:
-        """Build from (document id, title, heading path) rows, one per chunk."""
+        """Build from (document id, title, heading path) rows, e.g. one per distinct chunk
+        heading."""
         titles: dict[str, set[int]] = {}
         headings: dict[str, set[int]] = {}
         for document_id, title, path in rows:
@@ -148,11 +149,14 @@ def subject_index(space: str, using: str = "default") -> SubjectIndex:
     docstring). Call from synchronous code (it queries the database)."""
     from django.db.models import Count, Max
 
-    from django_ragchat.models import Chunk
+    from django_ragchat.ingestion.chunking import HEADING_SEPARATOR
+    from django_ragchat.models import Chunk, Document
 
-    chunks = Chunk.objects.using(using).filter(space=space)
-    row = chunks.aggregate(n=Count("id"), top=Max("id"), changed=Max("document__updated_at"))
-    stamp = (row["n"], row["top"], row["changed"])
+    # Ingestion saves the Document row whenever it replaces its chunks (a new updated_at), and
+    # ids are never reused, so this stamp changes with every change to titles or headings. The
+    # documents table is far smaller than the chunks table: the check stays cheap per turn.
+    stamp = tuple(Document.objects.using(using).aggregate(
+        n=Count("id"), top=Max("id"), changed=Max("updated_at")).values())
     key = (using, space)
     cached = _cache.get(key)
     if cached is not None and cached[0] == stamp:
@@ -160,8 +164,14 @@ def subject_index(space: str, using: str = "default") -> SubjectIndex:
     with _lock:
         cached = _cache.get(key)
         if cached is None or cached[0] != stamp:
-            rows = chunks.values_list("document_id", "document__title", "metadata__heading_path")
-            cached = (stamp, SubjectIndex.from_rows(rows.iterator(chunk_size=2000)))
+            titles = dict(Document.objects.using(using).filter(chunks__space=space)
+                          .values_list("id", "title").distinct())
+            headings = (Chunk.objects.using(using).filter(space=space)
+                        .values_list("document_id", "heading").distinct())
+            rows = [(document_id, titles.get(document_id, ""), heading.split(HEADING_SEPARATOR))
+                    for document_id, heading in headings]
+            rows += [(document_id, title, []) for document_id, title in titles.items()]
+            cached = (stamp, SubjectIndex.from_rows(rows))
             _cache[key] = cached
     return cached[1]
 
