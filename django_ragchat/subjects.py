@@ -8,9 +8,10 @@ no configuration:
 
 * every document title is a subject ("Zephyr Buds", "Crema One");
 * a heading below the title is a subject when it is written as a name, every word capitalised
-  ("Basic Plan", "Product B"), and does not recur in several documents (a heading such as
-  "Pricing" or "Early Life" that many documents share names a kind of section, an attribute,
-  not a thing).
+  ("Basic Plan", "Trail 700"), the text under it writes it so too ("The Basic Plan delivers..."),
+  and it does not recur in several documents. A heading that many documents share ("Pricing",
+  "Early Life") names a kind of section, an attribute, not a thing; a title-case section heading
+  ("Personal Life", "Return Policy") is written in lower case in prose.
 
 ``subject_index(space)`` returns the names of one embedding space, cached per process and
 reloaded when the documents change: one cheap aggregate query over the documents table per call
@@ -75,9 +76,11 @@ class SubjectIndex:
         return len(self.subjects)
 
     @classmethod
-    def from_rows(cls, rows) -> SubjectIndex:
+    def from_rows(cls, rows, *, named_in_text=None) -> SubjectIndex:
         """Build from (document id, title, heading path) rows, e.g. one per distinct chunk
-        heading."""
+        heading. ``named_in_text({heading: document id})``, when given, returns the headings
+        whose document writes them, capitalised, in its prose ("The Basic Plan delivers..."):
+        a title-case section heading ("Personal Life", "Return Policy") is not written so."""
         titles: dict[str, set[int]] = {}
         headings: dict[str, set[int]] = {}
         for document_id, title, path in rows:
@@ -95,10 +98,15 @@ class SubjectIndex:
             previous = named.get(tokens)  # two titles that differ only in case or stop words
             named[tokens] = Subject(previous.name if previous else name, tokens,
                                     frozenset(documents) | (previous.documents if previous else frozenset()))
+        candidates = {}
         for name, documents in headings.items():
             tokens = name_tokens(name)
             if tokens and tokens not in named and len(documents) == 1 and _written_as_name(name):
-                named[tokens] = Subject(name, tokens, frozenset(documents))
+                candidates[name] = next(iter(documents))
+        confirmed = set(candidates) if named_in_text is None else named_in_text(candidates)
+        for name, document_id in candidates.items():
+            if name in confirmed:
+                named[name_tokens(name)] = Subject(name, name_tokens(name), frozenset({document_id}))
         return cls(sorted(named.values(), key=lambda s: (-len(s.tokens), s.name)))
 
     def find(self, text: str) -> list[Subject]:
@@ -171,7 +179,23 @@ def subject_index(space: str, using: str = "default") -> SubjectIndex:
             rows = [(document_id, titles.get(document_id, ""), heading.split(HEADING_SEPARATOR))
                     for document_id, heading in headings]
             rows += [(document_id, title, []) for document_id, title in titles.items()]
-            cached = (stamp, SubjectIndex.from_rows(rows))
+
+            def named_in_text(candidates: dict[str, int]) -> set[str]:
+                # Only the few headings written as names are checked, in one query: the prose of
+                # their documents' chunks (after the heading line) must write the name too.
+                if not candidates:
+                    return set()
+                by_document: dict[int, list[str]] = {}
+                for name, document_id in candidates.items():
+                    by_document.setdefault(document_id, []).append(name)
+                found = set()
+                texts = Chunk.objects.using(using).filter(space=space, document_id__in=list(by_document))
+                for document_id, heading, text in texts.values_list("document_id", "heading", "text").iterator():
+                    prose = text[len(heading):] if heading and text.startswith(heading) else text
+                    found.update(name for name in by_document[document_id] if name in prose)
+                return found
+
+            cached = (stamp, SubjectIndex.from_rows(rows, named_in_text=named_in_text))
             _cache[key] = cached
     return cached[1]
 

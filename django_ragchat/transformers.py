@@ -22,7 +22,7 @@ is configured.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
@@ -186,26 +186,24 @@ class ConversationState:
     previous_subject: Subject | None = None
     subject_rule: str = "none"      # none, set, kept, replaced, fresh
     attribute_rule: str = "none"    # none, new, inherited
-    subjects_seen: list[Subject] = field(default_factory=list)
+    # Whether the conversation has moved from one subject to another since it (re)started.
+    switched: bool = False
 
     def step(self, reading: Reading) -> ConversationState:
         """The state after ``reading`` (this one is not changed)."""
-        seen = list(self.subjects_seen)
-        for subject in reading.named:
-            if subject not in seen:
-                seen.append(subject)
-        new = ConversationState(previous_subject=self.subject, subjects_seen=seen)
+        new = ConversationState(previous_subject=self.subject, switched=self.switched)
         if reading.fresh:
             new.subject = reading.named[-1] if reading.named else None
             new.subject_rule = "fresh"
             new.attribute = reading.attribute
             new.attribute_rule = "new" if reading.attribute else "none"
-            new.subjects_seen = list(reading.named)  # an earlier subject no longer counts
+            new.switched = False  # what came before no longer counts
             return new
         if reading.named:
             new.subject = reading.named[-1]
             new.subject_rule = ("set" if self.subject is None else
                                 "kept" if new.subject == self.subject else "replaced")
+            new.switched = self.switched or new.subject_rule == "replaced"
         else:
             new.subject = self.subject
             new.subject_rule = "kept" if self.subject else "none"
@@ -408,7 +406,7 @@ class FollowUpEnricher(QueryTransformer):
             return _noted(query, f"self-contained (names its subject); {rules}")
         if not self.is_dependent(query.text):
             return _noted(query, f"self-contained; {rules}")
-        if after.subject is not None and len(after.subjects_seen) > 1:
+        if after.subject is not None and after.switched:
             # The conversation switched subjects: only the current one is carried, never the
             # names of the subjects it left (which the subject-blind ranking would add).
             own = {stem(w) for w in words(query.text)}

@@ -280,3 +280,15 @@ def test_without_subjects_in_the_corpus_the_transformer_is_subject_blind():
 def test_reading_a_message(text, attribute, elliptical, fresh):
     reading = read_message(text, INDEX)
     assert (reading.attribute, reading.elliptical, reading.fresh) == (attribute, elliptical, fresh)
+
+
+def test_a_title_case_heading_is_a_subject_only_when_its_text_writes_it_as_a_name(db):
+    from django_ragchat.ingestion.pipeline import ingest_text
+    from django_ragchat.pipeline import components_for
+    from django_ragchat.profiles import get_profile
+
+    ingest_text("shop/plans.md", "# Coffee subscriptions\n\n## Basic Plan\n\nThe Basic Plan costs $14 a month.\n\n"
+                "## Return Policy\n\nOur return policy gives you 60 days.\n", content_type="markdown")
+
+    names = {s.name for s in subject_index(components_for(get_profile()).embedder.space).subjects}
+    assert names == {"Coffee subscriptions", "Basic Plan"}
