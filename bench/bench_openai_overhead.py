@@ -48,8 +48,10 @@ from bench.bench_pipeline import make_conversation, questions
 
 STAGES = ("memory", "query_transformers", "query_expanders", "retrieval", "prompt", "llm", "total")
 PROFILES = ("plain", "rewrite+3")
-# (driver, mode): one event loop for every turn (ASGI), or run_turn_sync (a loop per turn).
-DRIVERS = (("loop", "whole"), ("loop", "streamed"), ("sync", "whole"))
+# (driver, mode): one event loop for every turn (ASGI); run_turn_sync (WSGI: the process's
+# background loop, one client per process); and the previous run_turn_sync, a plain
+# async_to_sync (a new loop, hence a new HTTP client and connection, per turn), as the baseline.
+DRIVERS = (("loop", "whole"), ("loop", "streamed"), ("sync", "whole"), ("sync-loop-per-turn", "whole"))
 
 
 def profiles(base_url: str) -> dict:
@@ -91,8 +93,15 @@ async def _turn(conversation, text: str, mode: str) -> dict:
 def one_turn(runner: asyncio.Runner, conversation, text: str, driver: str, mode: str) -> dict:
     from django_ragchat.pipeline import run_turn_sync
 
-    if driver == "sync":
-        result = run_turn_sync(conversation, text)
+    if driver.startswith("sync"):
+        if driver == "sync":
+            result = run_turn_sync(conversation, text)
+        else:
+            from asgiref.sync import async_to_sync
+
+            from django_ragchat.pipeline import run_turn
+
+            result = async_to_sync(run_turn)(conversation, text)
         if result.error:
             raise RuntimeError(f"turn failed: {result.error.code} {result.error.message}")
         return result.message
@@ -204,7 +213,8 @@ def report(results: dict, database: str) -> str:
         (f"Pipeline overhead per turn through the openai client, model server answering instantly; "
          f"{results['chunks']:,} chunks embedded by the server in {results['ingest_s']:.1f} s"),
         f"{database}; {machine()}; load average {os.getloadavg()[0]:.2f}",
-        "loop = one event loop for all turns (ASGI); sync = run_turn_sync, a loop and a client per turn (WSGI)",
+        ("loop = one event loop for all turns (ASGI); sync = run_turn_sync (WSGI: the process's background "
+         "loop and its clients); sync-loop-per-turn = the previous run_turn_sync (a loop and a client per turn)"),
         "",
         table(
             ["profile", "history", "driver", "mode", "turns", "median ms", "p99 ms", "vs 2 msgs",

@@ -53,6 +53,12 @@ DEFAULTS: dict[str, Any] = {
     "CONVERSATION_CHANGE_PERMISSION": "django_ragchat.permissions.is_owner",
     # Who may add and delete documents through the API: dotted path of a callable(user) -> bool.
     "DOCUMENT_PERMISSION": "django_ragchat.permissions.is_staff",
+    # The alias in the site's TASKS setting that background work is enqueued on (summary folds,
+    # uploads, re-embedding; see django_ragchat.tasks and docs/tasks.md).
+    "TASK_BACKEND": "default",
+    # Uploads larger than this are ingested by a task (202 with its id) when the task backend
+    # runs tasks elsewhere; smaller ones, or every one on the immediate backend, answer at once.
+    "BACKGROUND_INGEST_BYTES": 256 * 1024,
 }
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -499,5 +500,22 @@ def _load_trace(message_id: int) -> dict[str, Any]:
 
 
 def run_turn_sync(conversation: Conversation, text: Any, *, stream: bool = False) -> TurnResult:
-    """``run_turn`` for synchronous callers (WSGI views, management commands, tests)."""
-    return async_to_sync(run_turn)(conversation, text, stream=stream)
+    """``run_turn`` for synchronous callers (WSGI views, management commands, tests).
+
+    The turn runs on the process's one background event loop (the one WSGI streams use,
+    ``sync_stream.background_loop``), so its model clients and their connection pools are
+    made once per process, not per turn. Its database work still runs in the calling thread,
+    as with a plain ``async_to_sync``: asgiref hands a coroutine to a parent loop named in
+    ``SyncToAsync.threadlocal`` and serves the coroutine's thread-sensitive calls from this
+    thread meanwhile (the mechanism it uses for sync code called from async code)."""
+    from asgiref.sync import SyncToAsync
+
+    from django_ragchat.sync_stream import background_loop
+
+    threadlocal = SyncToAsync.threadlocal
+    saved = getattr(threadlocal, "main_event_loop", None), getattr(threadlocal, "main_event_loop_pid", None)
+    threadlocal.main_event_loop, threadlocal.main_event_loop_pid = background_loop(), os.getpid()
+    try:
+        return async_to_sync(run_turn)(conversation, text, stream=stream)
+    finally:
+        threadlocal.main_event_loop, threadlocal.main_event_loop_pid = saved

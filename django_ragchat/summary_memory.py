@@ -15,15 +15,16 @@ The system prompt itself is still read from the profile at call time, never stor
 
 **When summaries are written.** Summarising is a model call, so it is kept off the hot path:
 when a turn completes (the ``on_turn_completed`` hook) and the messages not yet summarised no
-longer fit beside a full-size summary, a *fold* is queued on a background thread. It reads
-the unsummarised messages, keeps the newest turns worth ``keep_share`` of the budget, folds
-the older ones into the summary (in batches of ``max_fold_tokens`` for long backlogs, with the
-synchronous client) and saves it. The next turn uses it. A background thread and not an
-``asyncio`` task because the synchronous facade (``run_turn_sync``) runs each turn in its own
-event loop, which cancels leftover tasks when the turn returns. Until a fold lands (or when it
+longer fit beside a full-size summary, a *fold* is enqueued as the ``fold_summary`` task on
+Django's tasks framework (``django_ragchat.tasks``). It reads the unsummarised messages, keeps
+the newest turns worth ``keep_share`` of the budget, folds the older ones into the summary (in
+batches of ``max_fold_tokens`` for long backlogs, with the synchronous client) and saves it. The
+next turn uses it. On a backend with a worker (``django_tasks_db`` and ``db_worker``) the fold
+runs there; on Django's default immediate backend it runs as the turn completes, after the
+answer is saved and before the ``done`` event, in a thread off the event loop — a site that
+uses summary memory with a remote model should run a worker. Until a fold lands (or when it
 fails: the model is down) the prompt still stays within budget: the oldest unsummarised turns
-are left out, and the trace's ``memory.not_shown`` says how many. ``wait_for_summaries()``
-waits for queued folds (tests, graceful shutdown).
+are left out, and the trace's ``memory.not_shown`` says how many.
 
 **Where summaries live.** One ``MemoryRecord(kind="summary", conversation=...)`` per
 conversation, ``covers_until_seq`` the last message it stands for; the message log itself is
@@ -53,16 +54,11 @@ summarising call: ``{max_words}``; ``{summary}``, ``{messages}``), ``summary_tem
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
-import os
-import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
-from django.db import close_old_connections
 from django.db.models import Case, IntegerField, Q, Value, When
 from django.utils import timezone
 
@@ -91,61 +87,6 @@ DEFAULT_PROMPT = "Previous summary:\n{summary}\n\nNew messages:\n{messages}\n\nU
 DEFAULT_SUMMARY_TEMPLATE = "Summary of our conversation so far (older messages are not shown):\n{summary}"
 DEFAULT_FACTS_TEMPLATE = "Facts about me:\n{facts}"
 DEFAULT_ACKNOWLEDGEMENT = "Understood."
-
-
-# --- The background folds ----------------------------------------------------------------------
-
-
-class _BackgroundFolds:
-    """One worker thread running folds, at most one queued per conversation."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pid = 0
-        self._pending: dict[Any, concurrent.futures.Future] = {}
-
-    def submit(self, key: Any, fn: Callable[[], Any]) -> concurrent.futures.Future | None:
-        """Queue ``fn`` unless a job for ``key`` is still queued or running (None then)."""
-        with self._lock:
-            if self._executor is None or self._pid != os.getpid():  # a forked worker has no threads
-                self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ragchat-summary")
-                self._pid, self._pending = os.getpid(), {}
-            running = self._pending.get(key)
-            if running is not None and not running.done():
-                return None
-            future = self._executor.submit(self._run, fn)
-            self._pending[key] = future
-            return future
-
-    @staticmethod
-    def _run(fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except Exception:
-            logger.exception("A background conversation summary failed")
-            return None
-        finally:
-            close_old_connections()  # this thread's database connection, as a request would
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait for every queued fold; False if some were still running after ``timeout``."""
-        with self._lock:
-            futures = list(self._pending.values())
-        _, not_done = concurrent.futures.wait(futures, timeout=timeout)
-        return not not_done
-
-
-_folds = _BackgroundFolds()
-
-
-def wait_for_summaries(timeout: float | None = None) -> bool:
-    """Wait until the summaries queued in this process are written (or failed).
-
-    Returns False if some were still running after ``timeout`` seconds. For tests, and for
-    commands that run turns and exit.
-    """
-    return _folds.wait(timeout)
 
 
 # --- Reading the memory ------------------------------------------------------------------------
@@ -273,22 +214,37 @@ class SummaryMemory(MemoryStrategy):
 
     # --- Folding -------------------------------------------------------------------------------
 
-    def after_turn(self, turn: TurnContext, message) -> None:
-        """Queue a fold when the unsummarised messages no longer fit beside a full summary."""
+    async def after_turn(self, turn: TurnContext, message) -> None:
+        """Enqueue a fold (the ``fold_summary`` task) when the unsummarised messages no longer
+        fit beside a full summary."""
         state = turn.state.get(STATE_KEY)
         if not state:
             return
         budget = state["budget"]
         unsummarized = state["unsummarized_tokens"] + turn.user_message.token_count + message.token_count
         if state["cut"] or unsummarized > budget - self.memory_cap(budget):
-            conversation_id = turn.conversation.pk
-            _folds.submit((self.profile.name, conversation_id),
-                          lambda: self.fold(conversation_id, budget, until_seq=message.seq))
+            from django_ragchat import tasks
+
+            # Off the event loop: on the immediate backend the fold (a model call) runs right
+            # here; on any other backend this is one INSERT or queue push.
+            await sync_to_async(self._enqueue_fold)(tasks, str(turn.conversation.pk), budget, message.seq)
+
+    def _enqueue_fold(self, tasks, conversation_id: str, budget: int, until_seq: int) -> None:
+        try:
+            result = tasks.enqueue(tasks.fold_summary, self.profile.name, conversation_id, budget, until_seq)
+        except Exception:
+            # A fold is an optimisation: until one lands, the prompt stays within budget by
+            # leaving the oldest turns out (the trace's memory.not_shown).
+            logger.exception("Folding the summary of conversation %s failed", conversation_id)
+            return
+        if result.status == tasks.TaskResultStatus.FAILED:
+            logger.error("Folding the summary of conversation %s failed: %s", conversation_id,
+                         result.errors[-1].traceback if result.errors else "no traceback")
 
     def fold(self, conversation_id, budget_tokens: int, *, until_seq: int):
         """Fold the unsummarised messages up to ``until_seq``, except the newest turns worth
         ``keep_share`` of the budget, into the conversation's summary. Synchronous (it runs on
-        the background thread); returns the saved ``MemoryRecord`` or None."""
+        the ``fold_summary`` task); returns the saved ``MemoryRecord`` or None."""
         from django_ragchat.models import MemoryRecord, Message
 
         record = (MemoryRecord.objects.filter(conversation_id=conversation_id, kind=MemoryRecord.Kind.SUMMARY)
@@ -368,7 +324,7 @@ def register_memory_strategies(register):
 
 
 @hookimpl
-def on_turn_completed(turn, message):
+async def on_turn_completed(turn, message):
     memory = turn.components.memory
     if isinstance(memory, SummaryMemory):
-        memory.after_turn(turn, message)
+        await memory.after_turn(turn, message)

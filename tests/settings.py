@@ -65,6 +65,21 @@ else:
             "RAGCHAT_TEST_PG_NAME", f"test_{DATABASES['default']['NAME']}_{os.getpid()}"
         )
     }
+# Django's tasks framework (django.tasks on Django 6, the django-tasks backport on 5.2):
+# the immediate backend by default, as on a site that configures nothing; "database" for the
+# tests of work done by a worker (django-tasks-db's db_worker); "dummy" keeps tasks unrun.
+try:
+    import django.tasks  # noqa: F401
+
+    _TASK_BACKENDS = "django.tasks.backends"
+except ImportError:
+    _TASK_BACKENDS = "django_tasks.backends"
+TASKS = {
+    "default": {"BACKEND": f"{_TASK_BACKENDS}.immediate.ImmediateBackend"},
+    "dummy": {"BACKEND": f"{_TASK_BACKENDS}.dummy.DummyBackend"},
+    "database": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default"]},
+}
+INSTALLED_APPS.append("django_tasks_db")
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 ASGI_APPLICATION = "tests.asgi.application"
 STATIC_URL = "static/"

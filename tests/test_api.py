@@ -526,7 +526,7 @@ def test_the_schema_is_served_for_these_endpoints_and_validates(alice, tmp_path)
         f"{API}/conversations/", f"{API}/conversations/{{conversation_id}}/",
         f"{API}/conversations/{{conversation_id}}/messages/", f"{API}/messages/{{message_id}}/feedback/",
         f"{API}/feedback/", f"{API}/memory/", f"{API}/memory/{{id}}/", f"{API}/documents/",
-        f"{API}/documents/{{id}}/", f"{API}/plugins/",
+        f"{API}/documents/{{id}}/", f"{API}/documents/tasks/{{task_id}}/", f"{API}/plugins/",
     }
     post = schema["paths"][f"{API}/conversations/{{conversation_id}}/messages/"]["post"]
     assert set(post["responses"]) == {"201", "400", "403", "404", "409", "413", "429", "500", "502", "503", "504"}

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.django_db
 
 API = "/api/ragchat"
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "api.md"
-UNKNOWN = {"C": "0b3f2a47-0000-4000-8000-000000000000", "A": "987654", "M": "987654", "D": "987654"}
+UNKNOWN = {"C": "0b3f2a47-0000-4000-8000-000000000000", "A": "987654", "M": "987654", "D": "987654",
+           "T": "0b3f2a47-0000-4000-8000-000000000001"}
 
 
 def read_matrix(heading: str) -> tuple[list[str], dict[str, list[int]]]:
@@ -79,9 +80,14 @@ def conversation_with_answer(**owner) -> tuple[Conversation, Message]:
 
 
 @pytest.fixture
-def world(user, other_user, staff_user):
+def world(user, other_user, staff_user, ragchat_settings_override):
     """alice's conversation C with answer A (rated by alice and by staff), alice's memory
-    record M, a document D, and an anonymous session's conversation with the same."""
+    record M, a document D, a queued upload's task T (on the database task backend), and an
+    anonymous session's conversation with the same."""
+    from django_ragchat import tasks
+
+    ragchat_settings_override(TASK_BACKEND="database")
+    queued = tasks.enqueue(tasks.ingest_upload, "upload/t.md", "# T\n\nText.", "", "markdown", None)
     conversation, answer = conversation_with_answer(owner=user)
     Feedback.objects.create(message=answer, user=user, rating="up")
     Feedback.objects.create(message=answer, user=staff_user, rating="down")
@@ -93,7 +99,7 @@ def world(user, other_user, staff_user):
     anon_conversation, anon_answer = conversation_with_answer(session_key=session_key)
     anon_memory = MemoryRecord.objects.create(conversation=anon_conversation, kind="summary", content="Greeted.")
     return {
-        "ids": {"C": conversation.pk, "A": answer.pk, "M": memory.pk, "D": document.pk},
+        "ids": {"C": conversation.pk, "A": answer.pk, "M": memory.pk, "D": document.pk, "T": queued.id},
         "anonymous_ids": {"C": anon_conversation.pk, "A": anon_answer.pk, "M": anon_memory.pk},
         "clients": {
             "owner": signed_in(user), "other user": signed_in(other_user), "staff": signed_in(staff_user),

@@ -1,16 +1,15 @@
 """Summary memory: older turns folded into a rolling summary by the model, off the hot path,
 through full turns against the loopback OpenAI-compatible server.
 
-The folds run on a background thread with its own database connection, so these tests use a
-committed database (``transaction=True``) and wait for the folds between turns, as the
-in-memory SQLite of the test suite allows one writer at a time.
+Folds are tasks of Django's tasks framework: on the immediate backend (the default) they run as
+the turn completes; on the database backend a worker (``db_worker``) runs them. The worker has
+its own database connection, so these tests use a committed database (``transaction=True``).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import time
 
 import pytest
 from django.db import connection
@@ -20,7 +19,7 @@ from django_ragchat import hookimpl
 from django_ragchat.models import Conversation, MemoryRecord, Message
 from django_ragchat.pipeline import components_for, run_turn_sync
 from django_ragchat.profiles import get_profile
-from django_ragchat.summary_memory import SummaryMemory, wait_for_summaries
+from django_ragchat.summary_memory import SummaryMemory
 from django_ragchat.tokens import count_tokens
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -45,7 +44,6 @@ def summary_site(openai_server, ragchat_settings_override, product_corpus):
     }})
     openai_server.when(contains="running summary of a conversation", reply=summarise, any_message=True)
     yield openai_server
-    assert wait_for_summaries(timeout=10)
 
 
 def summary_calls(server) -> list[dict]:
@@ -70,7 +68,6 @@ def test_the_prompt_stays_under_budget_across_a_300_message_conversation(summary
     for i in range(150):
         result = run_turn_sync(conversation, question(i))
         assert result.error is None, result.error
-        assert wait_for_summaries(timeout=10)
         prompts.append(result.trace["prompt"])
         memories.append(result.trace["memory"])
 
@@ -102,23 +99,27 @@ def test_the_prompt_stays_under_budget_across_a_300_message_conversation(summary
     assert question(149) in last[-1]["content"]
 
 
-def test_a_turn_does_not_wait_for_its_summary(summary_site, conversation, ragchat_settings_override):
-    def slow_summary(request):
-        time.sleep(0.6)
-        return summarise(request)
+def test_with_a_worker_the_turn_only_enqueues_its_fold(summary_site, conversation, ragchat_settings_override):
+    from django.core.management import call_command
+    from django_tasks_db.models import DBTaskResult
 
-    summary_site.reset()
-    summary_site.when(contains="running summary of a conversation", reply=slow_summary, any_message=True)
-    turns = []
-    while not summary_calls(summary_site):
-        started = time.perf_counter()
-        run_turn_sync(conversation, question(len(turns)))
-        turns.append(time.perf_counter() - started)
-        assert len(turns) < 40, "no fold was ever queued"
+    ragchat_settings_override(TASK_BACKEND="database")
+    turns = 0
+    while not DBTaskResult.objects.exists():
+        run_turn_sync(conversation, question(turns))
+        turns += 1
+        assert turns < 40, "no fold was ever enqueued"
 
-    assert max(turns) < 0.5  # the turn that queued the fold returned while it was running
+    # The turn that enqueued the fold returned without it: no summarising call, no summary.
+    [task] = DBTaskResult.objects.all()
+    assert task.task_path == "django_ragchat.tasks.fold_summary" and task.status == "READY"
+    assert not summary_calls(summary_site)
     assert not MemoryRecord.objects.filter(conversation=conversation).exists()
-    assert wait_for_summaries(timeout=10)
+
+    call_command("db_worker", "--batch", "--backend", "database", "--no-startup-delay", verbosity=0)
+    task.refresh_from_db()
+    assert task.status == "SUCCESSFUL", task.exception_class_path
+    assert len(summary_calls(summary_site)) >= 1
     record = MemoryRecord.objects.get(conversation=conversation, kind="summary")
     result = run_turn_sync(conversation, "And the warranty?")
     assert result.trace["memory"]["summary_covers_until_seq"] == record.covers_until_seq
@@ -134,7 +135,6 @@ def test_while_no_summary_lands_the_oldest_turns_are_left_out_and_the_trace_says
     with caplog.at_level(logging.WARNING, logger="django_ragchat.summary_memory"):
         for i in range(30):
             result = run_turn_sync(conversation, question(i))
-            assert wait_for_summaries(timeout=10)
             assert result.trace["prompt"]["tokens"] <= profile.prompt_budget
 
     assert not MemoryRecord.objects.filter(conversation=conversation).exists()
@@ -149,7 +149,6 @@ def test_staff_read_and_correct_the_summary_and_the_model_sees_the_correction(
 ):
     for i in range(12):
         run_turn_sync(conversation, question(i))
-        assert wait_for_summaries(timeout=10)
     record = MemoryRecord.objects.get(conversation=conversation, kind="summary")
 
     page = admin_client.get(f"/admin/django_ragchat/conversation/{conversation.pk}/change/")
@@ -164,7 +163,6 @@ def test_staff_read_and_correct_the_summary_and_the_model_sees_the_correction(
     assert answer_calls(summary_site)[-1]["messages"][1]["content"] == f"{SUMMARY_PREFIX}\n{record.content}"
     for i in range(12, 20):  # until the next fold, which starts from the corrected text
         run_turn_sync(conversation, question(i))
-        assert wait_for_summaries(timeout=10)
     assert summary_calls(summary_site)[0]["messages"][1]["content"].startswith(f"Previous summary:\n{record.content}")
 
 
@@ -206,7 +204,8 @@ def test_a_plugin_contributes_facts_by_creating_memory_records(summary_site, con
     assert result.trace["memory"]["facts"] == 1
 
 
-def test_a_turn_issues_the_same_number_of_queries_whatever_the_history_length(summary_site, user):
+def test_a_turn_issues_the_same_number_of_queries_whatever_the_history_length(summary_site, user,
+                                                                             ragchat_settings_override):
     def conversation_with(earlier: int) -> Conversation:
         conversation = Conversation.objects.create(owner=user, last_seq=earlier)
         Message.objects.bulk_create([
@@ -216,14 +215,14 @@ def test_a_turn_issues_the_same_number_of_queries_whatever_the_history_length(su
         ])
         return conversation
 
+    # The fold that 200 messages call for is a task of its own, not part of the turn's queries.
+    ragchat_settings_override(TASK_BACKEND="dummy")
     counts = []
     for earlier in (2, 200):
         conversation = conversation_with(earlier)
         run_turn_sync(conversation, "warm-up: how long does the battery last?")  # loads the vector index
-        assert wait_for_summaries(timeout=10)
         with CaptureQueriesContext(connection) as queries:
             run_turn_sync(conversation, "How long does the Aurora X2 battery last?")
-        assert wait_for_summaries(timeout=10)
         counts.append(len(queries))
 
     assert counts[0] == counts[1]

@@ -98,6 +98,15 @@ class CanManageDocuments(permissions.BasePermission):
         return request.method in permissions.SAFE_METHODS or rules.can_manage_documents(request.user)
 
 
+class CanUploadDocuments(permissions.BasePermission):
+    """``DOCUMENT_PERMISSION`` (staff) for every method: queued uploads are theirs to follow."""
+
+    message = "You may not add or delete documents."
+
+    def has_permission(self, request, view) -> bool:
+        return is_signed_in(request) and rules.can_manage_documents(request.user)
+
+
 def get_conversation(request, conversation_id) -> Conversation:
     """The conversation if the caller may read it; ``NotFound`` otherwise, whatever the reason."""
     try:

@@ -223,6 +223,23 @@ class IngestResultSerializer(serializers.Serializer):
     outcome = serializers.CharField()
 
 
+class IngestTaskSerializer(serializers.Serializer):
+    """A queued ingestion (``tasks.ingest_upload``)."""
+
+    id = serializers.CharField()
+    status = serializers.ChoiceField(choices=["READY", "RUNNING", "SUCCESSFUL", "FAILED"])
+    url = serializers.URLField(help_text="Where to read this status again.")
+    enqueued_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    result = serializers.DictField(allow_null=True, help_text='When SUCCESSFUL: {"document_id", "outcome"}.')
+    error = serializers.CharField(allow_null=True, help_text="When FAILED: the exception's class.")
+
+
+class IngestQueuedSerializer(serializers.Serializer):
+    task = IngestTaskSerializer()
+
+
 class PluginSerializer(serializers.Serializer):
     name = serializers.CharField()
     hooks = serializers.ListField(child=serializers.CharField())

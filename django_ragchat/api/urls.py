@@ -24,6 +24,7 @@ urlpatterns = [
     path("memory/", views.MemoryList.as_view(), name="memory-list"),
     path("memory/<str:pk>/", views.MemoryDetail.as_view(), name="memory-detail"),
     path("documents/", views.DocumentList.as_view(), name="document-list"),
+    path("documents/tasks/<str:task_id>/", views.DocumentTask.as_view(), name="document-task"),
     path("documents/<str:pk>/", views.DocumentDetail.as_view(), name="document-detail"),
     path("plugins/", views.PluginList.as_view(), name="plugin-list"),
 ]

@@ -19,6 +19,7 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.db.models import Count, Prefetch
 from django.http import Http404
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import exceptions, generics, status
@@ -28,10 +29,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from django_ragchat import limits, transport
+from django_ragchat import limits, tasks, transport
 from django_ragchat import permissions as rules
 from django_ragchat.api import permissions as access
 from django_ragchat.api import serializers as s
+from django_ragchat.conf import ragchat_settings
 from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
 from django_ragchat.jsonbody import LimitedJSONParser
 from django_ragchat.ingestion.pipeline import CREATED, ingest_text
@@ -481,6 +483,9 @@ class DocumentViewMixin:
                     "200 when updated or unchanged.",
         request={"multipart/form-data": s.DocumentUploadSerializer},
         responses={200: s.IngestResultSerializer, 201: s.IngestResultSerializer,
+                   202: OpenApiResponse(s.IngestQueuedSerializer, description=(
+                       "Queued: the file is larger than RAGCHAT['BACKGROUND_INGEST_BYTES'] and the task "
+                       "backend runs tasks in a worker; poll the task's `url`.")),
                    502: OpenApiResponse(s.ErrorSerializer, description="The embedder failed; nothing was lost."),
                    **errors(400, 403, 413)},
     ),
@@ -509,6 +514,10 @@ class DocumentList(DocumentViewMixin, RagchatAPIView, generics.ListAPIView):
         except UnicodeDecodeError:
             raise APIError(400, "invalid_encoding", "The file is not UTF-8 text.") from None
         source = data.get("source") or f"upload/{PurePath(upload.name).name}"
+        if upload.size > ragchat_settings.BACKGROUND_INGEST_BYTES and tasks.runs_in_background():
+            # A worker ingests it; the caller polls the task (documents/tasks/{id}/).
+            queued = tasks.enqueue(tasks.ingest_upload, source, text, data["title"], content_type, data["profile"])
+            return Response({"task": task_payload(request, queued)}, status=status.HTTP_202_ACCEPTED)
         try:
             result = ingest_text(source, text, title=data["title"], content_type=content_type,
                                  profile=data["profile"])
@@ -521,6 +530,39 @@ class DocumentList(DocumentViewMixin, RagchatAPIView, generics.ListAPIView):
         document = self.get_queryset().get(pk=result.document_id)
         return Response({"document": s.DocumentSerializer(document).data, "outcome": result.status},
                         status=status.HTTP_201_CREATED if result.status == CREATED else status.HTTP_200_OK)
+
+
+def task_payload(request, result) -> dict:
+    """What the API says of an ingestion task (``tasks.ingest_upload``)."""
+    payload = {
+        "id": str(result.id),
+        "status": str(result.status.value if hasattr(result.status, "value") else result.status),
+        "url": request.build_absolute_uri(reverse("ragchat_api:document-task", args=[result.id])),
+        "enqueued_at": result.enqueued_at, "started_at": result.started_at, "finished_at": result.finished_at,
+        "result": None, "error": None,
+    }
+    if payload["status"] == tasks.TaskResultStatus.SUCCESSFUL:
+        payload["result"] = result.return_value
+    elif payload["status"] == tasks.TaskResultStatus.FAILED:
+        # The exception's class only: its message and traceback are for the logs.
+        payload["error"] = result.errors[-1].exception_class_path if result.errors else "unknown"
+    return payload
+
+
+@extend_schema(summary="The status of a queued document ingestion", parameters=[
+    OpenApiParameter("task_id", OpenApiTypes.STR, OpenApiParameter.PATH)],
+    responses={200: s.IngestTaskSerializer, **errors(403, 404)})
+class DocumentTask(RagchatAPIView):
+    """A queued upload's task: ``READY``, ``RUNNING``, ``SUCCESSFUL`` (with the document id and
+    outcome) or ``FAILED`` (with the exception's class)."""
+
+    permission_classes = [access.CanUploadDocuments]
+
+    def get(self, request, task_id):
+        result = tasks.result_of(tasks.ingest_upload, task_id)
+        if result is None:
+            raise exceptions.NotFound()
+        return Response(task_payload(request, result))
 
 
 @extend_schema_view(

@@ -46,15 +46,20 @@ class Command(BaseCommand):
         parser.add_argument("--no-index", action="store_true", help="PostgreSQL: do not build the HNSW index.")
         parser.add_argument("--force", action="store_true", help="--drop-space even if a profile uses the space.")
         parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+        parser.add_argument("--background", action="store_true",
+                            help="Enqueue the re-embedding as a task (django_ragchat.tasks.reembed_space) on "
+                                 "RAGCHAT['TASK_BACKEND'] and return; a worker runs it. With --profile only.")
 
     def handle(self, *args, **options):
         if options["list"]:
             return self._list()
         if options["drop_space"]:
             return self._drop(options["drop_space"], options["force"])
-        embedder = self._embedder(options)
         if options["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1.")
+        if options["background"]:
+            return self._enqueue(options)
+        embedder = self._embedder(options)
         space = embedder.space
         before = self._counts()
         self.stdout.write(f"Embedding into space {space} (now {before.get(space, 0):,} chunks); "
@@ -76,6 +81,21 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"Space {space} is complete. Next: point the profile(s) at this embedder in "
                               f"settings and deploy, then `manage.py ragchat_reembed --drop-space OLD_SPACE`.")
+
+    def _enqueue(self, options):
+        from django_ragchat import tasks
+
+        if options["embedder"]:
+            raise CommandError("--background re-embeds into a profile's space: use --profile.")
+        self._embedder(options)  # a wrong profile fails here, not in the worker
+        result = tasks.enqueue(tasks.reembed_space, options["profile"], options["batch_size"], not options["no_index"])
+        if tasks.runs_in_background():
+            self.stdout.write(f"Enqueued re-embedding task {result.id} on task backend "
+                              f"{result.backend!r}; a worker (e.g. manage.py db_worker) runs it.")
+        elif result.status == tasks.TaskResultStatus.SUCCESSFUL:
+            self.stdout.write(f"The task backend runs tasks on the spot; re-embedded {result.return_value['summary']}")
+        else:
+            raise CommandError("The re-embedding task failed: " + (result.errors[-1].traceback if result.errors else ""))
 
     def _embedder(self, options):
         from django_ragchat import plugins

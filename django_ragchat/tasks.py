@@ -1,0 +1,121 @@
+"""Background work on Django's tasks framework.
+
+django-ragchat never starts threads of its own for work that can wait: it enqueues tasks on the
+backend named by ``RAGCHAT["TASK_BACKEND"]`` (an alias of the site's ``TASKS`` setting,
+``"default"`` unless set). On Django 6 that is ``django.tasks``; on Django 5.2 the
+``django-tasks`` backport, which has the same API.
+
+* With Django's default, the **immediate** backend, a task runs as it is enqueued, in the
+  process that enqueued it: nothing else to run, which is what the demo and small sites want.
+* With a backend that runs tasks elsewhere (``django_tasks_db.DatabaseBackend`` and its
+  ``manage.py db_worker``, or any other), the work leaves the request: summaries are folded
+  by the worker, large uploads answer 202 with a task id whose status the API reports, and
+  ``ragchat_reembed --background`` returns at once.
+
+The tasks (docs/tasks.md):
+
+``fold_summary``  summary memory's fold of older turns (``summary_memory``);
+``ingest_upload`` a document uploaded through the API (``api.views.DocumentList``);
+``reembed_space`` ``ragchat_reembed --background``.
+
+Their arguments and results are JSON (a requirement of every backend that stores tasks).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django_ragchat.conf import ragchat_settings
+
+try:  # Django 6.0 and later
+    from django.tasks import TaskResult, TaskResultStatus, task, task_backends
+    from django.tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
+except ImportError:  # Django 5.2: the backport, same API
+    from django_tasks import TaskResult, TaskResultStatus, task, task_backends
+    from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
+
+__all__ = [
+    "TaskResult", "TaskResultStatus", "TaskResultDoesNotExist", "enqueue", "fold_summary", "ingest_upload",
+    "reembed_space", "result_of", "runs_in_background",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def backend():
+    """The task backend django-ragchat enqueues on (``RAGCHAT["TASK_BACKEND"]``)."""
+    return task_backends[ragchat_settings.TASK_BACKEND]
+
+
+def runs_in_background() -> bool:
+    """True when enqueued tasks run elsewhere and their results can be read back later (not the
+    immediate backend, which runs them on the spot)."""
+    return bool(backend().supports_get_result)
+
+
+def enqueue(task_, *args: Any, **kwargs: Any) -> TaskResult:
+    """Enqueue ``task_`` on django-ragchat's backend."""
+    return task_.using(backend=ragchat_settings.TASK_BACKEND).enqueue(*args, **kwargs)
+
+
+def result_of(task_, result_id: str) -> TaskResult | None:
+    """The result of an earlier ``enqueue`` of ``task_``; ``None`` when there is none (unknown,
+    malformed id, another task's id, or a backend that keeps no results)."""
+    if not runs_in_background():
+        return None
+    try:
+        return task_.using(backend=ragchat_settings.TASK_BACKEND).get_result(result_id)
+    except (TaskResultDoesNotExist, TaskResultMismatch, ValueError):
+        return None
+    except Exception as exc:  # e.g. a database backend given an id that is not a UUID
+        if type(exc).__name__ == "ValidationError":
+            return None
+        raise
+
+
+# --- The tasks -----------------------------------------------------------------------------------
+
+
+@task
+def fold_summary(profile_name: str, conversation_id: str, budget_tokens: int, until_seq: int) -> dict | None:
+    """Fold a conversation's older turns into its summary (``SummaryMemory.fold``)."""
+    from django_ragchat.pipeline import components_for
+    from django_ragchat.profiles import get_profile
+    from django_ragchat.summary_memory import SummaryMemory
+
+    memory = components_for(get_profile(profile_name)).memory
+    if not isinstance(memory, SummaryMemory):  # the profile changed since the turn
+        return None
+    record = memory.fold(conversation_id, budget_tokens, until_seq=until_seq)
+    return {"memory_record_id": record.pk, "covers_until_seq": record.covers_until_seq} if record else None
+
+
+@task
+def ingest_upload(source: str, text: str, title: str, content_type: str, profile: str | None) -> dict:
+    """Ingest a document uploaded through the API (``ingestion.pipeline.ingest_text``)."""
+    from django_ragchat.ingestion.pipeline import ingest_text
+
+    result = ingest_text(source, text, title=title, content_type=content_type, profile=profile)
+    return {"document_id": result.document_id, "outcome": result.status}
+
+
+@task
+def reembed_space(profile: str | None = None, batch_size: int = 64, build_index: bool = True) -> dict:
+    """Embed the stored chunks into a profile's embedder's space (``ragchat_reembed``)."""
+    from django.db import connection
+
+    from django_ragchat.pipeline import components_for
+    from django_ragchat.ingestion.pipeline import reembed
+    from django_ragchat.profiles import get_profile
+
+    embedder = components_for(get_profile(profile)).embedder
+    report = reembed(embedder, batch_size=batch_size)
+    result = {"space": embedder.space, "summary": report.summary(),
+              "failed": [{"source": r.source, "reason": r.reason} for r in report.failed]}
+    if build_index and connection.vendor == "postgresql" and not report.failed:
+        from django_ragchat.search import postgres
+
+        status, created = postgres.create_hnsw_index(embedder.space)
+        result["index"] = status.name
+    return result
