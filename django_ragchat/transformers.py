@@ -154,7 +154,7 @@ def read_message(text: str, index: SubjectIndex) -> Reading:
     """Split a user message into subject names and attribute words (see ``Reading``)."""
     fresh_match = _FRESH_RE.match(text)
     rest = text[fresh_match.end():] if fresh_match else text
-    named = tuple(index.find(rest))
+    named = tuple(index.find(rest[:_MAX_SCAN_CHARS]))
     name_words = {normalize(w) for s in named for w in _TOKEN_RE.findall(s.name)}
     name_keys = {t for s in named for t in s.tokens}
     attribute, elliptical, pronoun = [], True, False
