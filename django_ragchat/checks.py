@@ -8,7 +8,10 @@ ragchat.E004  a plugin could not be loaded or failed while registering component
 ragchat.E005  a hook implementation matches no hook spec (misspelt hook name)
 ragchat.E006  a dotted path in settings cannot be imported
 ragchat.E007  a setting has a value of the wrong type or range
+ragchat.E008  a wrapper (``wrapper=True``/``hookwrapper=True``) on a registration hook
 ragchat.W020  a profile uses api.openai.com but the API key's environment variable is not set
+ragchat.W040  a component warns about its configuration (``check_warnings()``), e.g. the sources
+              filter with an embedder whose similarities never reach its threshold
 
 Database checks (run by ``migrate`` and ``check --database default``):
 
@@ -78,6 +81,28 @@ def check_plugins(app_configs=None, **kwargs):
 
 
 @register(Tags.compatibility)
+def check_registration_wrappers(app_configs=None, **kwargs):
+    """A wrapper on a ``register_*`` hook would wrap nothing: each implementation is called on
+    its own (to know which plugin registered what), so its code would never run."""
+    from django_ragchat import plugins
+
+    pm = plugins.get_plugin_manager()
+    errors = []
+    for hook_name in plugins.REGISTRATION_HOOKS:
+        for impl in getattr(pm.hook, hook_name).get_hookimpls():
+            if impl.wrapper or impl.hookwrapper:
+                option = "wrapper" if impl.wrapper else "hookwrapper"
+                errors.append(Error(
+                    f"Plugin {impl.plugin_name!r} implements {hook_name} with {option}=True; a registration "
+                    f"hook cannot be wrapped, so it never runs.",
+                    hint="Drop the wrapper option and call register(...) directly; to wrap part of a turn, "
+                         "register an Advisor (register_advisors), or use wrapper=True on an on_* hook.",
+                    id="ragchat.E008",
+                ))
+    return errors
+
+
+@register(Tags.compatibility)
 def check_profiles(app_configs=None, **kwargs):
     from django_ragchat import plugins
     from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, InvalidProfile, build_profile
@@ -125,7 +150,7 @@ def check_profiles(app_configs=None, **kwargs):
                         problems.append(f"{field}: {exc}")
         if not problems:
             # Build the components once: options they do not accept fail here, not at the first turn.
-            from django_ragchat.pipeline import components_for
+            from django_ragchat.context import components_for
 
             try:
                 components_for(profile)
@@ -143,8 +168,8 @@ def check_openai_keys(app_configs=None, **kwargs):
     build step), and every turn would fail with a clear "model unavailable" anyway."""
     import dataclasses
 
+    from django_ragchat.context import components_for
     from django_ragchat.openai_backend import OpenAIConnection
-    from django_ragchat.pipeline import components_for
     from django_ragchat.profiles import build_profile
 
     warnings = []
@@ -241,3 +266,29 @@ def _sqlite_search_checks(alias: str) -> list:
         return [Warning("A profile uses full-text or hybrid retrieval, but this SQLite was built without FTS5.",
                         hint="Use a Python whose sqlite3 has FTS5 (most do), or PostgreSQL.", id="ragchat.W012")]
     return []
+
+
+@register(Tags.compatibility)
+def check_component_warnings(app_configs=None, **kwargs):
+    """Each built component may say what is doubtful about its configuration through an
+    optional ``check_warnings()`` method returning messages (ragchat.W040)."""
+    import dataclasses
+
+    from django_ragchat.context import components_for
+    from django_ragchat.profiles import build_profile
+
+    warnings = []
+    profiles = ragchat_settings.PROFILES if isinstance(ragchat_settings.PROFILES, dict) else {}
+    for name, config in profiles.items():
+        try:
+            components = components_for(build_profile(name, config or {}))
+        except Exception:  # reported by check_profiles (ragchat.E002)
+            continue
+        for f in dataclasses.fields(components):
+            value = getattr(components, f.name)
+            for component in value if isinstance(value, list) else [value]:
+                check = getattr(component, "check_warnings", None)
+                for message in (check() if callable(check) else ()):
+                    warnings.append(Warning(f"Profile {name!r}, {component.kind} {component.name!r}: {message}",
+                                            hint="See docs/plugins.md.", id="ragchat.W040"))
+    return warnings

@@ -105,7 +105,5 @@ ragchat_settings = RagchatSettings(DEFAULTS)
 def _reload_settings(*, setting: str, **kwargs: Any) -> None:
     if setting == "RAGCHAT":
         ragchat_settings.reload()
-        # Components are built from profiles and plugins; rebuild them on next use.
-        from django_ragchat import plugins
-
-        plugins.reset()
+        # The plugin manager and the components built from profiles are dropped by the
+        # receiver in django_ragchat.plugins (connected after this one, so it runs after it).

@@ -2,7 +2,9 @@
 API, the terminal). ``to_dict()`` gives the wire form documented in docs/protocol.md.
 
 A turn's events, in order: ``ack`` -> ``status`` ("retrieving") -> ``sources`` -> ``status``
-("generating") -> ``delta``... -> ``done``; or ``error`` at any point after ``ack``.
+("generating") -> ``delta``... -> ``done``; or ``error`` at any point after ``ack``. An output
+guardrail that asks the model again sends ``retry`` after the deltas: the text so far is
+discarded and the new answer's deltas start again at index 0.
 """
 
 from __future__ import annotations
@@ -52,6 +54,19 @@ class Delta(TurnEvent):
     type: ClassVar[str] = "delta"
     text: str
     index: int  # 0-based position of this piece in the answer: clients can detect gaps
+
+
+@dataclass(frozen=True)
+class Retry(TurnEvent):
+    """An output guardrail rejected the answer streamed so far and the model is answering
+    again (whole-answer). Clients discard the text received since the last ``retry`` (or
+    since the start); the new answer's ``delta`` events start again at index 0, and ``done``
+    carries the final text as always. ``attempt`` counts from 1; ``guardrail`` names the
+    guardrail that asked (its feedback to the model stays in the trace)."""
+
+    type: ClassVar[str] = "retry"
+    attempt: int
+    guardrail: str
 
 
 @dataclass(frozen=True)

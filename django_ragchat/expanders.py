@@ -13,7 +13,7 @@ from django_ragchat.components import Component
 from django_ragchat.types import EndTurn, Query, SkipRetrieval
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
+    from django_ragchat.context import TurnContext
 
 
 class QueryExpander(Component):

@@ -23,8 +23,18 @@ components by name (``django_ragchat.profiles``). Component methods may be ``asy
 plain functions, and may return a value or an awaitable.
 
 **Lifecycle hooks** (``on_*``) are called during every turn for observability (logging,
-metrics, tracing). They may return an awaitable. An exception raised in one is logged and never
-breaks the turn.
+metrics, tracing), through pluggy's hook caller: ``@hookimpl(wrapper=True)`` (code before the
+``yield``, the other implementations' results from it, code after) and ``tryfirst``/
+``trylast`` work as in pluggy. They may be ``async def``: what they return is awaited after the
+hook call, so a wrapper's code after its ``yield`` runs before the ``async`` implementations'
+bodies. An exception raised in one is logged and never breaks the turn.
+
+A wrapper (``wrapper=True`` or ``hookwrapper=True``) on a registration hook could wrap nothing
+(each implementation is called on its own, to know which plugin registered what): it is the
+system check error ``ragchat.E008``.
+
+To wrap a part of the turn itself (change the prompt, short-circuit with a cached answer,
+transform the stream), register an ``Advisor`` (``register_advisors``).
 
 A hook implementation whose name matches no spec here is reported by the system check
 ``ragchat.E005`` (a misspelt hook would otherwise do nothing, silently).
@@ -55,8 +65,10 @@ def register_guardrails(register):
     """Register ``django_ragchat.guardrails.Guardrail`` subclasses.
 
     A guardrail checks the user's input before retrieval (``check_input``) and the answer before
-    it is saved (``check_output``); returning a ``Refusal`` ends the turn. Built in:
-    ``blocked_phrases`` (configurable phrases). Malformed input (empty, oversized, NUL bytes)
+    it is saved (``check_output``); returning a ``Refusal`` ends the turn, and an output
+    guardrail may return a ``Reprompt`` to have the model answer again with its feedback (at
+    most ``max_reprompts`` times). Built in: ``blocked_phrases`` (configurable phrases),
+    ``require_citation`` (off by default). Malformed input (empty, oversized, NUL bytes)
     never reaches a guardrail: the pipeline rejects it before anything is saved.
     """
 
@@ -143,8 +155,24 @@ def register_response_augmenters(register):
     """Register ``django_ragchat.responses.ResponseAugmenter`` subclasses.
 
     Response augmenters see the answer after the LLM: ``augment`` for a whole answer,
-    ``on_delta`` for each streamed piece (it must not block), ``on_complete`` when a stream
-    ends. Built in: ``citations`` (parses ``[1]``-style references into ``Citation`` objects).
+    ``on_delta`` for each streamed piece (it must not block), ``finish`` after the model's last
+    piece (text it returns is streamed as more deltas: a footer, a sources line),
+    ``on_complete`` when a stream ends. Built in: ``citations`` (the answer builder,
+    ``django_ragchat.answers.build_answer``: references, answer extraction, XML tags) and
+    ``sources_filter`` (off unless listed: keeps the sources similar to the answer).
+    """
+
+
+@hookspec
+def register_advisors(register):
+    """Register ``django_ragchat.advisors.Advisor`` subclasses.
+
+    An advisor is around-advice: ``around_turn(turn, call_next)`` wraps everything after the
+    user's message is saved (it may short-circuit with its own answer),
+    ``around_llm(prompt, turn, call_next)`` the whole-answer model call and
+    ``around_llm_stream(prompt, turn, call_next)`` the streamed one (an async iterator in, an
+    async iterator out: it may transform pieces, hold them back and add more after the last).
+    The first in ``order`` is the outermost. None built in.
     """
 
 

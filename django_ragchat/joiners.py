@@ -14,7 +14,7 @@ from django_ragchat.components import Component
 from django_ragchat.types import Query, RetrievedChunk
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
+    from django_ragchat.context import TurnContext
 
 ResultLists = list[tuple[Query, str, list[RetrievedChunk]]]
 

@@ -52,7 +52,7 @@ from django_ragchat.transformers import QueryTransformer
 from django_ragchat.types import HistoryMessage, Query
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
+    from django_ragchat.context import TurnContext
 
 _REFUSAL_RE = re.compile(
     r"^\W*(i'?m sorry|i am sorry|sorry[,.!]|i apologi[sz]e|i cannot|i can'?t|i can not|i'?m unable|"

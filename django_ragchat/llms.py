@@ -18,27 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from django_ragchat import hookimpl
 from django_ragchat.components import Component
+from django_ragchat.exceptions import LLMError  # noqa: F401  (its historical home)
 from django_ragchat.text import content_terms, sentences
 from django_ragchat.tokens import count_tokens
 from django_ragchat.types import LLMDelta, LLMResponse, Prompt, Usage
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
-
-
-class LLMError(Exception):
-    """A model call failed in a way the user should hear about.
-
-    ``code`` is short and stable (``rate_limited``, ``timeout``, ``model_unavailable``,
-    ``bad_response``, ``stream_interrupted``); ``user_message`` is safe to show. The detail
-    goes to the log, not to the user.
-    """
-
-    def __init__(self, code: str, user_message: str, *, retry_after: float | None = None):
-        super().__init__(f"{code}: {user_message}")
-        self.code = code
-        self.user_message = user_message
-        self.retry_after = retry_after
+    from django_ragchat.context import TurnContext
 
 
 class LLMBackend(Component):

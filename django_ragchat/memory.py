@@ -18,7 +18,7 @@ from django_ragchat.components import Component
 from django_ragchat.types import HistoryMessage
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
+    from django_ragchat.context import TurnContext
 
 
 def load_recent_messages(conversation_id, before_seq: int, limit: int) -> list[HistoryMessage]:

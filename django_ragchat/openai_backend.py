@@ -59,7 +59,7 @@ except ImportError:  # pragma: no cover - older openai releases
     import httpx as _http
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
+    from django_ragchat.context import TurnContext
     from django_ragchat.profiles import Profile
 
 logger = logging.getLogger(__name__)

@@ -12,18 +12,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from django_ragchat.conf import ragchat_settings
+from django_ragchat.exceptions import TurnInProgress
 from django_ragchat.models import Conversation, Message, MessageSource, TurnTrace
 from django_ragchat.tokens import count_tokens
 from django_ragchat.types import Answer
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
-
-
-class TurnInProgress(Exception):
-    """The conversation already has an answer streaming; one turn at a time."""
-
-    code = "turn_in_progress"
+    from django_ragchat.context import TurnContext
 
 
 def begin_turn(conversation_id, text: str) -> tuple[Message, Message]:
@@ -44,8 +39,7 @@ def begin_turn(conversation_id, text: str) -> tuple[Message, Message]:
             raise Conversation.DoesNotExist(f"No conversation {conversation_id}")
         streaming = Message.objects.filter(conversation_id=conversation_id, status=Message.Status.STREAMING)
         if streaming.filter(updated_at__gte=stale_before).exists():
-            raise TurnInProgress("An answer is still being written in this conversation; wait for "
-                                 "it to finish or cancel it.")
+            raise TurnInProgress()
         streaming.update(status=Message.Status.ERROR, metadata={"error": {"code": "abandoned"}})
         last_seq = Conversation.objects.filter(pk=conversation_id).values_list("last_seq", flat=True).get()
         user = Message(conversation_id=conversation_id, seq=last_seq - 1, role=Message.Role.USER,
@@ -72,7 +66,7 @@ def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str,
         metadata.update(answer.metadata)
     message.metadata = metadata
     cited = {c.chunk_id for c in answer.citations}
-    documents = turn.prompt.documents if turn.prompt else ()
+    documents = stored_sources(answer, turn.prompt.documents if turn.prompt else ())
     with transaction.atomic():
         message.save(update_fields=[
             "content", "status", "token_count", "prompt_tokens", "completion_tokens", "metadata", "updated_at",
@@ -80,7 +74,7 @@ def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str,
         MessageSource.objects.bulk_create([
             MessageSource(message=message, chunk_id=doc.chunk_id, rank=rank, score=doc.score,
                           cited=doc.chunk_id in cited, source=doc.source[:1000], title=doc.title[:500])
-            for rank, doc in enumerate(documents, start=1)
+            for rank, doc in documents
         ])
         TurnTrace.objects.create(
             message=message, profile=turn.profile.name,
@@ -90,12 +84,25 @@ def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str,
     return message
 
 
+def stored_sources(answer: Answer | None, documents) -> list[tuple[int, Any]]:
+    """(prompt index, document) of the documents saved as the message's sources: all of the
+    prompt's, or the subset a response augmenter chose (``Answer.sources``)."""
+    indexed = list(enumerate(documents, start=1))
+    if answer is None or answer.sources is None:
+        return indexed
+    keep = {d.chunk_id for d in answer.sources}
+    return [(i, d) for i, d in indexed if d.chunk_id in keep]
+
+
 def message_payload(message: Message, answer: Answer | None = None, documents=()) -> dict[str, Any]:
     """The JSON form of an assistant message that the ``done`` and ``error`` events carry."""
-    by_chunk = {d.chunk_id: (i, d) for i, d in enumerate(documents, start=1)}
+    sources = stored_sources(answer, documents)
+    by_chunk = {d.chunk_id: (i, d) for i, d in sources}
     citations = []
     for citation in (answer.citations if answer else ()):
         _, doc = by_chunk.get(citation.chunk_id, (None, None))
+        if doc is None:
+            continue  # not stored as a source, so the REST API will not list it either
         citations.append({
             "index": citation.index, "chunk_id": citation.chunk_id,
             "source": doc.source if doc else "", "title": doc.title if doc else "",
@@ -108,6 +115,6 @@ def message_payload(message: Message, answer: Answer | None = None, documents=()
         "content": message.content,
         "status": message.status,
         "citations": citations,
-        "sources": [d.as_source(i) for i, d in enumerate(documents, start=1)],
+        "sources": [d.as_source(i) for i, d in sources],
         "error": message.metadata.get("error"),
     }

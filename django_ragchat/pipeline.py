@@ -3,21 +3,26 @@
 Read ``stream_turn`` top to bottom; it is the turn:
 
 1. validate the text and save it (with an empty assistant message marked "streaming");
-2. input guardrails;
-3. memory: the history the model will see, within its share of the token budget;
-4. query transformers, each seeing the history (rewrite a follow-up, compress, translate);
-5. query expanders (the original query plus variants);
-6. every (query, retriever) pair retrieved concurrently;
-7. the joiner (dedupe, rank fusion), then the document post-processors (threshold, top-k);
-8. the prompt augmenter (context within the rest of the budget; the no-context policy);
-9. the LLM, whole or streamed, with streamed response augmenters on each piece;
-10. response augmenters (citations), output guardrails;
-11. the assistant message saved with its sources and its trace.
+2. the advisors' ``around_turn``, wrapping everything below (``django_ragchat.advisors``);
+3. input guardrails;
+4. memory: the history the model will see, within its share of the token budget;
+5. query transformers, each seeing the history (rewrite a follow-up, compress, translate);
+6. query expanders (the original query plus variants);
+7. every (query, retriever) pair retrieved concurrently;
+8. the joiner (dedupe, rank fusion), then the document post-processors (threshold, top-k);
+9. the prompt augmenter (context within the rest of the budget; the no-context policy);
+10. the LLM, whole or streamed, wrapped by the advisors' ``around_llm``/``around_llm_stream``,
+    with streamed response augmenters on each piece and their tails after the last;
+11. response augmenters (citations), output guardrails (which may reprompt the model);
+12. the assistant message saved with its sources and its trace.
 
-Any stage may end the turn early by returning an ``EndTurn`` (a refusal, a canned answer);
-the trace's ``ended_by`` says which stage and component did. A failure keeps the partial
-answer, marked "error"; a cancellation keeps it marked "incomplete". The user's message is
-saved before anything can fail.
+Each stage is a function of the turn listed in ``STAGES`` and run by ``run_stage``, which
+records its timing and fires ``on_stage_completed``, also when the stage ends the turn. Any
+stage may end the turn early by returning an ``EndTurn`` (a refusal, a canned answer); the
+trace's ``ended_by`` says which stage and component did (``"advisors"`` when an advisor
+answered without calling on). A failure keeps the partial answer, marked "error"; a
+cancellation keeps it marked "incomplete". The user's message is saved before anything can
+fail.
 
 The core is async. ``run_turn_sync`` is the facade for synchronous callers (views under
 WSGI, management commands); it drives the same code.
@@ -27,41 +32,49 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from asgiref.sync import async_to_sync, sync_to_async
 
 from django_ragchat import persistence
+from django_ragchat.advisors import ShortCircuit, run_llm_chain, run_stream_chain, run_turn_chain
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.events import Accepted, Completed, Delta, Failed, SourcesFound, StageChanged, TurnEvent
-from django_ragchat.llms import LLMError
+from django_ragchat.context import ProfileComponents, TurnContext, components_for  # noqa: F401  (re-exported)
+from django_ragchat.events import (
+    Accepted,
+    Completed,
+    Delta,
+    Failed,
+    Retry,
+    SourcesFound,
+    StageChanged,
+    TurnEvent,
+)
+from django_ragchat.exceptions import InvalidMessage, LLMError, RagchatError, TurnInProgress  # noqa: F401
 from django_ragchat.models import Conversation, Message
-from django_ragchat.plugins import await_me_maybe, get_registry, instance_cache, notify
-from django_ragchat.profiles import Profile, get_profile
+from django_ragchat.plugins import await_me_maybe, get_registry, notify
+from django_ragchat.profiles import get_profile
 from django_ragchat.retrievers import EmbeddingSpaceMismatch
 from django_ragchat.tokens import count_tokens, tokenizer_name
 from django_ragchat.types import (
-    Answer, EndTurn, HistoryMessage, Prompt, Query, RetrievedChunk, SkipRetrieval, Usage,
+    Answer,
+    EndTurn,
+    LLMResponse,
+    Prompt,
+    Query,
+    Reprompt,
+    RetrievedChunk,
+    SkipRetrieval,
+    Usage,
 )
 
 logger = logging.getLogger(__name__)
-
-TurnInProgress = persistence.TurnInProgress
-
-
-class InvalidMessage(ValueError):
-    """The user's text cannot be accepted; nothing was saved. ``code`` is stable."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def validate_user_message(text: Any) -> str:
@@ -88,92 +101,6 @@ def validate_user_message(text: Any) -> str:
 
 
 @dataclass
-class ProfileComponents:
-    """The component instances one profile runs, each list in call order."""
-
-    memory: Any
-    guardrails: list
-    query_transformers: list
-    query_expanders: list
-    retrievers: list
-    joiner: Any
-    document_postprocessors: list
-    prompt_augmenter: Any
-    llm: Any
-    embedder: Any
-    response_augmenters: list
-
-
-def components_for(profile: Profile) -> ProfileComponents:
-    """Build (once per process and profile) the components ``profile`` selects."""
-    cache = instance_cache()
-    if profile.name not in cache:
-        registry = get_registry()
-
-        def build(kind, names):
-            return [reg.cls(profile, **profile.options_for(reg.name)) for reg in registry.ordered(kind, names)]
-
-        def one(kind, name):
-            return build(kind, [name])[0]
-
-        cache[profile.name] = ProfileComponents(
-            memory=one("memory", profile.memory),
-            guardrails=build("guardrail", profile.guardrails),
-            query_transformers=build("query_transformer", profile.query_transformers),
-            query_expanders=build("query_expander", profile.query_expanders),
-            retrievers=build("retriever", profile.retrievers),
-            joiner=one("joiner", profile.joiner),
-            document_postprocessors=build("document_postprocessor", profile.document_postprocessors),
-            prompt_augmenter=one("prompt_augmenter", profile.prompt_augmenter),
-            llm=one("llm", profile.llm),
-            embedder=one("embedder", profile.embedder),
-            response_augmenters=build("response_augmenter", profile.response_augmenters),
-        )
-    return cache[profile.name]
-
-
-@dataclass(eq=False)
-class TurnContext:
-    """Everything about the turn in progress; every component receives it.
-
-    ``state`` is free scratch space for plugins (keyed by plugin name, by convention).
-    ``trace`` becomes the saved ``TurnTrace.data``.
-    """
-
-    conversation: Conversation
-    profile: Profile
-    components: ProfileComponents
-    question: str
-    user_message: Message | None = None
-    assistant_message: Message | None = None
-    history: list[HistoryMessage] = field(default_factory=list)
-    query: Query | None = None
-    queries: list[Query] = field(default_factory=list)
-    documents: list[RetrievedChunk] = field(default_factory=list)
-    prompt: Prompt | None = None
-    retrieval_skipped: bool = False
-    context_budget: int = 0
-    usage: Usage | None = None
-    model: str = ""
-    state: dict[str, Any] = field(default_factory=dict)
-    trace: dict[str, Any] = field(default_factory=dict)
-    _embeddings: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
-
-    def warn(self, message: str) -> None:
-        """Record a warning in the trace (and the log)."""
-        logger.warning("ragchat turn %s: %s", self.conversation.pk, message)
-        self.trace.setdefault("warnings", []).append(message)
-
-    async def embed(self, texts: list[str]) -> np.ndarray:
-        """Embeddings of ``texts`` in the profile's space, computed once per text per turn."""
-        missing = [t for t in dict.fromkeys(texts) if t not in self._embeddings]
-        if missing:
-            vectors = await self.components.embedder.aembed(missing)
-            self._embeddings.update(zip(missing, vectors))
-        return np.vstack([self._embeddings[t] for t in texts])
-
-
-@dataclass
 class TurnResult:
     """The outcome of ``run_turn``: the saved assistant message's payload and the trace."""
 
@@ -193,12 +120,8 @@ class TurnResult:
 
 
 # --- Stages -----------------------------------------------------------------------------------
-
-
-async def _timed(turn: TurnContext, stage: str, started: float) -> None:
-    elapsed = (time.perf_counter() - started) * 1000
-    turn.trace["timings"][stage] = round(elapsed, 3)
-    await notify("on_stage_completed", turn=turn, stage=stage, elapsed_ms=elapsed)
+#
+# Each stage is ``async def stage(turn) -> EndTurn | None``; ``run_stage`` times it.
 
 
 def _end(turn: TurnContext, stage: str, component: Any, ending: EndTurn) -> EndTurn:
@@ -209,18 +132,26 @@ def _end(turn: TurnContext, stage: str, component: Any, ending: EndTurn) -> EndT
     return ending
 
 
-async def check_input(turn: TurnContext) -> EndTurn | None:
+async def run_stage(turn: TurnContext, name: str, stage: Callable[[TurnContext], Awaitable[Any]]) -> Any:
+    """Run one stage, record its duration in the trace and fire ``on_stage_completed`` (also
+    when it ends the turn; not when it raises: the turn then fails)."""
     started = time.perf_counter()
+    result = await stage(turn)
+    elapsed = (time.perf_counter() - started) * 1000
+    turn.trace["timings"][name] = round(elapsed, 3)
+    await notify("on_stage_completed", turn=turn, stage=name, elapsed_ms=elapsed)
+    return result
+
+
+async def check_input(turn: TurnContext) -> EndTurn | None:
     for guardrail in turn.components.guardrails:
         result = await await_me_maybe(guardrail.check_input(turn.question, turn))
         if isinstance(result, EndTurn):
             return _end(turn, "input_guardrails", guardrail, result)
-    await _timed(turn, "input_guardrails", started)
     return None
 
 
 async def select_history(turn: TurnContext) -> None:
-    started = time.perf_counter()
     profile = turn.profile
     budget = max(0, profile.prompt_budget - count_tokens(profile.system_prompt)
                  - count_tokens(turn.question) - 64)  # 64: template and message framing
@@ -234,11 +165,9 @@ async def select_history(turn: TurnContext) -> None:
                                 history_tokens=history_tokens, context_budget=turn.context_budget)
     turn.trace["history"] = {"messages": len(turn.history),
                              "seqs": [m.seq for m in turn.history[:1] + turn.history[-1:]]}
-    await _timed(turn, "memory", started)
 
 
 async def transform_query(turn: TurnContext) -> EndTurn | None:
-    started = time.perf_counter()
     query = Query(text=turn.question, original=turn.question, history=tuple(turn.history))
     steps = turn.trace["queries"]["transformed"]
     for transformer in turn.components.query_transformers:
@@ -254,12 +183,10 @@ async def transform_query(turn: TurnContext) -> EndTurn | None:
         query = result.replace(metadata={k: v for k, v in result.metadata.items() if k != "transform_note"})
     turn.query = query
     turn.trace["queries"]["final"] = query.text
-    await _timed(turn, "query_transformers", started)
     return None
 
 
 async def expand_query(turn: TurnContext) -> EndTurn | None:
-    started = time.perf_counter()
     queries = {turn.query.text: turn.query}
     for expander in turn.components.query_expanders:
         result = await await_me_maybe(expander.expand(turn.query, turn))
@@ -272,12 +199,10 @@ async def expand_query(turn: TurnContext) -> EndTurn | None:
             queries.setdefault(query.text, query)
     turn.queries = list(queries.values())
     turn.trace["queries"]["expanded"] = [q.text for q in turn.queries]
-    await _timed(turn, "query_expanders", started)
     return None
 
 
 async def retrieve(turn: TurnContext) -> None:
-    started = time.perf_counter()
     retrievers = turn.components.retrievers
     if any(r.uses_embeddings for r in retrievers):
         await turn.embed([q.text for q in turn.queries])  # one batch for every query
@@ -296,23 +221,23 @@ async def retrieve(turn: TurnContext) -> None:
          "hits": [{"chunk_id": h.chunk_id, "score": round(h.score, 6)} for h in hits]}
         for q, name, hits, ms in results
     ]
-    await _timed(turn, "retrieval", started)
+    turn.state["_retrieved"] = [(q, name, hits) for q, name, hits, _ in results]
 
-    started = time.perf_counter()
-    documents = await await_me_maybe(
-        turn.components.joiner.join([(q, name, hits) for q, name, hits, _ in results], turn)
-    )
-    await _timed(turn, "join", started)
 
-    started = time.perf_counter()
+async def join(turn: TurnContext) -> None:
+    turn.documents = list(await await_me_maybe(
+        turn.components.joiner.join(turn.state.pop("_retrieved", []), turn)
+    ))
+
+
+async def postprocess(turn: TurnContext) -> None:
+    documents = turn.documents
     for processor in turn.components.document_postprocessors:
         documents = await await_me_maybe(processor.process(turn.query, list(documents), turn))
     turn.documents = list(documents)
-    await _timed(turn, "postprocess", started)
 
 
 async def augment_prompt(turn: TurnContext) -> EndTurn | None:
-    started = time.perf_counter()
     augmenter = turn.components.prompt_augmenter
     result = await await_me_maybe(
         augmenter.augment(turn, turn.query, turn.history, turn.documents, turn.context_budget)
@@ -326,26 +251,25 @@ async def augment_prompt(turn: TurnContext) -> EndTurn | None:
          "raw_scores": {k: round(v, 6) for k, v in d.raw_scores.items()}}
         for i, d in enumerate(result.documents, start=1)
     ]
-    await _timed(turn, "prompt", started)
     return None
 
 
-async def finish_answer(turn: TurnContext, text: str, *, streamed: bool) -> Answer:
-    """Response augmenters, then output guardrails."""
-    started = time.perf_counter()
-    answer = Answer(text=text)
-    for augmenter in turn.components.response_augmenters:
-        method = augmenter.on_complete if streamed else augmenter.augment
-        answer = await await_me_maybe(method(answer, turn))
-    await _timed(turn, "response_augmenters", started)
-    for guardrail in turn.components.guardrails:
-        result = await await_me_maybe(guardrail.check_output(answer, turn))
-        if isinstance(result, EndTurn):
-            _end(turn, "output_guardrails", guardrail, result)
-            return Answer(text=result.answer)
-        if isinstance(result, Answer):
-            answer = result
-    return answer
+# The stages before the model, in order; those in RETRIEVAL_STAGES are skipped when a
+# transformer returned SkipRetrieval.
+STAGES: tuple[tuple[str, Callable[[TurnContext], Awaitable[EndTurn | None]]], ...] = (
+    ("input_guardrails", check_input),
+    ("memory", select_history),
+    ("query_transformers", transform_query),
+    ("query_expanders", expand_query),
+    ("retrieval", retrieve),
+    ("join", join),
+    ("postprocess", postprocess),
+    ("prompt", augment_prompt),
+)
+RETRIEVAL_STAGES = frozenset({"query_expanders", "retrieval", "join", "postprocess"})
+
+
+# --- The model -------------------------------------------------------------------------------
 
 
 def _record_llm(turn: TurnContext, model: str, usage: Usage | None) -> None:
@@ -357,10 +281,220 @@ def _record_llm(turn: TurnContext, model: str, usage: Usage | None) -> None:
                                "completion_tokens": turn.usage.completion_tokens}
 
 
+async def complete(turn: TurnContext, prompt: Prompt) -> LLMResponse:
+    """A whole answer from the model, through the advisors' ``around_llm``."""
+    llm = turn.components.llm
+    if turn.components.llm_advisors:
+        response = await run_llm_chain(turn.components.llm_advisors, prompt, turn,
+                                       lambda p: llm.complete(p, turn))
+    else:
+        response = await llm.complete(prompt, turn)
+    _record_llm(turn, response.model, response.usage)
+    return response
+
+
+@dataclass
+class _Answering:
+    """The answer being written: its pieces so far (saved if the turn stops) and the result."""
+
+    streaming: bool
+    parts: list[str] = field(default_factory=list)
+    answer: Answer | None = None
+    # Pieces the client has been given (advisors may run ahead of it by a few events).
+    delivered: int = 0
+
+    def delta(self, text: str) -> Delta:
+        self.parts.append(text)
+        return Delta(text=text, index=len(self.parts) - 1)
+
+    def sent(self, event: TurnEvent) -> None:
+        if isinstance(event, Delta):
+            self.delivered = event.index + 1
+        elif isinstance(event, Retry):
+            self.delivered = 0
+
+    def partial(self) -> str:
+        """The answer so far, as the client saw it (what a stopped or failed turn saves)."""
+        return "".join(self.parts[:self.delivered] if self.streaming else self.parts)
+
+
+async def _stream(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]:
+    """The streamed model call (through the advisors' ``around_llm_stream``), each piece
+    through the response augmenters' ``on_delta``, then their tails."""
+    augmenters = turn.components.response_augmenters
+    opened: list = []
+    llm = turn.components.llm
+    if turn.components.stream_advisors:
+        pieces = run_stream_chain(turn.components.stream_advisors, turn.prompt, turn,
+                                  lambda p: llm.stream(p, turn), opened)
+    else:
+        pieces = llm.stream(turn.prompt, turn)
+        opened.append(pieces)
+    try:
+        async for piece in pieces:
+            _record_llm(turn, piece.model, piece.usage)
+            chunk = piece.text
+            for augmenter in augmenters:
+                chunk = await await_me_maybe(augmenter.on_delta(chunk, turn))
+            if chunk:
+                yield run.delta(chunk)
+    finally:
+        # Outermost first: an advisor's generator closes before the stream it reads from, and
+        # the model's HTTP stream is closed even if an advisor stopped reading it early.
+        for stream in opened:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+    # After the model's last piece: each augmenter's tail, passed through the augmenters
+    # after it, streams like the model's text.
+    for position, augmenter in enumerate(augmenters):
+        chunk = await await_me_maybe(augmenter.finish(turn)) or ""
+        for later in augmenters[position + 1:]:
+            if chunk:
+                chunk = await await_me_maybe(later.on_delta(chunk, turn))
+        if chunk:
+            yield run.delta(chunk)
+
+
+async def augment_response(turn: TurnContext, text: str, *, streamed: bool) -> Answer:
+    answer = Answer(text=text)
+    for augmenter in turn.components.response_augmenters:
+        method = augmenter.on_complete if streamed else augmenter.augment
+        answer = await await_me_maybe(method(answer, turn))
+    return answer
+
+
+async def check_output(turn: TurnContext, answer: Answer, run: _Answering) -> AsyncIterator[TurnEvent]:
+    """Output guardrails: pass, fail (a refusal is the answer) or reprompt (the model answers
+    again, whole, with the guardrail's feedback; a ``retry`` event on a streamed turn).
+    Sets ``run.answer``."""
+    reprompts: dict[int, int] = {}
+    attempts = 0
+    restart = True
+    while restart:
+        restart = False
+        for position, guardrail in enumerate(turn.components.guardrails):
+            result = await await_me_maybe(guardrail.check_output(answer, turn))
+            if isinstance(result, Reprompt):
+                used = reprompts.get(position, 0)
+                if used >= guardrail.max_reprompts:
+                    turn.trace.setdefault("reprompts", []).append(
+                        {"guardrail": guardrail.name, "exhausted": True, "reason": result.reason})
+                    result = await await_me_maybe(guardrail.exhausted(answer, result, turn))
+                else:
+                    reprompts[position] = used + 1
+                    attempts += 1
+                    turn.trace.setdefault("reprompts", []).append(
+                        {"guardrail": guardrail.name, "attempt": attempts, "reason": result.reason,
+                         "feedback": result.feedback, "rejected": answer.text[:2000]})
+                    if run.streaming:
+                        yield Retry(attempt=attempts, guardrail=guardrail.name)
+                    prompt = dataclasses.replace(turn.prompt, messages=(
+                        *turn.prompt.messages,
+                        {"role": "assistant", "content": answer.text},
+                        {"role": "user", "content": result.feedback},
+                    ))
+                    response = await complete(turn, prompt)
+                    answer = await augment_response(turn, response.text, streamed=False)
+                    run.parts[:] = [answer.text]  # what a cancellation would save
+                    restart = True
+                    break
+            if isinstance(result, EndTurn):
+                _end(turn, "output_guardrails", guardrail, result)
+                run.answer = Answer(text=result.answer)
+                return
+            if isinstance(result, Answer):
+                answer = result
+    if run.streaming and attempts:
+        # The answer that passed after a retry, streamed as one piece from index 0.
+        run.parts.clear()
+        if answer.text:
+            yield run.delta(answer.text)
+    run.answer = answer
+
+
+async def answer_stages(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]:
+    """Every stage after the user's message is saved, as events; sets ``run.answer``."""
+    ending = None
+    for name, stage in STAGES:
+        if turn.retrieval_skipped and name in RETRIEVAL_STAGES:
+            continue
+        if name == "retrieval":
+            yield StageChanged(stage="retrieving")
+        ending = await run_stage(turn, name, stage)
+        if ending is not None:
+            run.answer = Answer(text=ending.answer)
+            return
+
+    yield SourcesFound(sources=[d.as_source(i) for i, d in enumerate(turn.prompt.documents, start=1)])
+    yield StageChanged(stage="generating")
+    started = time.perf_counter()
+    if run.streaming:
+        async for event in _stream(turn, run):
+            yield event
+    else:
+        run.parts.append((await complete(turn, turn.prompt)).text)
+    elapsed = (time.perf_counter() - started) * 1000
+    turn.trace["timings"]["llm"] = round(elapsed, 3)
+    await notify("on_stage_completed", turn=turn, stage="llm", elapsed_ms=elapsed)
+
+    text = "".join(run.parts)
+    answer = await run_stage(turn, "response_augmenters",
+                             lambda t: augment_response(t, text, streamed=run.streaming))
+    started = time.perf_counter()
+    async for event in check_output(turn, answer, run):
+        yield event
+    elapsed = (time.perf_counter() - started) * 1000
+    turn.trace["timings"]["output_guardrails"] = round(elapsed, 3)
+    await notify("on_stage_completed", turn=turn, stage="output_guardrails", elapsed_ms=elapsed)
+
+
+async def _advised(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]:
+    """``answer_stages`` wrapped by the advisors' ``around_turn``.
+
+    The advisors await an answer while the stages produce events, so the chain runs in a task
+    of its own that hands the events over through a small queue (which also keeps the
+    stream's back-pressure). Closing this iterator cancels the task.
+    """
+    queue: asyncio.Queue = asyncio.Queue(maxsize=8)
+
+    async def innermost() -> Answer:
+        async with contextlib.aclosing(answer_stages(turn, run)) as events:
+            async for event in events:
+                await queue.put(event)
+        return run.answer
+
+    short = ShortCircuit()
+    task = asyncio.ensure_future(run_turn_chain(turn.components.turn_advisors, turn, innermost, short))
+    getter = None
+    try:
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            await asyncio.wait((getter, task), return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                yield getter.result()
+                continue
+            getter.cancel()
+            while not queue.empty():
+                yield queue.get_nowait()
+            run.answer = task.result()
+            break
+    finally:
+        if getter is not None and not getter.done():
+            getter.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if short.advisor is not None:
+        ending = short.ending or EndTurn(run.answer.text, kind="advisor")
+        _end(turn, "advisors", short.advisor, ending)
+
+
 def describe_error(exc: BaseException) -> tuple[str, str, float | None]:
     """(code, message safe to show, retry-after seconds) for an exception that ended a turn."""
-    if isinstance(exc, LLMError):
-        return exc.code, exc.user_message, exc.retry_after
+    if isinstance(exc, RagchatError):
+        return exc.code, exc.message, exc.retry_after
     if isinstance(exc, EmbeddingSpaceMismatch):
         return "embedding_space_mismatch", str(exc), None
     return "internal_error", "The assistant failed to answer; the error has been logged.", None
@@ -369,9 +503,25 @@ def describe_error(exc: BaseException) -> tuple[str, str, float | None]:
 # --- The turn ---------------------------------------------------------------------------------
 
 
+def _components_trace(components: ProfileComponents) -> list[dict[str, str]]:
+    """Which component of which plugin runs at each stage: the trace shows what a turn ran."""
+    registry = get_registry()
+    rows = []
+    for f in dataclasses.fields(components):
+        value = getattr(components, f.name)
+        for component in value if isinstance(value, list) else [value]:
+            try:
+                plugin = registry.get(component.kind, component.name).plugin
+            except Exception:  # a component built outside the registry (tests, advisors)
+                plugin = ""
+            rows.append({"stage": component.kind, "name": component.name, "plugin": plugin})
+    return rows
+
+
 def _new_trace(turn: TurnContext) -> dict[str, Any]:
     return {
         "profile": turn.profile.name,
+        "components": _components_trace(turn.components),
         "question": turn.question,
         "queries": {"original": turn.question, "transformed": [], "expanded": [], "final": turn.question},
         "retrieval": [],
@@ -397,13 +547,12 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
     text = validate_user_message(text)
     profile = get_profile(conversation.profile)
     components = components_for(profile)
-    streaming = profile.stream if stream is None else stream
-    turn = TurnContext(conversation=conversation, profile=profile, components=components, question=text)
+    run = _Answering(streaming=profile.stream if stream is None else stream)
+    turn = TurnContext(conversation=conversation, profile=profile, components=components, question=text,
+                       streaming=run.streaming)
     turn.trace = _new_trace(turn)
     turn_started = time.perf_counter()
     turn.user_message, turn.assistant_message = await sync_to_async(persistence.begin_turn)(conversation.pk, text)
-
-    parts: list[str] = []
     finished = False
 
     async def save(answer: Answer, status: str, error: dict | None = None) -> dict[str, Any]:
@@ -417,43 +566,12 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         yield Accepted(conversation_id=str(conversation.pk), user_message_id=turn.user_message.pk,
                        user_seq=turn.user_message.seq, assistant_message_id=turn.assistant_message.pk)
         await notify("on_turn_started", turn=turn)
-        ending = await check_input(turn)
-        if ending is None:
-            await select_history(turn)
-            ending = await transform_query(turn)
-        if ending is None and not turn.retrieval_skipped:
-            ending = await expand_query(turn)
-        if ending is None:
-            if not turn.retrieval_skipped:
-                yield StageChanged(stage="retrieving")
-                await retrieve(turn)
-            ending = await augment_prompt(turn)
-
-        if ending is not None:
-            answer = Answer(text=ending.answer)
-        else:
-            yield SourcesFound(sources=[d.as_source(i) for i, d in enumerate(turn.prompt.documents, start=1)])
-            yield StageChanged(stage="generating")
-            started = time.perf_counter()
-            llm = turn.components.llm
-            if streaming:
-                async with contextlib.aclosing(llm.stream(turn.prompt, turn)) as pieces:
-                    async for piece in pieces:
-                        _record_llm(turn, piece.model, piece.usage)
-                        chunk = piece.text
-                        for augmenter in turn.components.response_augmenters:
-                            chunk = await await_me_maybe(augmenter.on_delta(chunk, turn))
-                        if chunk:
-                            parts.append(chunk)
-                            yield Delta(text=chunk, index=len(parts) - 1)
-            else:
-                response = await llm.complete(turn.prompt, turn)
-                _record_llm(turn, response.model, response.usage)
-                parts.append(response.text)
-            await _timed(turn, "llm", started)
-            answer = await finish_answer(turn, "".join(parts), streamed=streaming)
-
-        payload = await save(answer, Message.Status.COMPLETE)
+        stages = _advised(turn, run) if components.turn_advisors else answer_stages(turn, run)
+        async with contextlib.aclosing(stages):
+            async for event in stages:
+                run.sent(event)
+                yield event
+        payload = await save(run.answer, Message.Status.COMPLETE)
         finished = True
         await notify("on_turn_completed", turn=turn, message=turn.assistant_message)
         yield Completed(message=payload)
@@ -461,7 +579,7 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         if not finished:
             turn.trace["cancelled"] = True
             # Shielded: the partial answer must be saved even though this task is cancelled.
-            await asyncio.shield(save(Answer(text="".join(parts)), Message.Status.INCOMPLETE,
+            await asyncio.shield(save(Answer(text=run.partial()), Message.Status.INCOMPLETE,
                                       {"code": "cancelled", "message": "The answer was stopped."}))
         raise
     except Exception as exc:
@@ -470,7 +588,7 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         code, message, retry_after = describe_error(exc)
         logger.exception("ragchat turn in conversation %s failed (%s)", conversation.pk, code)
         turn.trace["error"] = {"code": code, "detail": repr(exc)[:2000]}
-        payload = await save(Answer(text="".join(parts)), Message.Status.ERROR, {"code": code, "message": message})
+        payload = await save(Answer(text=run.partial()), Message.Status.ERROR, {"code": code, "message": message})
         await notify("on_turn_failed", turn=turn, error=exc)
         yield Failed(code=code, message=message, assistant_message=payload, retry_after=retry_after)
 

@@ -4,7 +4,8 @@ Plugins are loaded in this order, which is also the registration order that brea
 between components of equal ``order``:
 
 1. the built-in modules in ``DEFAULT_PLUGINS`` (they use the public hooks like anyone else);
-2. the dotted paths in ``RAGCHAT["PLUGINS"]``;
+2. the modules in ``RAGCHAT["PLUGINS"]``: a module name (``"myplugin"``, ``"pkg.plugin"``) or
+   the dotted path of an object in a module (``"pkg.plugin.instance"``);
 3. distributions in the ``django_ragchat`` entry point group (unless
    ``RAGCHAT["LOAD_ENTRY_POINTS"]`` is false).
 """
@@ -15,18 +16,19 @@ import asyncio
 import inspect
 import logging
 import threading
+from importlib import import_module
 from typing import Any
 
 import pluggy
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.utils.module_loading import import_string
-from importlib import import_module
 
-from django_ragchat import hookspecs
+from django_ragchat import hookimpl, hookspecs  # noqa: F401  (hookimpl: importable from here too, as in pluggy projects)
 from django_ragchat.components import Component, ComponentRegistry
+from django_ragchat.conf import ragchat_settings
 
 logger = logging.getLogger(__name__)
-
-from django_ragchat import hookimpl  # noqa: F401  (also importable from here, as in pluggy projects)
 
 ENTRY_POINT_GROUP = "django_ragchat"
 
@@ -60,6 +62,7 @@ REGISTRATION_HOOKS: dict[str, str] = {
     "register_llm_backends": "llm",
     "register_embedders": "embedder",
     "register_response_augmenters": "response_augmenter",
+    "register_advisors": "advisor",
 }
 
 _lock = threading.RLock()
@@ -71,19 +74,26 @@ class PluginLoadError(Exception):
 
 
 def _load(target: str) -> Any:
+    """The module named ``target`` or, failing that, the object at dotted path ``target``.
+
+    A module that exists but fails to import is reported with its own error (a missing
+    dependency, a syntax error), not as "cannot be found".
+    """
     try:
         return import_module(target)
-    except ImportError:
-        try:
-            return import_string(target)
-        except ImportError as exc:
+    except ModuleNotFoundError as exc:
+        if exc.name != target or "." not in target:
             raise PluginLoadError(f"Cannot import plugin {target!r} from RAGCHAT['PLUGINS']: {exc}") from exc
+    except Exception as exc:  # the module exists; importing it failed
+        raise PluginLoadError(f"Importing plugin {target!r} from RAGCHAT['PLUGINS'] failed: {exc!r}") from exc
+    try:
+        return import_string(target)  # "package.module.attribute"
+    except ImportError as exc:
+        raise PluginLoadError(f"Cannot import plugin {target!r} from RAGCHAT['PLUGINS']: {exc}") from exc
 
 
 def build_plugin_manager() -> tuple[pluggy.PluginManager, list[str]]:
     """A new plugin manager with every plugin loaded; also returns load errors."""
-    from django_ragchat.conf import ragchat_settings
-
     pm = pluggy.PluginManager("django_ragchat")
     pm.add_hookspecs(hookspecs)
     errors: list[str] = []
@@ -108,12 +118,15 @@ def build_registry(pm: pluggy.PluginManager) -> ComponentRegistry:
     for hook_name, kind in REGISTRATION_HOOKS.items():
         for impl in getattr(pm.hook, hook_name).get_hookimpls():
             plugin = impl.plugin_name
+            if impl.wrapper or impl.hookwrapper:
+                continue  # it could wrap nothing; reported by the check ragchat.E008
 
             def register(cls: type[Component], *, name: str | None = None,
-                         order: int | None = None, _kind: str = kind, _plugin: str = plugin) -> None:
+                         order: int | None = None, _kind: str = kind, _plugin: str = plugin,
+                         _hook: str = hook_name) -> None:
                 if not (isinstance(cls, type) and issubclass(cls, Component) and cls.kind == _kind):
                     registry.errors.append(
-                        f"Plugin {_plugin!r} passed {cls!r} to register() in {hook_name}, "
+                        f"Plugin {_plugin!r} passed {cls!r} to register() in {_hook}, "
                         f"but it is not a subclass of the {_kind} base class."
                     )
                     return
@@ -155,6 +168,13 @@ def reset() -> None:
         profiles.get_profile.cache_clear()
 
 
+@receiver(setting_changed)
+def _reset_on_settings_change(*, setting: str, **kwargs: Any) -> None:
+    # Components are built from profiles and plugins; rebuild them on next use.
+    if setting == "RAGCHAT":
+        reset()
+
+
 def instance_cache() -> dict:
     """Components built for profiles live here, so ``reset()`` drops them too."""
     return _ensure_loaded()["instances"]
@@ -169,18 +189,52 @@ async def await_me_maybe(value: Any) -> Any:
     return value
 
 
+async def _logged(awaitable: Any, plugin: str, hook_name: str) -> Any:
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        logger.exception("Plugin %r failed in %s", plugin, hook_name)
+        return None
+
+
+def _guard(hook: Any, hook_name: str) -> None:
+    """Make each plain implementation of lifecycle hook ``hook`` log its failures instead of
+    raising them, so one observer cannot break the turn or stop the others. Wrappers are left
+    as they are: pluggy passes them the other implementations' results."""
+    for impl in hook.get_hookimpls():
+        if impl.wrapper or impl.hookwrapper or getattr(impl.function, "_ragchat_guarded", False):
+            continue
+        function, plugin = impl.function, impl.plugin_name
+
+        def guarded(*args: Any, _function=function, _plugin=plugin, **kwargs: Any) -> Any:
+            try:
+                result = _function(*args, **kwargs)
+            except Exception:
+                logger.exception("Plugin %r failed in %s", _plugin, hook_name)
+                return None
+            return _logged(result, _plugin, hook_name) if inspect.isawaitable(result) else result
+
+        guarded._ragchat_guarded = True
+        impl.function = guarded  # pluggy calls impl.function(*args) with impl.argnames
+
+
 async def notify(hook_name: str, **kwargs: Any) -> None:
-    """Call a lifecycle hook; observers' failures are logged and never break the turn."""
+    """Call a lifecycle hook through pluggy's hook caller, so ``wrapper=True`` (and old-style
+    ``hookwrapper=True``) implementations run around the others; then await what the
+    ``async`` implementations returned. Observers' failures are logged and never break the
+    turn."""
     hook = getattr(get_plugin_manager().hook, hook_name)
-    for impl in reversed(hook.get_hookimpls()):
-        try:
-            result = impl.function(**kwargs)
-            if inspect.isawaitable(result):
-                await result
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("Plugin %r failed in %s", impl.plugin_name, hook_name)
+    _guard(hook, hook_name)
+    try:
+        results = hook(**kwargs)
+    except Exception:  # a wrapper failed (the plain implementations are guarded)
+        logger.exception("A wrapper of %s failed", hook_name)
+        return
+    for result in results:
+        if inspect.isawaitable(result):
+            await result
 
 
 def plugin_listing() -> list[dict[str, Any]]:
@@ -201,8 +255,8 @@ def plugin_listing() -> list[dict[str, Any]]:
 
 def hook_implementations() -> dict[str, list[str]]:
     """Each implemented hook and the plugins implementing it, in the order they are called:
-    registration hooks in load order (``build_registry``), lifecycle hooks as ``notify`` calls
-    them. Registration hooks come first, in ``REGISTRATION_HOOKS`` order."""
+    registration hooks in load order (``build_registry``), lifecycle hooks as pluggy calls
+    them (``notify``). Registration hooks come first, in ``REGISTRATION_HOOKS`` order."""
     pm = get_plugin_manager()
     names = list(REGISTRATION_HOOKS) + sorted(
         name for name in vars(pm.hook) if not name.startswith("_") and name not in REGISTRATION_HOOKS

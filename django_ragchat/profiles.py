@@ -58,6 +58,8 @@ class Profile:
     retrievers: list[str] | None = None
     document_postprocessors: list[str] | None = None
     response_augmenters: list[str] | None = None
+    # Around-advice (django_ragchat.advisors), the first outermost.
+    advisors: list[str] | None = None
     # Per-component options: {"component name": {option: value}}.
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Retrieval.
@@ -107,6 +109,7 @@ LIST_STAGES = {
     "retrievers": "retriever",
     "document_postprocessors": "document_postprocessor",
     "response_augmenters": "response_augmenter",
+    "advisors": "advisor",
 }
 EMPTY_CONTEXT_POLICIES = ("decline", "answer")
 

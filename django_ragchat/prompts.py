@@ -24,7 +24,7 @@ from django_ragchat.tokens import count_tokens
 from django_ragchat.types import CannedAnswer, EndTurn, HistoryMessage, Prompt, Query, RetrievedChunk
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
+    from django_ragchat.context import TurnContext
 
 DEFAULT_CONTEXT_TEMPLATE = (
     "Context passages (cite them as [n]):\n\n{context}\n\n"

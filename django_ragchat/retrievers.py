@@ -36,7 +36,7 @@ from django_ragchat.search import SearchFilters, fetch_chunks
 from django_ragchat.types import Query, RetrievedChunk
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
+    from django_ragchat.context import TurnContext
 
 __all__ = ["EmbeddingSpaceMismatch", "FullTextRetriever", "HybridRetriever", "Retriever", "VectorRetriever",
            "check_space_has_chunks", "fetch_chunks", "search_vectors"]

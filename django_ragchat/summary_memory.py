@@ -71,7 +71,7 @@ from django_ragchat.tokens import count_tokens
 from django_ragchat.types import HistoryMessage
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
+    from django_ragchat.context import TurnContext
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from django_ragchat.text import STOPWORDS, content_terms, normalize, stem, words
 from django_ragchat.types import EndTurn, Query, SkipRetrieval
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
+    from django_ragchat.context import TurnContext
 
 
 class QueryTransformer(Component):

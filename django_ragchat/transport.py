@@ -23,10 +23,11 @@ from django.db import connections
 from django_ragchat import limits, permissions, pipeline
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import Completed, Failed, TurnEvent
+from django_ragchat.exceptions import RagchatError
 from django_ragchat.models import Conversation
 
 
-class TurnRefused(Exception):
+class TurnRefused(RagchatError):
     """The request cannot start a turn; nothing was saved.
 
     ``code`` is short and stable, ``message`` safe to show, ``retry_after`` (seconds) set for
@@ -34,11 +35,7 @@ class TurnRefused(Exception):
     """
 
     def __init__(self, code: str, message: str, http_status: int, retry_after: float | None = None):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.http_status = http_status
-        self.retry_after = retry_after
+        super().__init__(message, code=code, http_status=http_status, retry_after=retry_after)
 
     @classmethod
     def not_found(cls) -> TurnRefused:

@@ -142,10 +142,16 @@ class Citation:
 
 @dataclass(frozen=True)
 class Answer:
-    """The answer as response augmenters see and change it."""
+    """The answer as response augmenters see and change it.
+
+    ``citations`` are in prompt order. ``sources`` is the subset of the prompt's documents to
+    store as the message's sources (``None``: all of them); each keeps its prompt index, so
+    ``[n]`` still means the n-th document the model saw.
+    """
 
     text: str
     citations: tuple[Citation, ...] = ()
+    sources: tuple[RetrievedChunk, ...] | None = None
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def replace(self, **changes: Any) -> Answer:
@@ -189,4 +195,18 @@ class SkipRetrieval:
     The turn goes on to the LLM with history only (a router deciding "hello" needs no search).
     """
 
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Reprompt:
+    """Returned by an output guardrail: ask the model again.
+
+    ``feedback`` is appended to the prompt as a user message after the rejected answer (say
+    what was wrong and what to do instead); ``reason`` goes to the trace. The guardrail's
+    ``max_reprompts`` bounds the attempts; after the last one its ``exhausted`` method decides
+    (by default a refusal).
+    """
+
+    feedback: str
     reason: str = ""

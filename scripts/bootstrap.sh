@@ -13,6 +13,6 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp || -n $(find plugins -name pyproj
   .venv/bin/python -m pip install --quiet -e ".[dev]"
   # The optional plugins in plugins/ are separate distributions; install them for their tests.
   .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation \
-    -e plugins/ragchat-lexical-rerank -e plugins/ragchat-pii-guard
+    -e plugins/ragchat-lexical-rerank -e plugins/ragchat-pii-guard -e plugins/ragchat-prompt-guard
   touch "$stamp"
 fi

@@ -6,7 +6,7 @@ sizes run with ``.venv/bin/python bench/<name>.py`` (see bench/README.md).
 
 import pytest
 
-from bench import bench_canard, bench_pipeline, bench_vector_sqlite
+from bench import bench_answers, bench_canard, bench_pipeline, bench_vector_sqlite
 from bench._setup import percentile, table
 from django_ragchat.vectorindex import vector_index
 
@@ -77,3 +77,10 @@ def test_helpers():
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([5.0], 99) == 5.0
     assert table(["name", "ms"], [["a", 1.234]]).splitlines()[-1] == "a     1.23"
+
+
+def test_answers_bench_runs():
+    rows = bench_answers.builder_cost(rounds=2, per_round=5)
+    assert [r[0] for r in rows] == ["default", "acm", "xml"]
+    rows, note = bench_answers.turn_cost(chunks=60, turns=1, warmup=0)
+    assert [r[0] for r in rows] == ["whole", "streamed"] and "sources kept" in note

@@ -289,7 +289,8 @@ def test_plugins_lists_builtins_components_in_call_order_and_profiles():
         "enabled_by_default": True,
     }
     default = data["profiles"]["default"]
-    assert list(default)[:3] == ["guardrails", "memory", "query_transformers"]
+    assert list(default)[:4] == ["advisors", "guardrails", "memory", "query_transformers"]
+    assert default["advisors"] == []  # none built in
     assert default["llm"] == ["extractive"] and default["query_transformers"] == ["followup"]
     assert data["errors"] == []
 

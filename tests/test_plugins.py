@@ -180,3 +180,44 @@ def test_unknown_component_option_is_a_profile_check_error(ragchat_settings_over
     assert [e.id for e in errors] == ["ragchat.E002"]
     assert "takes no options" in errors[0].msg
 
+
+
+PLUGIN_MODULE = '''
+from django_ragchat import hookimpl
+from django_ragchat.advisors import Advisor
+
+
+class Hello(Advisor):
+    name = "hello_advisor"
+    enabled_by_default = False
+
+
+@hookimpl
+def register_advisors(register):
+    register(Hello)
+'''
+
+
+def test_a_plugin_listed_by_a_top_level_module_name_is_loaded(tmp_path, monkeypatch, ragchat_settings_override):
+    (tmp_path / "ragchat_toplevel_plugin.py").write_text(PLUGIN_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ragchat_toplevel_plugin", raising=False)
+    ragchat_settings_override(PLUGINS=["ragchat_toplevel_plugin"])
+    assert checks.check_plugins() == []
+    names = {name for name, _ in plugins.get_plugin_manager().list_name_plugin()}
+    assert "ragchat_toplevel_plugin" in names
+    assert plugins.get_registry().get("advisor", "hello_advisor").plugin == "ragchat_toplevel_plugin"
+    sys.modules.pop("ragchat_toplevel_plugin", None)
+
+
+def test_a_plugin_module_that_fails_to_import_is_reported_with_its_own_error(
+    tmp_path, monkeypatch, ragchat_settings_override
+):
+    (tmp_path / "ragchat_broken_plugin.py").write_text("import a_dependency_that_is_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ragchat_settings_override(PLUGINS=["ragchat_broken_plugin"])
+    errors = checks.check_plugins()
+    assert [e.id for e in errors] == ["ragchat.E004"]
+    assert "ragchat_broken_plugin" in errors[0].msg and "a_dependency_that_is_not_installed" in errors[0].msg
+    assert "look like a module path" not in errors[0].msg
+    sys.modules.pop("ragchat_broken_plugin", None)

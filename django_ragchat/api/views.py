@@ -34,6 +34,7 @@ from django_ragchat import permissions as rules
 from django_ragchat.api import permissions as access
 from django_ragchat.api import serializers as s
 from django_ragchat.conf import ragchat_settings
+from django_ragchat.exceptions import RagchatError
 from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
 from django_ragchat.jsonbody import LimitedJSONParser
 from django_ragchat.ingestion.pipeline import CREATED, ingest_text
@@ -47,11 +48,13 @@ logger = logging.getLogger(__name__)
 # --- Errors -----------------------------------------------------------------------------------
 
 
-class APIError(exceptions.APIException):
-    """An error with an explicit code, status and headers (e.g. ``Retry-After``)."""
+class APIError(RagchatError, exceptions.APIException):
+    """An error with an explicit code, status and headers (e.g. ``Retry-After``); a
+    ``RagchatError`` (stable ``code``, user-safe ``message``) like every error of the app."""
 
     def __init__(self, status_code: int, code: str, detail: str, headers: dict[str, str] | None = None):
-        super().__init__(detail=detail, code=code)
+        RagchatError.__init__(self, detail, code=code, http_status=status_code)
+        exceptions.APIException.__init__(self, detail=detail, code=code)
         self.status_code = status_code
         self.headers = headers or {}
 

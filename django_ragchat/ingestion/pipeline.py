@@ -390,7 +390,7 @@ class _Ingestion(_Run):
 
 
 def _embedder_for(profile: str | None):
-    from django_ragchat.pipeline import components_for
+    from django_ragchat.context import components_for
     from django_ragchat.profiles import get_profile
 
     return components_for(get_profile(profile)).embedder

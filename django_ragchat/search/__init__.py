@@ -237,7 +237,7 @@ def store_chunks(chunks: Iterable, *, using: str = "default", batch_size: int = 
 
 
 def _profile_components():
-    from django_ragchat.pipeline import components_for
+    from django_ragchat.context import components_for
     from django_ragchat.profiles import get_profile, profile_names
 
     for name in profile_names():

@@ -217,6 +217,20 @@ class FakeOpenAIServer:
             self._faults: list[_Fault] = []
             self._requests: list[RecordedRequest] = []
             self.token_delay = self._initial_token_delay
+            self._hold_after: int | None = None
+            self._released = threading.Event()
+
+    def hold_streams(self, after_tokens: int) -> None:
+        """Streamed answers stop after ``after_tokens`` tokens until ``release_streams()`` (or
+        10 s): a test can then check what a client received while the model is still
+        "writing", with no timing involved."""
+        self._released.clear()
+        self._hold_after = after_tokens
+
+    def release_streams(self) -> None:
+        """Let streams held by ``hold_streams`` go on."""
+        self._hold_after = None
+        self._released.set()
 
     def script(self, *replies: Reply) -> None:
         """Queue chat replies, used in order; each a string or ``(request_json) -> str``."""
@@ -530,6 +544,8 @@ class _Handler(BaseHTTPRequestHandler):
                 break
             if self.server.fake.token_delay and self.server.fake._stopping.wait(self.server.fake.token_delay):
                 return self._abort()
+            if i == self.server.fake._hold_after:
+                self.server.fake._released.wait(10)
             self._event(chunk({"content": token}))
         if fault and fault.kind == "cut_stream":
             return self._abort()

@@ -25,7 +25,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from django_ragchat.events import Completed, Delta, Failed
+from django_ragchat.events import Completed, Delta, Failed, Retry
 from django_ragchat.models import Conversation
 from django_ragchat.permissions import get_conversation_for
 from django_ragchat.pipeline import InvalidMessage, TurnInProgress, run_turn_sync, stream_turn, validate_user_message
@@ -201,6 +201,9 @@ class Command(BaseCommand):
                 if isinstance(event, Delta):
                     self.stdout.write(event.text, ending="")
                     self.stdout.flush()
+                elif isinstance(event, Retry):
+                    # A terminal cannot take back what it printed: say the next text replaces it.
+                    self.stdout.write(f"\n[answer rejected by {event.guardrail}; answering again]\n")
                 elif isinstance(event, (Completed, Failed)):
                     state["final"] = event
 

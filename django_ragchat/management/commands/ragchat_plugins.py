@@ -17,9 +17,10 @@ from django_ragchat.conf import ragchat_settings
 from django_ragchat.plugins import get_registry, hook_implementations, plugin_listing
 from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, get_profile, profile_names
 
-# Profile fields in the order the turn runs their stages (guardrails also check the output).
+# Profile fields in the order the turn runs their stages (advisors wrap the rest; guardrails also
+# check the output).
 PIPELINE_ORDER = (
-    "guardrails", "memory", "query_transformers", "query_expanders", "retrievers", "embedder", "joiner",
+    "advisors", "guardrails", "memory", "query_transformers", "query_expanders", "retrievers", "embedder", "joiner",
     "document_postprocessors", "prompt_augmenter", "llm", "response_augmenters",
 )
 STAGE_KINDS = {**CHOICE_STAGES, **LIST_STAGES}

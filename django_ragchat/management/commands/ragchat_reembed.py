@@ -99,7 +99,7 @@ class Command(BaseCommand):
 
     def _embedder(self, options):
         from django_ragchat import plugins
-        from django_ragchat.pipeline import components_for
+        from django_ragchat.context import components_for
         from django_ragchat.profiles import get_profile
 
         try:

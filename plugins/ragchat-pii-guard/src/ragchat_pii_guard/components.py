@@ -125,6 +125,11 @@ class PIIRedactStream(ResponseAugmenter):
     def on_delta(self, text: str, turn: TurnContext) -> str:
         return self._redactor(turn).feed(text)
 
+    def finish(self, turn: TurnContext) -> str:
+        # The held tail streams after the model's last piece, before any later augmenter's tail
+        # (a sources line) and through the later augmenters' on_delta.
+        return self._redactor(turn).flush()
+
     def on_complete(self, answer: Answer, turn: TurnContext) -> Answer:
         redactor = self._redactor(turn)
         text = answer.text + redactor.flush()
