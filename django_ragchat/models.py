@@ -173,6 +173,9 @@ class MessageSource(models.Model):
             models.UniqueConstraint(fields=["message", "rank"], name="ragchat_source_rank_unique"),
         ]
 
+    def __str__(self) -> str:
+        return f"[{self.rank}] {self.title or self.source or self.chunk_id}"
+
 
 class TurnTrace(models.Model):
     """What happened in the turn that produced an assistant message.
@@ -189,6 +192,9 @@ class TurnTrace(models.Model):
     total_ms = models.FloatField(default=0)
     data = models.JSONField(default=dict)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"Trace of message {self.message_id}"
 
 
 class MemoryRecord(models.Model):

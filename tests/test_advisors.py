@@ -4,6 +4,8 @@ on lifecycle hooks, and output guardrails that reprompt the model."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
@@ -369,3 +371,36 @@ def test_plain_function_advisors_can_answer_instead_of_the_model(
     assert done["content"] == answer and done["citations"][0]["index"] == 1
     deltas = [e.text for e in events if isinstance(e, Delta)]
     assert deltas == (["Canned ", "stream ", "[1]."] if stream else [])
+
+
+def test_cancelling_a_turn_inside_an_around_turn_advisor_stops_the_model_and_saves_what_was_sent(
+    ragchat_settings_override, product_corpus, conversation, openai_server
+):
+    import asyncio
+
+    openai_server.token_delay = 0.05
+    openai_server.when("", " ".join(f"word{i}" for i in range(200)))  # about 10 s of writing
+    use(ragchat_settings_override, ["advisors"], advisors=["stamp"], **openai_profile(openai_server))
+
+    async def cancel_after_two_deltas():
+        seen = []
+
+        async def consume():
+            async for event in stream_turn(conversation, QUESTION, stream=True):
+                seen.append(event)
+                if sum(isinstance(e, Delta) for e in seen) == 2:
+                    await asyncio.sleep(30)  # stands for a slow client; cancelled before
+
+        task = asyncio.ensure_future(consume())
+        while sum(isinstance(e, Delta) for e in seen) < 2 and not task.done():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return seen
+
+    seen = async_to_sync(cancel_after_two_deltas)()
+    message = Message.objects.get(pk=seen[0].assistant_message_id)
+    assert message.status == "incomplete"
+    assert message.content == "".join(e.text for e in seen if isinstance(e, Delta))
+    assert message.content.startswith("word0")

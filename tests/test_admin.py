@@ -1,0 +1,524 @@
+"""The admin as staff use it: transcripts with readable traces, read-only log, memory, documents,
+one user's chat data, constant queries per list page, and untrusted text escaped everywhere."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from datetime import timedelta
+from urllib.parse import urlencode
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Group
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import escape
+
+from django_ragchat import admin_views
+from django_ragchat.models import (
+    Chunk,
+    Conversation,
+    Document,
+    Feedback,
+    MemoryRecord,
+    Message,
+    MessageSource,
+    TurnTrace,
+)
+from django_ragchat.pipeline import run_turn_sync
+
+pytestmark = pytest.mark.django_db
+
+XSS = '<img src=x onerror="alert(1)"><script>alert(2)</script>'
+ESCAPED = "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&lt;script&gt;alert(2)&lt;/script&gt;"
+
+
+def url(name, *args):
+    return reverse(f"admin:django_ragchat_{name}", args=args)
+
+
+@pytest.fixture
+def chatted(product_corpus, user):
+    """A real two-turn conversation: the follow-up is rewritten and its answer cites a source."""
+    conversation = Conversation.objects.create(owner=user)
+    run_turn_sync(conversation, "Tell me about the Aurora X2 phone")
+    result = run_turn_sync(conversation, "How much does it cost?")
+    assert result.trace["queries"]["final"] != "How much does it cost?"  # the follow-up was rewritten
+    assert MessageSource.objects.filter(message_id=result.message["id"], cited=True).exists()
+    return conversation
+
+
+# --- Conversation page -------------------------------------------------------------------------
+
+
+def test_the_conversation_page_shows_the_transcript_and_each_answers_trace(admin_client, chatted):
+    answer = Message.objects.filter(conversation=chatted, role="assistant").last()
+    trace = TurnTrace.objects.get(message=answer).data
+    cited = MessageSource.objects.filter(message=answer, cited=True).select_related("chunk").first()
+    Feedback.objects.create(message=answer, user=chatted.owner, rating="down", comment="Too short")
+    response = admin_client.get(url("conversation_change", chatted.pk))
+    assert response.status_code == 200
+    page = response.content.decode()
+    transcript = page.split('id="ragchat-transcript"', 1)[1]
+    # The transcript in order, as a conversation, not an inline formset.
+    assert transcript.index("Tell me about the Aurora X2 phone") < transcript.index("How much does it cost?")
+    assert answer.content.split("[")[0].strip()[:30] in transcript
+    assert "messages-0-content" not in page
+    assert "<h2>Tell me about the Aurora X2 phone</h2>" in page  # untitled: named by its first question
+    # The trace: collapsed, the question as typed, the rewriting and who did it, hits, documents.
+    assert transcript.count('<details class="ragchat-trace">') == 2  # collapsed: no "open"
+    assert 'class="ragchat-rewritten">' + trace["queries"]["final"] in transcript
+    assert "<code>followup</code>" in transcript
+    assert "Documents the model saw" in transcript and "ragchat-badge-cited" in transcript
+    assert escape(cited.title) + " — Pricing" in transcript
+    assert "Stage timings" in transcript and "retrieval" in transcript
+    assert "extractive" in transcript  # the model
+    assert "Too short" in transcript  # the feedback on that answer
+    # And the raw JSON, one click away.
+    raw = admin_client.get(url("trace_json", chatted.pk, answer.pk))
+    assert raw.status_code == 200 and raw.json()["queries"]["final"] == trace["queries"]["final"]
+    question = Message.objects.filter(conversation=chatted, role="user").last()
+    assert admin_client.get(url("trace_json", chatted.pk, question.pk)).status_code == 404  # no trace
+    elsewhere = Conversation.objects.create(owner=chatted.owner)
+    assert admin_client.get(url("trace_json", elsewhere.pk, answer.pk)).status_code == 404  # not its message
+    # The trace's own admin page renders it the same way.
+    trace_page = admin_client.get(url("turntrace_change", answer.trace.pk)).content.decode()
+    assert trace["queries"]["final"] in trace_page and "Raw JSON" in trace_page
+
+
+def test_staff_rename_a_conversation_on_its_page(admin_client, chatted):
+    response = admin_client.post(url("conversation_change", chatted.pk), {
+        "title": "Aurora X2 pricing", "metadata": "{}",
+        "memories-TOTAL_FORMS": "0", "memories-INITIAL_FORMS": "0",
+        "memories-MIN_NUM_FORMS": "0", "memories-MAX_NUM_FORMS": "1000",
+    })
+    assert response.status_code == 302, response.content.decode()[:2000]
+    chatted.refresh_from_db()
+    assert chatted.title == "Aurora X2 pricing" and chatted.last_seq == 4  # the counter is untouched
+
+
+def test_the_transcript_paginates_past_a_few_hundred_messages(admin_client, user):
+    conversation = Conversation.objects.create(owner=user)
+    Message.objects.bulk_create([
+        Message(conversation=conversation, seq=i, role="user" if i % 2 else "assistant", content=f"message number {i}.")
+        for i in range(1, 451)
+    ])
+    first = admin_client.get(url("conversation_change", conversation.pk)).content.decode()
+    assert "message number 200." in first and "message number 201." not in first
+    assert "Transcript (450 messages)" in first and 'href="?page=3#ragchat-transcript"' in first
+    last = admin_client.get(url("conversation_change", conversation.pk) + "?page=3").content.decode()
+    assert "message number 401." in last and "message number 450." in last and "message number 400." not in last
+
+
+def test_traces_of_unknown_or_odd_shape_render_without_error(admin_client, user):
+    conversation = Conversation.objects.create(owner=user)
+    message = Message.objects.create(conversation=conversation, seq=1, role="assistant", content="x")
+    data = {"question": "q", "queries": "not a dict", "retrieval": [{"hits": [{"chunk_id": 999999, "score": "?"}]}],
+            "timings": {"llm": 3.0, "total": 4.0, "advisor": None}, "warnings": ["slow embedder"],
+            "ended_by": {"stage": "advisors", "component": "cache", "kind": "answer", "reason": "cached"},
+            "advisor": {"short_circuit": True, "by": "cache"}, "error": "boom"}
+    TurnTrace.objects.create(message=message, profile="default", data=data)
+    page = admin_client.get(url("conversation_change", conversation.pk)).content.decode()
+    assert "Other details" in page and "short_circuit" in page  # a key added by a plugin
+    assert "slow embedder" in page and "cached" in page and "boom" in page
+    assert "chunk 999999 (gone since)" in page
+    view = admin_views.build_trace_view(["not", "a", "dict"], {})
+    assert view.question == "" and view.documents == []
+
+
+# --- Conversation list -------------------------------------------------------------------------
+
+
+def test_the_conversation_list_shows_owner_question_counts_and_filters(admin_client, user, other_user):
+    untitled = Conversation.objects.create(owner=user)
+    Message.objects.create(conversation=untitled, seq=1, role="user", content="Where is my parcel?")
+    answer = Message.objects.create(conversation=untitled, seq=2, role="assistant", content="On its way.",
+                                    status="error")
+    Feedback.objects.create(message=answer, user=user, rating="down")
+    Feedback.objects.create(message=answer, user=other_user, rating="up")
+    titled = Conversation.objects.create(owner=other_user, title="Warranty question", profile="support")
+    Message.objects.create(conversation=titled, seq=1, role="user", content="Is the battery covered?")
+    Message.objects.create(conversation=titled, seq=2, role="assistant", content="Yes.")
+    anonymous = Conversation.objects.create(session_key="s" * 32)
+
+    changelist = url("conversation_changelist")
+    page = admin_client.get(changelist).content.decode()
+    assert "Where is my parcel?" in page and "Warranty question" in page
+    assert reverse("admin:auth_user_change", args=[user.pk]) in page  # the owner, linked
+    assert "👍 1" in page and "👎 1" in page
+
+    def listed(query):
+        response = admin_client.get(changelist + query)
+        assert response.status_code == 200, query
+        return {str(c.pk) for c in response.context["cl"].result_list}
+
+    assert listed(f"?owner={user.pk}") == {str(untitled.pk)}
+    assert listed("?owner=anonymous") == {str(anonymous.pk)}
+    assert listed("?profile=support") == {str(titled.pk)}
+    assert listed("?last_answer=error") == {str(untitled.pk)}
+    assert listed("?last_answer=complete") == {str(titled.pk)}
+    assert listed("?last_answer=none") == {str(anonymous.pk)}
+    assert listed("?thumbs_down=yes") == {str(untitled.pk)}
+    assert listed("?thumbs_down=no") == {str(titled.pk), str(anonymous.pk)}
+    week_ago = urlencode({"updated_at__gte": str(timezone.now() - timedelta(days=7))})
+    assert listed(f"?{week_ago}") == {str(untitled.pk), str(titled.pk), str(anonymous.pk)}
+    assert listed("?q=battery") == {str(titled.pk)}  # message content
+    assert listed("?q=bob") == {str(titled.pk)}  # owner
+    assert listed(f"?q={str(untitled.pk)[:8]}") == set()  # a prefix is not an id: no error
+    assert listed(f"?q={untitled.pk}") == {str(untitled.pk)}
+    assert listed(f"?q={untitled.pk}&owner={other_user.pk}") == set()  # the filters still apply
+    assert '<span title="thumbs down" class="ragchat-negative">👎 1</span>' in page
+
+
+# --- Read-only log -----------------------------------------------------------------------------
+
+
+def test_messages_sources_traces_and_feedback_are_read_only(admin_client, chatted):
+    answer = Message.objects.filter(conversation=chatted, role="assistant").last()
+    feedback = Feedback.objects.create(message=answer, user=chatted.owner, rating="up")
+    source = MessageSource.objects.filter(message=answer).first()
+    for name, obj in (("message", answer), ("messagesource", source), ("turntrace", answer.trace),
+                      ("feedback", feedback)):
+        changelist = admin_client.get(url(f"{name}_changelist"))
+        assert changelist.status_code == 200, name
+        assert "delete_selected" not in changelist.content.decode(), name
+        change = admin_client.get(url(f"{name}_change", obj.pk))
+        assert change.status_code == 200, name
+        html = change.content.decode()
+        assert 'name="_save"' not in html and 'name="_continue"' not in html, name
+        assert url(f"{name}_delete", obj.pk) not in html, name
+        assert admin_client.post(url(f"{name}_change", obj.pk), {}).status_code == 403, name
+        assert admin_client.get(url(f"{name}_delete", obj.pk)).status_code == 403, name
+        assert admin_client.get(url(f"{name}_add")).status_code == 403, name
+    assert Message.objects.filter(pk=answer.pk).exists()
+    # Labels, not ids: the source page has the heading, the score rounded, the text.
+    html = admin_client.get(url("messagesource_change", source.pk)).content.decode()
+    assert escape(source.chunk.heading) in html and f"{source.score:.4f}" in html and "MessageSource object" not in html
+    # The message page shows its feedback and links its trace.
+    html = admin_client.get(url("message_change", answer.pk)).content.decode()
+    assert url("turntrace_change", answer.trace.pk) in html and "up — alice" in html
+    assert answer.trace.data["queries"]["final"] in html  # the rewritten query, on the message's page
+    traces = admin_client.get(url("turntrace_changelist") + "?q=alice").context["cl"].result_list
+    assert {t.message_id for t in traces} == set(Message.objects.filter(role="assistant").values_list("pk", flat=True))
+    traces = admin_client.get(url("turntrace_changelist") + f"?q={chatted.pk}").context["cl"].result_list
+    assert len(traces) == 2
+
+
+def test_deleting_a_conversation_in_the_admin_still_works(admin_client, chatted):
+    confirm = admin_client.get(url("conversation_delete", chatted.pk)).content.decode()
+    assert "Messages: 4" in confirm and "Turn traces: 2" in confirm  # counted, not listed
+    response = admin_client.post(url("conversation_delete", chatted.pk), {"post": "yes"})
+    assert response.status_code == 302
+    assert not Conversation.objects.exists() and not Message.objects.exists() and not TurnTrace.objects.exists()
+
+
+# --- Memory ------------------------------------------------------------------------------------
+
+
+def test_a_memory_record_needs_a_user_or_a_conversation(admin_client, user):
+    response = admin_client.post(url("memoryrecord_add"), {"kind": "fact", "content": "Likes tea", "user": "",
+                                                           "conversation": "", "metadata": "{}"})
+    assert response.status_code == 200
+    assert "A memory record is about a user or a conversation" in response.content.decode()
+    assert not MemoryRecord.objects.exists()
+    response = admin_client.post(url("memoryrecord_add"), {"kind": "fact", "content": "Likes tea", "user": user.pk,
+                                                           "conversation": "", "metadata": "{}"})
+    assert response.status_code == 302
+    record = MemoryRecord.objects.get()
+    response = admin_client.post(url("memoryrecord_change", record.pk), {
+        "kind": "fact", "content": "Likes green tea", "user": user.pk, "conversation": "", "metadata": "{}"})
+    assert response.status_code == 302
+    record.refresh_from_db()
+    assert record.content == "Likes green tea"
+
+
+def test_memory_records_filter_by_user_kind_and_conversation(admin_client, user, other_user):
+    conversation = Conversation.objects.create(owner=user)
+    mine = MemoryRecord.objects.create(user=user, kind="fact", content="Alice likes tea")
+    summary = MemoryRecord.objects.create(conversation=conversation, kind="summary", content="They talked")
+    MemoryRecord.objects.create(user=other_user, kind="fact", content="Bob likes coffee")
+
+    def listed(query):
+        response = admin_client.get(url("memoryrecord_changelist") + query)
+        assert response.status_code == 200, query
+        return {r.pk for r in response.context["cl"].result_list}
+
+    assert listed(f"?user__id__exact={user.pk}") == {mine.pk}
+    assert listed("?kind__exact=summary") == {summary.pk}
+    assert listed(f"?conversation__id__exact={conversation.pk}") == {summary.pk}
+    assert listed("?q=coffee") == {MemoryRecord.objects.get(content="Bob likes coffee").pk}
+    assert admin_client.post(url("memoryrecord_delete", mine.pk), {"post": "yes"}).status_code == 302
+    assert not MemoryRecord.objects.filter(pk=mine.pk).exists()
+
+
+def test_staff_need_the_reviewers_group_to_correct_memory(client, staff_user, user):
+    record = MemoryRecord.objects.create(user=user, kind="fact", content="Alice likes tea")
+    client.force_login(staff_user)
+    change = url("memoryrecord_change", record.pk)
+    assert client.get(change).status_code == 403  # staff alone: no model permission
+    call_command("ragchat_admin_group", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    staff_user.groups.add(Group.objects.get(name="Chat reviewers"))
+    assert client.get(change).status_code == 200
+    response = client.post(change, {"kind": "fact", "content": "Alice likes coffee", "user": user.pk,
+                                    "conversation": "", "metadata": "{}"})
+    assert response.status_code == 302
+    record.refresh_from_db()
+    assert record.content == "Alice likes coffee"
+    assert client.get(url("conversation_changelist")).status_code == 200  # reading is in the group
+    assert client.post(url("conversation_delete", Conversation.objects.create(owner=user).pk),
+                       {"post": "yes"}).status_code == 403  # deleting is not
+
+
+# --- Documents and chunks ----------------------------------------------------------------------
+
+
+def test_add_document_is_an_upload_that_runs_ingestion(admin_client):
+    page = admin_client.get(url("document_add"))
+    assert page.status_code == 200 and 'type="file"' in page.content.decode()
+    upload = SimpleUploadedFile("guide.md", b"# Guide\n\n## Setup\nPlug it in and wait for the light.\n")
+    response = admin_client.post(url("document_add"), {"file": upload, "source": "", "title": "",
+                                                       "content_type": "", "profile": ""})
+    assert response.status_code == 302
+    document = Document.objects.get(source="upload/guide.md")
+    assert document.chunks.count() >= 1 and document.chunks.first().embedding is not None
+    # A file that is not UTF-8, or of unknown type, is a form error; nothing is stored.
+    bad = admin_client.post(url("document_add"), {"file": SimpleUploadedFile("x.md", b"\xff\xfe\x00bad")})
+    assert bad.status_code == 200 and "not UTF-8" in bad.content.decode()
+    unknown = admin_client.post(url("document_add"), {"file": SimpleUploadedFile("x.bin", b"text")})
+    assert unknown.status_code == 200 and "Unknown file type" in unknown.content.decode()
+    assert Document.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)  # the worker closes the connection when it is done
+def test_a_large_upload_goes_to_the_task_worker_when_the_site_has_one(admin_client, ragchat_settings_override):
+    ragchat_settings_override(TASK_BACKEND="database", BACKGROUND_INGEST_BYTES=100)
+    text = b"# Guide\n\n## Setup\n" + b"Plug it in and wait for the light. " * 10
+    response = admin_client.post(url("document_add"), {"file": SimpleUploadedFile("guide.md", text)}, follow=True)
+    assert "Queued upload/guide.md" in response.content.decode()
+    assert not Document.objects.filter(source="upload/guide.md").exists()
+    call_command("db_worker", "--batch", "--backend", "database", "--no-startup-delay", verbosity=0)
+    assert Document.objects.get(source="upload/guide.md").chunks.exists()
+
+
+def test_documents_list_chunks_and_spaces_and_chunks_show_heading_and_text(admin_client, product_corpus):
+    page = admin_client.get(url("document_changelist")).content.decode()
+    space = Chunk.objects.values_list("space", flat=True).first()
+    assert f"{space} (" in page
+    document = Document.objects.get(source="products/aurora-x2.md")
+    chunk = document.chunks.get(heading__contains="Pricing")
+    assert admin_client.get(url("chunk_add")).status_code == 403  # no "add chunk"
+    chunks = admin_client.get(url("chunk_changelist") + f"?document__id__exact={document.pk}")
+    assert chunks.status_code == 200 and {c.document_id for c in chunks.context["cl"].result_list} == {document.pk}
+    html = admin_client.get(url("chunk_change", chunk.pk)).content.decode()
+    assert escape(chunk.heading) in html and "costs $699" in html and 'name="_save"' not in html
+    html = admin_client.get(url("document_change", document.pk)).content.decode()
+    assert f"{space}: {document.chunks.count()}" in html
+
+
+def test_documents_are_reingested_from_their_files_and_deleted(admin_client, tmp_path, product_corpus):
+    path = tmp_path / "faq.md"
+    path.write_text("# FAQ\n\n## Returns\nReturns are free for thirty days.\n")
+    call_command("ragchat_ingest", str(path), stdout=open("/dev/null", "w"))  # noqa: SIM115
+    faq = Document.objects.get(source=str(path))
+    path.write_text("# FAQ\n\n## Returns\nReturns are free for sixty days.\n")
+    uploaded = Document.objects.get(source="products/aurora-x2.md")
+    response = admin_client.post(url("document_changelist"), {
+        "action": "reingest", "_selected_action": [faq.pk, uploaded.pk]}, follow=True)
+    text = response.content.decode()
+    assert "1 updated" in text and "products/aurora-x2.md" in text and "upload these again" in text
+    assert "sixty days" in faq.chunks.get().text
+    # Delete: the confirmation page counts the chunks instead of listing them.
+    confirm = admin_client.post(url("document_changelist"), {"action": "delete_selected",
+                                                             "_selected_action": [uploaded.pk]})
+    assert confirm.status_code == 200
+    count = uploaded.chunks.count()
+    assert f"Chunks: {count}" in confirm.content.decode()
+    admin_client.post(url("document_changelist"), {"action": "delete_selected", "_selected_action": [uploaded.pk],
+                                                   "post": "yes"})
+    assert not Document.objects.filter(pk=uploaded.pk).exists()
+    assert not Chunk.objects.filter(document_id=uploaded.pk).exists()
+
+
+# --- One user's chat data ----------------------------------------------------------------------
+
+
+def test_a_users_chat_data_is_counted_exported_and_erased(admin_client, chatted, user, other_user):
+    answer = Message.objects.filter(conversation=chatted, role="assistant").last()
+    Feedback.objects.create(message=answer, user=user, rating="up")
+    Feedback.objects.create(message=answer, user=other_user, rating="down")  # on alice's conversation
+    MemoryRecord.objects.create(user=user, kind="fact", content="Alice likes tea")
+    MemoryRecord.objects.create(conversation=chatted, kind="summary", content="About the Aurora X2")
+    bobs = Conversation.objects.create(owner=other_user)
+    bobs_message = Message.objects.create(conversation=bobs, seq=1, role="assistant", content="Hi")
+    Feedback.objects.create(message=bobs_message, user=user, rating="down")  # alice rated bob's answer
+    bobs_memory = MemoryRecord.objects.create(user=other_user, kind="fact", content="Bob likes coffee")
+
+    page = admin_client.get(url("user_data", user.pk))
+    assert page.status_code == 200
+    counts = page.context["counts"]
+    assert counts == {"conversations": 1, "messages": 4, "sources": MessageSource.objects.count(),
+                      "traces": 2, "memory records": 2, "feedback": 3}
+    assert "Yes, erase this chat data" in page.content.decode()
+
+    export = admin_client.get(url("user_data_export", user.pk))
+    assert export["Content-Disposition"].startswith("attachment")
+    data = json.loads(export.content)
+    assert data["user"]["username"] == "alice"
+    [conversation] = data["conversations"]
+    assert [m["content"] for m in conversation["messages"]][0] == "Tell me about the Aurora X2 phone"
+    assert conversation["messages"][3]["trace"]["queries"]["final"] and conversation["messages"][3]["sources"]
+    assert {m["content"] for m in data["memory"]} == {"Alice likes tea", "About the Aurora X2"}
+    assert len(data["feedback"]) == 3
+
+    response = admin_client.post(url("user_data", user.pk), {"confirm": "yes"})
+    assert response.status_code == 302
+    assert not Conversation.objects.filter(owner=user).exists()
+    assert not MemoryRecord.objects.filter(user=user).exists() and not Feedback.objects.filter(user=user).exists()
+    assert not TurnTrace.objects.exists() and not MessageSource.objects.exists()
+    # Bob's data stays (except his rating of Alice's answer, which went with it).
+    assert Message.objects.filter(pk=bobs_message.pk).exists() and MemoryRecord.objects.filter(pk=bobs_memory.pk).exists()
+    assert Feedback.objects.count() == 0
+    assert user.__class__.objects.filter(pk=user.pk).exists()  # the account itself stays
+    entry = LogEntry.objects.get(object_id=str(user.pk))  # and its admin history says who erased what
+    assert "Erased the django-ragchat chat data: 1 conversations, 4 messages" in entry.get_change_message()
+
+
+def test_user_chat_data_is_reached_from_the_user_admin_and_needs_permissions(admin_client, client, staff_user,
+                                                                             user):
+    response = admin_client.post(reverse("admin:auth_user_changelist"), {
+        "action": "user_chat_data_action", "_selected_action": [user.pk]})
+    assert response.status_code == 302 and response["Location"] == url("user_data", user.pk)
+    search = admin_client.get(url("user_data_search") + "?q=ali").content.decode()
+    assert url("user_data", user.pk) in search
+    assert admin_client.get(url("user_data", "nope")).status_code == 404
+    client.force_login(staff_user)
+    assert client.get(url("user_data", user.pk)).status_code == 403
+    assert client.get(url("user_data_export", user.pk)).status_code == 403
+    call_command("ragchat_admin_group", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    staff_user.groups.add(Group.objects.get(name="Chat reviewers"))
+    assert client.get(url("user_data_export", user.pk)).status_code == 200
+    Conversation.objects.create(owner=user)
+    assert client.post(url("user_data", user.pk), {"confirm": "yes"}).status_code == 403  # no delete permissions
+    assert Conversation.objects.filter(owner=user).exists()
+
+
+# --- Constant queries per list page ------------------------------------------------------------
+
+
+_row_numbers = itertools.count()
+
+
+def make_rows(n: int, owner) -> None:
+    """``n`` rows of every model, each with the relations its list shows."""
+    for i in itertools.islice(_row_numbers, n):
+        document = Document.objects.create(source=f"doc-{owner.pk}-{i}.md", title=f"Doc {i}", checksum="x")
+        chunk = Chunk.objects.create(document=document, ordinal=0, text=f"Text {i}", heading="H", space="s1")
+        Chunk.objects.create(document=document, ordinal=0, text=f"Text {i}", heading="H", space="s2")
+        conversation = Conversation.objects.create(owner=owner, title="" if i % 2 else f"Title {i}")
+        Message.objects.create(conversation=conversation, seq=1, role="user", content=f"Question {i}")
+        answer = Message.objects.create(conversation=conversation, seq=2, role="assistant", content=f"Answer {i}")
+        MessageSource.objects.create(message=answer, chunk=chunk, rank=1, score=0.5, cited=True, title="Doc")
+        TurnTrace.objects.create(message=answer, profile="default",
+                                 data={"question": "q", "retrieval": [{"hits": [{"chunk_id": chunk.pk, "score": 1}]}],
+                                       "documents": [{"index": 1, "chunk_id": chunk.pk, "score": 0.5}]})
+        Feedback.objects.create(message=answer, user=owner, rating="down" if i % 2 else "up", comment="c")
+        MemoryRecord.objects.create(user=owner, conversation=conversation, kind="fact", content=f"Fact {i}")
+
+
+LISTS = ["conversation", "message", "messagesource", "turntrace", "feedback", "memoryrecord", "document", "chunk"]
+
+
+@pytest.mark.parametrize("name", LISTS)
+def test_every_list_page_runs_a_constant_number_of_queries(admin_client, django_user_model, name):
+    owner = django_user_model.objects.create_user("owner")
+    changelist = url(f"{name}_changelist")
+    filters = {"conversation": "?thumbs_down=no&last_answer=complete&owner=signed_in"}.get(name, "")
+
+    def queries() -> int:
+        admin_client.get(changelist + filters)  # warm caches (content types, sessions)
+        with CaptureQueriesContext(connection) as captured:
+            response = admin_client.get(changelist + filters)
+        assert response.status_code == 200
+        return len(captured)
+
+    make_rows(3, owner)
+    few = queries()
+    make_rows(12, owner)
+    many = queries()
+    rows = admin_client.get(changelist + filters).context["cl"].result_count
+    assert rows >= 7, rows
+    assert few == many, f"{name}: {few} queries for a few rows, {many} for more"
+
+
+def test_the_conversation_page_runs_a_constant_number_of_queries(admin_client, django_user_model):
+    owner = django_user_model.objects.create_user("owner")
+    make_rows(1, owner)
+    conversation = Conversation.objects.get()
+    answer = conversation.messages.get(role="assistant")
+    page = url("conversation_change", conversation.pk)
+
+    def queries() -> int:
+        admin_client.get(page)
+        with CaptureQueriesContext(connection) as captured:
+            assert admin_client.get(page).status_code == 200
+        return len(captured)
+
+    few = queries()
+    chunk = Chunk.objects.first()
+    for seq in range(3, 23, 2):
+        Message.objects.create(conversation=conversation, seq=seq, role="user", content="More?")
+        more = Message.objects.create(conversation=conversation, seq=seq + 1, role="assistant", content="Yes [1]")
+        MessageSource.objects.create(message=more, chunk=chunk, rank=1, score=0.5, cited=True)
+        TurnTrace.objects.create(message=more, profile="default", data=answer.trace.data)
+        Feedback.objects.create(message=more, user=owner, rating="up")
+    assert few == queries()
+
+
+# --- Untrusted text ----------------------------------------------------------------------------
+
+
+def test_model_output_documents_and_user_text_are_escaped_everywhere(admin_client, django_user_model):
+    owner = django_user_model.objects.create_user("evil" + "x")
+    document = Document.objects.create(source="evil.md", title=XSS, checksum="x")
+    chunk = Chunk.objects.create(document=document, ordinal=0, text=XSS, heading=XSS, space="s1")
+    conversation = Conversation.objects.create(owner=owner, title=XSS)
+    untitled = Conversation.objects.create(owner=owner)
+    Message.objects.create(conversation=untitled, seq=1, role="user", content=XSS)
+    question = Message.objects.create(conversation=conversation, seq=1, role="user", content=XSS)
+    answer = Message.objects.create(conversation=conversation, seq=2, role="assistant", content=XSS,
+                                    metadata={"error": {"code": XSS, "message": XSS}})
+    source = MessageSource.objects.create(message=answer, chunk=chunk, rank=1, score=0.5, cited=True,
+                                          title=XSS, source=XSS)
+    trace = TurnTrace.objects.create(message=answer, profile="default", data={
+        "question": XSS, "queries": {"original": XSS, "transformed": [{"by": XSS, "text": XSS, "note": XSS}],
+                                     "expanded": [XSS], "final": XSS + "!"},
+        "retrieval": [{"retriever": XSS, "query": XSS, "hits": [{"chunk_id": chunk.pk, "score": 1.0}]}],
+        "documents": [{"index": 1, "chunk_id": chunk.pk, "score": 0.5, "source": XSS}],
+        "timings": {XSS: 1.0}, "model": XSS, "usage": {XSS: XSS}, "warnings": [XSS], "error": {"code": XSS},
+        "ended_by": {"stage": XSS}, XSS: XSS,
+    })
+    feedback = Feedback.objects.create(message=answer, user=owner, rating="down", comment=XSS)
+    memory = MemoryRecord.objects.create(conversation=conversation, kind="fact", content=XSS)
+    pages = [
+        url("conversation_changelist"), url("conversation_change", conversation.pk),
+        url("message_changelist"), url("message_change", answer.pk), url("message_change", question.pk),
+        url("messagesource_changelist"), url("messagesource_change", source.pk),
+        url("turntrace_changelist"), url("turntrace_change", trace.pk),
+        url("feedback_changelist"), url("feedback_change", feedback.pk),
+        url("memoryrecord_changelist"), url("memoryrecord_change", memory.pk),
+        url("document_changelist"), url("document_change", document.pk),
+        url("chunk_changelist"), url("chunk_change", chunk.pk),
+        url("user_data", owner.pk), url("user_data_search") + "?q=evil",
+    ]
+    for page in pages:
+        response = admin_client.get(page)
+        assert response.status_code == 200, page
+        html = response.content.decode()
+        assert "<img src=x" not in html and "<script>alert" not in html, page
+    conversation_page = admin_client.get(url("conversation_change", conversation.pk)).content.decode()
+    assert conversation_page.count(ESCAPED) >= 10

@@ -1,0 +1,109 @@
+"""The admin in headless Chromium: staff sign in, open a conversation and expand an answer's
+trace, which shows the rewritten query and the cited source. Saves screenshots under
+var/screenshots/ (ignored by git; docs/images/admin-trace.png is a copy of admin-trace.png).
+
+The site runs in a server process of its own (the ``asgi`` fixture, uvicorn): pytest-django's
+in-process ``live_server`` shares the test's SQLite connection between its request threads."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from django.urls import reverse
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from django_ragchat.models import Conversation, MessageSource
+from django_ragchat.pipeline import run_turn_sync
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "var" / "screenshots"
+
+
+@pytest.fixture
+def browser(tmp_path):
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1280,1400"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(executable_path="/usr/bin/chromedriver"), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(tmp_path / "chromium", ignore_errors=True)
+
+
+def test_staff_expand_a_turns_trace_and_see_the_rewritten_query_and_cited_source(
+        browser, asgi, product_corpus, user, django_user_model):
+    django_user_model.objects.create_superuser("boss", "boss@example.com", "secret-pw")
+    conversation = Conversation.objects.create(owner=user)
+    run_turn_sync(conversation, "Tell me about the Aurora X2 phone")
+    result = run_turn_sync(conversation, "How much does it cost?")
+    rewritten = result.trace["queries"]["final"]
+    assert rewritten != "How much does it cost?"
+    cited = MessageSource.objects.get(message_id=result.message["id"], cited=True, rank=1)
+
+    browser.get(asgi.url + reverse("admin:login"))
+    browser.find_element(By.ID, "id_username").send_keys("boss")
+    browser.find_element(By.ID, "id_password").send_keys("secret-pw")
+    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
+    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "user-tools"))
+    # From the conversation list (owner and first question shown) to the conversation.
+    browser.get(asgi.url + reverse("admin:django_ragchat_conversation_changelist"))
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SCREENSHOTS / "admin-conversations.png"))
+    row = browser.find_element(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert "Tell me about the Aurora X2 phone" in row.text and "alice" in row.text
+    row.find_element(By.CSS_SELECTOR, "th a").click()
+    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "ragchat-transcript"))
+    browser.save_screenshot(str(SCREENSHOTS / "admin-conversation.png"))
+
+    turn = browser.find_element(By.ID, f"message-{result.message['id']}")
+    trace = turn.find_element(By.CSS_SELECTOR, "details.ragchat-trace")
+    assert trace.get_attribute("open") is None  # collapsed by default
+    query = trace.find_element(By.CSS_SELECTOR, ".ragchat-rewritten")
+    assert not query.is_displayed()
+    browser.execute_script("arguments[0].scrollIntoView({block: 'start'})", turn)
+    trace.find_element(By.TAG_NAME, "summary").click()
+    WebDriverWait(browser, 10).until(lambda d: query.is_displayed())
+    assert query.text == rewritten
+    documents = trace.find_element(By.CSS_SELECTOR, ".ragchat-trace-documents")
+    first = documents.find_element(By.CSS_SELECTOR, "li")
+    assert cited.title in first.text and "cited" in first.find_element(By.CSS_SELECTOR, ".ragchat-badge").text
+    assert "Pricing" in first.text  # the heading of the cited chunk
+    assert trace.find_elements(By.CSS_SELECTOR, ".ragchat-hits tr.ragchat-cited")
+
+    browser.execute_script("arguments[0].scrollIntoView({block: 'start'})", turn)
+    assert turn.screenshot(str(SCREENSHOTS / "admin-trace.png"))
+
+
+def test_staff_erase_a_users_chat_data_after_a_page_counting_it(browser, asgi, product_corpus, user,
+                                                                django_user_model):
+    django_user_model.objects.create_superuser("boss", "boss@example.com", "secret-pw")
+    conversation = Conversation.objects.create(owner=user)
+    run_turn_sync(conversation, "How much does the Aurora X2 cost?")
+    browser.get(asgi.url + reverse("admin:login"))
+    browser.find_element(By.ID, "id_username").send_keys("boss")
+    browser.find_element(By.ID, "id_password").send_keys("secret-pw")
+    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
+    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "user-tools"))
+    browser.get(asgi.url + reverse("admin:django_ragchat_conversation_change", args=[conversation.pk]))
+    browser.find_element(By.LINK_TEXT, "Export or erase this user's chat data").click()
+    counts = WebDriverWait(browser, 20).until(lambda d: d.find_element(By.ID, "ragchat-user-data-counts"))
+    rows = {r.find_elements(By.TAG_NAME, "td")[0].text: r.find_elements(By.TAG_NAME, "td")[1].text
+            for r in counts.find_elements(By.CSS_SELECTOR, "tbody tr")}
+    assert rows["Conversations"] == "1" and rows["Messages"] == "2" and rows["Traces"] == "1"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SCREENSHOTS / "admin-user-data.png"))
+    browser.find_element(By.CSS_SELECTOR, "#ragchat-erase [type=submit]").click()
+    WebDriverWait(browser, 20).until(lambda d: "Erased the chat data of alice" in d.page_source)
+    assert not Conversation.objects.filter(owner=user).exists()
