@@ -7,4 +7,12 @@ class RagchatConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_ragchat import checks  # noqa: F401  (registers the system checks)
+        from django.contrib.auth.signals import user_logged_in
+
+        # checks: imported to register the system checks.
+        from django_ragchat import checks, sessions, shutdown  # noqa: F401
+
+        user_logged_in.connect(sessions.move_anonymous_conversations, dispatch_uid="ragchat_move_anonymous")
+        # Chained to the server's handlers: saves the answers being written on SIGTERM (see
+        # shutdown.py; turns on the main thread install it again if the server replaced it).
+        shutdown.install()

@@ -37,11 +37,23 @@ def check_settings(app_configs=None, **kwargs):
             f"Unknown django-ragchat setting RAGCHAT[{key!r}].",
             hint=f"Valid keys: {', '.join(sorted(DEFAULTS))}.", id="ragchat.E001",
         ))
-    for key in ("MAX_MESSAGE_CHARS", "STALE_STREAM_SECONDS", "SQLITE_VECTOR_BATCH_SIZE"):
+    for key in ("MAX_MESSAGE_CHARS", "SQLITE_VECTOR_BATCH_SIZE"):
         value = getattr(ragchat_settings, key)
         if not isinstance(value, int) or value <= 0:
             errors.append(Error(f"RAGCHAT[{key!r}] must be a positive integer, not {value!r}.",
                                 hint="Remove it to use the default.", id="ragchat.E007"))
+    for key in ("STREAM_HEARTBEAT_SECONDS", "STREAM_LEASE_SECONDS", "SHUTDOWN_GRACE_SECONDS"):
+        value = getattr(ragchat_settings, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            errors.append(Error(f"RAGCHAT[{key!r}] must be a positive number of seconds, not {value!r}.",
+                                hint="Remove it to use the default.", id="ragchat.E007"))
+    if (isinstance(ragchat_settings.STREAM_HEARTBEAT_SECONDS, (int, float))
+            and isinstance(ragchat_settings.STREAM_LEASE_SECONDS, (int, float))
+            and ragchat_settings.STREAM_LEASE_SECONDS < 2 * ragchat_settings.STREAM_HEARTBEAT_SECONDS):
+        errors.append(Error(
+            "RAGCHAT['STREAM_LEASE_SECONDS'] must be at least twice STREAM_HEARTBEAT_SECONDS.",
+            hint="Otherwise a live answer whose heartbeat is a little late is taken for a dead one.",
+            id="ragchat.E007"))
     for key in ("ANONYMOUS_RETENTION_DAYS", "USER_RETENTION_DAYS"):
         value = getattr(ragchat_settings, key)
         if value is not None and (not isinstance(value, (int, float)) or value < 0):

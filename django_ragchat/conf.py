@@ -41,9 +41,16 @@ DEFAULTS: dict[str, Any] = {
     "USER_RETENTION_DAYS": None,
     # Allow conversations without a signed-in user, bound to the session key.
     "ALLOW_ANONYMOUS": False,
-    # A message still "streaming" after this many seconds is taken to be abandoned (its worker
-    # died) and no longer blocks a new turn in its conversation.
-    "STALE_STREAM_SECONDS": 300,
+    # An answer being written is a lease, not a lock: its worker renews it every
+    # STREAM_HEARTBEAT_SECONDS (saving the partial text), and an answer whose lease is
+    # STREAM_LEASE_SECONDS past its last renewal belongs to a dead worker: it is marked
+    # "interrupted" and no longer blocks its conversation. Per-user stream slots expire the same
+    # way. See docs/architecture.md, "Crash safety".
+    "STREAM_HEARTBEAT_SECONDS": 5,
+    "STREAM_LEASE_SECONDS": 30,
+    # On SIGTERM, how long the answers being written get to save their partial text
+    # (as "incomplete") and tell their clients before the server's own shutdown goes on.
+    "SHUTDOWN_GRACE_SECONDS": 5,
     # Vector search on databases without pgvector: rows loaded per batch when building the
     # in-process matrix.
     "SQLITE_VECTOR_BATCH_SIZE": 5000,

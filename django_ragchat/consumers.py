@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
+from importlib import import_module
 from typing import Any, ClassVar
 
 from asgiref.sync import sync_to_async
@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 # Close code when the conversation named in the URL cannot be opened (4000-4999: application).
 CLOSE_NOT_FOUND = 4404
+# Close code when the socket's session ended (logout, expiry, flushed) since it connected.
+CLOSE_SESSION_ENDED = 4401
 
 
 def group_name(conversation_id) -> str:
@@ -39,8 +41,28 @@ def group_name(conversation_id) -> str:
     return f"ragchat.conversation.{uuid.UUID(str(conversation_id)).hex}"
 
 
-def _stopped_payload(message_id: int) -> dict[str, Any]:
-    return persistence.message_payload(Message.objects.get(pk=message_id))
+def _stopped_payload(message_id: int) -> dict[str, Any] | None:
+    message = Message.objects.filter(pk=message_id).first()
+    return persistence.message_payload(message) if message is not None else None
+
+
+def session_is_current(user, session) -> bool:
+    """Whether the session the socket connected with still stands for the same caller: it
+    still exists in the session store and, for a signed-in user, still names that user. A
+    logout (which flushes the session) or an expiry makes it false."""
+    from django.conf import settings
+    from django.contrib.auth import SESSION_KEY
+
+    key = getattr(session, "session_key", None)
+    if not key:
+        return not (user is not None and user.is_authenticated)  # nothing to re-check
+    store = import_module(settings.SESSION_ENGINE).SessionStore(key)  # a fresh read, not the scope's copy
+    data = store.load()
+    if not data and store.session_key is None:  # gone from the store
+        return False
+    if user is not None and user.is_authenticated:
+        return str(data.get(SESSION_KEY)) == str(user.pk)
+    return True
 
 
 class GroupRelay:
@@ -160,8 +182,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if not isinstance(frame, dict):
             return await self._error("invalid_frame", 'A frame is a JSON object with a "type".')
         client_id = frame.get("client_id")
-        if client_id is not None and not (isinstance(client_id, str) and len(client_id) <= 100):
-            return await self._error("invalid_frame", '"client_id" must be a string of at most 100 characters.')
+        try:
+            transport.check_client_id(client_id)  # it is stored (the idempotency key): no NUL either
+        except TurnRefused as refusal:
+            return await self._error("invalid_frame", refusal.message)
         handler = self.frame_handlers.get(frame.get("type")) if isinstance(frame.get("type"), str) else None
         if handler is None:
             return await self._error("unknown_type", 'Unknown frame type; send "message", "cancel" or "ping".',
@@ -169,21 +193,50 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await handler(self, frame, client_id)
 
     async def on_message(self, frame: dict, client_id: str | None) -> None:
-        """``{"type": "message", "content": ..., "conversation_id"?: ...}``: run a turn."""
+        """``{"type": "message", "content": ..., "conversation_id"?: ...}``: run a turn.
+
+        The session is checked again first: after a logout the socket is closed with code
+        4401. Without a conversation, a new one is created only once the turn is admitted
+        (a refused message creates nothing), unless ``client_id`` names a message this caller
+        already sent: then that message's conversation answers the resend.
+        """
+        if not await sync_to_async(session_is_current)(self.user, self.scope.get("session")):
+            await self._error("session_ended", "Your session has ended; sign in again and reconnect.", client_id)
+            self.closed = True
+            await self.close(code=CLOSE_SESSION_ENDED)
+            return
         content = frame.get("content")
+        conversation_id = frame.get("conversation_id", self.conversation_id)
         try:
             transport.validate(content)
-            conversation = await self._conversation_for_message(frame.get("conversation_id", self.conversation_id))
+            if conversation_id is None and client_id:
+                conversation_id = await sync_to_async(self._sent_with)(client_id)
+            conversation = None
+            if conversation_id is not None:
+                conversation = await self._conversation_for_message(conversation_id)
+            elif not (self.user is not None and self.user.is_authenticated) and not self.session_key:
+                raise TurnRefused("forbidden", "Sign in to start a conversation.", 403)
         except TurnRefused as refusal:
             return await self._send_frame(self._frame(refusal.to_event().to_dict(), None, client_id))
-        key = str(conversation.pk)
-        running = self.turns.get(key)
-        if running is not None and not running.done():
-            refusal = TurnRefused("turn_in_progress", "An answer is still being written in this conversation; "
-                                  "wait for it to finish or cancel it.", 409)
-            return await self._send_frame(self._frame(refusal.to_event().to_dict(), key, client_id))
-        self.conversation_id = key
-        self.turns[key] = asyncio.create_task(self._run_turn(conversation, content, client_id))
+        if conversation is None:
+            key = f"new:{uuid.uuid4().hex}"  # re-keyed once the conversation exists
+        else:
+            key = str(conversation.pk)
+            running = self.turns.get(key)
+            if running is not None and not running.done():
+                refusal = TurnRefused("turn_in_progress", "An answer is still being written in this conversation; "
+                                      "wait for it to finish or cancel it.", 409)
+                return await self._send_frame(self._frame(refusal.to_event().to_dict(), key, client_id))
+            self.conversation_id = key
+        self.turns[key] = asyncio.create_task(self._run_turn(conversation, content, client_id, key))
+
+    def _sent_with(self, client_id: str) -> str | None:
+        """The conversation of this caller's message sent with ``client_id`` (a resend after a
+        reconnect, when the first attempt started the conversation), or ``None``."""
+        found = (permissions.visible_conversations(self.user, self.session_key)
+                 .filter(messages__client_id=client_id, messages__role=Message.Role.USER)
+                 .values_list("pk", flat=True).first())
+        return str(found) if found is not None else None
 
     async def on_cancel(self, frame: dict, client_id: str | None) -> None:
         """``{"type": "cancel", "conversation_id"?: ...}``: stop the turn being written there,
@@ -214,15 +267,22 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     # --- turns --------------------------------------------------------------------------
 
     async def _conversation_for_message(self, conversation_id) -> Conversation:
-        if conversation_id is None:
-            try:
-                conversation = await sync_to_async(permissions.create_conversation)(self.user, self.session_key)
-            except PermissionError as exc:
-                raise TurnRefused("forbidden", str(exc), 403) from None
-        else:
-            conversation, _ = await transport.open_conversation(
-                self.user, conversation_id, self.session_key, for_sending=True
-            )
+        conversation, _ = await transport.open_conversation(
+            self.user, conversation_id, self.session_key, for_sending=True
+        )
+        await self._watch(conversation, may_send=True)
+        return conversation
+
+    async def _create_conversation(self, key: str) -> Conversation:
+        """Create the conversation of a turn started without one (once it is admitted)."""
+        try:
+            conversation = await sync_to_async(permissions.create_conversation)(self.user, self.session_key)
+        except PermissionError as exc:
+            raise TurnRefused("forbidden", str(exc), 403) from None
+        new_key = str(conversation.pk)
+        if self.turns.get(key) is asyncio.current_task():
+            self.turns[new_key] = self.turns.pop(key)
+        self.conversation_id = new_key
         await self._watch(conversation, may_send=True)
         return conversation
 
@@ -234,16 +294,26 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             self.groups.append(group)  # left automatically on disconnect
         self.watching[key] = may_send
 
-    async def _run_turn(self, conversation: Conversation, content: Any, client_id: str | None) -> None:
-        key = str(conversation.pk)
-        group = GroupRelay(self.channel_layer, group_name(key), self.channel_name)
+    async def _run_turn(self, conversation: Conversation | None, content: Any, client_id: str | None,
+                        key: str) -> None:
+        group: GroupRelay | None = None
         accepted: Accepted | None = None
         ended = False
+
+        async def create() -> Conversation:
+            nonlocal key
+            created = await self._create_conversation(key)
+            key = str(created.pk)
+            return created
+
         try:
             async with contextlib.aclosing(transport.turn_events(
-                conversation, content, user=self.user, session_key=self.session_key
+                conversation if conversation is not None else create, content, user=self.user,
+                session_key=self.session_key, client_id=client_id or "",
             )) as events:
                 async for event in events:
+                    if group is None:
+                        group = GroupRelay(self.channel_layer, group_name(key), self.channel_name)
                     if isinstance(event, Accepted):
                         accepted = event
                     ended = isinstance(event, (Completed, Failed))
@@ -251,7 +321,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                         self._forget(key)  # the answer is saved: the next message may start
                     await self._relay(group, self._frame(event.to_dict(), key, client_id))
         except TurnRefused as refusal:
-            await self._send_frame(self._frame(refusal.to_event().to_dict(), key, client_id))
+            known = None if key.startswith("new:") else key
+            await self._send_frame(self._frame(refusal.to_event().to_dict(), known, client_id))
         except asyncio.CancelledError:
             # A cancel frame or a disconnect: the turn saved its partial answer. This task is
             # ours and goes on to say so.
@@ -264,11 +335,16 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         finally:
             self._forget(key)
         if accepted is not None and not ended:
-            # Stopped before its end: tell every socket on the conversation, with what was saved.
+            # Stopped before its end: tell every socket on the conversation, with what was saved
+            # (the saved error says why: a cancel, a disconnect, the server shutting down).
             payload = await sync_to_async(_stopped_payload)(accepted.assistant_message_id)
-            stopped = Failed(code="cancelled", message="The answer was stopped.", assistant_message=payload)
+            error = (payload or {}).get("error") or {}
+            code = error.get("code", "cancelled")
+            stopped = Failed(code=code, message=error.get("message", "The answer was stopped."),
+                             assistant_message=payload, retry_after=1 if code == "server_shutdown" else None)
             await self._relay(group, self._frame(stopped.to_dict(), key, client_id))
-        await group.flush()
+        if group is not None:
+            await group.flush()
 
     def _forget(self, key: str) -> None:
         if self.turns.get(key) is asyncio.current_task():

@@ -69,6 +69,9 @@ class Message(models.Model):
         INCOMPLETE = "incomplete", _("incomplete")
         # The model or a component failed: the partial text is kept, metadata["error"] says why.
         ERROR = "error", _("error")
+        # Its worker died (the lease expired without a heartbeat): the text of the last
+        # heartbeat is kept.
+        INTERRUPTED = "interrupted", _("interrupted")
 
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
     seq = models.PositiveIntegerField(editable=False)
@@ -81,6 +84,12 @@ class Message(models.Model):
     prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
     completion_tokens = models.PositiveIntegerField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
+    # The sender's idempotency key (a user message's ``client_id``): a resend with the same key
+    # in the same conversation returns the first attempt's messages instead of a new turn.
+    client_id = models.CharField(max_length=100, blank=True, default="")
+    # While "streaming": the answer's worker renews this (persistence.Heartbeat) with the
+    # partial text; once it is past, the worker is taken to be dead (see persistence.begin_turn).
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -88,6 +97,13 @@ class Message(models.Model):
         ordering = ["conversation", "seq"]
         constraints = [
             models.UniqueConstraint(fields=["conversation", "seq"], name="ragchat_message_seq_unique"),
+            models.UniqueConstraint(fields=["conversation", "client_id"], condition=~Q(client_id=""),
+                                    name="ragchat_message_client_id_unique"),
+        ]
+        indexes = [
+            # The sweep's lookup: answers still "streaming" (few) by lease.
+            models.Index(fields=["lease_expires_at"], condition=Q(status="streaming"),
+                         name="ragchat_message_streaming"),
         ]
 
     def __str__(self) -> str:

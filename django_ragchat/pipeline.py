@@ -42,7 +42,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync, sync_to_async
 
-from django_ragchat import persistence
+from django_ragchat import persistence, shutdown
 from django_ragchat.advisors import ShortCircuit, run_llm_chain, run_stream_chain, run_turn_chain
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.context import ProfileComponents, TurnContext, components_for  # noqa: F401  (re-exported)
@@ -535,7 +535,8 @@ def _new_trace(turn: TurnContext) -> dict[str, Any]:
     }
 
 
-async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | None = None) -> AsyncIterator[TurnEvent]:
+async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | None = None,
+                      client_id: str = "") -> AsyncIterator[TurnEvent]:
     """Run one turn, yielding its events (see ``django_ragchat.events``).
 
     Raises ``InvalidMessage`` (nothing saved), ``TurnInProgress`` (nothing saved) or
@@ -543,6 +544,9 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
     becomes an ``error`` event with the partial answer saved. Closing the iterator early (the
     client cancelled or went away) saves the partial answer as "incomplete".
     ``stream=False`` asks the model for a whole answer (no ``delta`` events).
+    ``client_id`` is the sender's idempotency key: a resend raises ``persistence.DuplicateMessage``
+    (nothing saved). While the answer is written a ``persistence.Heartbeat`` renews its lease
+    and saves the partial text (see docs/architecture.md, "Crash safety").
     """
     text = validate_user_message(text)
     profile = get_profile(conversation.profile)
@@ -552,8 +556,10 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
                        streaming=run.streaming)
     turn.trace = _new_trace(turn)
     turn_started = time.perf_counter()
-    turn.user_message, turn.assistant_message = await sync_to_async(persistence.begin_turn)(conversation.pk, text)
+    turn.user_message, turn.assistant_message = await sync_to_async(persistence.begin_turn)(
+        conversation.pk, text, client_id)
     finished = False
+    heartbeat = persistence.Heartbeat(turn.assistant_message, run.partial).start()
 
     async def save(answer: Answer, status: str, error: dict | None = None) -> dict[str, Any]:
         turn.trace["timings"]["total"] = round((time.perf_counter() - turn_started) * 1000, 3)
@@ -580,7 +586,7 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
             turn.trace["cancelled"] = True
             # Shielded: the partial answer must be saved even though this task is cancelled.
             await asyncio.shield(save(Answer(text=run.partial()), Message.Status.INCOMPLETE,
-                                      {"code": "cancelled", "message": "The answer was stopped."}))
+                                      shutdown.stopped_error()))
         raise
     except Exception as exc:
         if finished:
@@ -591,12 +597,15 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         payload = await save(Answer(text=run.partial()), Message.Status.ERROR, {"code": code, "message": message})
         await notify("on_turn_failed", turn=turn, error=exc)
         yield Failed(code=code, message=message, assistant_message=payload, retry_after=retry_after)
+    finally:
+        await heartbeat.stop()
 
 
-async def run_turn(conversation: Conversation, text: Any, *, stream: bool = False) -> TurnResult:
+async def run_turn(conversation: Conversation, text: Any, *, stream: bool = False,
+                   client_id: str = "") -> TurnResult:
     """Run one turn to the end and return its result (see ``stream_turn`` for the errors)."""
     accepted = final = None
-    async with contextlib.aclosing(stream_turn(conversation, text, stream=stream)) as events:
+    async with contextlib.aclosing(stream_turn(conversation, text, stream=stream, client_id=client_id)) as events:
         async for event in events:
             if isinstance(event, Accepted):
                 accepted = event
@@ -617,7 +626,8 @@ def _load_trace(message_id: int) -> dict[str, Any]:
     return TurnTrace.objects.filter(message_id=message_id).values_list("data", flat=True).first() or {}
 
 
-def run_turn_sync(conversation: Conversation, text: Any, *, stream: bool = False) -> TurnResult:
+def run_turn_sync(conversation: Conversation, text: Any, *, stream: bool = False,
+                  client_id: str = "") -> TurnResult:
     """``run_turn`` for synchronous callers (WSGI views, management commands, tests).
 
     The turn runs on the process's one background event loop (the one WSGI streams use,
@@ -634,6 +644,6 @@ def run_turn_sync(conversation: Conversation, text: Any, *, stream: bool = False
     saved = getattr(threadlocal, "main_event_loop", None), getattr(threadlocal, "main_event_loop_pid", None)
     threadlocal.main_event_loop, threadlocal.main_event_loop_pid = background_loop(), os.getpid()
     try:
-        return async_to_sync(run_turn)(conversation, text, stream=stream)
+        return async_to_sync(run_turn)(conversation, text, stream=stream, client_id=client_id)
     finally:
         threadlocal.main_event_loop, threadlocal.main_event_loop_pid = saved

@@ -2,17 +2,20 @@
 
     from channels.auth import AuthMiddlewareStack
     from channels.routing import ProtocolTypeRouter, URLRouter
-    from channels.security.websocket import AllowedHostsOriginValidator
     from django.core.asgi import get_asgi_application
 
     django_asgi_app = get_asgi_application()  # first: it sets Django up
 
+    from django_ragchat.origins import SameOriginValidator
     from django_ragchat.routing import websocket_urlpatterns
 
     application = ProtocolTypeRouter({
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     })
+
+``SameOriginValidator`` (``origins.py``) checks the Origin's scheme, host and port, not only
+its host as Channels' ``AllowedHostsOriginValidator`` does.
 
 The chat page looks for the websocket at ``/ws/ragchat/`` and falls back to server-sent
 events when there is none (a WSGI site).

@@ -54,9 +54,10 @@ def refusal_response(refusal: TurnRefused) -> JsonResponse:
     return JsonResponse(refusal.to_event().to_dict(), status=refusal.http_status, headers=refusal.http_headers())
 
 
-def _read_content(request) -> Any:
-    """The ``content`` of the JSON body (validated later, with the turn); ``TurnRefused`` for a
-    body that is too large or not a JSON object."""
+def _read_content(request) -> tuple[Any, str]:
+    """The ``content`` of the JSON body (validated later, with the turn) and its ``client_id``
+    (the idempotency key, "" for none); ``TurnRefused`` for a body that is too large or not a
+    JSON object, or a bad ``client_id``."""
     too_large = TurnRefused("too_large", "The request body is too large.", 413)
     try:
         # Read even when too long (up to Django's DATA_UPLOAD_MAX_MEMORY_SIZE): a server that
@@ -73,15 +74,16 @@ def _read_content(request) -> Any:
         raise TurnRefused("parse_error", 'The body must be JSON: {"content": "..."}.', 400) from None
     if not isinstance(data, dict):
         raise TurnRefused("invalid_type", 'The body must be a JSON object: {"content": "..."}.', 400)
-    return data.get("content")
+    return data.get("content"), transport.check_client_id(data.get("client_id"))
 
 
-async def turn_stream(user, session_key: str | None, conversation_id, content: Any) -> AsyncIterator[TurnEvent]:
+async def turn_stream(user, session_key: str | None, conversation_id, content: Any,
+                      client_id: str = "") -> AsyncIterator[TurnEvent]:
     """The events of one turn for this caller: the conversation is opened, then the turn runs
     (``TurnRefused`` before the first event when either cannot happen)."""
     conversation, _ = await transport.open_conversation(user, conversation_id, session_key, for_sending=True)
     async with contextlib.aclosing(
-        transport.turn_events(conversation, content, user=user, session_key=session_key)
+        transport.turn_events(conversation, content, user=user, session_key=session_key, client_id=client_id)
     ) as events:
         async for event in events:
             yield event
@@ -197,8 +199,8 @@ class _SyncBody:
         self._stream.close()
 
 
-def _start_threaded(user, session_key, conversation_id, content):
-    stream = ThreadedStream(lambda: turn_stream(user, session_key, conversation_id, content))
+def _start_threaded(user, session_key, conversation_id, content, client_id):
+    stream = ThreadedStream(lambda: turn_stream(user, session_key, conversation_id, content, client_id))
     try:
         first = next(stream)
     except BaseException:
@@ -221,15 +223,15 @@ async def stream_view(request, conversation_id):
         if not getattr(user, "is_authenticated", False) and not ragchat_settings.ALLOW_ANONYMOUS:
             # The REST API's answer to the same caller (docs/api.md), not a 404.
             raise TurnRefused("not_authenticated", "Sign in to chat (anonymous conversations are not enabled).", 403)
-        content = _read_content(request)
+        content, client_id = _read_content(request)
         if isinstance(request, ASGIRequest):
-            body = _AsyncBody(lambda: turn_stream(user, session_key, conversation_id, content))
+            body = _AsyncBody(lambda: turn_stream(user, session_key, conversation_id, content, client_id))
             first = await body.next_event()  # refusals are raised here, before any response
             return _event_stream_response(_prepend(first, body))
         # Served by WSGI: this coroutine runs in a short-lived loop of its own; the turn runs
         # on the process's background loop (ThreadedStream), which outlives it.
         first, stream = await sync_to_async(_start_threaded, thread_sensitive=False)(
-            user, session_key, conversation_id, content
+            user, session_key, conversation_id, content, client_id
         )
         return _event_stream_response(_SyncBody(first, stream))
     except TurnRefused as refusal:

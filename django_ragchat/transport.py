@@ -12,17 +12,18 @@ transport answers instead of a stream (see docs/protocol.md for the table).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from django_ragchat import limits, permissions, pipeline
+from django_ragchat import limits, permissions, pipeline, shutdown
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.events import Completed, Failed, TurnEvent
+from django_ragchat.events import Accepted, Completed, Failed, TurnEvent
 from django_ragchat.exceptions import RagchatError
 from django_ragchat.models import Conversation
 
@@ -108,58 +109,140 @@ async def open_conversation(user, conversation_id, session_key: str | None, *,
     return await sync_to_async(_open)(user, conversation_id, session_key, for_sending)
 
 
-def _admit(user, session_key: str | None) -> contextlib.AbstractContextManager:
+def _admit(user, session_key: str | None) -> limits.StreamSlot:
     """Take one of the caller's stream slots and count the turn against their rate."""
-    slot = limits.stream_slot(user, session_key)
     try:
-        slot.__enter__()
+        slot = limits.StreamSlot(user, session_key).acquire()
         try:
             limits.check_turn_rate(user, session_key)
         except BaseException:
-            slot.__exit__(None, None, None)
+            slot.release()
             raise
     except limits.LimitExceeded as exc:
         raise TurnRefused(exc.code, exc.message, 429, exc.retry_after) from None
     return slot
 
 
-def _release(slot: contextlib.AbstractContextManager) -> None:
-    slot.__exit__(None, None, None)
+def _release(slot: limits.StreamSlot) -> None:
+    slot.release()
 
 
-async def turn_events(conversation: Conversation, content: Any, *, user,
-                      session_key: str | None) -> AsyncIterator[TurnEvent]:
+def check_client_id(client_id: Any) -> str:
+    """``client_id`` as stored ("" for none); ``TurnRefused`` (400 ``invalid_client_id``) when it
+    is not a string of at most 100 characters."""
+    if client_id is None:
+        return ""
+    if not isinstance(client_id, str) or len(client_id) > 100 or "\x00" in client_id:
+        raise TurnRefused("invalid_client_id", '"client_id" must be a string of at most 100 characters.', 400)
+    try:
+        client_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TurnRefused("invalid_client_id", '"client_id" contains invalid Unicode.', 400) from None
+    return client_id
+
+
+def shutdown_refusal() -> TurnRefused:
+    return TurnRefused("server_shutdown", "The server is restarting; send your message again in a moment.",
+                       503, retry_after=1)
+
+
+def _replay_payload(message_id: int) -> dict[str, Any] | None:
+    from django_ragchat import persistence
+
+    return persistence.saved_payload(message_id)
+
+
+async def replay(duplicate) -> AsyncIterator[TurnEvent]:
+    """The events that answer a resend (``persistence.DuplicateMessage``): the first attempt's
+    ``ack``, then its ``done`` or ``error``. ``TurnRefused`` (409 ``turn_in_progress``) while
+    its answer is still being written: sent again later, the resend gets the result."""
+    user, assistant = duplicate.user_message, duplicate.assistant_message
+    if assistant is None or assistant.status == assistant.Status.STREAMING:
+        raise TurnRefused("turn_in_progress", "The answer to this message is still being written; "
+                          "send it again (same client_id) to get it when it is done.", 409, retry_after=1)
+    payload = await sync_to_async(_replay_payload)(assistant.pk)
+    if payload is None:  # deleted meanwhile
+        raise TurnRefused.not_found()
+    yield Accepted(conversation_id=str(user.conversation_id), user_message_id=user.pk, user_seq=user.seq,
+                   assistant_message_id=assistant.pk)
+    if assistant.status == assistant.Status.COMPLETE:
+        yield Completed(message=payload)
+    else:
+        error = payload.get("error") or {}
+        yield Failed(code=error.get("code", assistant.status), message=error.get("message", ""),
+                     assistant_message=payload)
+
+
+async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conversation]], content: Any, *,
+                      user, session_key: str | None, client_id: str = "") -> AsyncIterator[TurnEvent]:
     """Run one turn in ``conversation`` and yield its events (``pipeline.stream_turn``).
+
+    ``conversation`` may be an async callable that creates it: called once the turn is
+    admitted, so a refused turn creates no conversation.
 
     Before the first event it may raise ``TurnRefused``: the message is invalid (400/413), the
     caller is over a limit (``rate_limited`` or ``too_many_streams``, 429 with
-    ``retry_after``), or another answer is being written in the conversation
-    (``turn_in_progress``, 409). The caller's stream slot is held until the iterator ends.
-    Closing the iterator early (cancel, disconnect) stops the model and saves the partial
+    ``retry_after``), another answer is being written in the conversation
+    (``turn_in_progress``, 409), or the server is shutting down (``server_shutdown``, 503).
+    The caller's stream slot is held (and renewed by the turn's heartbeat) until the iterator
+    ends. Closing the iterator early (cancel, disconnect) stops the model and saves the partial
     answer as "incomplete".
+
+    A resend with the ``client_id`` of a message already in the conversation yields that
+    message's ``ack`` and its answer's ``done``/``error`` (``replay``); nothing is saved. A
+    conversation deleted during the turn ends it with ``error`` ``conversation_deleted``; a
+    server shutdown (SIGTERM) with ``error`` ``server_shutdown`` and the partial answer saved.
     """
+    from django_ragchat.persistence import ConversationGone, DuplicateMessage
+
+    if shutdown.stopping():
+        raise shutdown_refusal()
     text = validate(content)
     # The limits live in Django's cache, which may be a network round trip: off the loop, but
     # not on the thread that serialises database work.
     slot = await sync_to_async(_admit, thread_sensitive=False)(user, session_key)
     held = True
+    limits.hold(slot)
+    accepted: Accepted | None = None
     try:
-        events = pipeline.stream_turn(conversation, text)
-        async with contextlib.aclosing(events):
-            try:
-                first = await anext(events)
-            except pipeline.TurnInProgress as exc:
-                raise TurnRefused("turn_in_progress", str(exc), 409) from None
-            except Conversation.DoesNotExist:  # deleted since it was opened
-                raise TurnRefused.not_found() from None
-            yield first
-            async for event in events:
-                if isinstance(event, (Completed, Failed)):
-                    # The answer is saved: free the slot before the client hears it, so its
-                    # next message is never refused for a turn that has ended.
-                    held = False
-                    await sync_to_async(_release, thread_sensitive=False)(slot)
-                yield event
+        with shutdown.running_turn():
+            if callable(conversation):
+                conversation = await conversation()
+            events = pipeline.stream_turn(conversation, text, client_id=client_id)
+            async with contextlib.aclosing(events):
+                try:
+                    first = await anext(events)
+                except pipeline.TurnInProgress as exc:
+                    raise TurnRefused("turn_in_progress", str(exc), 409) from None
+                except Conversation.DoesNotExist:  # deleted since it was opened
+                    raise TurnRefused.not_found() from None
+                except DuplicateMessage as duplicate:
+                    async with contextlib.aclosing(replay(duplicate)) as replayed:
+                        async for event in replayed:
+                            yield event
+                    return
+                accepted = first
+                yield first
+                try:
+                    async for event in events:
+                        if isinstance(event, (Completed, Failed)):
+                            # The answer is saved: free the slot before the client hears it, so
+                            # its next message is never refused for a turn that has ended.
+                            held = False
+                            await sync_to_async(_release, thread_sensitive=False)(slot)
+                        yield event
+                except ConversationGone as exc:
+                    yield Failed(code=exc.code, message=exc.message)
+                except asyncio.CancelledError:
+                    if not shutdown.stopping():
+                        raise
+                    # SIGTERM: the turn saved its partial answer ("incomplete", server_shutdown).
+                    asyncio.current_task().uncancel()
+                    payload = await sync_to_async(_replay_payload)(accepted.assistant_message_id)
+                    error = shutdown.SERVER_SHUTDOWN_ERROR
+                    yield Failed(code=error["code"], message=error["message"], assistant_message=payload,
+                                 retry_after=1)
     finally:
+        limits.unhold(slot)
         if held:
             await sync_to_async(_release, thread_sensitive=False)(slot)

@@ -16,11 +16,11 @@ django_asgi_app = get_asgi_application()  # first: it sets Django up before the 
 # Imported once Django is set up (they load models and settings).
 from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
-from channels.security.websocket import AllowedHostsOriginValidator
 
+from django_ragchat.origins import SameOriginValidator
 from django_ragchat.routing import websocket_urlpatterns
 
 application = ProtocolTypeRouter({
     "http": django_asgi_app,
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })

@@ -11,14 +11,14 @@ django_asgi_app = get_asgi_application()
 # Imported once Django is set up (they load models and settings).
 from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
-from channels.security.websocket import AllowedHostsOriginValidator
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
+from django_ragchat.origins import SameOriginValidator
 from django_ragchat.routing import websocket_urlpatterns
 
 application = ProtocolTypeRouter({
     # The page's script and styles are served from the app, as runserver would (the servers
     # tests start run with DEBUG off).
     "http": ASGIStaticFilesHandler(django_asgi_app),
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })

@@ -18,6 +18,7 @@ from django.utils.crypto import get_random_string
 from rest_framework.test import APIClient
 
 from django_ragchat import limits, plugins
+from django_ragchat.conf import ragchat_settings
 from django_ragchat.llms import LLMBackend, LLMError
 from django_ragchat.models import (
     Chunk, Conversation, Document, Feedback, MemoryRecord, Message, MessageSource,
@@ -250,7 +251,9 @@ def test_too_many_concurrent_answers_is_a_429(alice, user, conversation, ragchat
     with limits.stream_slot(user):  # an answer being written elsewhere (another tab, another worker)
         response = post_json(alice, messages_url(conversation), {"content": QUESTION})
         assert response.status_code == 429
-        assert response.json()["code"] == "too_many_streams" and response["Retry-After"] == "5"
+        # At the latest when the held slot's lease runs out unless its heartbeat renews it.
+        assert response.json()["code"] == "too_many_streams"
+        assert 1 <= int(response["Retry-After"]) <= ragchat_settings.STREAM_LEASE_SECONDS
     assert not conversation.messages.exists()
     assert post_json(alice, messages_url(conversation), {"content": QUESTION}).status_code == 201
 
@@ -529,7 +532,8 @@ def test_the_schema_is_served_for_these_endpoints_and_validates(alice, tmp_path)
         f"{API}/documents/{{id}}/", f"{API}/documents/tasks/{{task_id}}/", f"{API}/plugins/",
     }
     post = schema["paths"][f"{API}/conversations/{{conversation_id}}/messages/"]["post"]
-    assert set(post["responses"]) == {"201", "400", "403", "404", "409", "413", "429", "500", "502", "503", "504"}
+    assert set(post["responses"]) == {"200", "201", "400", "403", "404", "409", "410", "413", "429", "500", "502",
+                                      "503", "504"}
     # drf-spectacular's own validation, failing on any warning.
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml"))
     assert (tmp_path / "schema.yaml").read_text().count("/api/ragchat/") >= 10

@@ -363,12 +363,19 @@ def test_twenty_concurrent_turns_and_five_racing_sends(asgi, product_corpus, dja
 
     async def one_turn(caller, conversation_id, content):
         headers = {"Cookie": caller.cookie_header}
+        # The racing sockets share a conversation and see each other's turns: each reads up to
+        # the end of its own (by client_id), else it could leave on another's "done" and stop
+        # its own turn, which started meanwhile.
+        client_id = content
         async with websockets.connect(f"{asgi.ws_url}/ws/ragchat/", origin=asgi.url, additional_headers=headers) as ws:
             assert json.loads(await ws.recv())["type"] == "ready"
-            await ws.send(json.dumps({"type": "message", "content": content, "conversation_id": conversation_id}))
+            await ws.send(json.dumps({"type": "message", "content": content, "conversation_id": conversation_id,
+                                      "client_id": client_id}))
             frames = []
             while not frames or frames[-1]["type"] not in FINAL:
-                frames.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                if frame.get("client_id") == client_id:
+                    frames.append(frame)
             return frames
 
     async def everything():

@@ -148,6 +148,11 @@ class MessageCreateSerializer(serializers.Serializer):
         r"^[^\u0000]*[^\s\u0000][^\u0000]*$", min_length=1,
         help_text="The user's message: not only white space, no NUL characters, at most "
                   "RAGCHAT['MAX_MESSAGE_CHARS'] characters (longer: 413 `too_long`).")
+    client_id = serializers.RegexField(
+        r"^[^\u0000]*$", required=False, allow_null=True, max_length=100,
+        help_text="Your idempotency key for this message (at most 100 characters, no NUL; null: none): a resend with "
+                  "the same client_id in the same conversation answers 200 with the first attempt's "
+                  "messages instead of a new turn (409 while its answer is still being written).")
 
     def __init__(self, *args, **kwargs):
         from django_ragchat.conf import ragchat_settings

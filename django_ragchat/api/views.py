@@ -29,7 +29,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from django_ragchat import limits, tasks, transport
+from django_ragchat import limits, persistence, tasks, transport
 from django_ragchat import permissions as rules
 from django_ragchat.api import permissions as access
 from django_ragchat.api import serializers as s
@@ -100,6 +100,7 @@ ERRORS = {code: OpenApiResponse(s.ErrorSerializer, description=text) for code, t
     404: "No such object, or not yours: the two are indistinguishable.",
     409: "An answer is still being written in this conversation.",
     413: "The message or the request body is too large.",
+    410: "The conversation was deleted while its answer was being written (`conversation_deleted`).",
     429: "Rate limit or concurrent-answer limit reached; see the Retry-After header.",
 }.items()}
 
@@ -277,13 +278,16 @@ FAILED_TURN_STATUS = {
             "unavailable or rate limited, 504 on a timeout, 500 on an internal error) with the "
             "error's `code` and `detail` and both messages, the assistant's marked `error` with "
             "any partial text. Stream the answer instead with the server-sent events endpoint "
-            "or the websocket."
+            "or the websocket. A resend with the `client_id` of a message already sent there "
+            "answers 200 with the first attempt's messages (409 while its answer is still "
+            "being written); 410 `conversation_deleted` when the conversation was deleted "
+            "during the turn."
         ),
         parameters=[CONVERSATION_ID],
         request=s.MessageCreateSerializer,
         responses={
-            201: s.TurnSerializer,
-            **errors(400, 403, 404, 409, 413, 429),
+            200: s.TurnSerializer, 201: s.TurnSerializer,
+            **errors(400, 403, 404, 409, 410, 413, 429),
             500: s.TurnFailedSerializer, 502: s.TurnFailedSerializer,
             503: s.TurnFailedSerializer, 504: s.TurnFailedSerializer,
         },
@@ -315,18 +319,27 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
             text = transport.validate(request.data.get("content"))
         except transport.TurnRefused as exc:
             raise APIError(exc.http_status, exc.code, exc.message) from None
+        try:
+            client_id = transport.check_client_id(request.data.get("client_id"))
+        except transport.TurnRefused as exc:
+            raise APIError(exc.http_status, exc.code, exc.message) from None
         session_key = access.caller_session_key(request)
         try:
             # The slot first, as the streaming transports do: a refused slot costs no turn.
             with limits.stream_slot(request.user, session_key):
                 limits.check_turn_rate(request.user, session_key)
-                result = run_turn_sync(conversation, text)
+                result = run_turn_sync(conversation, text, client_id=client_id)
         except limits.LimitExceeded as exc:
             raise APIError(429, exc.code, exc.message, retry_after_header(exc.retry_after)) from None
         except TurnInProgress as exc:
             raise APIError(409, TurnInProgress.code, str(exc)) from None
         except Conversation.DoesNotExist:  # deleted while we were getting here
             raise exceptions.NotFound() from None
+        except persistence.ConversationGone as exc:
+            raise APIError(410, exc.code, exc.message) from None
+        except persistence.DuplicateMessage as duplicate:
+            # A resend (same client_id): the first attempt's messages, nothing new saved.
+            return self._resent(duplicate)
 
         saved = {m.pk: m for m in messages_with_sources(
             Message.objects.filter(pk__in=[result.user_message_id, result.message["id"]]))}
@@ -338,6 +351,17 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
         return Response({"code": error.code, "detail": error.message, **body},
                         status=FAILED_TURN_STATUS.get(error.code, 502),
                         headers=retry_after_header(error.retry_after))
+
+    def _resent(self, duplicate) -> Response:
+        assistant = duplicate.assistant_message
+        if assistant is None or assistant.status == Message.Status.STREAMING:
+            raise APIError(409, TurnInProgress.code, "The answer to this message is still being written; send it "
+                           "again (same client_id) to get it when it is done.", retry_after_header(1))
+        saved = {m.pk: m for m in messages_with_sources(
+            Message.objects.filter(pk__in=[duplicate.user_message.pk, assistant.pk]))}
+        return Response({"user_message": s.MessageSerializer(saved[duplicate.user_message.pk]).data,
+                         "assistant_message": s.MessageSerializer(saved[assistant.pk]).data},
+                        status=status.HTTP_200_OK)
 
 
 # --- Feedback ---------------------------------------------------------------------------------

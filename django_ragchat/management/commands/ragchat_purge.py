@@ -6,6 +6,10 @@ and ``USER_RETENTION_DAYS``); ``--older-than-days N`` replaces the anonymous per
 wipe their history). A conversation goes with its messages, sources, traces and memory records.
 Documents are never purged.
 
+First it closes the leases nobody will renew: answers still "streaming" whose lease expired
+(their worker died) are marked "interrupted", keeping the text of their last heartbeat
+(``persistence.close_expired_leases``; ``--leases-only`` does just that).
+
 Deletion runs in batches of ``--batch-size`` conversations, one transaction each, so a large
 purge never holds one long transaction (or the SQLite write lock) for its whole duration. Run it
 from cron, e.g. daily.
@@ -20,6 +24,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from django_ragchat.models import Conversation, MemoryRecord, Message, expired_conversations
+from django_ragchat.persistence import close_expired_leases
 
 COUNTED = (
     ("conversations", Conversation._meta.label),
@@ -48,6 +53,8 @@ class Command(BaseCommand):
                                  "activity (instead of ANONYMOUS_RETENTION_DAYS).")
         parser.add_argument("--batch-size", type=int, default=200, metavar="N",
                             help="Conversations deleted per transaction (default 200).")
+        parser.add_argument("--leases-only", action="store_true",
+                            help="Only mark answers whose worker died (expired lease) as interrupted.")
 
     def handle(self, *args, **options):
         days, batch_size = options["older_than_days"], options["batch_size"]
@@ -59,6 +66,11 @@ class Command(BaseCommand):
         expired = purgeable(days, now)
 
         if options["dry_run"]:
+            stale = Message.objects.filter(status=Message.Status.STREAMING, lease_expires_at__lte=now).count()
+            if stale or options["leases_only"]:
+                self.stdout.write(f"Would mark {stale} answers interrupted (dry run).")
+            if options["leases_only"]:
+                return
             counts = {
                 "conversations": expired.count(),
                 "messages": Message.objects.filter(conversation__in=expired).count(),
@@ -67,6 +79,11 @@ class Command(BaseCommand):
             self.stdout.write(f"Would delete {self._format(counts)} (dry run: nothing deleted).")
             return
 
+        closed = close_expired_leases(now)
+        if closed or options["leases_only"]:
+            self.stdout.write(f"Marked {closed} answers interrupted (their worker stopped renewing them).")
+        if options["leases_only"]:
+            return
         counts = dict.fromkeys((name for name, _ in COUNTED), 0)
         last_pk = None
         while True:

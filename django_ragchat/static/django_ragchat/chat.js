@@ -155,6 +155,7 @@
       const cited = new Set((message.citations || []).map((c) => c.index));
       renderSources(view, message.sources || [], cited);
       if (message.status === "incomplete") setNote(view, "Stopped before the end.");
+      if (message.status === "interrupted") setNote(view, (message.error && message.error.message) || "Interrupted before the end.");
       if (message.status === "error") setNote(view, (message.error && message.error.message) || "The answer failed.");
       if (message.status === "streaming") setNote(view, "Being written…");
     }
