@@ -158,11 +158,16 @@ def read_message(text: str, index: SubjectIndex) -> Reading:
     name_words = {normalize(w) for s in named for w in _TOKEN_RE.findall(s.name)}
     name_keys = {t for s in named for t in s.tokens}
     attribute, elliptical, pronoun = [], True, False
+    how_words = set()  # "long" in "How long is the warranty?": the kind of value, not the attribute
+    previous = ""
     for match in _TOKEN_RE.finditer(rest[:_MAX_SCAN_CHARS]):
         token = match.group(0)
         folded = normalize(token)
+        after_how, previous = previous == "how", folded
         if folded in name_words or name_key(token) in name_keys:
             continue
+        if after_how:
+            how_words.add(token)
         pronoun = pronoun or folded in PRONOUNS
         if folded not in _FILLER:
             elliptical = False
@@ -171,6 +176,10 @@ def read_message(text: str, index: SubjectIndex) -> Reading:
         attribute.append(token)
     if not attribute and _HOW_MUCH_RE.search(rest):
         attribute = ["price", "cost"]
+    # Appended alone to another subject's search, "long warranty" reads as a question about
+    # length: keep the words that name the attribute ("warranty"), unless there are none
+    # ("How heavy is it?").
+    attribute = [w for w in attribute if w not in how_words] or attribute
     # "Thanks. What about the Nimbus Tab?" is still a follow-up: only a message that asks
     # something of its own after the thanks starts afresh.
     fresh = bool(fresh_match) and bool(rest.strip()) and not elliptical and not pronoun and not _ELLIPSIS_RE.match(rest)
