@@ -42,7 +42,7 @@ def check_settings(app_configs=None, **kwargs):
             f"Unknown django-ragchat setting RAGCHAT[{key!r}].",
             hint=f"Valid keys: {', '.join(sorted(DEFAULTS))}.", id="ragchat.E001",
         ))
-    for key in ("MAX_MESSAGE_CHARS", "SQLITE_VECTOR_BATCH_SIZE"):
+    for key in ("MAX_MESSAGE_CHARS", "SQLITE_VECTOR_BATCH_SIZE", "DATABASE_THREADS"):
         value = getattr(ragchat_settings, key)
         if not isinstance(value, int) or value <= 0:
             errors.append(Error(f"RAGCHAT[{key!r}] must be a positive integer, not {value!r}.",

@@ -34,6 +34,7 @@ from channels.utils import await_many_dispatch
 
 from django_ragchat import jsonbody, permissions, persistence, transport
 from django_ragchat.events import PROTOCOL_VERSION, Accepted, Completed, Failed
+from django_ragchat.lanes import database_lane
 from django_ragchat.models import Conversation, Message
 from django_ragchat.transport import TurnRefused
 
@@ -269,13 +270,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         conversation_id = frame.get("conversation_id", self.conversation_id)
         try:
             transport.validate(content)
-            if conversation_id is None and client_id:
-                conversation_id = await sync_to_async(self._sent_with)(client_id)
-            conversation = None
-            if conversation_id is not None:
-                conversation = await self._conversation_for_message(conversation_id)
-            elif not (self.user is not None and self.user.is_authenticated) and not self.session_key:
-                raise TurnRefused("forbidden", "Sign in to start a conversation.", 403)
+            async with database_lane():
+                if conversation_id is None and client_id:
+                    conversation_id = await sync_to_async(self._sent_with)(client_id)
+                conversation = None
+                if conversation_id is not None:
+                    conversation = await self._conversation_for_message(conversation_id)
+                elif not (self.user is not None and self.user.is_authenticated) and not self.session_key:
+                    raise TurnRefused("forbidden", "Sign in to start a conversation.", 403)
         except TurnRefused as refusal:
             return await self._send_frame(self._frame(refusal.to_event().to_dict(), None, client_id))
         if conversation is None:
@@ -288,7 +290,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                                       "wait for it to finish or cancel it.", 409)
                 return await self._send_frame(self._frame(refusal.to_event().to_dict(), key, client_id))
             self.conversation_id = key
-        self.turns[key] = asyncio.create_task(self._run_turn(conversation, content, client_id, key))
+        self.turns[key] = asyncio.create_task(self._run_turn_in_lane(conversation, content, client_id, key))
 
     def _sent_with(self, client_id: str) -> str | None:
         """The conversation of this caller's message sent with ``client_id`` (a resend after a
@@ -353,6 +355,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             if await self._layer_call("group_add", group, self.channel_name):
                 self.layer_groups.append(group)  # left in disconnect()
         self.watching[key] = may_send
+
+    async def _run_turn_in_lane(self, conversation: Conversation | None, content: Any, client_id: str | None,
+                                key: str) -> None:
+        # The turn's database work on a thread of its own (one of a few), not the thread every
+        # turn of the worker shares: a burst of turns then does not queue behind each other's
+        # I/O waits (django_ragchat.lanes).
+        async with database_lane():
+            await self._run_turn(conversation, content, client_id, key)
 
     async def _run_turn(self, conversation: Conversation | None, content: Any, client_id: str | None,
                         key: str) -> None:

@@ -1,10 +1,10 @@
 """LLM backends: answer a ``Prompt``, whole or streamed.
 
 Built in: ``extractive``, an offline answerer for the embedded default (no model, no server,
-no key). It picks the sentences of the retrieved passages that best match the question,
-cites each as ``[n]``, streams the answer word by word, and says plainly that it cannot answer
-when no passage is relevant. ``openai`` (any OpenAI-compatible server) lives in
-``django_ragchat.openai_backend``.
+no key). It answers with the sentences of the retrieved passages that state what was asked about
+the subject asked about, cites each as ``[n]``, streams the answer word by word, and says plainly
+when the documents don't say (the engine is ``django_ragchat.extractive``; docs/answerer.md).
+``openai`` (any OpenAI-compatible server) lives in ``django_ragchat.openai_backend``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from django_ragchat import hookimpl
 from django_ragchat.components import Component
 from django_ragchat.exceptions import LLMError  # noqa: F401  (its historical home)
+from django_ragchat.extractive import AnswerSelector, is_prose
 from django_ragchat.text import content_terms, sentences
 from django_ragchat.tokens import count_tokens
 from django_ragchat.types import LLMDelta, LLMResponse, Prompt, Usage
@@ -49,18 +50,48 @@ class LLMBackend(Component):
 
 
 _CITE_BEFORE_STOP = re.compile(r"([.!?])$")
-_MARKUP_CHARS = set('{}[]"=<>|`\\')
-
-
-def is_prose(sentence: str) -> bool:
-    """False for code, JSON, tables and markup: quoting them is never a readable answer."""
-    markup = sum(c in _MARKUP_CHARS for c in sentence)
-    letters = sum(c.isalpha() for c in sentence)
-    return markup / len(sentence) < 0.03 and letters / len(sentence) > 0.5
 
 
 class ExtractiveAnswerer(LLMBackend):
-    """Composes an answer from the passages' most relevant sentences, with ``[n]`` citations.
+    """The offline answerer: the sentences that state what was asked about the subject asked
+    about, each cited as ``[n]``; a plain decline naming what the documents do describe when
+    none does. Options: ``synonyms`` (extra synonym groups, see ``extractive.SYNONYMS``),
+    ``min_coverage`` (0.5), ``max_sentences`` (4), ``no_answer`` (used when no passage was
+    given). The engine is ``django_ragchat.extractive.AnswerSelector``.
+    """
+
+    name = "extractive"
+    model = "extractive"
+
+    def __init__(self, profile, *, synonyms: dict[str, list[str]] | None = None, min_coverage: float = 0.5,
+                 max_sentences: int = 4, no_answer: str = "I can't answer that from the documents I have.",
+                 **options: Any):
+        super().__init__(profile, **options)
+        self.selector = AnswerSelector(synonyms=synonyms, min_coverage=min_coverage,
+                                       max_sentences=max_sentences, no_answer=no_answer)
+
+    def answer(self, prompt: Prompt) -> str:
+        return self.selector.answer(prompt)
+
+    async def complete(self, prompt, turn):
+        text = self.answer(prompt)
+        return LLMResponse(text=text, model=self.model,
+                           usage=Usage(prompt.token_count, count_tokens(text)))
+
+    async def stream(self, prompt, turn):
+        text = self.answer(prompt)
+        for piece in re.findall(r"\S+\s*", text):
+            yield LLMDelta(text=piece)
+            await asyncio.sleep(0)  # let other turns on this event loop run between words
+        yield LLMDelta(model=self.model, usage=Usage(prompt.token_count, count_tokens(text)),
+                       finish_reason="stop")
+
+
+class LegacyExtractiveAnswerer(ExtractiveAnswerer):
+    """The first offline answerer (before issue #9), kept, unregistered, as the baseline that
+    ``bench/bench_extractive.py`` compares against. Not for new sites.
+
+    Composes an answer from the passages' most relevant sentences, with ``[n]`` citations.
 
     A sentence's score is the IDF-weighted share of the question's content words it contains
     (words of the transformed search query count half, so a resolved follow-up still finds
@@ -69,12 +100,12 @@ class ExtractiveAnswerer(LLMBackend):
     ``no_answer``.
     """
 
-    name = "extractive"
-    model = "extractive"
+    name = "extractive_legacy"
+    model = "extractive_legacy"
 
     def __init__(self, profile, *, max_sentences: int = 3, min_score: float = 0.2,
                  no_answer: str = "I can't answer that from the documents I have.", **options: Any):
-        super().__init__(profile, **options)
+        LLMBackend.__init__(self, profile, **options)
         self.max_sentences = max_sentences
         self.min_score = min_score
         self.no_answer = no_answer
@@ -105,7 +136,7 @@ class ExtractiveAnswerer(LLMBackend):
         idf = {t: math.log(1 + n / (1 + df[t])) for t in weights}
         total = sum(weights[t] * idf[t] for t in weights) or 1.0
         scored = []
-        for (index, position, sentence), terms in zip(candidates, terms_of):
+        for (index, position, sentence), terms in zip(candidates, terms_of, strict=True):
             matched = sum(weights[t] * idf[t] for t in weights if t in terms)
             # A mild preference for higher-ranked passages and for concise sentences.
             score = matched / total - 0.01 * index - 0.0005 * max(0, len(terms) - 25)
@@ -123,20 +154,6 @@ class ExtractiveAnswerer(LLMBackend):
             parts.append(_CITE_BEFORE_STOP.sub(rf" [{index}]\1", sentence)
                          if _CITE_BEFORE_STOP.search(sentence) else f"{sentence} [{index}]")
         return " ".join(parts)
-
-    async def complete(self, prompt, turn):
-        text = self.answer(prompt)
-        return LLMResponse(text=text, model=self.model,
-                           usage=Usage(prompt.token_count, count_tokens(text)))
-
-    async def stream(self, prompt, turn):
-        text = self.answer(prompt)
-        pieces = re.findall(r"\S+\s*", text)
-        for piece in pieces:
-            yield LLMDelta(text=piece)
-            await asyncio.sleep(0)  # let other turns on this event loop run between words
-        yield LLMDelta(model=self.model, usage=Usage(prompt.token_count, count_tokens(text)),
-                       finish_reason="stop")
 
 
 @hookimpl

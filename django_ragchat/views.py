@@ -17,6 +17,7 @@ from django.views.decorators.http import require_GET
 
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import PROTOCOL_VERSION
+from django_ragchat.profiles import get_profile
 from django_ragchat.routing import WEBSOCKET_PATH
 
 # Stands for a conversation id in the URL templates handed to the page's script.
@@ -59,4 +60,9 @@ def chat_page(request):
             # An anonymous visitor's conversations are bound to their session: start it now,
             # so the API, the stream and the websocket all see the same one.
             request.session.save()
-    return render(request, "django_ragchat/chat.html", {"config": page_config(request)})
+    # Said on the page: until a model is configured, answers are quoted, not written (issue #9).
+    try:
+        extractive = get_profile().llm == "extractive"
+    except ImproperlyConfigured:  # a wrong profile is reported by the turn and the system check
+        extractive = False
+    return render(request, "django_ragchat/chat.html", {"config": page_config(request), "extractive": extractive})

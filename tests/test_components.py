@@ -214,7 +214,11 @@ def test_extractive_answer_cites_the_best_sentences():
 def test_extractive_answer_says_plainly_when_nothing_is_relevant():
     docs = (RetrievedChunk(chunk_id=1, text="Zephyr Buds have a warranty.", score=1, document_id=1, source="z"),)
     prompt = Prompt(messages=(), question="Who painted the Mona Lisa?", search_query="Who painted the Mona Lisa?", documents=docs)
-    assert ExtractiveAnswerer(PROFILE).answer(prompt) == "I can't answer that from the documents I have."
+    # The question names something no passage knows: a plain decline that says so, citing nothing.
+    answer = ExtractiveAnswerer(PROFILE).answer(prompt)
+    assert answer == "The documents don't mention Mona Lisa, so I can't answer that from them."
+    assert ExtractiveAnswerer(PROFILE).answer(Prompt(messages=(), question="hi", search_query="hi")) == (
+        "I can't answer that from the documents I have.")
 
 
 def test_extractive_answer_never_quotes_code_or_json():

@@ -1,0 +1,585 @@
+"""The offline extractive answerer: answer-sentence selection over the retrieved passages.
+
+No model, no download, deterministic. For each turn it
+
+1. reads the *final* query (after the query transformers, so "Does it have a warranty?" arrives
+   as "... Aurora X2") and the user's own question, and splits them into the **subject** (the
+   names of products, people, policies... found in the passages' titles, headings and text)
+   and the **attribute** asked about (the remaining content words, widened by a small synonym
+   table: price/cost/how much, weigh/weight/heavy, warranty/guarantee/covered...);
+2. keeps only the sentences that are **on the subject**: a sentence naming another entity, or
+   from a passage about another entity, is never used, even when it states the attribute;
+3. scores each sentence by the share of the attribute it states (its own words, and its
+   passage's heading as weaker evidence, so "Pricing" supports "$449"), plus a bonus when it
+   holds the kind of value asked for (an amount for "how much", a number for "how long"), with
+   the retrieval rank as a prior so the first passage wins ties;
+4. answers with the best sentence and the sentences right after it in the same passage that
+   continue the same attribute (all prices, all sizes), each cited as ``[n]``; nothing else;
+5. when no on-subject sentence states enough of the attribute, **declines plainly** and names
+   what the documents do describe for that subject ("The documents don't say anything about
+   water resistance for the Aurora X2. They describe the Aurora X2's charging, pricing and
+   overview."), citing nothing.
+
+Options (``RAGCHAT["PROFILES"][name]["options"]["extractive"]``): ``synonyms`` (extra groups,
+merged into ``SYNONYMS``: ``{"sizes": ["fit", "small", "large"]}``), ``min_coverage`` (0.5, the
+share of the asked attribute a sentence must state), ``max_sentences`` (4), ``no_answer`` (the
+decline used when no passage was given at all). See docs/answerer.md.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from django_ragchat.text import STOPWORDS, normalize, sentences, stem
+from django_ragchat.types import Prompt, RetrievedChunk
+
+# --- The synonym table --------------------------------------------------------------------------
+#
+# One group per attribute people ask about: a question word in a group asks for the whole group,
+# and a sentence (or its heading) with any word of the group states it. Words are stemmed with
+# text.stem, so list one form ("price" also matches prices, pricing, priced). Multi-word entries
+# ("send back") are matched as phrases in the question. The first word is the group's label in
+# declines ("... don't say anything about price"). A profile adds groups or words with the
+# ``synonyms`` option; keep groups narrow: a wide group makes unrelated sentences look relevant.
+SYNONYMS: dict[str, tuple[str, ...]] = {
+    "price": ("price", "cost", "costs", "expensive", "cheap", "pay", "paid", "fee", "free", "charge for"),
+    "weight": ("weight", "weigh", "weighs", "heavy", "light", "grams", "gram", "kg", "kilograms", "ounces", "lb"),
+    "size": ("size", "sizes", "big", "large", "small", "inch", "inches", "dimensions", "fit"),
+    "warranty": ("warranty", "guarantee", "guaranteed", "covered", "cover", "covers"),
+    "return": ("return", "returns", "returned", "send back", "send it back", "bring back", "refund",
+               "money back", "refunded"),
+    "battery life": ("battery", "lasts", "last", "playback", "runtime", "battery life"),
+    "charging": ("charge", "charges", "charging", "charger", "recharge", "charged"),
+    "water resistance": ("waterproof", "water", "rain", "wet", "sweat", "splash", "resistant", "ipx4", "ip67",
+                         "ip68", "ipx7", "submerge", "swim"),
+    "length": ("length", "how long", "long", "tall", "short", "extend", "extends", "collapse", "collapses", "cm",
+               "centimetres", "centimeters", "metres", "meters"),
+    "duration": ("how long", "take", "takes", "days", "hours", "minutes", "weeks", "within"),
+    "speed": ("fast", "quick", "quickly", "speed", "slow", "minutes", "rapid"),
+    "shipping": ("ship", "ships", "shipping", "delivery", "deliver", "delivered", "dispatch", "arrive"),
+    "colour": ("colour", "colours", "color", "colors", "finish", "finishes"),
+    "discount": ("discount", "save", "saving", "savings", "off", "cheaper", "deal", "trade in", "trading in",
+                 "reduced"),
+    "display": ("screen", "display", "brightness", "bright", "nits"),
+    "storage": ("storage", "gb", "tb", "memory", "capacity"),
+    "updates": ("updates", "update", "support", "supported", "security"),
+    "carrier": ("carrier", "carriers", "unlocked", "network", "sim"),
+    "included": ("included", "include", "includes", "come with", "comes with", "in the box", "box"),
+    "loss": ("lose", "lost", "losing", "missing", "replacement"),
+    "pressure": ("pressure", "levels", "sensitivity", "tilt"),
+    "sensing": ("sense", "senses", "detect", "detects", "detection", "recognise", "recognize", "register"),
+    "repair": ("repair", "repairs", "fix", "fixed", "broken"),
+    "noise cancelling": ("noise", "cancelling", "canceling", "anc"),
+    "camera": ("camera", "photo", "photos", "lens", "mp", "megapixel"),
+}
+
+# How a question word reads in a decline ("... don't say anything about water resistance").
+NOUN_OF: dict[str, str] = {
+    "waterproof": "water resistance", "water": "water resistance", "resistant": "water resistance",
+    "heavy": "weight", "weigh": "weight", "weighs": "weight", "cost": "price", "costs": "price",
+    "expensive": "price", "cheap": "price", "pay": "price", "big": "size", "large": "size", "long": "length",
+    "fast": "speed", "quick": "speed", "quickly": "speed", "last": "battery life", "lasts": "battery life",
+    "charge": "charging", "colours": "colours", "colors": "colours", "color": "colour", "released": "release date",
+    "release": "release date", "covered": "warranty",
+}
+
+# Question words that say nothing about what is asked ("What is the Nimbus Tab good for?").
+GENERIC_WORDS = frozenset(
+    """good kind type sort thing things way really actually exactly possible able like tell know
+    happen happens happened anything something stuff okay ok hey hi thanks thank product products
+    item items come comes available offer offered get getting else other interesting aspect aspects
+    article notable significant important information info details detail more""".split()
+)
+
+# An amount: money, or a share ("10% off").
+_CURRENCY_RE = re.compile(r"[$€£¥]\s?\d|\d\s?(?:%|percent\b|usd\b|eur\b|gbp\b|dollars\b|euros\b|pounds\b)",
+                          re.IGNORECASE)
+_NUMBER_RE = re.compile(
+    r"\d|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|"
+    r"forty|fifty|hundred|thousand|dozen|half)\b", re.IGNORECASE)
+_QUANTITY_QUESTION_RE = re.compile(r"\bhow\s+(?:much|many|long|big|heavy|fast|far|old|often|large|bright|tall|"
+                                   r"quickly|soon)\b|\bwhat\s+(?:size|length|weight|capacity)\b", re.IGNORECASE)
+_PRICE_QUESTION_RE = re.compile(r"\bhow\s+much\b(?!\s+(?:time|longer|space|storage|battery|water|does\s+\S+\s+"
+                                r"weigh|do\s+\S+\s+weigh|weight))", re.IGNORECASE)
+_CITE_BEFORE_STOP = re.compile(r"([.!?])$")
+_MARKUP_CHARS = set('{}[]"=<>|`\\')
+_NAME_TOKEN_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*")
+_MAX_SCAN_CHARS = 4000
+
+
+_POSSESSIVE_RE = re.compile(r"['’]s$")
+# Groups that measure something else than money: "how much does it weigh" asks no price.
+_MEASURE_GROUPS = frozenset({"weight", "size", "length", "duration", "storage", "battery life", "speed", "display"})
+
+
+_WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*", re.UNICODE)  # as text.words
+
+
+def _words(text: str) -> list[str]:
+    """``text.words`` without possessive endings ("Aurora X2's" -> aurora, x2)."""
+    return [_POSSESSIVE_RE.sub("", w) if "'" in w or "’" in w else w for w in _WORD_RE.findall(_fold(text))]
+
+
+_LETTER_RE = re.compile(r"[^\W\d_]")
+
+
+def _fold(text: str) -> str:
+    """``text.normalize`` with a fast path: ASCII text only needs lower-casing."""
+    return text.lower() if text.isascii() else normalize(text)
+
+
+def is_prose(sentence: str) -> bool:
+    """False for code, JSON, tables and markup: quoting them is never a readable answer."""
+    markup = sum(map(sentence.count, _MARKUP_CHARS))  # str.count runs in C, per character it doesn't
+    letters = len(_LETTER_RE.findall(sentence))
+    return markup / len(sentence) < 0.03 and letters / len(sentence) > 0.5
+
+
+def cite(sentence: str, index: int) -> str:
+    """``sentence`` with `` [index]`` before its final stop (the format the citations augmenter reads)."""
+    if _CITE_BEFORE_STOP.search(sentence):
+        return _CITE_BEFORE_STOP.sub(rf" [{index}]\1", sentence)
+    return f"{sentence} [{index}]"
+
+
+# --- Synonyms -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SynonymTable:
+    """The synonym groups, compiled: single words by stem, phrases by their word sequence."""
+
+    groups: dict[str, frozenset[str]]  # label -> stems of its single words
+    phrases: tuple[tuple[tuple[str, ...], str], ...]  # (words, "label|label"), longest first
+    of_stem: dict[str, tuple[str, ...]]  # stem -> labels of the groups it is in
+
+    @classmethod
+    def build(cls, extra: dict[str, Iterable[str]] | None = None) -> SynonymTable:
+        if extra is not None and not isinstance(extra, dict):
+            raise ValueError(f"synonyms must be a dict of group name -> list of words, not {extra!r}")
+        merged: dict[str, list[str]] = {label: list(entries) for label, entries in SYNONYMS.items()}
+        for label, entries in (extra or {}).items():
+            if isinstance(entries, str) or not isinstance(entries, Iterable):
+                raise ValueError(f"synonyms[{label!r}] must be a list of words, not {entries!r}")
+            merged.setdefault(str(label), []).extend(str(e) for e in entries)
+        groups: dict[str, set[str]] = {}
+        phrase_labels: dict[tuple[str, ...], list[str]] = {}
+        of_stem: dict[str, list[str]] = {}
+        for label, entries in merged.items():
+            stems = groups.setdefault(label, set())
+            for entry in [label, *entries]:
+                tokens = tuple(_words(entry))
+                if len(tokens) == 1:
+                    stems.add(stem(tokens[0]))
+                elif tokens:  # a phrase may be in several groups ("how long": length, duration)
+                    phrase_labels.setdefault(tokens, []).append(label)
+        for label, stems in groups.items():
+            for s in stems:
+                of_stem.setdefault(s, []).append(label)
+        phrases = sorted(((t, "|".join(dict.fromkeys(ls))) for t, ls in phrase_labels.items()),
+                         key=lambda p: -len(p[0]))
+        return cls({k: frozenset(v) for k, v in groups.items()}, tuple(phrases),
+                   {k: tuple(v) for k, v in of_stem.items()})
+
+
+_DEFAULT_TABLE: SynonymTable | None = None
+
+
+def default_table() -> SynonymTable:
+    """``SYNONYMS`` compiled once per process (profiles without a ``synonyms`` option share it)."""
+    global _DEFAULT_TABLE
+    if _DEFAULT_TABLE is None:
+        _DEFAULT_TABLE = SynonymTable.build()
+    return _DEFAULT_TABLE
+
+
+# --- Passages, sentences and entities -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One scorable sentence of a passage, with what scoring needs precomputed."""
+
+    text: str
+    position: int
+    stems: frozenset[str]
+    has_currency: bool
+    has_number: bool
+    names: tuple[str, ...]  # capitalised name runs it contains, folded ("aurora x2")
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A retrieved chunk as the answerer sees it: its sentences, heading and subject."""
+
+    index: int  # 1-based, as cited
+    ordinal: int  # the chunk's place in its document: 0 is where a document describes its subject
+    heading_leaf: str
+    heading_stems: frozenset[str]
+    subject_name: str  # display form of what the passage is about ("Aurora X2"), may be ""
+    subject: tuple[str, ...]  # its folded tokens
+    sentences: tuple[Sentence, ...]
+    mentions_the: bool  # "the Aurora X2" appears: decline text uses the article
+
+
+def _name_sequences(text: str) -> list[tuple[str, str]]:
+    """(display, folded) capitalised name runs in ``text``: "Aurora X2", "Nimbus Pen", "Zappa".
+
+    A run is capitalised words (and model codes like X2 right after one); a run of a single
+    word counts only inside a sentence, since any sentence starts with a capital.
+    """
+    found = []
+    tokens = list(_NAME_TOKEN_RE.finditer(text[:_MAX_SCAN_CHARS]))
+    run: list[re.Match] = []
+
+    def close():
+        while run and _fold(run[0].group(0)) in STOPWORDS:
+            run.pop(0)
+        if run:
+            first = run[0]
+            starts = _sentence_start(text, first.start())
+            if len(run) > 1 or not starts:
+                display = text[run[0].start():run[-1].end()]
+                found.append((display, " ".join(_fold(m.group(0)) for m in run)))
+        run.clear()
+
+    for m in tokens:
+        token = m.group(0)
+        adjacent = bool(run) and text[run[-1].end():m.start()].strip() == ""
+        capital = token[:1].isupper() and any(c.islower() for c in token[1:]) if len(token) > 1 else False
+        code = bool(run) and adjacent and any(c.isdigit() for c in token) and token[:1].isupper()
+        if (capital or code) and (not run or adjacent):
+            run.append(m)
+        else:
+            close()
+            if capital:
+                run.append(m)
+    close()
+    return found
+
+
+def _sentence_start(text: str, position: int) -> bool:
+    before = position - 1
+    while before >= 0 and text[before].isspace():
+        before -= 1
+    return before < 0 or text[before] in ".?!:\n-*•#>"
+
+
+@lru_cache(maxsize=4096)
+def _analyse_text(text: str, heading: str, title: str) -> tuple[str, tuple[Sentence, ...], str, bool]:
+    """Split a chunk into scorable sentences (cached: a chunk's text does not change)."""
+    body = text
+    if heading and body.startswith(heading):
+        body = body[len(heading):]  # the heading line is a label, not a sentence
+    found = []
+    for position, sentence in enumerate(sentences(body)):
+        sentence = sentence.lstrip("-*• ").strip()
+        if len(sentence) < 12 or not is_prose(sentence):
+            continue
+        found.append(Sentence(
+            text=sentence, position=position,
+            stems=frozenset(stem(w) for w in _words(sentence)),
+            has_currency=bool(_CURRENCY_RE.search(sentence)),
+            has_number=bool(_NUMBER_RE.search(sentence)),
+            names=tuple(dict.fromkeys(folded for _, folded in _name_sequences(sentence))),
+        ))
+    parts = [p.strip() for p in heading.split(" > ")] if heading else []
+    top = parts[0] if parts else title
+    subject = ""
+    for display, _folded in _name_sequences(top or ""):
+        subject = display
+        break
+    if not subject and title:
+        subject = next((d for d, _ in _name_sequences(title)), "")
+    mentions_the = bool(subject) and f"the {subject}".lower() in body.lower()
+    return (parts[-1] if len(parts) > 1 else ""), tuple(found), subject, mentions_the
+
+
+def build_passages(documents: Iterable[RetrievedChunk]) -> list[Passage]:
+    """The prompt's documents as ``Passage`` objects, numbered from 1 as they are cited."""
+    passages = []
+    for index, chunk in enumerate(documents, start=1):
+        leaf, found, subject, mentions_the = _analyse_text(chunk.text, chunk.heading or "", chunk.title or "")
+        passages.append(Passage(
+            index=index, ordinal=chunk.ordinal, heading_leaf=leaf,
+            heading_stems=frozenset(stem(w) for w in _words(leaf)),
+            subject_name=subject, subject=tuple(normalize(subject).split()) if subject else (),
+            sentences=found, mentions_the=mentions_the,
+        ))
+    return passages
+
+
+# --- The query ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Need:
+    """What the question asks: attribute groups with weights, and the subject entities."""
+
+    groups: dict[str, float] = field(default_factory=dict)  # group key -> weight (own 1, inherited 0.5)
+    own: set[str] = field(default_factory=set)  # group keys from the user's own words
+    labels: dict[str, str] = field(default_factory=dict)  # group key -> words for a decline
+    subjects: set[tuple[str, ...]] = field(default_factory=set)
+    unknown: list[str] = field(default_factory=list)  # names in the question no passage knows
+    wants_amount: bool = False
+    wants_number: bool = False
+
+
+def _group_keys(text: str, table: SynonymTable, skip: set[str]) -> list[tuple[str, str]]:
+    """(group key, display words) for the content of ``text``: phrase groups first, then each
+    remaining content word as its synonym groups (a word in no group is its own group)."""
+    tokens = _words(text)
+    used = [False] * len(tokens)
+    found: list[tuple[str, str]] = []
+    for phrase, label in table.phrases:
+        n = len(phrase)
+        for i in range(len(tokens) - n + 1):
+            if not any(used[i:i + n]) and tuple(tokens[i:i + n]) == phrase:
+                found.append((f"={label}", " ".join(phrase)))
+                for j in range(i, i + n):
+                    used[j] = True
+    for i, token in enumerate(tokens):
+        if used[i] or token in STOPWORDS or token in GENERIC_WORDS or token in skip:
+            continue
+        if len(token) < 2 and not token.isdigit():
+            continue
+        s = stem(token)
+        labels = table.of_stem.get(s)
+        if labels:
+            found.append(("=" + "|".join(labels), NOUN_OF.get(token, token)))
+        else:
+            found.append((s, token))
+    return found
+
+
+def analyse_query(question: str, search_query: str, passages: list[Passage], table: SynonymTable) -> Need:
+    """Split the user's ``question`` and the transformed ``search_query`` into subject and attribute."""
+    need = Need()
+    # The entities the passages know about: their subjects and the names in their sentences.
+    known: set[tuple[str, ...]] = set()
+    for p in passages:
+        if p.subject:
+            known.add(p.subject)
+        for s in p.sentences:
+            known.update(tuple(n.split()) for n in s.names)
+    def named(query_words: set[str]) -> set[tuple[str, ...]]:
+        full = {e for e in known if set(e) <= query_words}
+        # "Zephyr" alone names the Zephyr Buds; a full name ("Nimbus Pen") beats a shared word.
+        partial = {e for e in known if set(e) & query_words - STOPWORDS - GENERIC_WORDS} if not full else set()
+        # "Zappa" also means the "Frank Zappa" a heading names: add the longer names containing it.
+        return (full or partial) | {e for e in known if any(set(f) < set(e) for f in full)}
+
+    own_words = set(_words(question))
+    everything = named(own_words | set(_words(search_query)))
+    # The user's own words name the subject when they name one: in "And the Aurora X2?" after
+    # the Nimbus Tab, the transformer's inherited "Nimbus Tab" is context, not the subject.
+    need.subjects = named(own_words) or everything
+    for display, folded in _name_sequences(question):
+        tokens = set(folded.split())
+        if not any(tokens & set(e) for e in known) and not tokens <= STOPWORDS | GENERIC_WORDS:
+            need.unknown.append(display)
+    names = {w for e in everything | need.subjects for w in e}  # names are subjects, not attributes
+    # In "I have an Aurora X2. How long does the battery last?" (or a pasted "Ignore all previous
+    # instructions. How much...?") the attribute is what the question sentence asks.
+    asked = " ".join(q for q in sentences(question) if q.endswith("?")) or question
+    for text, weight in ((asked, 1.0), (search_query, 0.5)):
+        for key, label in _group_keys(text, table, names):
+            if key not in need.groups:
+                need.groups[key] = weight
+                need.labels[key] = label
+            if weight == 1.0:
+                need.own.add(key)
+    if not need.own and need.groups:
+        # "What about the Nimbus Tab?": the attribute is the one the transformer carried over.
+        need.own = set(need.groups)
+        need.groups = dict.fromkeys(need.groups, 1.0)
+    own_groups = {label for k in need.own if k.startswith("=") for label in k[1:].split("|")}
+    need.wants_amount = bool("price" in own_groups or (
+        _PRICE_QUESTION_RE.search(asked) and not own_groups & _MEASURE_GROUPS))
+    if "pay" in _words(asked) and not _PRICE_QUESTION_RE.search(asked):
+        need.wants_amount = False  # "Do I have to pay for..." is answered by "free" as well as by "$15"
+    need.wants_number = bool(_QUANTITY_QUESTION_RE.search(asked))
+    return need
+
+
+def _covers(key: str, stems: frozenset[str], table: SynonymTable) -> bool:
+    if key.startswith("="):
+        return any(table.groups[label] & stems for label in key[1:].split("|"))
+    return key in stems
+
+
+# --- The answerer -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A candidate sentence with its score and the share of the asked attribute it states."""
+
+    passage: Passage
+    sentence: Sentence
+    score: float
+    coverage: float
+
+
+class AnswerSelector:
+    """The engine, independent of Django and the pipeline: ``answer(prompt) -> str``."""
+
+    def __init__(self, *, synonyms: dict[str, Iterable[str]] | None = None, min_coverage: float = 0.5,
+                 max_sentences: int = 4, rank_prior: float = 0.1,
+                 no_answer: str = "I can't answer that from the documents I have."):
+        if isinstance(min_coverage, bool) or not isinstance(min_coverage, (int, float)) or not 0 <= min_coverage <= 1:
+            raise ValueError(f"min_coverage must be a number from 0 to 1, not {min_coverage!r}")
+        if isinstance(max_sentences, bool) or not isinstance(max_sentences, int) or max_sentences < 1:
+            raise ValueError(f"max_sentences must be a whole number of at least 1, not {max_sentences!r}")
+        self.table = SynonymTable.build(synonyms) if synonyms is not None else default_table()
+        self.min_coverage = min_coverage
+        self.max_sentences = max_sentences
+        self.rank_prior = rank_prior
+        self.no_answer = no_answer
+
+    # The subject guard ------------------------------------------------------------------------
+    def on_subject(self, passage: Passage, sentence: Sentence, subjects: set[tuple[str, ...]],
+                   known: set[tuple[str, ...]], heads: frozenset[tuple[str, ...]] = frozenset()) -> bool:
+        """A sentence naming a subject is on it; otherwise it must come from a passage about a
+        subject (its heading's, or one its sentences name: "It senses 4,096 levels" under
+        Nimbus Tab > Stylus is about the Nimbus Pen named before it) and not be about an entity
+        foreign to that passage: one that heads another passage ("Zephyr Buds" of "Zephyr Buds
+        > Warranty"), or that the sentence opens with. Other names in passing (people, places in
+        an encyclopedia article) do not make a sentence off-subject."""
+        names = {tuple(n.split()) for n in sentence.names} & known
+        if names & subjects:
+            return True
+        if passage.subject not in subjects and not any(
+                {tuple(n.split()) for n in other.names} & subjects for other in passage.sentences):
+            return False
+        own = set(passage.subject)
+        opening = _fold(sentence.text)
+        for name in names:
+            if set(name) & own:
+                continue
+            folded = " ".join(name)
+            if name in heads or opening.startswith((folded, "the " + folded)):
+                return False
+        return True
+
+    def answer(self, prompt: Prompt) -> str:
+        passages = build_passages(prompt.documents)
+        if not any(p.sentences for p in passages):
+            return self.no_answer
+        need = analyse_query(prompt.question, prompt.search_query or prompt.question, passages, self.table)
+        known = {p.subject for p in passages if p.subject} | {
+            tuple(n.split()) for p in passages for s in p.sentences for n in s.names}
+
+        if need.unknown and not need.subjects:
+            # "Does the Galaxy S9 have a warranty?": another product's warranty is no answer.
+            names = " or ".join(dict.fromkeys(need.unknown))
+            return f"The documents don't mention {names}, so I can't answer that from them."
+        heads = frozenset(p.subject for p in passages if p.subject)
+        eligible: list[tuple[Passage, Sentence]] = []
+        for p in passages:
+            for s in p.sentences:
+                if not need.subjects or self.on_subject(p, s, need.subjects, known, heads):
+                    eligible.append((p, s))
+        if not eligible:
+            return self.decline(need, passages, [])
+
+        if not need.own:
+            # "Tell me about the Aurora X2": no attribute asked, so the subject's description,
+            # which a document gives first: the on-subject passage earliest in its document
+            # (the retrieval rank breaks ties), not whichever section was ranked first.
+            opening = min({id(p): p for p, _ in eligible}.values(), key=lambda p: (p.ordinal, p.index))
+            same = [(p, s) for p, s in eligible if p is opening][:2]
+            return " ".join(cite(s.text, p.index) for p, s in same)
+
+        # IDF of each asked group over the candidate sentences: rare evidence weighs more.
+        all_sentences = [(p, s) for p in passages for s in p.sentences]
+        n = len(all_sentences)
+        idf = {}
+        for key in need.groups:
+            df = sum(_covers(key, s.stems, self.table) for _, s in all_sentences)
+            idf[key] = math.log(1 + (n + 1) / (1 + df))
+        own_total = sum(idf[k] for k in need.own) or 1.0
+        all_total = sum(idf[k] * w for k, w in need.groups.items()) or 1.0
+
+        choices = []
+        for p, s in eligible:
+            own_cov = all_cov = 0.0
+            for key, weight in need.groups.items():
+                if _covers(key, s.stems, self.table):
+                    evidence = 1.0
+                elif _covers(key, p.heading_stems, self.table):
+                    evidence = 0.6
+                else:
+                    continue
+                all_cov += evidence * weight * idf[key]
+                if key in need.own:
+                    own_cov += evidence * idf[key]
+            own_cov /= own_total
+            score = own_cov + 0.3 * all_cov / all_total - self.rank_prior * (p.index - 1)
+            if need.wants_amount and s.has_currency:
+                score += 0.25
+            elif need.wants_number and s.has_number:
+                score += 0.15
+            score -= 0.002 * max(0, len(s.stems) - 30)
+            choices.append(Choice(p, s, score, own_cov))
+        if need.wants_amount:  # "how much" is answered by an amount, not by a description
+            choices = [c for c in choices if c.sentence.has_currency]
+        if not choices:
+            return self.decline(need, passages, eligible)
+        best = max(choices, key=lambda c: (c.score, -c.passage.index, -c.sentence.position))
+        if best.coverage < self.min_coverage:
+            return self.decline(need, passages, eligible)
+        return self.compose(best, choices, need)
+
+    def compose(self, best: Choice, choices: list[Choice], need: Need) -> str:
+        """The best sentence, then the sentences that continue its attribute in its passage."""
+        stated = {k for k in need.own if _covers(k, best.sentence.stems, self.table)}
+        if not stated:  # stated only by the heading ("Pricing" over "$449"): continue on numbers
+            stated = {k for k in need.own if _covers(k, best.passage.heading_stems, self.table)}
+        picked = [best]
+        in_passage = sorted((c for c in choices if c.passage is best.passage), key=lambda c: c.sentence.position)
+        following = [c for c in in_passage if c.sentence.position > best.sentence.position]
+        expected = best.sentence.position + 1
+        for c in following:
+            if len(picked) >= self.max_sentences or c.sentence.position != expected:
+                break
+            own_words = any(_covers(k, c.sentence.stems, self.table) for k in stated)
+            same_kind = (need.wants_amount and c.sentence.has_currency and best.sentence.has_currency
+                         and not _has_other_topic(c, need, self.table))
+            if not (own_words or same_kind):
+                break
+            picked.append(c)
+            expected += 1
+        return " ".join(cite(c.sentence.text, c.passage.index) for c in picked)
+
+    def decline(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> str:
+        """Say plainly that the documents don't state it, naming what they do describe."""
+        missing = [need.labels[k] for k in need.groups if k in need.own] or ["that"]
+        topic = " ".join(dict.fromkeys(missing[:3]))
+        passage_of = {id(p): p for p, _ in eligible}
+        on_subject = [p for p in passages if id(p) in passage_of]
+        subject = next((p for p in on_subject if p.subject in need.subjects), None) if need.subjects else None
+        if subject is not None:
+            name = ("the " if subject.mentions_the else "") + subject.subject_name
+            text = f"The documents don't say anything about {topic} for {name}."
+            on_subject = [p for p in on_subject if p.subject == subject.subject]
+        else:
+            text = f"The documents don't say anything about {topic}."
+        leaves = list(dict.fromkeys(p.heading_leaf.lower() for p in on_subject if p.heading_leaf))
+        if leaves and (subject is not None or not need.subjects):
+            described = leaves[0] if len(leaves) == 1 else ", ".join(leaves[:-1]) + " and " + leaves[-1]
+            if subject is not None:
+                owner = name + ("'" if name.endswith("s") else "'s")
+                text += f" They describe {owner} {described}."
+            else:
+                text += f" The passages found are about {described}."
+        return text
+
+
+def _has_other_topic(choice: Choice, need: Need, table: SynonymTable) -> bool:
+    """A sentence about a discount or trade-in is not a continuation of a price list."""
+    return _covers("=discount", choice.sentence.stems, table) and "=discount" not in need.own
