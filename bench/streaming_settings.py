@@ -35,9 +35,9 @@ DATABASES = {"default": {
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 if os.environ.get("RAGCHAT_BENCH_REDIS_PREFIX"):  # --workers 2 and more
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {
-        # socket_timeout None: redis-py 8 defaults it to 5 s, which ends the layer's blocking
+        # socket_timeout 30: redis-py 8 defaults it to 5 s, which ends the layer's blocking
         # receive (BZPOPMIN, 5 s) of an idle socket with a TimeoutError (channels_redis #422).
-        "hosts": [{"address": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), "socket_timeout": None}],
+        "hosts": [{"address": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), "socket_timeout": 30}],
         "prefix": os.environ["RAGCHAT_BENCH_REDIS_PREFIX"], "capacity": 1000,
     }}}
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

@@ -103,9 +103,9 @@ if os.environ.get("REDIS_URL"):
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             # capacity: room for a whole streamed answer per watching socket (docs/deployment.md).
-            # socket_timeout None: redis-py 8 defaults it to 5 s, which ends the layer's blocking
+            # socket_timeout 30: redis-py 8 defaults it to 5 s, which ends the layer's blocking
             # receive of an idle socket with a TimeoutError and closes it (channels_redis #422).
-            "CONFIG": {"hosts": [{"address": os.environ["REDIS_URL"], "socket_timeout": None}], "capacity": 1000},
+            "CONFIG": {"hosts": [{"address": os.environ["REDIS_URL"], "socket_timeout": 30}], "capacity": 1000},
         }
     }
 

@@ -74,7 +74,7 @@ def test_a_tab_on_one_worker_stops_a_turn_running_on_the_other(tabs, openai_serv
 
 def test_an_idle_socket_outlives_redis_py_s_default_socket_timeout(tabs):
     """redis-py 8 defaults ``socket_timeout`` to 5 s, no longer than the channel layer's
-    blocking receive (BZPOPMIN, 5 s): unless the layer's hosts say ``socket_timeout: None``
+    blocking receive (BZPOPMIN, 5 s): unless the layer's hosts set a longer ``socket_timeout``
     (tests/live_settings.py, as docs/deployment.md), every socket idle for 5 s is closed."""
     import time
 
