@@ -145,7 +145,7 @@ def table(headers: list[str], rows: list[list]) -> str:
             for i in range(len(headers))]
 
     def line(values):
-        return "  ".join(v.ljust(w) if l else v.rjust(w) for v, w, l in zip(values, widths, left)).rstrip()
+        return "  ".join(v.ljust(w) if is_left else v.rjust(w) for v, w, is_left in zip(values, widths, left)).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)])
 

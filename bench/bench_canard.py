@@ -271,17 +271,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--index", type=lambda s: s.split(","), default=list(INDEX_MODES),
                         help="comma-separated passage formats: heading, bare (default both)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run in seconds")
+    parser.add_argument("--subject-blind", action="store_true",
+                        help="also run the followup transformer with track_subjects off (its behaviour before "
+                             "issue 13), in the same process, as the baseline")
     args = parser.parse_args(argv)
     if args.quick:
         args.dialogs = 12
     with bench_database() as database:
+        from django.test import override_settings
+
         tune = TUNE_DIALOGS if not args.quick else 8
+        variants = {"": {}}
+        if args.subject_blind:
+            variants["followup track_subjects off: "] = {
+                "PROFILES": {"default": {"options": {"followup": {"track_subjects": False}}}}}
         for index in args.index:
-            results = run(dialogs=args.dialogs, tune_dialogs=tune, index=index)
-            print(report(results, database))
-            if args.examples:
-                print(examples(results, args.examples))
-            print()
+            for label, overrides in variants.items():
+                with override_settings(RAGCHAT={"LOAD_ENTRY_POINTS": False, **overrides}):
+                    results = run(dialogs=args.dialogs, tune_dialogs=tune, index=index)
+                    print(label + report(results, database))
+                if args.examples:
+                    print(examples(results, args.examples))
+                print()
 
 
 if __name__ == "__main__":

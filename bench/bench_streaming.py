@@ -4,12 +4,15 @@
     .venv/bin/python bench/bench_streaming.py --stagger 5     # starts spread over 5 s
     .venv/bin/python bench/bench_streaming.py --quick         # 2 and 5 clients, 20 tokens
     .venv/bin/python bench/bench_streaming.py --llm extractive    # the offline answerer instead
+    .venv/bin/python bench/bench_streaming.py --workers 2     # two uvicorn workers, Redis layer
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/ragchat .venv/bin/python bench/bench_streaming.py
 
 Processes: this one (the clients); a loopback OpenAI-compatible server (``FakeOpenAIServer``,
 standard library, streaming each answer as 200 one-word tokens with no delay); one uvicorn
 worker serving ``example_project.asgi`` (websocket and server-sent events; in-memory channel
-layer; websocket compression off unless ``--ws-deflate``); one gunicorn worker (``gthread``, a
+layer; websocket compression off unless ``--ws-deflate``), or with ``--workers 2`` two uvicorn
+processes on the Redis channel layer (127.0.0.1:6379, a key prefix of the run's own), the
+clients split between them; one gunicorn worker (``gthread``, a
 thread per client) serving ``example_project.wsgi`` for server-sent events under WSGI. All on
 loopback, sharing one database (a SQLite file by default) holding the demo's sample documents.
 
@@ -328,7 +331,7 @@ async def pipeline_round(conversation_ids: list[str], expected: str | None, stag
     return await run_round(start, [one(i, c) for i, c in enumerate(conversations)])
 
 
-async def websocket_round(address: str, callers: list[Caller], conversation_ids: list[str],
+async def websocket_round(addresses: list[str], callers: list[Caller], conversation_ids: list[str],
                           expected: str | None, stagger: float):
     import websockets
 
@@ -337,6 +340,7 @@ async def websocket_round(address: str, callers: list[Caller], conversation_ids:
 
     async def one(i: int, caller: Caller, conversation_id: str) -> Answer:
         marker, text = question(i)
+        address = addresses[i % len(addresses)]
         cookie = "; ".join(f"{k}={v}" for k, v in caller.cookies.items())
         async with websockets.connect(f"ws://{address}/ws/ragchat/", origin=f"http://{address}",
                                       additional_headers={"Cookie": cookie}, max_size=None,
@@ -366,7 +370,7 @@ async def websocket_round(address: str, callers: list[Caller], conversation_ids:
                            ready=all_connected())
 
 
-async def sse_round(address: str, callers: list[Caller], conversation_ids: list[str],
+async def sse_round(addresses: list[str], callers: list[Caller], conversation_ids: list[str],
                     expected: str | None, stagger: float):
     import httpx
 
@@ -374,6 +378,7 @@ async def sse_round(address: str, callers: list[Caller], conversation_ids: list[
 
     async def one(i: int, caller: Caller, conversation_id: str, client) -> Answer:
         marker, text = question(i)
+        address = addresses[i % len(addresses)]
         await staggered(start, i, len(callers), stagger)
         sent = time.perf_counter()
         first, texts, indexes, final = None, [], [], None
@@ -425,7 +430,7 @@ def read_arrivals(path: str) -> dict[str, float]:
 
 
 def run(clients: list[int], rounds: int, tokens: int, llm: str, stagger: float, paths: list[str],
-        ws_deflate: bool = False) -> list[list]:
+        ws_deflate: bool = False, workers: int = 1) -> list[list]:
     expected = reply_text(tokens) if llm == "openai" else None
     if llm != "openai":
         paths = [p for p in paths if p != "model"]
@@ -441,12 +446,17 @@ def run(clients: list[int], rounds: int, tokens: int, llm: str, stagger: float, 
                                         env, model_port, "model server"))
             db_env = stack.enter_context(database(tmpdir))
             env.update(db_env, DJANGO_SETTINGS_MODULE="bench.streaming_settings")
-            asgi_port, wsgi_port = free_port(), free_port()
-            asgi = stack.enter_context(process([
-                sys.executable, "-m", "uvicorn", "example_project.asgi:application", "--host", "127.0.0.1",
-                "--port", str(asgi_port), "--ws-per-message-deflate", str(ws_deflate).lower(),
-                "--lifespan", "off", "--no-access-log", "--log-level", "warning",
-            ], env, asgi_port, "uvicorn"))
+            if workers > 1:  # the workers' sockets meet through Redis, under a prefix of this run's
+                env["RAGCHAT_BENCH_REDIS_PREFIX"] = f"ragchat-bench-{secrets.token_hex(4)}"
+            asgi = []
+            for w in range(workers):
+                asgi_port = free_port()
+                asgi.append(stack.enter_context(process([
+                    sys.executable, "-m", "uvicorn", "example_project.asgi:application", "--host", "127.0.0.1",
+                    "--port", str(asgi_port), "--ws-per-message-deflate", str(ws_deflate).lower(),
+                    "--lifespan", "off", "--no-access-log", "--log-level", "warning",
+                ], env, asgi_port, f"uvicorn {w}")))
+            wsgi_port = free_port()
             wsgi = stack.enter_context(process([
                 sys.executable, "-m", "gunicorn", "example_project.wsgi", "--bind", f"127.0.0.1:{wsgi_port}",
                 "--workers", "1", "--worker-class", "gthread", "--threads", str(max(clients) + 4),
@@ -463,8 +473,8 @@ def run(clients: list[int], rounds: int, tokens: int, llm: str, stagger: float, 
                     return asyncio.run(pipeline_round(conversation_ids, expected, stagger))
                 if path == "websocket":
                     return asyncio.run(websocket_round(asgi, group, conversation_ids, expected, stagger))
-                address = asgi if path == "sse asgi" else wsgi
-                return asyncio.run(sse_round(address, group, conversation_ids, expected, stagger))
+                addresses = asgi if path == "sse asgi" else [wsgi]
+                return asyncio.run(sse_round(addresses, group, conversation_ids, expected, stagger))
 
             for path in paths:  # warm-up: connections, vector index, clients
                 measure(path, min(5, max(clients)))
@@ -504,6 +514,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ws-deflate", action="store_true",
                         help="let uvicorn compress websocket frames (permessage-deflate; off by default, "
                              "as docs/deployment.md recommends)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="uvicorn worker processes; more than one use the Redis channel layer")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, from: {', '.join(PATHS)}")
     parser.add_argument("--stagger", type=float, default=0.0,
                         help="spread each round's starts evenly over this many seconds (default: all at once)")
@@ -520,13 +532,15 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(paths) - set(PATHS)
     if unknown:
         parser.error(f"unknown paths {sorted(unknown)}; choose from {', '.join(PATHS)}")
-    rows = run(clients, args.rounds, args.tokens, args.llm, args.stagger, paths, args.ws_deflate)
+    rows = run(clients, args.rounds, args.tokens, args.llm, args.stagger, paths, args.ws_deflate, args.workers)
     from django.db import connection
 
     start = "all at once" if not args.stagger else f"spread over {args.stagger:g} s"
     deflate = "on" if args.ws_deflate else "off"
+    asgi_workers = ("one uvicorn worker (in-memory layer)" if args.workers == 1
+                    else f"{args.workers} uvicorn workers (Redis layer)")
     print(f"Streaming: {args.tokens}-token answers ({args.llm}), N clients starting {start}, "
-          f"{args.rounds} round(s) per cell; one uvicorn worker (websocket compression {deflate}), "
+          f"{args.rounds} round(s) per cell; {asgi_workers} (websocket compression {deflate}), "
           f"one gunicorn gthread worker, "
           f"{connection.vendor}; {machine()}")
     print("Milliseconds, p50 and p99 over every client of every round. ttft: message sent -> first "

@@ -22,11 +22,24 @@ DATABASES = {"default": {
     "PORT": os.environ.get("RAGCHAT_BENCH_DB_PORT", ""),
     "USER": os.environ.get("RAGCHAT_BENCH_DB_USER", ""),
     "PASSWORD": os.environ.get("RAGCHAT_BENCH_DB_PASSWORD", ""),
-    "OPTIONS": ({"timeout": 20, "transaction_mode": "IMMEDIATE"}
-                if os.environ["RAGCHAT_BENCH_DB_ENGINE"].endswith("sqlite3") else {}),
+    # SQLite as the demo runs it (example_project/settings.py): WAL, synchronous=NORMAL.
+    # PostgreSQL with Django's psycopg pool (docs/deployment.md): each turn takes a connection
+    # from the pool instead of opening one (CONN_MAX_AGE is 0, as in the demo).
+    "OPTIONS": ({"timeout": 20, "transaction_mode": "IMMEDIATE",
+                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL"}
+                if os.environ["RAGCHAT_BENCH_DB_ENGINE"].endswith("sqlite3")
+                else {"pool": {"min_size": 2, "max_size": 16, "timeout": 30}}
+                if os.environ.get("RAGCHAT_BENCH_PG_POOL", "1") == "1" else {}),
 }}
 # One worker process: the in-memory layer (the benchmark measures the transport, not Redis).
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+if os.environ.get("RAGCHAT_BENCH_REDIS_PREFIX"):  # --workers 2 and more
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {
+        # socket_timeout 30: redis-py 8 defaults it to 5 s, which ends the layer's blocking
+        # receive (BZPOPMIN, 5 s) of an idle socket with a TimeoutError (channels_redis #422).
+        "hosts": [{"address": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), "socket_timeout": 30}],
+        "prefix": os.environ["RAGCHAT_BENCH_REDIS_PREFIX"], "capacity": 1000,
+    }}}
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 _llm = os.environ.get("RAGCHAT_BENCH_LLM", "openai")
@@ -35,6 +48,9 @@ RAGCHAT = {
     "LOAD_ENTRY_POINTS": False,
     "TURNS_PER_MINUTE": 0,
     "MAX_CONCURRENT_STREAMS": 0,
+    # RAGCHAT_BENCH_DB_THREADS=1: every turn's database work on one thread, as before lanes.
+    **({"DATABASE_THREADS": int(os.environ["RAGCHAT_BENCH_DB_THREADS"])}
+       if os.environ.get("RAGCHAT_BENCH_DB_THREADS") else {}),
     "PROFILES": {
         "default": {"llm": _llm, "options": {"openai": {
             "base_url": os.environ.get("RAGCHAT_BENCH_MODEL_URL", "http://127.0.0.1:9/v1"),

@@ -10,18 +10,23 @@ ragchat.E006  a dotted path in settings cannot be imported
 ragchat.E007  a setting has a value of the wrong type or range
 ragchat.E008  a wrapper (``wrapper=True``/``hookwrapper=True``) on a registration hook
 ragchat.W020  a profile uses api.openai.com but the API key's environment variable is not set
+ragchat.W030  an ASGI site without a channel layer: sockets work alone (no live second tab,
+              no cancel from another tab or worker)
+ragchat.W031  settings.LOGIN_URL does not resolve: the chat page would send visitors to a 404
+ragchat.W011  an embedding space with chunks has no valid HNSW index (PostgreSQL); run by plain
+              ``check`` too (one query; skipped quietly when the database cannot be reached)
 ragchat.W040  a component warns about its configuration (``check_warnings()``), e.g. the sources
               filter with an embedder whose similarities never reach its threshold
 
 Database checks (run by ``migrate`` and ``check --database default``):
 
 ragchat.E010  PostgreSQL without the pgvector extension available (or older than 0.8)
-ragchat.W011  an embedding space with chunks has no valid HNSW index (PostgreSQL)
 ragchat.W012  the full-text index is missing (SQLite: its triggers were dropped) or unavailable
 """
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
@@ -37,7 +42,7 @@ def check_settings(app_configs=None, **kwargs):
             f"Unknown django-ragchat setting RAGCHAT[{key!r}].",
             hint=f"Valid keys: {', '.join(sorted(DEFAULTS))}.", id="ragchat.E001",
         ))
-    for key in ("MAX_MESSAGE_CHARS", "SQLITE_VECTOR_BATCH_SIZE"):
+    for key in ("MAX_MESSAGE_CHARS", "SQLITE_VECTOR_BATCH_SIZE", "DATABASE_THREADS"):
         value = getattr(ragchat_settings, key)
         if not isinstance(value, int) or value <= 0:
             errors.append(Error(f"RAGCHAT[{key!r}] must be a positive integer, not {value!r}.",
@@ -207,6 +212,80 @@ def check_openai_keys(app_configs=None, **kwargs):
     return warnings
 
 
+@register(Tags.compatibility)
+def check_channel_layer(app_configs=None, **kwargs):
+    """W030: an ASGI site (``ASGI_APPLICATION`` set) with no default channel layer."""
+    if not getattr(settings, "ASGI_APPLICATION", None):
+        return []  # WSGI only: no websocket, no layer needed
+    layers = getattr(settings, "CHANNEL_LAYERS", None) or {}
+    if "default" in layers:
+        return []
+    return [Warning(
+        "This ASGI site has no channel layer (CHANNEL_LAYERS['default']): each chat websocket works on its own. "
+        "Off without one: a second tab or another worker watching an answer live, and stopping an answer "
+        "from a socket other than the one that asked.",
+        hint="For one process: CHANNEL_LAYERS = {'default': {'BACKEND': 'channels.layers.InMemoryChannelLayer'}}; "
+             "for several workers, the Redis layer of docs/deployment.md.",
+        id="ragchat.W030",
+    )]
+
+
+@register(Tags.urls)
+def check_login_url(app_configs=None, **kwargs):
+    """W031: the chat page sends anonymous visitors to ``settings.LOGIN_URL``; it must resolve."""
+    from django.shortcuts import resolve_url
+    from django.urls import NoReverseMatch, Resolver404, resolve
+
+    if ragchat_settings.ALLOW_ANONYMOUS:
+        return []  # the page never redirects
+    login_url = settings.LOGIN_URL
+    try:
+        try:
+            url = str(resolve_url(login_url))  # a URL name, a path or an absolute URL
+        except NoReverseMatch:
+            url = None
+        if url is not None:
+            if "://" in url or url.startswith("//"):
+                return []  # another site (single sign-on): not ours to resolve
+            try:
+                resolve(url.split("?", 1)[0])
+                return []
+            except Resolver404:
+                pass
+    except Exception:  # a URLconf that does not import: Django's own URL checks report it
+        return []
+    return [Warning(
+        f"settings.LOGIN_URL is {login_url!r}, which this site's URLs do not resolve: the chat page sends "
+        "visitors who are not signed in there, to a 404.",
+        hint="Point LOGIN_URL at your sign-in page (a URL name such as 'admin:login' works), add "
+             "path('accounts/', include('django.contrib.auth.urls')) with a registration/login.html template, "
+             "or set RAGCHAT['ALLOW_ANONYMOUS'] = True.",
+        id="ragchat.W031",
+    )]
+
+
+@register(Tags.compatibility)
+def check_vector_indexes(app_configs=None, databases=None, **kwargs):
+    """W011 on every ``check`` (not only ``check --database``): one query per PostgreSQL
+    database; an unreachable or unmigrated database is left to whatever needs it first."""
+    from django.db import connections
+
+    from django_ragchat.models import Chunk
+
+    warnings = []
+    for alias in databases if databases is not None else list(connections):
+        connection = connections[alias]
+        if connection.vendor != "postgresql":
+            continue
+        try:
+            if Chunk._meta.db_table not in connection.introspection.table_names():
+                continue
+            warnings += _postgres_index_checks(alias)
+        except Exception:  # unreachable, no pgvector (E010), or no database access (a test)
+            continue
+    return warnings
+
+
 @register(Tags.database)
 def check_search_indexes(app_configs=None, databases=None, **kwargs):
     from django.db import DatabaseError, connections
@@ -221,7 +300,7 @@ def check_search_indexes(app_configs=None, databases=None, **kwargs):
         try:
             migrated = Chunk._meta.db_table in connection.introspection.table_names()
             if connection.vendor == "postgresql":
-                errors += _postgres_search_checks(alias, migrated)
+                errors += _postgres_search_checks(alias)
             elif migrated:
                 errors += _sqlite_search_checks(alias)
         except DatabaseError:
@@ -241,7 +320,7 @@ def pgvector_problem(available: str | None) -> str:
     return ""
 
 
-def _postgres_search_checks(alias: str, migrated: bool) -> list:
+def _postgres_search_checks(alias: str) -> list:
     from django_ragchat.search import postgres
 
     available, _ = postgres.pgvector_versions(alias)
@@ -250,8 +329,12 @@ def _postgres_search_checks(alias: str, migrated: bool) -> list:
         return [Error(problem, hint="Install it on the database server with scripts/install-pgvector.sh (in the "
                                     "django-ragchat repository; it builds pgvector 0.8 for the local PostgreSQL) "
                                     "or your platform's pgvector package, then run migrate.", id="ragchat.E010")]
-    if not migrated:
-        return []
+    return []
+
+
+def _postgres_index_checks(alias: str) -> list:
+    from django_ragchat.search import postgres
+
     warnings = []
     for space, count in postgres.spaces(alias).items():
         status = postgres.hnsw_index_status(space, using=alias)
@@ -259,8 +342,9 @@ def _postgres_search_checks(alias: str, migrated: bool) -> list:
             warnings.append(Warning(
                 f"Embedding space {space!r} has {count:,} chunks but its HNSW index is {status.state}: "
                 f"its vector searches scan every chunk of the space.",
-                hint="Run `python manage.py ragchat_index` (after ingesting: building once is faster than "
-                     "growing the index).", id="ragchat.W011",
+                hint="`manage.py ragchat_ingest` builds it at the end of a load; for chunks written another way "
+                     "run `python manage.py ragchat_index` (building once is faster than growing the index).",
+                id="ragchat.W011",
             ))
     return warnings
 

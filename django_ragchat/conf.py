@@ -66,6 +66,9 @@ DEFAULTS: dict[str, Any] = {
     # Uploads larger than this are ingested by a task (202 with its id) when the task backend
     # runs tasks elsewhere; smaller ones, or every one on the immediate backend, answer at once.
     "BACKGROUND_INGEST_BYTES": 256 * 1024,
+    # Threads a worker process spreads its websocket turns' database work over (one turn stays
+    # on one thread); 1 runs it all on asgiref's single thread. See django_ragchat.lanes.
+    "DATABASE_THREADS": 4,
 }
 
 

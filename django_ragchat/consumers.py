@@ -9,6 +9,12 @@ that runs a turn sends every event to its own socket directly and ``group_send``
 conversation's group (``GroupRelay``), so every other socket open on that conversation receives
 the same events in the same order, whichever worker process it is connected to
 (``channels_redis``). A ``cancel`` reaches the turn the same way.
+
+The channel layer is optional. Without one (no ``CHANNEL_LAYERS``) the socket chats on its
+own: its turns, its cancels and its own answers work; only the sharing between sockets (a
+second tab watching live, a cancel from another tab) is off (``ragchat.W030`` says so). A
+layer that fails (Redis down) is treated the same way while it fails: it is logged, never
+lets an exception close the user's socket, and never stops a turn.
 """
 
 from __future__ import annotations
@@ -21,10 +27,14 @@ from importlib import import_module
 from typing import Any, ClassVar
 
 from asgiref.sync import sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
+from channels.utils import await_many_dispatch
 
 from django_ragchat import jsonbody, permissions, persistence, transport
 from django_ragchat.events import PROTOCOL_VERSION, Accepted, Completed, Failed
+from django_ragchat.lanes import database_lane
 from django_ragchat.models import Conversation, Message
 from django_ragchat.transport import TurnRefused
 
@@ -85,6 +95,8 @@ class GroupRelay:
         self.sending: asyncio.Task | None = None
 
     def publish(self, frame: dict) -> None:
+        if self.channel_layer is None:
+            return  # no layer: no other socket to tell
         self.pending.append(frame)
         if self.sending is None:
             self.sending = asyncio.create_task(self._send())
@@ -123,6 +135,53 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.watching: dict[str, bool] = {}  # conversation id -> may this socket send to it
         self.turns: dict[str, asyncio.Task] = {}  # conversation id -> turn run by this socket
         self.closed = False
+        self.layer_groups: list[str] = []  # joined here, not in self.groups: see disconnect()
+        self.channel_name: str | None = None  # set by __call__ when there is a channel layer
+
+    # --- the channel layer: optional, and never fatal -----------------------------------
+
+    async def __call__(self, scope, receive, send):
+        # channels' AsyncConsumer.__call__, except that a channel layer that is missing or
+        # fails leaves the socket working on its own instead of raising out of the consumer
+        # (which would close the user's socket and stop the turn being written).
+        self.scope = scope
+        self.base_send = send
+        self.channel_layer = get_channel_layer(self.channel_layer_alias)
+        if self.channel_layer is not None:
+            try:
+                self.channel_name = await self.channel_layer.new_channel()
+            except Exception:
+                logger.exception("ragchat: the channel layer failed; this socket works on its own")
+                self.channel_layer = None
+        receivers = [receive] if self.channel_layer is None else [receive, self._receive_from_layer]
+        try:
+            await await_many_dispatch(receivers, self.dispatch)
+        except StopConsumer:
+            pass
+
+    async def _receive_from_layer(self):
+        """The next message for this socket's channel; waits out a failing layer (logged)."""
+        delay = 0.5
+        while True:
+            try:
+                return await self.channel_layer.receive(self.channel_name)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("ragchat: receiving from the channel layer failed; retrying in %.1f s", delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def _layer_call(self, method: str, *args) -> bool:
+        """``channel_layer.<method>(*args)``, logged instead of raised; False if it did not happen."""
+        if self.channel_layer is None:
+            return False
+        try:
+            await getattr(self.channel_layer, method)(*args)
+        except Exception:
+            logger.exception("ragchat: channel layer %s failed", method)
+            return False
+        return True
 
     # --- connection ---------------------------------------------------------------------
 
@@ -150,6 +209,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code):
         self.closed = True
+        for group in self.layer_groups:
+            await self._layer_call("group_discard", group, self.channel_name)
         # Stop this socket's turns: each saves its partial answer as "incomplete" and tells the
         # conversation's other sockets.
         running = [task for task in self.turns.values() if not task.done()]
@@ -209,13 +270,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         conversation_id = frame.get("conversation_id", self.conversation_id)
         try:
             transport.validate(content)
-            if conversation_id is None and client_id:
-                conversation_id = await sync_to_async(self._sent_with)(client_id)
-            conversation = None
-            if conversation_id is not None:
-                conversation = await self._conversation_for_message(conversation_id)
-            elif not (self.user is not None and self.user.is_authenticated) and not self.session_key:
-                raise TurnRefused("forbidden", "Sign in to start a conversation.", 403)
+            async with database_lane():
+                if conversation_id is None and client_id:
+                    conversation_id = await sync_to_async(self._sent_with)(client_id)
+                conversation = None
+                if conversation_id is not None:
+                    conversation = await self._conversation_for_message(conversation_id)
+                elif not (self.user is not None and self.user.is_authenticated) and not self.session_key:
+                    raise TurnRefused("forbidden", "Sign in to start a conversation.", 403)
         except TurnRefused as refusal:
             return await self._send_frame(self._frame(refusal.to_event().to_dict(), None, client_id))
         if conversation is None:
@@ -228,7 +290,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                                       "wait for it to finish or cancel it.", 409)
                 return await self._send_frame(self._frame(refusal.to_event().to_dict(), key, client_id))
             self.conversation_id = key
-        self.turns[key] = asyncio.create_task(self._run_turn(conversation, content, client_id, key))
+        self.turns[key] = asyncio.create_task(self._run_turn_in_lane(conversation, content, client_id, key))
 
     def _sent_with(self, client_id: str) -> str | None:
         """The conversation of this caller's message sent with ``client_id`` (a resend after a
@@ -249,8 +311,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         task = self.turns.get(key)
         if task is not None and not task.done():
             task.cancel()
-        else:
-            await self.channel_layer.group_send(group_name(key), {"type": "ragchat.cancel", "conversation_id": key})
+        else:  # the turn runs on another socket (without a layer: none this one could reach)
+            await self._layer_call("group_send", group_name(key), {"type": "ragchat.cancel", "conversation_id": key})
 
     async def on_ping(self, frame: dict, client_id: str | None) -> None:
         await self._send_frame(self._frame({"type": "pong"}, None, client_id))
@@ -290,9 +352,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         key = str(conversation.pk)
         if key not in self.watching:
             group = group_name(key)
-            await self.channel_layer.group_add(group, self.channel_name)
-            self.groups.append(group)  # left automatically on disconnect
+            if await self._layer_call("group_add", group, self.channel_name):
+                self.layer_groups.append(group)  # left in disconnect()
         self.watching[key] = may_send
+
+    async def _run_turn_in_lane(self, conversation: Conversation | None, content: Any, client_id: str | None,
+                                key: str) -> None:
+        # The turn's database work on a thread of its own (one of a few), not the thread every
+        # turn of the worker shares: a burst of turns then does not queue behind each other's
+        # I/O waits (django_ragchat.lanes).
+        async with database_lane():
+            await self._run_turn(conversation, content, client_id, key)
 
     async def _run_turn(self, conversation: Conversation | None, content: Any, client_id: str | None,
                         key: str) -> None:

@@ -199,17 +199,53 @@ class LLMQueryTransformer(QueryTransformer):
         return _noted(query, f"{self.name} by {self.model.chat.model}", text=text)
 
 
+# One example of each follow-up rule: (earlier user message, latest message, search query).
+# The same rules as the offline ``followup`` transformer (docs/followup.md); the names are
+# invented so the examples never match a site's own documents.
+REWRITE_EXAMPLES = (
+    ("new subject, nothing else asked: keep the attribute",
+     "How long is the warranty on the Atlas 5?", "And the Borealis 7?", "Borealis 7 warranty length"),
+    ("new subject with its own question: drop the old subject",
+     "How much does the Atlas 5 cost?", "What colours does the Borealis 7 come in?", "Borealis 7 colours"),
+    ("pronoun with a new question: keep the subject",
+     "How much does the Atlas 5 cost?", "And its warranty?", "Atlas 5 warranty"),
+    ("a fresh start: carry nothing",
+     "How much does the Atlas 5 cost?", "Thanks. Now, what is your return policy?", "return policy"),
+)
+
+
+def _rewrite_instructions() -> str:
+    examples = "\n".join(
+        f"- {rule}: after \"{earlier}\", the message \"{latest}\" becomes: {query}"
+        for rule, earlier, latest, query in REWRITE_EXAMPLES
+    )
+    return (
+        "You turn the user's latest message in a conversation into a standalone search query for a "
+        "document search engine. Keep names, model numbers and other specific terms. Track two things "
+        "separately: the subject (the product, policy or person the conversation is about) and the "
+        "attribute last asked about it (price, warranty, battery life, colours...).\n"
+        "- A message that names a new subject replaces the old subject; never add the old subject's name. "
+        "If it asks nothing of its own (\"And the X?\", \"What about X?\", \"How about X?\", \"X?\", "
+        "\"Same for X\"), it asks the last attribute about the new subject.\n"
+        "- A message that asks a new attribute with a pronoun (\"it\", \"its\", \"they\") keeps the "
+        "subject.\n"
+        "- A message that starts afresh (\"Thanks. Now, ...\") carries nothing from before.\n"
+        f"Examples:\n{examples}\n"
+        "Reply with the search query only: one line, no explanation, no quotes."
+    ).replace("{", "{{").replace("}", "}}")
+
+
 class RewriteTransformer(LLMQueryTransformer):
-    """Rewrites a follow-up into a standalone search query using the conversation."""
+    """Rewrites a follow-up into a standalone search query using the conversation.
+
+    The default instructions state the follow-up rules of ``docs/followup.md`` (subject
+    replaced / kept, attribute inherited / new, a fresh start carries nothing) with one example
+    each (``REWRITE_EXAMPLES``).
+    """
 
     name = "rewrite"
     order = 60
-    DEFAULT_INSTRUCTIONS = (
-        "You turn the user's latest message in a conversation into a standalone search query for a "
-        "document search engine. Resolve references such as \"it\", \"they\" or \"that one\" using the "
-        "conversation. Keep names, model numbers and other specific terms. Reply with the search query "
-        "only: one line, no explanation, no quotes."
-    )
+    DEFAULT_INSTRUCTIONS = _rewrite_instructions()
     DEFAULT_PROMPT = "Conversation:\n{history}\n\nLatest message: {question}\n\nSearch query:"
 
 

@@ -76,7 +76,7 @@ class CreateSQLiteFullText(Operation):
         if not sqlite.fts5_available(connection):
             import warnings
 
-            warnings.warn("This SQLite has no FTS5: django-ragchat's full-text search will be unavailable.")
+            warnings.warn("This SQLite has no FTS5: django-ragchat's full-text search will be unavailable.", stacklevel=2)
             return
         for statement in sqlite.fulltext_sql(connection):
             schema_editor.execute(statement)

@@ -41,12 +41,12 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import openai
 from django.core.exceptions import ImproperlyConfigured
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletion
 
 from django_ragchat import hookimpl
 from django_ragchat.embedders import Embedder
@@ -66,7 +66,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CHAT_MODEL = "gpt-4o-mini"
 DEFAULT_EMBEDDING_MODEL = "text-embedding-3-small"
-# Native sizes of OpenAI's embedding models; any other model needs ``embedding_dimensions``.
+# Native sizes of OpenAI's embedding models; any other model's size is learnt from its first reply.
 EMBEDDING_MODEL_DIMENSIONS = {
     "text-embedding-3-small": 1536,
     "text-embedding-3-large": 3072,
@@ -275,6 +275,19 @@ def _usage(usage: Any) -> Usage | None:
     return Usage(prompt_tokens=usage.prompt_tokens or 0, completion_tokens=getattr(usage, "completion_tokens", 0) or 0)
 
 
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _usage_dict(usage: Any) -> Usage | None:
+    """``_usage`` for a stream chunk's decoded ``usage`` object."""
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return Usage(prompt_tokens=prompt if isinstance(prompt, int) else 0,
+                 completion_tokens=completion if isinstance(completion, int) else 0)
+
+
 # --- Chat ----------------------------------------------------------------------------------------
 
 
@@ -366,18 +379,28 @@ class ChatModel:
         with model_errors(repr(self)):
             response = await client.post(
                 "/chat/completions", body=self.body(messages, max_tokens=max_tokens, stream=True),
-                cast_to=ChatCompletion, stream=True, stream_cls=openai.AsyncStream[ChatCompletionChunk],
+                # Chunks as the decoded JSON (``cast_to`` object), not ``ChatCompletionChunk``
+                # models: building a typed model is ~0.3 ms of CPU a token, the largest cost of
+                # relaying an answer, and what a worker streaming many answers at once spends
+                # its time on instead of starting the next turns.
+                cast_to=ChatCompletion, stream=True, stream_cls=openai.AsyncStream[object],
             )
         model, usage, finish = self.model, None, None
         try:
             with model_errors(repr(self), during_stream=True):
                 async for chunk in response:
-                    model = chunk.model or model
-                    usage = _usage(chunk.usage) or usage
-                    for choice in chunk.choices:
-                        finish = choice.finish_reason or finish
-                        delta = choice.delta
-                        text = (delta.content or "") + (getattr(delta, "refusal", None) or "") if delta else ""
+                    if not isinstance(chunk, dict):
+                        logger.warning("stream chunk from %r has an unexpected shape: %r", self, chunk)
+                        raise LLMError("bad_response", USER_MESSAGES["bad_response"])
+                    model = _str(chunk.get("model")) or model
+                    usage = _usage_dict(chunk.get("usage")) or usage
+                    choices = chunk.get("choices")
+                    for choice in choices if isinstance(choices, list) else ():
+                        if not isinstance(choice, dict):
+                            continue
+                        finish = _str(choice.get("finish_reason")) or finish
+                        delta = choice.get("delta")
+                        text = _str(delta.get("content")) + _str(delta.get("refusal")) if isinstance(delta, dict) else ""
                         if text:
                             yield LLMDelta(text=text)
         finally:
@@ -487,15 +510,21 @@ class OpenAIEmbedder(Embedder):
 
     Options (in ``options["openai"]``, shared with the ``openai`` LLM backend): the
     connection's, ``embedding_model`` (default ``text-embedding-3-small``),
-    ``embedding_dimensions`` (the vector size; required for models not in
-    ``EMBEDDING_MODEL_DIMENSIONS``), ``send_dimensions`` (send ``dimensions`` to the server so
-    it shortens the vectors; by default only for ``text-embedding-3-*`` models, the ones that
-    can), ``batch_size`` (texts per request, default 256).
+    ``embedding_dimensions`` (the vector size; for a model not in ``EMBEDDING_MODEL_DIMENSIONS``
+    it is learnt from the server's first reply when not set), ``send_dimensions`` (send
+    ``dimensions`` to the server so it shortens the vectors; by default only for
+    ``text-embedding-3-*`` models, the ones that can), ``batch_size`` (texts per request,
+    default 256).
 
-    The space is ``openai/<model>-<dimensions>``: changing either needs a re-embed.
+    The space is ``openai/<model>-<dimensions>``: changing either needs a re-embed. Reading
+    ``space`` before any embedding call, with the size still unknown, asks the server once
+    (one one-word embedding); what was learnt is kept per server and model for the process.
     """
 
     name = "openai"
+    # (server, model) -> vector size learnt from a reply: components are rebuilt with the
+    # settings, the server's model does not change size.
+    learnt_dimensions: ClassVar[dict[tuple[str, str], int]] = {}
 
     def __init__(self, profile, **options: Any):
         _check_options("The openai embedder", options, (*CONNECTION_OPTIONS, *CHAT_OPTIONS, *EMBEDDING_OPTIONS))
@@ -504,15 +533,11 @@ class OpenAIEmbedder(Embedder):
         self.model = options.get("embedding_model") or DEFAULT_EMBEDDING_MODEL
         dimensions = options.get("embedding_dimensions")
         native = EMBEDDING_MODEL_DIMENSIONS.get(self.model)
-        if dimensions is None and native is None:
-            raise ImproperlyConfigured(
-                f"The openai embedder cannot know the vector size of model {self.model!r}: set "
-                f"options['openai']['embedding_dimensions'] (e.g. 768 for nomic-embed-text)."
-            )
         if dimensions is not None and (not isinstance(dimensions, int) or dimensions < 1):
             raise ImproperlyConfigured(
                 f"openai option 'embedding_dimensions' must be a positive integer, not {dimensions!r}.")
-        self.dimension = dimensions or native
+        # None: learnt from the first reply (see _vectors).
+        self.dimension: int | None = dimensions or native or self.learnt_dimensions.get(self._key)
         send = options.get("send_dimensions")
         if send is None:
             send = dimensions is not None and dimensions != native and self.model.startswith("text-embedding-3")
@@ -520,7 +545,13 @@ class OpenAIEmbedder(Embedder):
         self.batch_size = int(options.get("batch_size") or 256)
 
     @property
+    def _key(self) -> tuple[str, str]:
+        return (self.connection.describe(), self.model)
+
+    @property
     def space(self) -> str:
+        if self.dimension is None:
+            self.embed(["dimensions"])  # learns the size from the reply
         return f"openai/{self.model}-{self.dimension}"
 
     def _request(self, texts: list[str]) -> dict[str, Any]:
@@ -537,31 +568,38 @@ class OpenAIEmbedder(Embedder):
         except (AttributeError, TypeError, ValueError) as exc:
             logger.warning("embeddings from %s have an unexpected shape: %r", self.connection.describe(), response)
             raise LLMError("bad_response", USER_MESSAGES["bad_response"]) from exc
+        if self.dimension is None and matrix.ndim == 2 and matrix.shape[0] == expected and matrix.shape[1] > 0:
+            self.dimension = self.learnt_dimensions[self._key] = int(matrix.shape[1])
+            logger.info("embedding model %s at %s answers %d dimensions", self.model, self.connection.describe(),
+                        self.dimension)
         if matrix.shape != (expected, self.dimension):
             logger.warning("embedding model %s returned shape %s, expected (%d, %d): set embedding_dimensions "
                            "to the model's size", self.model, matrix.shape, expected, self.dimension)
             raise LLMError("bad_response", USER_MESSAGES["bad_response"])
         return matrix
 
+    def _stack(self, parts: list[np.ndarray]) -> np.ndarray:
+        return np.vstack(parts) if parts else np.zeros((0, self.dimension or 0), dtype=np.float32)
+
     def embed(self, texts: list[str]) -> np.ndarray:
-        parts = [np.zeros((0, self.dimension), dtype=np.float32)]
+        parts = []
         client = self.connection.sync_client()
         for start in range(0, len(texts), self.batch_size):
             batch = texts[start:start + self.batch_size]
             with model_errors(f"embeddings ({self.model})"):
                 response = client.embeddings.create(**self._request(batch))
             parts.append(self._vectors(response, len(batch)))
-        return np.vstack(parts)
+        return self._stack(parts)
 
     async def aembed(self, texts: list[str]) -> np.ndarray:
-        parts = [np.zeros((0, self.dimension), dtype=np.float32)]
+        parts = []
         client = await self.connection.async_client() if texts else None
         for start in range(0, len(texts), self.batch_size):
             batch = texts[start:start + self.batch_size]
             with model_errors(f"embeddings ({self.model})"):
                 response = await client.embeddings.create(**self._request(batch))
             parts.append(self._vectors(response, len(batch)))
-        return np.vstack(parts)
+        return self._stack(parts)
 
 
 @hookimpl

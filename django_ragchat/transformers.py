@@ -8,8 +8,13 @@ Built in: ``followup``, an offline, model-free resolver for dependent follow-ups
 me about the Aurora X2 phone", the question "How much does it cost?" names nothing a search
 can find; ``followup`` notices that the question depends on the conversation (a pronoun, or
 too few content words of its own) and appends what the conversation is about: the names and
-model numbers the user wrote, ranked by how often and how recently they were mentioned. Its
-retrieval quality is measured on CANARD by ``bench/bench_canard.py``. LLM-based rewriting,
+model numbers the user wrote, ranked by how often and how recently they were mentioned. It
+also tracks the conversation's *subject* (a name the corpus itself has as a document title or
+heading, see ``subjects.py``) apart from the *attribute* last asked about it, so "What about
+the Nimbus Tab?" after "What is the battery life of the Zephyr Buds?" searches the Nimbus Tab's
+battery life, not the Zephyr Buds (docs/followup.md has the rules). Its retrieval quality is
+measured on CANARD by ``bench/bench_canard.py`` and on subject switches by
+``bench/bench_followup.py``. LLM-based rewriting,
 compression and translation are provided by ``django_ragchat.llm_transformers`` when a model
 is configured.
 """
@@ -17,10 +22,14 @@ is configured.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import sync_to_async
 
 from django_ragchat import hookimpl
 from django_ragchat.components import Component
+from django_ragchat.subjects import Subject, SubjectIndex, name_key, subject_index
 from django_ragchat.text import STOPWORDS, content_terms, normalize, stem, words
 from django_ragchat.types import EndTurn, Query, SkipRetrieval
 
@@ -66,7 +75,7 @@ def mid_sentence_names(texts: list[str]) -> set[str]:
     """Folded words written capitalised inside a sentence somewhere in ``texts``: names."""
     found = set()
     for text in texts:
-        for i, match in enumerate(_TOKEN_RE.finditer(text[:_MAX_SCAN_CHARS])):
+        for match in _TOKEN_RE.finditer(text[:_MAX_SCAN_CHARS]):
             token = match.group(0)
             if token[0].isupper() and not _starts_sentence(text, match):
                 found.add(normalize(token))
@@ -112,18 +121,154 @@ def classify_tokens(text: str, known_names: frozenset[str] | set[str] = frozense
     return found
 
 
+# Personal and possessive pronouns: a follow-up using one asks about the current subject.
+PRONOUNS = frozenset("it its it's itself they them their theirs he him his she her hers this these those".split())
+# A fresh start: the user closes the last exchange, then asks something of its own.
+_FRESH_RE = re.compile(
+    r"^\s*(?:(?:thanks|thank you|thx|cheers|ok|okay|great|perfect|got it|alright|all right)\b[\s,.!;:\-]*)+"
+    r"(?:now\b[\s,.!;:\-]*)?"
+    r"|^\s*(?:new|another|different|unrelated) question\b[\s,.!;:\-]*",
+    re.IGNORECASE,
+)
+# The words of a follow-up that asks nothing of its own: "And the X?", "What about X?",
+# "How about X?", "Same for X", "X again?".
+_FILLER = frozenset("and what about how same for the a an again then so also or too please back to ok okay".split())
+# "How much is it?" asks the price without naming it.
+_HOW_MUCH_RE = re.compile(r"\bhow much\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one user message says: the subjects it names, the attribute it asks (its own
+    words, in order), whether it asks nothing else (``elliptical``), points back with a pronoun,
+    or starts afresh."""
+
+    named: tuple[Subject, ...]
+    attribute: tuple[str, ...]
+    elliptical: bool
+    pronoun: bool
+    fresh: bool
+
+
+def read_message(text: str, index: SubjectIndex) -> Reading:
+    """Split a user message into subject names and attribute words (see ``Reading``)."""
+    fresh_match = _FRESH_RE.match(text)
+    rest = text[fresh_match.end():] if fresh_match else text
+    named = tuple(index.find(rest[:_MAX_SCAN_CHARS]))
+    name_words = {normalize(w) for s in named for w in _TOKEN_RE.findall(s.name)}
+    name_keys = {t for s in named for t in s.tokens}
+    attribute, elliptical, pronoun = [], True, False
+    how_words = set()  # "long" in "How long is the warranty?": the kind of value, not the attribute
+    previous = ""
+    for match in _TOKEN_RE.finditer(rest[:_MAX_SCAN_CHARS]):
+        token = match.group(0)
+        folded = normalize(token)
+        after_how, previous = previous == "how", folded
+        if folded in name_words or name_key(token) in name_keys:
+            continue
+        if after_how:
+            how_words.add(token)
+        pronoun = pronoun or folded in PRONOUNS
+        if folded not in _FILLER:
+            elliptical = False
+        if folded in STOPWORDS or folded in ANAPHORA or folded in _FILLER or (len(folded) < 2 and not folded.isdigit()):
+            continue
+        attribute.append(token)
+    if not attribute and _HOW_MUCH_RE.search(rest):
+        attribute = ["price", "cost"]
+    # Appended alone to another subject's search, "long warranty" reads as a question about
+    # length: keep the words that name the attribute ("warranty"), unless there are none
+    # ("How heavy is it?").
+    attribute = [w for w in attribute if w not in how_words] or attribute
+    # "Thanks. What about the Nimbus Tab?" is still a follow-up: only a message that asks
+    # something of its own after the thanks starts afresh.
+    fresh = bool(fresh_match) and bool(rest.strip()) and not elliptical and not pronoun and not _ELLIPSIS_RE.match(rest)
+    return Reading(named, tuple(attribute), elliptical and bool(named), pronoun, fresh)
+
+
+@dataclass
+class ConversationState:
+    """The subject and attribute after a message, and the rules that produced them."""
+
+    subject: Subject | None = None
+    attribute: tuple[str, ...] = ()
+    previous_subject: Subject | None = None
+    subject_rule: str = "none"      # none, set, kept, replaced, fresh
+    attribute_rule: str = "none"    # none, new, inherited
+    # Whether the conversation has moved from one subject to another since it (re)started.
+    switched: bool = False
+
+    def step(self, reading: Reading) -> ConversationState:
+        """The state after ``reading`` (this one is not changed)."""
+        new = ConversationState(previous_subject=self.subject, switched=self.switched)
+        if reading.fresh:
+            new.subject = reading.named[-1] if reading.named else None
+            new.subject_rule = "fresh"
+            new.attribute = reading.attribute
+            new.attribute_rule = "new" if reading.attribute else "none"
+            new.switched = False  # what came before no longer counts
+            return new
+        if reading.named:
+            new.subject = reading.named[-1]
+            new.subject_rule = ("set" if self.subject is None else
+                                "kept" if new.subject == self.subject else "replaced")
+            new.switched = self.switched or new.subject_rule == "replaced"
+        else:
+            new.subject = self.subject
+            new.subject_rule = "kept" if self.subject else "none"
+        if reading.attribute:
+            new.attribute, new.attribute_rule = reading.attribute, "new"
+        elif reading.elliptical and self.attribute:
+            new.attribute, new.attribute_rule = self.attribute, "inherited"
+        else:
+            # Nothing asked: the last attribute stays the one a later "And the X?" inherits.
+            new.attribute, new.attribute_rule = self.attribute, "none"
+        return new
+
+    def describe(self) -> dict[str, Any]:
+        """The trace's ``queries.followup`` entry."""
+        return {
+            "subject": self.subject.name if self.subject else None,
+            "previous_subject": self.previous_subject.name if self.previous_subject else None,
+            "subject_rule": self.subject_rule,
+            "attribute": " ".join(self.attribute) or None,
+            "attribute_rule": self.attribute_rule,
+        }
+
+
 class FollowUpEnricher(QueryTransformer):
-    """Appends the conversation's subject to a follow-up that depends on it.
+    """Resolves a follow-up: appends the conversation's subject, or the attribute it inherits.
 
     A question counts as dependent when it points back (a pronoun such as "it" or "they", or
     an elliptical opening such as "And the battery?") or has fewer than ``min_own_terms``
     content words of its own. Such a question gets up to ``max_terms`` terms appended (see
     ``salient_terms``); a self-contained question is left alone.
 
+    Subjects and attributes (``track_subjects``, on by default): the names the corpus has as
+    document titles or name-like headings (``subjects.subject_index``) are the subjects a
+    conversation can be about; the other words a user asks with are the attribute. Reading the
+    user's messages oldest first (``ConversationState.step``):
+
+    * a message naming a new subject replaces the subject; when it asks nothing of its own
+      ("And the X?", "What about X?", "How about X?", "X?", "Same for X") it inherits the last
+      attribute, which is appended to the search ("What about the Nimbus Tab? battery life");
+      names of the subjects left behind are never appended;
+    * a follow-up without a name ("And its warranty?") keeps the subject; once the conversation
+      has switched subjects, only the current subject's name is appended;
+    * a message that starts afresh ("Thanks. Now, what is your return policy?") carries
+      nothing, and nothing said before it is carried later;
+    * a conversation that never names a corpus subject, or stays on one, is enriched as
+      before (``enrich``), which is what ``bench/bench_canard.py`` measures.
+
+    The trace's ``queries.followup`` says which rule fired (``subject_rule``: set, kept,
+    replaced, fresh or none; ``attribute_rule``: new, inherited or none), and the step's note
+    repeats it in words.
+
     Options: ``max_terms`` (4), ``lookback`` (10) user turns read, newest first;
     ``use_answers`` (True) lets names from the latest answer stand in when the user never
     named anything; ``min_own_terms`` (3); ``decay`` (0.7), the weight of a mention one user
-    turn older than another.
+    turn older than another; ``track_subjects`` (True; False is the subject-blind behaviour
+    of earlier versions, kept for comparison in ``bench/bench_followup.py``).
 
     Tuned on the first 100 dialogs of CANARD with ``bench/bench_canard.py`` (see
     bench/README.md): against the first version (names and topic words of the last 3 user
@@ -138,13 +283,15 @@ class FollowUpEnricher(QueryTransformer):
     ANSWER_WEIGHT = 0.5
 
     def __init__(self, profile, *, max_terms: int = 4, lookback: int = 10, use_answers: bool = True,
-                 min_own_terms: int = 3, decay: float = 0.7, **options: Any):
+                 min_own_terms: int = 3, decay: float = 0.7, track_subjects: bool = True,
+                 **options: Any):
         super().__init__(profile, **options)
         self.max_terms = max_terms
         self.lookback = lookback
         self.use_answers = use_answers
         self.min_own_terms = min_own_terms
         self.decay = decay
+        self.track_subjects = track_subjects
 
     def is_dependent(self, text: str) -> bool:
         """Whether the question likely needs the conversation to be understood."""
@@ -213,17 +360,86 @@ class FollowUpEnricher(QueryTransformer):
         return [surface[key] for key in ranked[: self.max_terms]]
 
     def transform(self, query, turn):
+        """The follow-up resolved (see the class docstring). With a turn, the corpus's subject
+        names are looked up first (one query, cached); without one (unit use) there are none."""
+        if not query.history or not self.track_subjects or turn is None:
+            return self.resolve(query, turn, None)
+        return self._resolve_with_subjects(query, turn)
+
+    async def _resolve_with_subjects(self, query, turn):
+        index = await sync_to_async(subject_index)(turn.components.embedder.space)
+        return self.resolve(query, turn, index)
+
+    def state_of(self, query: Query, index: SubjectIndex) -> tuple[ConversationState, ConversationState, Reading]:
+        """(the state before the question, after it, and the question's reading), from the
+        user messages of the last ``lookback`` turns, oldest first."""
+        messages = [m.content for m in query.history if m.role == "user"][-self.lookback:] if self.lookback else []
+        state = ConversationState()
+        for text in messages:
+            state = state.step(read_message(text, index))
+        reading = read_message(query.text, index)
+        return state, state.step(reading), reading
+
+    @staticmethod
+    def since_fresh_start(query: Query, index: SubjectIndex) -> Query:
+        """``query`` with the history before the last fresh start dropped: what the user left
+        behind with "Thanks. Now, ..." is never carried into a later follow-up."""
+        start = 0
+        for position, message in enumerate(query.history):
+            if message.role == "user" and read_message(message.content, index).fresh:
+                start = position
+        return query.replace(history=query.history[start:]) if start else query
+
+    def resolve(self, query: Query, turn: TurnContext | None, index: SubjectIndex | None):
+        """The transformed query, given the corpus's subjects (``index``; ``None``: the
+        subject-blind behaviour of ``track_subjects: False``)."""
         if not query.history:
-            return query.replace(metadata={**query.metadata, "transform_note": "no history"})
+            return _noted(query, "no history")
+        if index is None or not len(index):
+            return self.enrich(query)
+        before, after, reading = self.state_of(query, index)
+        if turn is not None and isinstance(getattr(turn, "trace", None), dict):
+            turn.trace.setdefault("queries", {})["followup"] = after.describe()
+        rules = (f"subject {after.subject_rule}"
+                 + (f" ({after.subject.name})" if after.subject else "")
+                 + f", attribute {after.attribute_rule}"
+                 + (f" ({' '.join(after.attribute)})" if after.attribute else ""))
+        if reading.fresh:
+            return _noted(query, f"fresh start: nothing carried; {rules}")
+        if reading.named and (after.subject_rule != "kept" or after.attribute_rule == "inherited"):
+            if after.attribute_rule == "inherited":
+                own = {stem(w) for w in words(query.text)}
+                added = [w for w in after.attribute if stem(normalize(w)) not in own]
+                if added:
+                    return _noted(query, f"follow-up: {rules}: added {added}", text=f"{query.text} {' '.join(added)}")
+            return _noted(query, f"self-contained (names its subject); {rules}")
         if not self.is_dependent(query.text):
-            return query.replace(metadata={**query.metadata, "transform_note": "self-contained"})
+            return _noted(query, f"self-contained; {rules}")
+        if after.subject is not None and after.switched:
+            # The conversation switched subjects: only the current one is carried, never the
+            # names of the subjects it left (which the subject-blind ranking would add).
+            own = {stem(w) for w in words(query.text)}
+            if not set(after.subject.tokens) <= own:
+                added = [after.subject.name]
+                return _noted(query, f"follow-up: {rules}: added {added}", text=f"{query.text} {after.subject.name}")
+            return _noted(query, f"self-contained (names its subject); {rules}")
+        result = self.enrich(self.since_fresh_start(query, index))
+        return _noted(result.replace(history=query.history), f"{result.metadata['transform_note']}; {rules}")
+
+    def enrich(self, query: Query) -> Query:
+        """The subject-blind follow-up: salient names of the history appended to a dependent
+        question (the behaviour before subjects were tracked, and the fallback when the
+        conversation names no subject of the corpus)."""
+        if not self.is_dependent(query.text):
+            return _noted(query, "self-contained")
         terms = self.salient_terms(query)
         if not terms:
-            return query.replace(metadata={**query.metadata, "transform_note": "no salient terms"})
-        return query.replace(
-            text=f"{query.text} {' '.join(terms)}",
-            metadata={**query.metadata, "transform_note": f"follow-up: added {terms}"},
-        )
+            return _noted(query, "no salient terms")
+        return _noted(query, f"follow-up: added {terms}", text=f"{query.text} {' '.join(terms)}")
+
+
+def _noted(query: Query, note: str, **changes: Any) -> Query:
+    return query.replace(metadata={**query.metadata, "transform_note": note}, **changes)
 
 
 @hookimpl

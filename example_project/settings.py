@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files (offline)
     "channels",
     "django_ragchat",
 ]
@@ -76,6 +77,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "example_project.context_processors.demo",  # the "answers are extractive" line
             ],
         },
     },
@@ -101,7 +103,9 @@ if os.environ.get("REDIS_URL"):
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             # capacity: room for a whole streamed answer per watching socket (docs/deployment.md).
-            "CONFIG": {"hosts": [os.environ["REDIS_URL"]], "capacity": 1000},
+            # socket_timeout 30: redis-py 8 defaults it to 5 s, which ends the layer's blocking
+            # receive of an idle socket with a TimeoutError and closes it (channels_redis #422).
+            "CONFIG": {"hosts": [{"address": os.environ["REDIS_URL"], "socket_timeout": 30}], "capacity": 1000},
         }
     }
 
@@ -110,7 +114,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 LOGIN_URL = "/admin/login/"
 
-REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema"}
+# No REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]: the API views set their schema class themselves.
 SPECTACULAR_SETTINGS = {"TITLE": "django-ragchat demo API", "VERSION": "1"}
 
 # The demo lets visitors chat without an account (bound to their session).
@@ -129,7 +133,9 @@ if os.environ.get("OPENAI_API_KEY") or os.environ.get("RAGCHAT_LLM_BASE_URL"):
         "model": os.environ.get("RAGCHAT_CHAT_MODEL", "gpt-4o-mini"),
         "embedding_model": os.environ.get("RAGCHAT_EMBEDDING_MODEL", "text-embedding-3-small"),
     }
-    if os.environ.get("RAGCHAT_EMBEDDING_DIMENSIONS"):  # needed for models other than OpenAI's
+    # Optional: the size is learnt from the model's first reply; set it to ask OpenAI's
+    # text-embedding-3 models for shorter vectors.
+    if os.environ.get("RAGCHAT_EMBEDDING_DIMENSIONS"):
         _openai["embedding_dimensions"] = int(os.environ["RAGCHAT_EMBEDDING_DIMENSIONS"])
     RAGCHAT["PROFILES"]["default"] = {"llm": "openai", "embedder": "openai", "options": {"openai": _openai}}
 

@@ -8,7 +8,13 @@ PY=.venv/bin/python
 # The demo's own key and plain HTTP (example_project/settings.py refuses both without this).
 export DJANGO_DEBUG=${DJANGO_DEBUG:-1}
 $PY manage.py migrate --no-input
-$PY manage.py ragchat_ingest docs example_project/sample_docs --root .
+# The sample product documents only: the project's own docs/ are not the demo's subject, and a
+# product question must never cite them.
+$PY manage.py ragchat_ingest example_project/sample_docs --root .
 echo
 echo "Open http://127.0.0.1:${PORT:-8000}/ and ask: How much does the Aurora X2 cost?"
+if [[ -z ${RAGCHAT_LLM_BASE_URL:-}${OPENAI_API_KEY:-} ]]; then
+  echo "Answers are extractive (quoted from the documents) until a model is configured: set"
+  echo "RAGCHAT_LLM_BASE_URL (or OPENAI_API_KEY), RAGCHAT_CHAT_MODEL and RAGCHAT_EMBEDDING_MODEL."
+fi
 exec $PY manage.py runserver "127.0.0.1:${PORT:-8000}"

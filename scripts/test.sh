@@ -1,26 +1,63 @@
 #!/usr/bin/env bash
-# The test command: the whole suite on SQLite, then again on PostgreSQL with pgvector.
-# Extra arguments go to pytest (e.g. `bash scripts/test.sh -k pipeline`).
-# Needs: the services (scripts/ensure-services.sh), pgvector (scripts/install-pgvector.sh) and
-# Chromium (scripts/install-system-deps.sh); .ci/run installs all of them first.
+# The test command (README.md). On a fresh machine of this project's kind it does everything:
+#   1. as root: installs what the tests need (scripts/install-system-deps.sh: Chromium, its
+#      driver, PostgreSQL, Redis, pgvector) and starts PostgreSQL and Redis
+#      (scripts/ensure-services.sh); not root: checks that they answer;
+#   2. creates the two virtual environments of the support matrix (scripts/bootstrap.sh):
+#      .venv         Python 3.11 (python3), Django 5.2 LTS
+#      .venv-django61 Python 3.12, Django 6.1
+#   3. ruff check (pyflakes, pycodestyle errors, isort, bugbear; config in pyproject.toml);
+#   4. the whole suite on each combination, on SQLite and then on PostgreSQL with pgvector
+#      (a PostgreSQL test that would skip fails there: RAGCHAT_REQUIRE_POSTGRES=1).
+# pytest's exit 5 (no test collected) is a failure. Extra arguments go to every pytest run
+# (e.g. `bash scripts/test.sh -k pipeline`). RAGCHAT_TEST_MATRIX=5.2 (or 6.1) runs one
+# combination; RAGCHAT_TEST_POSTGRES_URL names the server (each run makes its own test database).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh || exit 1
-PY=.venv/bin/python
-PG_URL=${RAGCHAT_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/ragchat}
+started=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - started )) s"; }
 
+if [[ $(id -u) -eq 0 ]]; then
+  bash scripts/install-system-deps.sh || exit 1
+  bash scripts/ensure-services.sh || exit 1
+else
+  bash scripts/ensure-services.sh || { echo "PostgreSQL or Redis is not running: run this as root once, or start them"; exit 1; }
+fi
+
+python312=${RAGCHAT_PYTHON312:-$(command -v python3.12 || ls -d "$HOME"/.pyenv/versions/3.12*/bin/python 2>/dev/null | tail -n 1)}
+matrix=${RAGCHAT_TEST_MATRIX:-"5.2 6.1"}
+for combo in $matrix; do
+  case $combo in
+    5.2) bash scripts/bootstrap.sh || exit 1 ;;
+    6.1)
+      if [[ -z $python312 ]]; then echo "Django 6.1 needs Python 3.12: none found (set RAGCHAT_PYTHON312)"; exit 1; fi
+      VENV=.venv-django61 PYTHON=$python312 DJANGO="Django>=6.1,<6.2" bash scripts/bootstrap.sh || exit 1 ;;
+    *) echo "unknown combination $combo (5.2 or 6.1)"; exit 1 ;;
+  esac
+done
+echo "setup took $(elapsed)"
+
+status=0
+echo "=== ruff check ==="
+.venv/bin/ruff check . || status=1
+
+PG_URL=${RAGCHAT_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/ragchat}
 run() {
   local label=$1; shift
-  echo "=== tests on $label ==="
+  echo "=== tests: $label ($(elapsed) so far) ==="
   "$@"
   local rc=$?
   # pytest exits 5 when it collected no test: that is a failure of the suite, not a pass.
-  if [[ $rc -eq 5 ]]; then echo "no tests were collected on $label"; return 1; fi
+  if [[ $rc -eq 5 ]]; then echo "no tests were collected: $label"; return 1; fi
   return $rc
 }
 
-status=0
-run SQLite env -u DATABASE_URL "$PY" -m pytest "$@" || status=1
-# On PostgreSQL, a missing server or extension is an error, never a skip.
-run PostgreSQL env DATABASE_URL="$PG_URL" RAGCHAT_REQUIRE_POSTGRES=1 "$PY" -m pytest "$@" || status=1
+for combo in $matrix; do
+  if [[ $combo == 5.2 ]]; then py=.venv/bin/python; else py=.venv-django61/bin/python; fi
+  name="Django $("$py" -c 'import django; print(django.get_version())') on Python $("$py" -c 'import platform; print(platform.python_version())')"
+  run "$name, SQLite" env -u DATABASE_URL "$py" -m pytest -p no:cacheprovider "$@" || status=1
+  run "$name, PostgreSQL" env DATABASE_URL="$PG_URL" RAGCHAT_REQUIRE_POSTGRES=1 \
+    "$py" -m pytest -p no:cacheprovider "$@" || status=1
+done
+echo "=== the whole test command took $(elapsed); exit $status ==="
 exit $status

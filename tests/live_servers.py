@@ -21,7 +21,6 @@ import secrets
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -45,9 +44,13 @@ def free_port() -> int:
 class ServerProcess:
     """A server started as a child process, answering on 127.0.0.1:``port``."""
 
+    # Where the servers' logs go: pytest's temporary directory of the session (set by the
+    # ``server_logs`` fixture), never loose files in the system's temp folder.
+    log_dir: Path = ROOT / "var" / "test-logs"
+
     def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int):
         self.name, self.argv, self.env, self.port = name, argv, env, port
-        self.log = Path(tempfile.gettempdir()) / f"ragchat-{name}-{os.getpid()}-{port}.log"
+        self.log = self.log_dir / f"ragchat-{name}-{os.getpid()}-{port}.log"
         self.process: subprocess.Popen | None = None
 
     @property
@@ -59,6 +62,7 @@ class ServerProcess:
         return f"ws://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=log,
                                             stderr=subprocess.STDOUT)
@@ -117,6 +121,13 @@ def gunicorn(name: str, env: dict[str, str]) -> ServerProcess:
 # --- fixtures ---------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="session", autouse=True)
+def server_logs(tmp_path_factory) -> Path:
+    """The directory of the server processes' logs, in pytest's temporary directory."""
+    ServerProcess.log_dir = tmp_path_factory.mktemp("server-logs")
+    return ServerProcess.log_dir
+
+
 @pytest.fixture(scope="session")
 def live_prefix() -> str:
     """The Redis key prefix of this session's servers (cache and channel layer)."""
@@ -124,10 +135,11 @@ def live_prefix() -> str:
 
 
 @pytest.fixture(scope="session")
-def live_env(django_db_setup, openai_server_session, live_prefix) -> dict[str, str]:
+def live_env(django_db_setup, openai_server_session, live_prefix, tmp_path_factory) -> dict[str, str]:
     """The environment of the server processes (after the test database exists)."""
     return {
         **os.environ,
+        "TMPDIR": str(tmp_path_factory.mktemp("server-tmp")),  # gunicorn's worker files, not in /tmp
         "DJANGO_SETTINGS_MODULE": "tests.live_settings",
         "PYTHONPATH": str(ROOT),
         "RAGCHAT_LIVE_PREFIX": live_prefix,

@@ -28,12 +28,19 @@ CACHES = {
         "KEY_PREFIX": os.environ.get("RAGCHAT_LIVE_PREFIX", "ragchat-live"),
     }
 }
-if os.environ.get("RAGCHAT_LIVE_CHANNEL_LAYER") == "redis":
+_layer = os.environ.get("RAGCHAT_LIVE_CHANNEL_LAYER")
+if _layer == "none":
+    CHANNEL_LAYERS = {}  # the consumer works on its own (ragchat.W030)
+elif _layer in ("redis", "broken-redis"):
+    if _layer == "broken-redis":  # nothing listens there: every call to the layer fails
+        _redis_url = f"redis://127.0.0.1:{os.environ['RAGCHAT_LIVE_DEAD_PORT']}/0"
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
-                "hosts": [_redis_url],
+                # As docs/deployment.md writes it: a socket timeout longer than the layer's
+                # 5-second blocking read, or every idle socket's read times out.
+                "hosts": [{"address": _redis_url, "socket_timeout": 30}],
                 "prefix": os.environ.get("RAGCHAT_LIVE_PREFIX", "ragchat-live") + ":layer",
                 # Room for a whole streamed answer in a watcher's channel (see docs/deployment.md).
                 "capacity": 1000,

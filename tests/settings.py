@@ -2,7 +2,6 @@
 is SQLite."""
 
 import os
-import tempfile
 
 import dj_database_url
 
@@ -18,6 +17,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files (offline)
     "channels",
     "django_ragchat",
 ]
@@ -48,10 +48,13 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # A file, not :memory:, so concurrent-write tests and server processes started by tests
     # (which read RAGCHAT_TEST_SQLITE) share one database with real locking. One file per
-    # pytest process, so parallel runs don't collide.
+    # pytest process, so parallel runs don't collide. In the project's var/ (ignored by git),
+    # not the system's temp folder: Django deletes it at the end, and a killed run leaves it here.
+    _test_db_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "var", "test-db")
+    os.makedirs(_test_db_dir, exist_ok=True)
     DATABASES["default"]["TEST"] = {
         "NAME": os.environ.setdefault(
-            "RAGCHAT_TEST_SQLITE", os.path.join(tempfile.gettempdir(), f"ragchat-tests-{os.getpid()}.sqlite3")
+            "RAGCHAT_TEST_SQLITE", os.path.join(_test_db_dir, f"ragchat-tests-{os.getpid()}.sqlite3")
         )
     }
     # IMMEDIATE: a write transaction takes the lock up front, so concurrent turns wait
@@ -82,11 +85,12 @@ TASKS = {
 INSTALLED_APPS.append("django_tasks_db")
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 ASGI_APPLICATION = "tests.asgi.application"
+LOGIN_URL = "admin:login"  # resolves (ragchat.W031)
 STATIC_URL = "static/"
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema"}
+# No REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]: the API views set their schema class themselves.
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 RAGCHAT = {
     # Tests never load whatever plugins happen to be installed; the entry-point test turns

@@ -21,7 +21,13 @@ from django_ragchat import limits, plugins
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.llms import LLMBackend, LLMError
 from django_ragchat.models import (
-    Chunk, Conversation, Document, Feedback, MemoryRecord, Message, MessageSource,
+    Chunk,
+    Conversation,
+    Document,
+    Feedback,
+    MemoryRecord,
+    Message,
+    MessageSource,
 )
 from django_ragchat.types import LLMDelta
 
@@ -535,6 +541,7 @@ def test_the_schema_is_served_for_these_endpoints_and_validates(alice, tmp_path)
     assert set(post["responses"]) == {"200", "201", "400", "403", "404", "409", "410", "413", "429", "500", "502",
                                       "503", "504"}
     # drf-spectacular's own validation, failing on any warning.
+    # (drf-spectacular's own generator, on a site that never set REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"].)
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml"))
     assert (tmp_path / "schema.yaml").read_text().count("/api/ragchat/") >= 10
 

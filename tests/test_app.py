@@ -63,6 +63,7 @@ def test_wrongly_typed_settings_are_reported(ragchat_settings_override):
     assert sorted(ids(checks.check_settings())) == ["ragchat.E006", "ragchat.E007", "ragchat.E007"]
 
 
+@pytest.mark.django_db  # Django 6 runs model checks (JSONField support) against the databases
 def test_manage_py_check_reports_instead_of_raising(ragchat_settings_override):
     ragchat_settings_override(PROFILES={"default": {"llm": "nope"}})
     from django.core.management.base import SystemCheckError

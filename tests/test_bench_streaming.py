@@ -21,3 +21,16 @@ def test_the_streaming_benchmark_runs_and_loses_no_token():
     paths = {" ".join(row[1:-9]) for row in rows}
     assert paths == {"model", "pipeline", "websocket", "sse asgi", "sse wsgi"}, result.stdout
     assert len(rows) == 10 and all(row[-1] == "0/0" for row in rows), result.stdout
+
+
+@pytest.mark.slow
+def test_two_workers_on_the_redis_layer_lose_no_token():
+    """``--workers 2``: two uvicorn processes on the Redis channel layer, the clients split."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run([sys.executable, "bench/bench_streaming.py", "--quick", "--workers", "2",
+                             "--paths", "websocket,sse asgi"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 uvicorn workers (Redis layer)" in result.stdout
+    rows = [line.split() for line in result.stdout.splitlines() if line[:1].isdigit()]
+    assert len(rows) == 4 and all(row[-1] == "0/0" for row in rows), result.stdout

@@ -697,3 +697,22 @@ def test_a_footer_after_the_last_token_and_a_reprompted_answer(page, asgi, produ
     assert body.text.startswith("The 256 GB model costs $799 [1].") and "It costs $799." not in body.text
     assert body.find_elements(By.CSS_SELECTOR, "a.ragchat-cite")
     assert not last_answer(page).find_element(By.CSS_SELECTOR, ".ragchat-note").is_displayed()  # nothing "lost"
+
+
+@pytest.mark.parametrize("page_name", ["docs", "redoc"])
+def test_the_api_docs_render_from_the_sites_own_static_files(page, live_server, page_name):
+    """Swagger UI and Redoc come from drf-spectacular-sidecar through the site's static files:
+    the pages render their operations with no network, and load nothing from another origin."""
+    page.get(f"{live_server.url}/api/ragchat/{page_name}/")
+    selector = ".swagger-ui .opblock-summary-path" if page_name == "docs" else "[data-section-id^='operation/']"
+    WebDriverWait(page, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, selector))
+    if page_name == "docs":
+        paths = {e.text.replace("\u200b", "") for e in page.find_elements(By.CSS_SELECTOR, selector)}
+        assert "/api/ragchat/conversations/" in paths
+    else:
+        assert "conversation" in page.find_element(By.TAG_NAME, "body").text.lower()
+    # Scripts, stylesheets and the schema (Redoc's own footer logo is an image from its site).
+    resources = page.execute_script("return performance.getEntriesByType('resource')"
+                                    ".filter(e => e.initiatorType !== 'img').map(e => e.name)")
+    assert any("/static/drf_spectacular_sidecar/" in url for url in resources), resources
+    assert all(url.startswith(live_server.url) for url in resources), resources

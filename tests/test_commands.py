@@ -249,12 +249,17 @@ def test_ctrl_c_stops_the_answer_and_saves_it_as_incomplete(ragchat_settings_ove
         if SlowAnswerer.started.wait(10):
             os.kill(os.getpid(), signal.SIGINT)
 
+    # Python's own Ctrl-C handling, whatever disposition the runner inherited (under nohup or
+    # a shell's `&`, SIGINT starts out ignored and Python keeps it so).
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     presser = threading.Thread(target=press_ctrl_c)
     presser.start()
     try:
         out, _ = run("ragchat_chat", stdin=io.StringIO("Tell me everything\n/quit\n"))
+        restored = signal.getsignal(signal.SIGINT)
     finally:
         presser.join()
+        signal.signal(signal.SIGINT, inherited)
 
     assert "word0" in out and "word199" not in out
     assert "[stopped: the partial answer was saved as incomplete]" in out
@@ -264,7 +269,7 @@ def test_ctrl_c_stops_the_answer_and_saves_it_as_incomplete(ragchat_settings_ove
     assert assistant.content.startswith("word0 ") and len(assistant.content.split()) < 200
     assert assistant.metadata["error"]["code"] == "cancelled"
     assert TurnTrace.objects.get(message=assistant).data["cancelled"] is True
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert restored is signal.default_int_handler  # the command put back the handler it found
 
 
 # --- ragchat_plugins ------------------------------------------------------------------------

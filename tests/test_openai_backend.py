@@ -323,13 +323,13 @@ def test_invalid_options_fail_the_system_check(ragchat_settings_override):
     ragchat_settings_override(PROFILES={
         "typo": {"llm": "openai", "options": {"openai": {"modle": "gpt-4o"}}},
         "timeout": {"llm": "openai", "options": {"openai": {"timeout": -1}}},
-        "unknown_model": {"embedder": "openai", "options": {"openai": {"embedding_model": "nomic-embed-text"}}},
+        "bad_size": {"embedder": "openai", "options": {"openai": {"embedding_dimensions": "768"}}},
     })
 
     messages = {e.msg.split(":")[0]: e.msg for e in check_profiles()}
     assert "'modle'" in messages["Profile 'typo'"]
     assert "timeout" in messages["Profile 'timeout'"]
-    assert "embedding_dimensions" in messages["Profile 'unknown_model'"]
+    assert "embedding_dimensions" in messages["Profile 'bad_size'"]
 
 
 # --- The embedder --------------------------------------------------------------------------------
@@ -361,6 +361,31 @@ def test_a_model_without_a_known_size_sends_no_dimensions(openai_server, ragchat
     assert embedder.embed(["hello"]).shape == (1, 64)
     assert "dimensions" not in openai_server.last("embeddings").json
     assert embedder.space == "openai/nomic-embed-text-64"
+
+
+def test_a_model_of_unknown_size_learns_it_from_the_first_reply(openai_server, ragchat_settings_override):
+    from django_ragchat.openai_backend import OpenAIEmbedder
+
+    OpenAIEmbedder.learnt_dimensions.clear()
+    ragchat_settings_override(PROFILES={"default": openai_profile(
+        openai_server, {"embedding_model": "nomic-embed-text", "embedding_dimensions": None})})
+    embedder = components_for(get_profile()).embedder
+    assert embedder.dimension is None
+    assert embedder.embed(["hello", "world"]).shape == (2, 64)
+    assert embedder.space == "openai/nomic-embed-text-64"
+    assert "dimensions" not in openai_server.last("embeddings").json
+    assert openai_server.count("embeddings") == 1
+
+    # Reading the space first asks the server once; a later embedder of the process knows it.
+    OpenAIEmbedder.learnt_dimensions.clear()
+    fresh = OpenAIEmbedder(get_profile(), **openai_profile(openai_server, {
+        "embedding_model": "nomic-embed-text", "embedding_dimensions": None})["options"]["openai"])
+    assert fresh.space == "openai/nomic-embed-text-64" and openai_server.count("embeddings") == 2
+    again = OpenAIEmbedder(get_profile(), **openai_profile(openai_server, {
+        "embedding_model": "nomic-embed-text", "embedding_dimensions": None})["options"]["openai"])
+    assert again.dimension == 64 and again.embed([]).shape == (0, 64)
+    assert openai_server.count("embeddings") == 2
+    OpenAIEmbedder.learnt_dimensions.clear()
 
 
 def test_vectors_of_the_wrong_size_are_a_bad_response(openai_server, ragchat_settings_override):

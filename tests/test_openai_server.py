@@ -403,7 +403,10 @@ def test_context_manager_and_base_url():
 
 def test_runs_standalone():
     command = [sys.executable, "-m", "django_ragchat.testing.openai_server", "--port", "0"]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1]) as proc:
+    # SIGINT at its default in the child, whatever this process inherited (nohup, `&`: ignored,
+    # and an ignored signal stays ignored across exec).
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as proc:
         try:
             base_url = proc.stdout.readline().split(" on ")[1].split()[0]
             with openai.OpenAI(base_url=base_url, api_key="k", max_retries=0) as c:

@@ -112,7 +112,7 @@ def test_a_self_contained_question_is_not_rewritten(product_corpus, conversation
     result = run_turn_sync(conversation, "Which warranty do the Zephyr Buds earbuds have?")
     step = result.trace["queries"]["transformed"][0]
     assert step["text"] == "Which warranty do the Zephyr Buds earbuds have?"
-    assert step["note"] == "self-contained"
+    assert step["note"].startswith("self-contained")
 
 
 def _grow_history(conversation, n):
@@ -129,6 +129,7 @@ def test_a_turn_issues_the_same_number_of_queries_whatever_the_history_length(pr
     counts = {}
     warm = Conversation.objects.create(owner=user)
     run_turn_sync(warm, "warm up the vector index")  # the first search loads the matrix
+    run_turn_sync(warm, "and the subject names?")  # the first follow-up loads the corpus's subjects
     for n in (2, 200):
         conversation = Conversation.objects.create(owner=user)
         _grow_history(conversation, n)

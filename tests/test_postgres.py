@@ -15,7 +15,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from django_ragchat import search
-from django_ragchat.checks import check_search_indexes
+from django_ragchat.checks import check_search_indexes, check_vector_indexes
 from django_ragchat.models import Chunk, Document
 from django_ragchat.search import postgres
 from tests.pg import postgres_only  # noqa: F401  (fixture)
@@ -218,10 +218,11 @@ def test_ragchat_index_creates_verifies_and_reports(db, ragchat_settings_overrid
 
 def test_checks_report_a_space_without_index_until_ragchat_index(db):
     fill("test-64", clustered(100, 64))
-    warnings = [w for w in check_search_indexes(databases=["default"]) if w.id == "ragchat.W011"]
+    warnings = [w for w in check_vector_indexes(databases=["default"]) if w.id == "ragchat.W011"]
     assert len(warnings) == 1 and "'test-64' has 100 chunks but its HNSW index is missing" in warnings[0].msg
     assert "ragchat_index" in warnings[0].hint
     call_command("ragchat_index", stdout=_Buffer())
+    assert check_vector_indexes(databases=["default"]) == []
     assert check_search_indexes(databases=["default"]) == []
 
 

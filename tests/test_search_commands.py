@@ -11,7 +11,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from django_ragchat import search
-from django_ragchat.checks import check_search_indexes, pgvector_problem
+from django_ragchat.checks import check_search_indexes, check_vector_indexes, pgvector_problem
 from django_ragchat.models import Chunk, Conversation, MessageSource
 from django_ragchat.pipeline import run_turn_sync
 
@@ -99,7 +99,7 @@ def test_ragchat_index_repairs_what_this_database_needs(product_corpus):
         out = run("ragchat_index")
         assert "no vector index to build" in out and "FTS5 index ok (built from the chunks)" in out
     else:
-        assert [w.id for w in check_search_indexes(databases=["default"])] == ["ragchat.W011"]
+        assert [w.id for w in check_vector_indexes(databases=["default"])] == ["ragchat.W011"]
         out = run("ragchat_index")
         assert f"{OLD}: " in out and "HNSW index" in out and "built in" in out
     assert check_search_indexes(databases=["default"]) == []

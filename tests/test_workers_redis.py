@@ -70,3 +70,16 @@ def test_a_tab_on_one_worker_stops_a_turn_running_on_the_other(tabs, openai_serv
     answer = wait_for(lambda: Message.objects.filter(pk=ack["assistant_message_id"]).exclude(status="streaming").first())
     assert answer.status == "incomplete" and answer.content == stopped_b["assistant_message"]["content"]
     assert 3 <= len(answer.content.split()) < 200
+
+
+def test_an_idle_socket_outlives_redis_py_s_default_socket_timeout(tabs):
+    """redis-py 8 defaults ``socket_timeout`` to 5 s, no longer than the channel layer's
+    blocking receive (BZPOPMIN, 5 s): unless the layer's hosts set a longer ``socket_timeout``
+    (tests/live_settings.py, as docs/deployment.md), every socket idle for 5 s is closed."""
+    import time
+
+    _, tab_a, tab_b = tabs
+    time.sleep(7)  # idle past one whole blocking receive on each worker
+    for tab in (tab_a, tab_b):
+        send(tab, type="ping")
+        assert receive(tab)["type"] == "pong"

@@ -4,14 +4,18 @@
 
 Ids in paths are matched as strings so that a malformed id answers the same JSON 404 as an
 unknown one. ``schema/`` serves the OpenAPI document of these endpoints only, ``docs/`` and
-``redoc/`` render it.
+``redoc/`` render it with Swagger UI and Redoc served from the site's own static files
+(drf-spectacular-sidecar; no CDN), whatever the site's ``SPECTACULAR_SETTINGS`` say.
 """
 
+from django.templatetags.static import static
 from django.urls import include, path
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from django_ragchat.api import views
+from django_ragchat.api.schema import RagchatSchemaGenerator, use_spectacular_schemas
 
 app_name = "ragchat_api"
 
@@ -30,8 +34,16 @@ urlpatterns = [
 ]
 
 
+def _sidecar(path: str) -> str:
+    # drf-spectacular-sidecar's copy, found by the static files finders (its app is installed).
+    return static(f"drf_spectacular_sidecar/{path}")
+
+
 class SchemaView(SpectacularAPIView):
     """The OpenAPI document of the endpoints above, wherever the site mounted them."""
+
+    schema = AutoSchema()  # whatever the site's DEFAULT_SCHEMA_CLASS (it is in the document's patterns)
+    generator_class = RagchatSchemaGenerator
 
     custom_settings = {
         "TITLE": "django-ragchat API",
@@ -47,8 +59,40 @@ class SchemaView(SpectacularAPIView):
         return super().get(request, *args, **kwargs)
 
 
+class SwaggerView(SpectacularSwaggerView):
+    """Swagger UI over :class:`SchemaView`, from the site's static files (works offline)."""
+
+    schema = AutoSchema()
+    url_name = "ragchat_api:schema"
+    title = "django-ragchat API"
+
+    @staticmethod
+    def _swagger_ui_resource(filename):
+        return _sidecar(f"swagger-ui-dist/{filename}")
+
+    @staticmethod
+    def _swagger_ui_favicon():
+        return _sidecar("swagger-ui-dist/favicon-32x32.png")
+
+
+class RedocView(SpectacularRedocView):
+    """Redoc over :class:`SchemaView`, from the site's static files (works offline)."""
+
+    schema = AutoSchema()
+    url_name = "ragchat_api:schema"
+    title = "django-ragchat API"
+    template_name = "django_ragchat/api/redoc.html"  # without the Google Fonts links
+
+    @staticmethod
+    def _redoc_standalone():
+        return _sidecar("redoc/bundles/redoc.standalone.js")
+
+
 urlpatterns += [
     path("schema/", SchemaView.as_view(), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="ragchat_api:schema"), name="docs"),
-    path("redoc/", SpectacularRedocView.as_view(url_name="ragchat_api:schema"), name="redoc"),
+    path("docs/", SwaggerView.as_view(), name="docs"),
+    path("redoc/", RedocView.as_view(), name="redoc"),
 ]
+
+# Whatever the site's REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] (see django_ragchat.api.schema).
+use_spectacular_schemas(*(pattern.callback.cls for pattern in urlpatterns))

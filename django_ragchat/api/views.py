@@ -21,6 +21,7 @@ from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooMany
 from django.db.models import Count, Prefetch
 from django.http import Http404
 from django.urls import reverse
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import exceptions, generics, status
@@ -37,8 +38,8 @@ from django_ragchat.api import serializers as s
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.exceptions import RagchatError
 from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
-from django_ragchat.jsonbody import LimitedJSONParser
 from django_ragchat.ingestion.pipeline import CREATED, ingest_text
+from django_ragchat.jsonbody import LimitedJSONParser
 from django_ragchat.models import Conversation, Document, Feedback, Message, MessageSource
 from django_ragchat.pipeline import TurnInProgress, run_turn_sync
 from django_ragchat.plugins import get_registry, plugin_listing
@@ -121,6 +122,9 @@ MESSAGE_ID = OpenApiParameter("message_id", OpenApiTypes.INT, OpenApiParameter.P
 class RagchatAPIView(APIView):
     """Base of every view here: the chat permission, JSON bodies and ``{"code", "detail"}`` errors."""
 
+    # drf-spectacular's inspector, set here rather than in the site's REST_FRAMEWORK settings:
+    # the schema of these views then works whatever DEFAULT_SCHEMA_CLASS the site uses.
+    schema = AutoSchema()
     permission_classes = [access.CanChat]
     parser_classes = [LimitedJSONParser]
 

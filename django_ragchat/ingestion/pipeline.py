@@ -39,7 +39,11 @@ from django.db.models import Count, Q
 
 from django_ragchat.ingestion.chunking import chunk_document
 from django_ragchat.ingestion.loaders import (
-    DocumentLoadError, LoadedDocument, iter_document_paths, load_document, load_text,
+    DocumentLoadError,
+    LoadedDocument,
+    iter_document_paths,
+    load_document,
+    load_text,
 )
 from django_ragchat.models import Chunk, Document
 from django_ragchat.search import store_chunks

@@ -3,11 +3,16 @@
 See docs/commands.md. Failures are listed one per line on stderr ("path: reason"); the last
 line on stdout has the counts and the elapsed time. The exit status is non-zero only when no
 document was found or every one failed: a run that stored some documents succeeded.
+
+On PostgreSQL the command then builds the HNSW index of every embedding space that has none
+(once, at the end of the bulk load: faster than growing it row by row); pgvector keeps it up
+to date after that. ``ragchat_index`` remains for repairs and rebuilds.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
@@ -75,6 +80,26 @@ class Command(BaseCommand):
                 f"No documents found in {' '.join(options['paths'])} "
                 f"(supported: {', '.join(sorted(SUPPORTED_SUFFIXES))})."
             )
-        self.stdout.write(f"Ingested {report.summary()}")
+        if report.count(FAILED) < len(report.results):
+            self._build_missing_indexes()
+        self.stdout.write(f"Ingested {report.summary()}")  # the last line: the counts
         if report.count(FAILED) == len(report.results):
             raise CommandError("Every document failed to ingest.")
+
+    def _build_missing_indexes(self) -> None:
+        from django.db import connections, router
+
+        from django_ragchat.models import Chunk
+
+        using = router.db_for_write(Chunk)
+        if connections[using].vendor != "postgresql":
+            return  # SQLite searches in process; nothing to build
+        from django_ragchat.search import postgres
+
+        for space in postgres.spaces(using):
+            status = postgres.hnsw_index_status(space, using=using)
+            if status.state not in ("missing", "invalid", "mismatch"):
+                continue  # ok, or too many dimensions to index (exact scans)
+            started = time.monotonic()
+            postgres.create_hnsw_index(space, using=using)
+            self.stdout.write(f"Built the HNSW index of space {space!r} in {time.monotonic() - started:.1f} s")

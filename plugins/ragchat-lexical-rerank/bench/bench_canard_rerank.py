@@ -38,6 +38,7 @@ def rerank_all(items, weights, candidates: int) -> dict[float, dict]:
     from django_ragchat.profiles import get_profile
     from django_ragchat.retrievers import fetch_chunks, search_vectors
     from django_ragchat.types import Query
+
     from ragchat_lexical_rerank import LexicalRerank
 
     profile = get_profile()

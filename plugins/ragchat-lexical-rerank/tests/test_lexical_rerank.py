@@ -11,13 +11,14 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-import ragchat_lexical_rerank
 from django_ragchat import checks, plugins
 from django_ragchat.models import Chunk, Conversation
 from django_ragchat.pipeline import TurnContext, components_for, run_turn_sync
 from django_ragchat.profiles import get_profile
 from django_ragchat.text import content_terms
 from django_ragchat.types import Query, RetrievedChunk
+
+import ragchat_lexical_rerank
 from ragchat_lexical_rerank import LexicalRerank, bm25_scores
 
 

@@ -12,13 +12,14 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-import ragchat_pii_guard
 from django_ragchat import checks, plugins
 from django_ragchat.events import Completed, Delta
 from django_ragchat.models import Conversation, Message
 from django_ragchat.pipeline import TurnContext, components_for, run_turn_sync, stream_turn
 from django_ragchat.profiles import get_profile
 from django_ragchat.types import Answer, Citation, Refusal
+
+import ragchat_pii_guard
 from ragchat_pii_guard import PIIGuard, PIIRedactStream, StreamRedactor, find_pii, luhn_valid, redact
 from ragchat_pii_guard.detect import MAX_HOLD
 

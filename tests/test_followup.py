@@ -1,0 +1,301 @@
+"""The offline ``followup`` transformer's subject and attribute tracking (issue 13).
+
+The end-to-end tests play the issue's conversations through the real pipeline over
+``example_project/sample_docs`` (and a two-product catalogue written as "product A" /
+"product B"); the rule tests drive ``FollowUpEnricher.resolve`` with a ``SubjectIndex`` built
+from rows, as ingestion records them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from django_ragchat.pipeline import run_turn_sync
+from django_ragchat.profiles import Profile
+from django_ragchat.subjects import SubjectIndex, clear_cache, subject_index
+from django_ragchat.transformers import FollowUpEnricher, read_message
+from django_ragchat.types import HistoryMessage, Query
+
+SAMPLE_DOCS = Path(__file__).resolve().parent.parent / "example_project" / "sample_docs"
+PROFILE = Profile()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_subject_cache():
+    # Rolled-back test transactions can hand out the same ids twice; start every test clean.
+    clear_cache()
+    yield
+    clear_cache()
+
+
+@pytest.fixture
+def sample_docs(db):
+    from django_ragchat.ingestion.pipeline import ingest_text
+
+    return [ingest_text(f"sample/{path.name}", path.read_text(encoding="utf-8"), content_type="markdown")
+            for path in sorted(SAMPLE_DOCS.glob("*.md"))]
+
+
+def first_source(result) -> str:
+    return result.trace["documents"][0]["source"]
+
+
+def step_of(result) -> dict:
+    [step] = result.trace["queries"]["transformed"]
+    return step
+
+
+# --- The issue's examples, end to end ---------------------------------------------------------
+
+
+def test_what_about_the_nimbus_tab_after_the_zephyr_buds_battery_asks_the_nimbus_tab_battery(sample_docs, conversation):
+    run_turn_sync(conversation, "What is the battery life of the Zephyr Buds?")
+
+    result = run_turn_sync(conversation, "What about the Nimbus Tab?")
+
+    final = result.trace["queries"]["final"]
+    assert "battery" in final and "Zephyr" not in final
+    assert first_source(result) == "sample/nimbus-tab.md"
+    sources = result.message["sources"]
+    battery = next(i for i, s in enumerate(sources) if "twelve hours" in s["snippet"])
+    assert all(s["source"] == "sample/nimbus-tab.md" for s in sources[: battery + 1])
+    assert result.trace["queries"]["followup"] == {
+        "subject": "Nimbus Tab", "previous_subject": "Zephyr Buds", "subject_rule": "replaced",
+        "attribute": "battery life", "attribute_rule": "inherited",
+    }
+    assert "subject replaced (Nimbus Tab), attribute inherited (battery life)" in step_of(result)["note"]
+
+
+def test_the_subject_blind_transformer_searched_the_old_subject(sample_docs, conversation, ragchat_settings_override):
+    """The counter-test: as before issue 13, the old subject is appended, the attribute lost."""
+    ragchat_settings_override(PROFILES={"default": {"options": {"followup": {"track_subjects": False}}}})
+    run_turn_sync(conversation, "What is the battery life of the Zephyr Buds?")
+
+    result = run_turn_sync(conversation, "What about the Nimbus Tab?")
+
+    assert result.trace["queries"]["final"] == "What about the Nimbus Tab? Zephyr Buds"
+    assert "followup" not in result.trace["queries"]
+
+
+def test_how_much_does_it_cost_then_what_about_another_product_asks_its_price(sample_docs, conversation):
+    run_turn_sync(conversation, "Tell me about the Aurora X2.")
+    run_turn_sync(conversation, "How much does it cost?")
+
+    result = run_turn_sync(conversation, "What about the Nimbus Tab?")
+
+    assert first_source(result) == "sample/nimbus-tab.md"
+    assert "$449" in result.answer
+    assert "Aurora" not in result.trace["queries"]["final"]
+    assert result.trace["queries"]["followup"]["attribute_rule"] == "inherited"
+
+
+# Another shop's catalogue: two products whose names share a word and differ by a number (the
+# default hashing embedder ignores one-letter words, so "product A" and "product B" would be
+# the same to its search; see docs/followup.md).
+PRODUCTS = {
+    "shop/trail-500.md": "# Trail 500\n\n## Overview\n\nThe Trail 500 is a folding bike for city commutes.\n\n"
+                         "## Pricing\n\nThe Trail 500 costs $540, lights and mudguards included.\n\n## Warranty\n\n"
+                         "The Trail 500 has a five-year warranty on the frame.\n",
+    "shop/trail-700.md": "# Trail 700\n\n## Overview\n\nThe Trail 700 is an electric cargo bike for families.\n\n"
+                         "## Pricing\n\nThe Trail 700 costs $2,900 with its charger and a rear rack.\n\n## Warranty\n\n"
+                         "The Trail 700 has a two-year warranty on the motor and the battery.\n",
+}
+
+
+@pytest.fixture
+def shop(db):
+    from django_ragchat.ingestion.pipeline import ingest_text
+
+    return [ingest_text(source, text, content_type="markdown") for source, text in PRODUCTS.items()]
+
+
+def test_and_for_the_other_product_after_the_warranty_of_the_first(shop, conversation):
+    run_turn_sync(conversation, "How long is the warranty on the Trail 500?")
+
+    result = run_turn_sync(conversation, "And for the Trail 700?")
+
+    assert first_source(result) == "shop/trail-700.md"
+    assert "two-year warranty" in result.message["sources"][0]["snippet"]
+    assert "two-year warranty" in result.answer
+
+
+def test_how_much_does_it_cost_then_what_about_the_other_product(shop, conversation):
+    run_turn_sync(conversation, "Tell me about the Trail 500.")
+    run_turn_sync(conversation, "How much does it cost?")
+
+    result = run_turn_sync(conversation, "What about the Trail 700?")
+
+    assert first_source(result) == "shop/trail-700.md"
+    assert "$2,900" in result.answer
+
+
+def test_a_pronoun_after_a_switch_keeps_the_new_subject_only(shop, conversation):
+    run_turn_sync(conversation, "How much does the Trail 500 cost?")
+    run_turn_sync(conversation, "And the Trail 700?")
+
+    result = run_turn_sync(conversation, "And its warranty?")
+
+    assert result.trace["queries"]["final"] == "And its warranty? Trail 700"
+    assert result.trace["queries"]["followup"]["subject_rule"] == "kept"
+    assert result.trace["queries"]["followup"]["attribute_rule"] == "new"
+    assert "two-year warranty" in result.answer
+
+
+def test_a_fresh_start_carries_nothing(sample_docs, conversation):
+    run_turn_sync(conversation, "What is the battery life of the Zephyr Buds?")
+
+    result = run_turn_sync(conversation, "Thanks. Now, what is your return policy?")
+
+    assert result.trace["queries"]["final"] == "Thanks. Now, what is your return policy?"
+    assert step_of(result)["note"].startswith("fresh start: nothing carried")
+    assert first_source(result) == "sample/support.md"
+
+
+def test_subjects_come_from_ingested_titles_and_are_reloaded_when_the_corpus_changes(shop):
+    from django_ragchat.ingestion.pipeline import ingest_text
+    from django_ragchat.pipeline import components_for
+    from django_ragchat.profiles import get_profile
+
+    space = components_for(get_profile()).embedder.space
+    assert {s.name for s in subject_index(space).subjects} == {"Trail 500", "Trail 700"}
+
+    ingest_text("shop/trail-900.md", "# Trail 900\n\n## Pricing\n\nThe Trail 900 costs $99.\n", content_type="markdown")
+
+    assert {s.name for s in subject_index(space).subjects} == {"Trail 500", "Trail 700", "Trail 900"}
+    assert subject_index("another-space").subjects == []
+
+
+# --- The rules, one by one ------------------------------------------------------------------
+
+INDEX = SubjectIndex.from_rows([
+    (1, "Zephyr Buds", ["Zephyr Buds", "Warranty"]),
+    (2, "Nimbus Tab", ["Nimbus Tab", "Pricing"]),
+    (3, "Aurora X2", ["Aurora X2", "Pricing"]),
+    (4, "Kestrel coffee subscriptions", ["Kestrel coffee subscriptions", "Basic Plan"]),
+    (4, "Kestrel coffee subscriptions", ["Kestrel coffee subscriptions", "Pro Plan"]),
+    (5, "Orbit Devices support", ["Orbit Devices support", "Returns"]),
+    (6, "Sun Ra", ["Sun Ra", "Early life"]),
+    (7, "The Daily Show", ["The Daily Show", "Early life"]),
+])
+
+
+def history(*user_turns: str) -> tuple[HistoryMessage, ...]:
+    messages, seq = [], 1
+    for text in user_turns:
+        messages += [HistoryMessage(role="user", content=text, seq=seq, token_count=10),
+                     HistoryMessage(role="assistant", content="An answer.", seq=seq + 1, token_count=3)]
+        seq += 2
+    return tuple(messages)
+
+
+def resolve(question: str, *earlier: str, **options) -> Query:
+    query = Query(text=question, original=question, history=history(*earlier))
+    return FollowUpEnricher(PROFILE, **options).resolve(query, None, INDEX)
+
+
+def test_titles_and_name_like_unique_headings_are_subjects_section_headings_are_not():
+    names = {s.name for s in INDEX.subjects}
+    assert {"Zephyr Buds", "Nimbus Tab", "Aurora X2", "Basic Plan", "Pro Plan", "Orbit Devices support"} <= names
+    # "Pricing" recurs, "Returns" is one word, "Early life" is not written as a name.
+    assert not {"Pricing", "Warranty", "Returns", "Early life"} & names
+
+
+@pytest.mark.parametrize("text, names", [
+    ("What about the Nimbus Tab?", ["Nimbus Tab"]),
+    ("what about the nimbus tab?", ["Nimbus Tab"]),               # lower case, in a row
+    ("Compare the Aurora X2 and the Zephyr Buds", ["Aurora X2", "Zephyr Buds"]),
+    ("And the Pro plan?", ["Pro Plan"]),
+    ("When did he start playing for the Suns?", []),               # one word of "Sun Ra" is not it
+    ("how did she do in that show she wrote daily?", []),          # scattered common words
+    ("Is the tab light?", []),
+])
+def test_a_subject_is_named_by_all_its_words_written_as_a_name(text, names):
+    assert [s.name for s in INDEX.find(text)] == names
+
+
+@pytest.mark.parametrize("question", [
+    "What about the Nimbus Tab?", "How about the Nimbus Tab?", "And the Nimbus Tab?", "Nimbus Tab?",
+    "Same for the Nimbus Tab", "Thanks. What about the Nimbus Tab?",
+])
+def test_a_new_subject_asking_nothing_inherits_the_last_attribute(question):
+    result = resolve(question, "What is the battery life of the Zephyr Buds?")
+    assert result.text == f"{question} battery life"
+    assert "subject replaced (Nimbus Tab), attribute inherited (battery life)" in result.metadata["transform_note"]
+
+
+def test_the_word_after_how_is_not_inherited_unless_it_is_all_that_was_asked():
+    # "long" alone would make the next subject's question one about length.
+    assert resolve("And the Aurora X2?", "How long is the warranty of the Nimbus Tab?").text == \
+        "And the Aurora X2? warranty"
+    assert resolve("And the Aurora X2?", "How heavy is the Nimbus Tab?").text == "And the Aurora X2? heavy"
+
+
+def test_how_much_is_inherited_as_the_price():
+    assert resolve("And the Aurora X2?", "How much is the Nimbus Tab?").text == "And the Aurora X2? price cost"
+
+
+def test_a_new_subject_with_its_own_question_is_searched_as_typed():
+    result = resolve("How long is the warranty of the Nimbus Tab?", "How much do the Zephyr Buds cost?")
+    assert result.text == "How long is the warranty of the Nimbus Tab?"
+    assert "subject replaced (Nimbus Tab), attribute new (warranty)" in result.metadata["transform_note"]
+
+
+def test_a_switch_back_inherits_too():
+    result = resolve("And the Zephyr Buds again?", "How much do the Zephyr Buds cost?", "And the Nimbus Tab?")
+    assert result.text == "And the Zephyr Buds again? cost"
+
+
+def test_a_pronoun_with_a_new_attribute_keeps_the_subject_and_never_adds_the_old_one():
+    result = resolve("And its warranty?", "How much do the Zephyr Buds cost?", "What about the Nimbus Tab?")
+    assert result.text == "And its warranty? Nimbus Tab"
+    assert "subject kept (Nimbus Tab), attribute new (warranty)" in result.metadata["transform_note"]
+
+
+def test_a_conversation_on_one_subject_is_enriched_as_before():
+    question, earlier = "How much does it cost?", "Tell me about the Zephyr Buds"
+    assert resolve(question, earlier).text == resolve(question, earlier, track_subjects=False).text
+    assert resolve(question, earlier).text == "How much does it cost? Zephyr Buds"
+
+
+def test_a_fresh_start_carries_nothing_now_or_later():
+    fresh = resolve("Thanks. Now, what is your return policy?", "How much do the Zephyr Buds cost?")
+    assert fresh.text == "Thanks. Now, what is your return policy?"
+    assert fresh.metadata["transform_note"].startswith("fresh start: nothing carried")
+    later = resolve("And the repair times?",
+                    "How much do the Zephyr Buds cost?", "Thanks. Now, what is your return policy?")
+    assert "Zephyr" not in later.text
+
+
+def test_without_subjects_in_the_corpus_the_transformer_is_subject_blind():
+    query = Query(text="What about the Nimbus Tab?", original="What about the Nimbus Tab?",
+                  history=history("What is the battery life of the Zephyr Buds?"))
+    result = FollowUpEnricher(PROFILE).resolve(query, None, SubjectIndex([]))
+    assert result.text == "What about the Nimbus Tab? Zephyr Buds"
+
+
+@pytest.mark.parametrize("text, attribute, elliptical, fresh", [
+    ("What is the battery life of the Zephyr Buds?", ("battery", "life"), False, False),
+    ("And the Nimbus Tab?", (), True, False),
+    ("Same for the Aurora X2.", (), True, False),
+    ("Tell me about the Aurora X2.", (), False, False),   # a new subject, nothing to inherit
+    ("How much is it?", ("price", "cost"), False, False),
+    ("Thanks! What is your shipping cost?", ("shipping", "cost"), False, True),
+    ("Thanks.", (), False, False),
+])
+def test_reading_a_message(text, attribute, elliptical, fresh):
+    reading = read_message(text, INDEX)
+    assert (reading.attribute, reading.elliptical, reading.fresh) == (attribute, elliptical, fresh)
+
+
+def test_a_title_case_heading_is_a_subject_only_when_its_text_writes_it_as_a_name(db):
+    from django_ragchat.ingestion.pipeline import ingest_text
+    from django_ragchat.pipeline import components_for
+    from django_ragchat.profiles import get_profile
+
+    ingest_text("shop/plans.md", "# Coffee subscriptions\n\n## Basic Plan\n\nThe Basic Plan costs $14 a month.\n\n"
+                "## Return Policy\n\nOur return policy gives you 60 days.\n", content_type="markdown")
+
+    names = {s.name for s in subject_index(components_for(get_profile()).embedder.space).subjects}
+    assert names == {"Coffee subscriptions", "Basic Plan"}

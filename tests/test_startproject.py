@@ -1,0 +1,253 @@
+"""README's site instructions, word for word, on a brand-new Django site.
+
+``django-admin startproject mysite`` plus an app of its own, in a temporary folder; the
+snippets README.md (and docs/deployment.md, for ``asgi.py``) mark with ``<!-- site: ... -->``
+are applied as written; django-ragchat is installed from a wheel built from this checkout (as a
+user's ``pip install`` would, not editable); then the site is migrated, its static files
+collected, a few documents ingested, and it answers over REST and a websocket under the ASGI
+server the docs name (uvicorn) and over server-sent events under gunicorn. Drift between the
+README and the code fails here.
+
+To keep it quick and offline, the new virtual environment reuses this one's installed
+dependencies (a ``.pth`` file naming a folder of links to them, without this checkout's
+editable install) and gets only the wheel, ``--no-deps``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import site
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.sync.client import connect as ws_connect
+
+from tests.live_servers import free_port, parse_sse
+
+ROOT = Path(__file__).resolve().parent.parent
+QUESTION = "How much does the Aurora X2 cost?"
+DOCS = {
+    "aurora-x2.md": "# Aurora X2\n\n## Pricing\nThe Aurora X2 costs $699 with 128 GB of storage.\n",
+    "nimbus-tab.md": "# Nimbus Tab\n\n## Pricing\nThe Nimbus Tab costs $449; with the stylus, $529.\n",
+    "zephyr-buds.md": "# Zephyr Buds\n\n## Warranty\nZephyr Buds come with a two-year warranty.\n",
+}
+PASSWORD = "a-long-test-password-1"
+
+pytestmark = pytest.mark.slow
+
+
+# --- the snippets --------------------------------------------------------------------------
+
+
+def snippets(*files: str) -> dict[str, str]:
+    """``{marker: code}`` for every fenced block preceded by ``<!-- site: marker -->``."""
+    found = {}
+    for name in files:
+        text = (ROOT / name).read_text()
+        for marker, code in re.findall(r"<!-- site: ([^>]+?) -->\s*```\w*\n(.*?)```", text, re.S):
+            assert marker not in found, f"{marker!r} is marked twice"
+            found[marker] = code
+    return found
+
+
+def commands(code: str) -> list[list[str]]:
+    """The command lines of a shell snippet, comments removed."""
+    return [shlex.split(line, comments=True) for line in code.splitlines() if shlex.split(line, comments=True)]
+
+
+def test_the_readme_marks_every_snippet_the_site_needs():
+    found = snippets("README.md", "docs/deployment.md")
+    assert set(found) == {"shell install", "append mysite/settings.py", "append mysite/urls.py",
+                          "write mysite/asgi.py", "shell setup", "shell serve-asgi", "shell serve-wsgi"}
+    assert commands(found["shell install"])[0][:2] == ["pip", "install"]
+    assert "asgi" in commands(found["shell install"])[0][2]  # the extra with the websocket server
+
+
+# --- the site ------------------------------------------------------------------------------
+
+
+def run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> str:
+    result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{shlex.join(argv)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    return result.stdout + result.stderr
+
+
+def linked_dependencies(target: Path) -> Path:
+    """A folder of links to this environment's installed packages, minus django-ragchat and
+    the editable plugins (the new site must get the app from the wheel only)."""
+    target.mkdir()
+    skip = re.compile(r"^(django_ragchat|ragchat_|__editable__|_?django_ragchat|distutils-precedence)|\.pth$")
+    for directory in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()}:
+        for entry in Path(directory).iterdir():
+            if not skip.search(entry.name) and not (target / entry.name).exists():
+                (target / entry.name).symlink_to(entry)
+    return target
+
+
+@pytest.fixture(scope="module")
+def new_site(tmp_path_factory):
+    """A new site with django-ragchat installed from a wheel and README's snippets applied."""
+    base = tmp_path_factory.mktemp("startproject")
+    found = snippets("README.md", "docs/deployment.md")
+
+    # A wheel of this checkout, built offline from a clean copy (no build/ in the checkout).
+    source = base / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".venv*", ".git", "var", "build", "dist", "*.egg-info", "__pycache__", "bench", "tests"))
+    wheels = base / "wheels"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH", "DATABASE_URL", "VIRTUAL_ENV")}
+    (base / "tmp").mkdir()
+    env["TMPDIR"] = str(base / "tmp")  # pip's and the servers' scratch files: here, not in /tmp
+    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+         "-w", str(wheels), str(source)], base, env)
+    (wheel,) = wheels.glob("django_ragchat-*.whl")
+
+    # A virtual environment of its own, with this one's dependencies and the wheel.
+    venv = base / "venv"
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)], base, env)
+    python = venv / "bin" / "python"
+    purelib = run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], base, env).strip()
+    Path(purelib, "dependencies.pth").write_text(f"{linked_dependencies(base / 'dependencies')}\n")
+    run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index",
+         str(wheel)], base, env)
+    where = run([str(python), "-c", "import django_ragchat; print(django_ragchat.__file__)"], base, env)
+    assert where.startswith(str(venv)), where  # the wheel's copy, not this checkout
+
+    # django-admin startproject, and an app of the site's own.
+    project = base / "project"
+    project.mkdir()
+    env = {**env, "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
+    run([str(python), "-m", "django", "startproject", "mysite", "."], project, env)
+    run([str(python), "manage.py", "startapp", "shop"], project, env)
+    settings = project / "mysite" / "settings.py"
+    settings.write_text(settings.read_text() + '\nINSTALLED_APPS += ["shop"]\n')
+
+    # README's snippets, as written.
+    for marker, code in found.items():
+        action, _, name = marker.partition(" ")
+        if action == "append":
+            path = project / name
+            path.write_text(path.read_text() + "\n" + code)
+        elif action == "write":
+            (project / name).write_text(code)
+    docs = project / "docs"
+    docs.mkdir()
+    for name, text in DOCS.items():
+        (docs / name).write_text(text)
+    env["DJANGO_SUPERUSER_PASSWORD"] = PASSWORD
+    for argv in commands(found["shell setup"]):
+        if argv[:2] == ["python", "manage.py"] and argv[2] == "createsuperuser":
+            argv += ["--noinput", "--username", "admin", "--email", "admin@example.com"]
+        run([str(python), *argv[1:]], project, env)
+    return {"python": python, "project": project, "env": env, "snippets": found, "logs": base}
+
+
+def serve(site: dict, marker: str):
+    """Start the server a ``shell serve-*`` snippet names, on a free port."""
+    (argv,) = commands(site["snippets"][marker])
+    port = free_port()
+    server, *rest = argv
+    bind = ["--host", "127.0.0.1", "--port", str(port)] if server == "uvicorn" else ["--bind", f"127.0.0.1:{port}"]
+    log = site["logs"] / f"{server}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([str(site["python"]), "-m", server, *rest, *bind], cwd=site["project"],
+                                   env=site["env"], stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        assert process.poll() is None, log.read_text()
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            break
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    return process, f"http://127.0.0.1:{port}", log
+
+
+@contextlib.contextmanager
+def running(site: dict, marker: str):
+    process, url, log = serve(site, marker)
+    try:
+        yield url, log
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+def sign_in(url: str) -> httpx.Client:
+    """The superuser, signed in through LOGIN_URL's form, as a browser would."""
+    client = httpx.Client(base_url=url, timeout=60)
+    to_login = client.get("/chat/")
+    assert to_login.status_code == 302 and to_login.headers["location"].startswith("/admin/login/"), to_login
+    form = client.get(to_login.headers["location"])
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
+    signed_in = client.post(to_login.headers["location"], data={
+        "csrfmiddlewaretoken": token, "username": "admin", "password": PASSWORD, "next": "/chat/"})
+    assert signed_in.status_code == 302 and signed_in.headers["location"] == "/chat/", signed_in.text[:500]
+    client.headers["X-CSRFToken"] = client.cookies["csrftoken"]
+    return client
+
+
+def test_check_reports_nothing_missing(new_site):
+    out = run([str(new_site["python"]), "manage.py", "check"], new_site["project"], new_site["env"])
+    assert "ragchat." not in out and "no issues" in out, out
+
+
+def test_rest_websocket_static_files_and_api_docs_under_the_asgi_server(new_site):
+    with running(new_site, "shell serve-asgi") as (url, log), contextlib.closing(sign_in(url)) as client:
+        page = client.get("/chat/")
+        assert page.status_code == 200
+        scripts = re.findall(r'<script[^>]+src="([^"]+)"', page.text)
+        assert scripts and all(client.get(src).status_code == 200 for src in scripts), scripts
+
+        conversation = client.post("/api/ragchat/conversations/", json={})
+        assert conversation.status_code == 201, conversation.text
+        conversation_id = conversation.json()["id"]
+        turn = client.post(f"/api/ragchat/conversations/{conversation_id}/messages/", json={"content": QUESTION})
+        assert turn.status_code == 201, turn.text
+        assert "$699" in json.dumps(turn.json())
+
+        assert client.get("/api/ragchat/schema/").status_code == 200
+        docs = client.get("/api/ragchat/docs/")
+        assert docs.status_code == 200
+        bundle = re.search(r'src="([^"]*drf_spectacular_sidecar[^"]*swagger-ui-bundle\.js)"', docs.text).group(1)
+        assert client.get(bundle).status_code == 200
+
+        cookie = f"sessionid={client.cookies['sessionid']}; csrftoken={client.cookies['csrftoken']}"
+        with ws_connect(url.replace("http", "ws") + "/ws/ragchat/", origin=url, open_timeout=30,
+                        additional_headers={"Cookie": cookie}) as ws:
+            assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+            ws.send(json.dumps({"type": "message", "content": QUESTION, "conversation_id": conversation_id}))
+            frames = [json.loads(ws.recv(timeout=60))]
+            while frames[-1]["type"] not in ("done", "error"):
+                frames.append(json.loads(ws.recv(timeout=60)))
+        assert frames[-1]["type"] == "done", frames[-1]
+        assert "$699" in frames[-1]["message"]["content"]
+    assert "Traceback" not in log.read_text(), log.read_text()
+
+
+def test_server_sent_events_under_gunicorn(new_site):
+    with running(new_site, "shell serve-wsgi") as (url, log), contextlib.closing(sign_in(url)) as client:
+        conversation_id = client.post("/api/ragchat/conversations/", json={}).json()["id"]
+        with client.stream("POST", f"/chat/conversations/{conversation_id}/stream/", json={"content": QUESTION},
+                           headers={"Accept": "text/event-stream"}) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events = parse_sse(response.iter_lines())
+        assert events[-1]["type"] == "done", events[-1]
+        assert "$699" in events[-1]["message"]["content"]
+    assert "Traceback" not in log.read_text(), log.read_text()
