@@ -57,13 +57,15 @@ def page_config(request) -> dict:
 def may_chat(request) -> bool:
     """Whether the caller may chat: signed in, or anonymous chat is on (their session is started
     here, so the API, the stream and the websocket all see the same one)."""
-    if request.user.is_authenticated:
+    user = getattr(request, "user", None)  # absent without the auth middleware
+    if user is not None and user.is_authenticated:
         return True
-    if not ragchat_settings.ALLOW_ANONYMOUS:
+    session = getattr(request, "session", None)
+    if not ragchat_settings.ALLOW_ANONYMOUS or session is None:
         return False
-    if request.session.session_key is None:
+    if session.session_key is None:
         # An anonymous visitor's conversations are bound to their session: start it now.
-        request.session.save()
+        session.save()
     return True
 
 
