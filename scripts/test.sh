@@ -24,7 +24,19 @@ else
   bash scripts/ensure-services.sh || { echo "PostgreSQL or Redis is not running: run this as root once, or start them"; exit 1; }
 fi
 
-python312=${RAGCHAT_PYTHON312:-$(command -v python3.12 || ls -d "$HOME"/.pyenv/versions/3.12*/bin/python 2>/dev/null | tail -n 1)}
+# A Python 3.12+ that really runs: pyenv's `python3.12` shim is on the PATH but fails unless
+# 3.12 is pyenv's selected version, so every candidate is tried, not just found.
+find_python312() {
+  local candidate
+  for candidate in "${RAGCHAT_PYTHON312:-}" "$(command -v python3.12 || true)" \
+                   "$HOME"/.pyenv/versions/3.12*/bin/python "$(command -v python3.13 || true)" \
+                   "$HOME"/.pyenv/versions/3.13*/bin/python; do
+    if [[ -n $candidate ]] && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+      echo "$candidate"; return 0
+    fi
+  done
+}
+python312=$(find_python312)
 matrix=${RAGCHAT_TEST_MATRIX:-"5.2 6.1"}
 for combo in $matrix; do
   case $combo in
