@@ -32,6 +32,15 @@ class Accepted(TurnEvent):
     user_message_id: int
     user_seq: int
     assistant_message_id: int
+    #: The ack answering a resend (a ``client_id`` already used): nothing new was saved, the
+    #: first attempt's result follows. On the wire only when true (``"replayed": true``).
+    replayed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        if not self.replayed:
+            del data["replayed"]
+        return data
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,7 @@ async def replay(duplicate) -> AsyncIterator[TurnEvent]:
     if payload is None:  # deleted meanwhile
         raise TurnRefused.not_found()
     yield Accepted(conversation_id=str(user.conversation_id), user_message_id=user.pk, user_seq=user.seq,
-                   assistant_message_id=assistant.pk)
+                   assistant_message_id=assistant.pk, replayed=True)
     if assistant.status == assistant.Status.COMPLETE:
         yield Completed(message=payload)
     else:
