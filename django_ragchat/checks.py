@@ -179,27 +179,35 @@ def check_profiles(app_configs=None, **kwargs):
     return errors
 
 
-@register(Tags.compatibility)
-def check_openai_keys(app_configs=None, **kwargs):
-    """A Warning, not an Error: the key may be set only where the site runs (not in CI or a
-    build step), and every turn would fail with a clear "model unavailable" anyway."""
+def _built_profiles():
+    """``(name, every component instance)`` of each profile that builds; the ones that do not
+    are reported by ``check_profiles`` (ragchat.E002)."""
     import dataclasses
 
     from django_ragchat.context import components_for
-    from django_ragchat.openai_backend import OpenAIConnection
     from django_ragchat.profiles import build_profile
 
-    warnings = []
     profiles = ragchat_settings.PROFILES if isinstance(ragchat_settings.PROFILES, dict) else {}
     for name, config in profiles.items():
         try:
             components = components_for(build_profile(name, config or {}))
-        except Exception:  # reported by check_profiles (ragchat.E002)
+        except Exception:  # noqa: BLE001 - reported by check_profiles
             continue
         found = []
         for f in dataclasses.fields(components):
             value = getattr(components, f.name)
             found += value if isinstance(value, list) else [value]
+        yield name, found
+
+
+@register(Tags.compatibility)
+def check_openai_keys(app_configs=None, **kwargs):
+    """A Warning, not an Error: the key may be set only where the site runs (not in CI or a
+    build step), and every turn would fail with a clear "model unavailable" anyway."""
+    from django_ragchat.openai_backend import OpenAIConnection
+
+    warnings = []
+    for name, found in _built_profiles():
         connections = {c.connection for c in found if isinstance(getattr(c, "connection", None), OpenAIConnection)}
         for connection in sorted(connections, key=repr):
             if connection.api_key() is None:
@@ -368,23 +376,11 @@ def _sqlite_search_checks(alias: str) -> list:
 def check_component_warnings(app_configs=None, **kwargs):
     """Each built component may say what is doubtful about its configuration through an
     optional ``check_warnings()`` method returning messages (ragchat.W040)."""
-    import dataclasses
-
-    from django_ragchat.context import components_for
-    from django_ragchat.profiles import build_profile
-
     warnings = []
-    profiles = ragchat_settings.PROFILES if isinstance(ragchat_settings.PROFILES, dict) else {}
-    for name, config in profiles.items():
-        try:
-            components = components_for(build_profile(name, config or {}))
-        except Exception:  # reported by check_profiles (ragchat.E002)
-            continue
-        for f in dataclasses.fields(components):
-            value = getattr(components, f.name)
-            for component in value if isinstance(value, list) else [value]:
-                check = getattr(component, "check_warnings", None)
-                for message in (check() if callable(check) else ()):
-                    warnings.append(Warning(f"Profile {name!r}, {component.kind} {component.name!r}: {message}",
-                                            hint="See docs/plugins.md.", id="ragchat.W040"))
+    for name, found in _built_profiles():
+        for component in found:
+            check = getattr(component, "check_warnings", None)
+            for message in (check() if callable(check) else ()):
+                warnings.append(Warning(f"Profile {name!r}, {component.kind} {component.name!r}: {message}",
+                                        hint="See docs/plugins.md.", id="ragchat.W040"))
     return warnings
