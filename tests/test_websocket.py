@@ -297,8 +297,12 @@ def test_a_disconnect_saves_the_partial_answer_as_incomplete(asgi, user, slow_co
     assert 3 <= len(answer.content.split()) < 100 and answer.content.startswith("word0 word1 word2")
     openai_server.token_delay = 0
     with open_socket(asgi, caller) as ws:
-        send(ws, type="message", content="Again, please", conversation_id=str(slow_conversation.pk))
-        assert read_turn(ws)[-1]["type"] == "done"
+        # With client_id: the first turn's "stopped" frame, relayed to the conversation's
+        # sockets once its answer is saved, may reach this new socket too (it watches the
+        # conversation); this turn's own frames are the ones carrying its client_id.
+        send(ws, type="message", content="Again, please", conversation_id=str(slow_conversation.pk), client_id="again")
+        last = frames_until(ws, lambda f: f["type"] in FINAL and f.get("client_id") == "again")[-1]
+        assert last["type"] == "done", last
 
 
 def test_the_model_failing_mid_stream_is_an_error_event_and_the_socket_goes_on(asgi, user, product_corpus, openai_server):
