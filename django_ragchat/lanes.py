@@ -60,7 +60,23 @@ class _Lanes:
             self.busy[index] -= 1
 
 
+    def close_connections(self) -> None:
+        from django.db import connections
+
+        with self.lock:
+            executors = list(self.executors)
+        for executor in executors:
+            executor.submit(connections.close_all).result()
+
+
 _lanes = _Lanes()
+
+
+def close_connections() -> None:
+    """Close the database connections held by the lanes' threads (each thread keeps its own,
+    as Django's request threads do). For a process about to drop or leave its databases: a
+    test session before it destroys the test database, a worker shutting down."""
+    _lanes.close_connections()
 
 
 def lane_count() -> int:

@@ -114,3 +114,15 @@ def conversation(user):
     from django_ragchat.models import Conversation
 
     return Conversation.objects.create(owner=user)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def lane_connections_closed(django_db_setup, django_db_blocker):
+    """Close the database lanes' connections (``django_ragchat.lanes``) at the end of the
+    session, before the test database is dropped: PostgreSQL refuses to drop a database that
+    a lane thread is still connected to."""
+    yield
+    from django_ragchat import lanes
+
+    with django_db_blocker.unblock():
+        lanes.close_connections()
