@@ -127,6 +127,17 @@ def _words(text: str) -> list[str]:
 _LETTER_RE = re.compile(r"[^\W\d_]")
 
 
+def _stems(text: str) -> frozenset[str]:
+    """Stems of ``text``'s words, and of each part of a hyphenated one: "a 6.1-inch phone"
+    states "inch" (a size), "two-year" states "year"."""
+    found = set()
+    for word in _words(text):
+        found.add(stem(word))
+        if "-" in word:
+            found.update(stem(part) for part in word.split("-") if part)
+    return frozenset(found)
+
+
 def _fold(text: str) -> str:
     """``text.normalize`` with a fast path: ASCII text only needs lower-casing."""
     return text.lower() if text.isascii() else normalize(text)
@@ -282,7 +293,7 @@ def _analyse_text(text: str, heading: str, title: str) -> tuple[str, tuple[Sente
             continue
         found.append(Sentence(
             text=sentence, position=position,
-            stems=frozenset(stem(w) for w in _words(sentence)),
+            stems=_stems(sentence),
             has_currency=bool(_CURRENCY_RE.search(sentence)),
             has_number=bool(_NUMBER_RE.search(sentence)),
             names=tuple(dict.fromkeys(folded for _, folded in _name_sequences(sentence))),
@@ -306,7 +317,7 @@ def build_passages(documents: Iterable[RetrievedChunk]) -> list[Passage]:
         leaf, found, subject, mentions_the = _analyse_text(chunk.text, chunk.heading or "", chunk.title or "")
         passages.append(Passage(
             index=index, ordinal=chunk.ordinal, heading_leaf=leaf,
-            heading_stems=frozenset(stem(w) for w in _words(leaf)),
+            heading_stems=_stems(leaf),
             subject_name=subject, subject=tuple(normalize(subject).split()) if subject else (),
             sentences=found, mentions_the=mentions_the,
         ))
