@@ -47,6 +47,9 @@ from django_ragchat import hookimpl
 from django_ragchat.llms import ExtractiveAnswerer, LegacyExtractiveAnswerer
 
 DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs.jsonl"
+# Written after the first held-out part had been read while tuning, by someone who had not seen
+# the answerer (bench/data/README.md). Reported as splits "fresh tune" and "fresh held out".
+FRESH_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh.jsonl"
 SAMPLE_DOCS = ROOT / "example_project" / "sample_docs"
 # A product is named when its distinctive word appears (the Nimbus Pen belongs to the Nimbus Tab).
 PRODUCT_PATTERNS = {"Aurora X2": r"\baurora\b", "Nimbus Tab": r"\bnimbus\b", "Zephyr Buds": r"\bzephyr\b"}
@@ -95,9 +98,17 @@ RAGCHAT = {
 }
 
 
-def load_set(path: Path = DATA) -> list[dict]:
+def load_set(path: Path = DATA, fresh: Path | None = FRESH_DATA) -> list[dict]:
+    """The labelled set; with ``fresh``, its questions too, as split ``fresh``."""
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        items = [json.loads(line) for line in f if line.strip()]
+    if fresh is not None and fresh.exists():
+        with open(fresh, encoding="utf-8") as f:
+            fresh_items = [json.loads(line) for line in f if line.strip()]
+        # Its odd-numbered questions were read to tune against after its first run; the
+        # even-numbered ones never were ("fresh held out").
+        items += [{**i, "split": "fresh tune" if int(i["id"][1:]) % 2 else "fresh held out"} for i in fresh_items]
+    return items
 
 
 # --- Scoring ------------------------------------------------------------------------------------
@@ -174,8 +185,10 @@ def run_labelled(items: list[dict]) -> dict[str, dict[str, str]]:
 
 def labelled_report(items: list[dict], answers: dict[str, dict[str, str]]) -> str:
     rows = []
-    for split in ("tune", "heldout", "all"):
+    for split in ("tune", "heldout", "fresh tune", "fresh held out", "all"):
         part = [i for i in items if split == "all" or i["split"] == split]
+        if not part:
+            continue
         for answerer in ANSWERERS:
             judged = [judge(i, answers[answerer][i["id"]]) for i in part]
             rows.append([f"{split} ({len(part)})", answerer, *summarise(judged)])
@@ -316,7 +329,7 @@ def measure_cost(repeats: int = 20) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--show", choices=("tune", "heldout", "all"), help="print the answers of a split")
+    parser.add_argument("--show", choices=("tune", "heldout", "fresh tune", "all"), help="print the answers of a split")
     parser.add_argument("--no-canard", action="store_true")
     parser.add_argument("--dialogs", type=int, default=None, help="CANARD dialogs to use (default all 150)")
     args = parser.parse_args(argv)

@@ -21,7 +21,7 @@ No model, no download, deterministic. For each turn it
    overview."), citing nothing.
 
 Options (``RAGCHAT["PROFILES"][name]["options"]["extractive"]``): ``synonyms`` (extra groups,
-merged into ``SYNONYMS``: ``{"sizes": ["fit", "small", "large"]}``), ``min_coverage`` (0.5, the
+merged into ``SYNONYMS``: ``{"sizes": ["fit", "small", "large"]}``), ``min_coverage`` (0.4, the
 share of the asked attribute a sentence must state), ``max_sentences`` (4), ``no_answer`` (the
 decline used when no passage was given at all). See docs/answerer.md.
 """
@@ -34,7 +34,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from django_ragchat.text import STOPWORDS, normalize, sentences, stem
+from django_ragchat.text import STOPWORDS, normalize, sentences
+from django_ragchat.text import stem as _light_stem
 from django_ragchat.types import Prompt, RetrievedChunk
 
 # --- The synonym table --------------------------------------------------------------------------
@@ -46,26 +47,28 @@ from django_ragchat.types import Prompt, RetrievedChunk
 # declines ("... don't say anything about price"). A profile adds groups or words with the
 # ``synonyms`` option; keep groups narrow: a wide group makes unrelated sentences look relevant.
 SYNONYMS: dict[str, tuple[str, ...]] = {
-    "price": ("price", "cost", "costs", "expensive", "cheap", "pay", "paid", "fee", "free", "charge for"),
+    "price": ("price", "cost", "costs", "expensive", "cheap", "pay", "paid", "fee", "free", "charge for",
+              "cheapest", "set me back", "sets me back"),
     "weight": ("weight", "weigh", "weighs", "heavy", "light", "grams", "gram", "kg", "kilograms", "ounces", "lb"),
     "size": ("size", "sizes", "big", "large", "small", "inch", "inches", "dimensions", "fit"),
     "warranty": ("warranty", "guarantee", "guaranteed", "covered", "cover", "covers"),
     "return": ("return", "returns", "returned", "send back", "send it back", "bring back", "refund",
                "money back", "refunded"),
     "battery life": ("battery", "lasts", "last", "playback", "runtime", "battery life"),
-    "charging": ("charge", "charges", "charging", "charger", "recharge", "charged"),
+    "charging": ("charge", "charges", "charging", "charger", "recharge", "charged", "port", "plug", "usb"),
     "water resistance": ("waterproof", "water", "rain", "wet", "sweat", "splash", "resistant", "ipx4", "ip67",
                          "ip68", "ipx7", "submerge", "swim"),
     "length": ("length", "how long", "long", "tall", "short", "extend", "extends", "collapse", "collapses", "cm",
                "centimetres", "centimeters", "metres", "meters"),
     "duration": ("how long", "take", "takes", "days", "hours", "minutes", "weeks", "within"),
-    "speed": ("fast", "quick", "quickly", "speed", "slow", "minutes", "rapid"),
+    "speed": ("fast", "faster", "quick", "quicker", "quickly", "speed", "slow", "minutes", "rapid"),
     "shipping": ("ship", "ships", "shipping", "delivery", "deliver", "delivered", "dispatch", "arrive"),
     "colour": ("colour", "colours", "color", "colors", "finish", "finishes"),
     "discount": ("discount", "save", "saving", "savings", "off", "cheaper", "deal", "trade in", "trading in",
                  "reduced"),
-    "display": ("screen", "display", "brightness", "bright", "nits"),
-    "storage": ("storage", "gb", "tb", "memory", "capacity"),
+    "display": ("screen", "display", "brightness", "bright", "nits", "glossy", "matte", "glare", "reflection",
+                "reflections"),
+    "storage": ("storage", "gb", "tb", "memory", "capacity", "space"),
     "updates": ("updates", "update", "support", "supported", "security"),
     "carrier": ("carrier", "carriers", "unlocked", "network", "sim"),
     "included": ("included", "include", "includes", "come with", "comes with", "in the box", "box"),
@@ -92,7 +95,8 @@ GENERIC_WORDS = frozenset(
     """good kind type sort thing things way really actually exactly possible able like tell know
     happen happens happened anything something stuff okay ok hey hi thanks thank product products
     item items come comes available offer offered get getting else other interesting aspect aspects
-    article notable significant important information info details detail more""".split()
+    article notable significant important information info details detail more
+    buy bought version option options keep use using need want wear go goes look looking lot lots""".split()
 )
 
 # An amount: money, or a share ("10% off").
@@ -125,6 +129,17 @@ def _words(text: str) -> list[str]:
 
 
 _LETTER_RE = re.compile(r"[^\W\d_]")
+
+
+@lru_cache(maxsize=65536)
+def stem(word: str) -> str:
+    """``text.stem``, and a doubled final consonant undone ("swimming" -> "swimm" -> "swim",
+    "shipped" -> "ship"), so a question's inflection meets the table's word. Only the answerer
+    uses it: the embedder's features, and so the stored vectors, are not changed."""
+    s = _light_stem(word)
+    if len(s) > 3 and s != word and s[-1] == s[-2] and s[-1] not in "aeiouylsz" and s[-1].isalpha():
+        return s[:-1]
+    return s
 
 
 def _stems(text: str) -> frozenset[str]:
@@ -439,7 +454,7 @@ class Choice:
 class AnswerSelector:
     """The engine, independent of Django and the pipeline: ``answer(prompt) -> str``."""
 
-    def __init__(self, *, synonyms: dict[str, Iterable[str]] | None = None, min_coverage: float = 0.5,
+    def __init__(self, *, synonyms: dict[str, Iterable[str]] | None = None, min_coverage: float = 0.4,
                  max_sentences: int = 4, rank_prior: float = 0.1,
                  no_answer: str = "I can't answer that from the documents I have."):
         if isinstance(min_coverage, bool) or not isinstance(min_coverage, (int, float)) or not 0 <= min_coverage <= 1:
@@ -542,7 +557,8 @@ class AnswerSelector:
         if not choices:
             return self.decline(need, passages, eligible)
         best = max(choices, key=lambda c: (c.score, -c.passage.index, -c.sentence.position))
-        if best.coverage < self.min_coverage:
+        if best.coverage < self.min_coverage or not any(
+                _covers(k, best.sentence.stems | best.passage.heading_stems, self.table) for k in need.own):
             return self.decline(need, passages, eligible)
         return self.compose(best, choices, need)
 

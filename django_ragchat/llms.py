@@ -56,14 +56,14 @@ class ExtractiveAnswerer(LLMBackend):
     """The offline answerer: the sentences that state what was asked about the subject asked
     about, each cited as ``[n]``; a plain decline naming what the documents do describe when
     none does. Options: ``synonyms`` (extra synonym groups, see ``extractive.SYNONYMS``),
-    ``min_coverage`` (0.5), ``max_sentences`` (4), ``no_answer`` (used when no passage was
+    ``min_coverage`` (0.4), ``max_sentences`` (4), ``no_answer`` (used when no passage was
     given). The engine is ``django_ragchat.extractive.AnswerSelector``.
     """
 
     name = "extractive"
     model = "extractive"
 
-    def __init__(self, profile, *, synonyms: dict[str, list[str]] | None = None, min_coverage: float = 0.5,
+    def __init__(self, profile, *, synonyms: dict[str, list[str]] | None = None, min_coverage: float = 0.4,
                  max_sentences: int = 4, no_answer: str = "I can't answer that from the documents I have.",
                  **options: Any):
         super().__init__(profile, **options)
