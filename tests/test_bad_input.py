@@ -152,3 +152,16 @@ def test_sse_refuses_an_anonymous_caller_as_the_api_does(client, user, ragchat_s
                        content_type="application/json")
     assert (sse.status_code, json.loads(sse.content)["code"]) == (rest.status_code, rest.json()["code"]) \
         == (403, "not_authenticated")
+
+
+def test_wrong_basic_credentials_are_authentication_failed(client, user):
+    # DRF's default authentication classes list SessionAuthentication first, which sends no
+    # WWW-Authenticate challenge, so DRF answers 403 rather than 401 (docs/api.md says so).
+    import base64
+
+    token = base64.b64encode(f"{user.username}:wrong".encode()).decode()
+    response = client.get("/api/ragchat/conversations/", HTTP_AUTHORIZATION=f"Basic {token}")
+    assert response.status_code == 403
+    assert response.json()["code"] == "authentication_failed"
+    assert "WWW-Authenticate" not in response.headers
+    assert not Conversation.objects.exists()
