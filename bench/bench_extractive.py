@@ -99,7 +99,8 @@ RAGCHAT = {
 
 
 def load_set(path: Path = DATA, fresh: Path | None = FRESH_DATA) -> list[dict]:
-    """The labelled set; with ``fresh``, its questions too, as split ``fresh``."""
+    """The labelled set; with ``fresh``, the fresh set's questions too, as splits ``fresh tune``
+    (odd-numbered) and ``fresh held out`` (even-numbered)."""
     with open(path, encoding="utf-8") as f:
         items = [json.loads(line) for line in f if line.strip()]
     if fresh is not None and fresh.exists():

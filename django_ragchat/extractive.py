@@ -38,6 +38,9 @@ from django_ragchat.text import STOPWORDS, normalize, sentences
 from django_ragchat.text import stem as _light_stem
 from django_ragchat.types import Prompt, RetrievedChunk
 
+#: The share of the asked attribute a sentence must state to be an answer (docs/answerer.md).
+DEFAULT_MIN_COVERAGE = 0.4
+
 # --- The synonym table --------------------------------------------------------------------------
 #
 # One group per attribute people ask about: a question word in a group asks for the whole group,
@@ -454,7 +457,8 @@ class Choice:
 class AnswerSelector:
     """The engine, independent of Django and the pipeline: ``answer(prompt) -> str``."""
 
-    def __init__(self, *, synonyms: dict[str, Iterable[str]] | None = None, min_coverage: float = 0.4,
+    def __init__(self, *, synonyms: dict[str, Iterable[str]] | None = None,
+                 min_coverage: float = DEFAULT_MIN_COVERAGE,
                  max_sentences: int = 4, rank_prior: float = 0.1,
                  no_answer: str = "I can't answer that from the documents I have."):
         if isinstance(min_coverage, bool) or not isinstance(min_coverage, (int, float)) or not 0 <= min_coverage <= 1:
@@ -557,8 +561,7 @@ class AnswerSelector:
         if not choices:
             return self.decline(need, passages, eligible)
         best = max(choices, key=lambda c: (c.score, -c.passage.index, -c.sentence.position))
-        if best.coverage < self.min_coverage or not any(
-                _covers(k, best.sentence.stems | best.passage.heading_stems, self.table) for k in need.own):
+        if best.coverage < self.min_coverage:
             return self.decline(need, passages, eligible)
         return self.compose(best, choices, need)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from django_ragchat import hookimpl
 from django_ragchat.components import Component
 from django_ragchat.exceptions import LLMError  # noqa: F401  (its historical home)
-from django_ragchat.extractive import AnswerSelector, is_prose
+from django_ragchat.extractive import DEFAULT_MIN_COVERAGE, AnswerSelector, is_prose
 from django_ragchat.text import content_terms, sentences
 from django_ragchat.tokens import count_tokens
 from django_ragchat.types import LLMDelta, LLMResponse, Prompt, Usage
@@ -63,7 +63,8 @@ class ExtractiveAnswerer(LLMBackend):
     name = "extractive"
     model = "extractive"
 
-    def __init__(self, profile, *, synonyms: dict[str, list[str]] | None = None, min_coverage: float = 0.4,
+    def __init__(self, profile, *, synonyms: dict[str, list[str]] | None = None,
+                 min_coverage: float = DEFAULT_MIN_COVERAGE,
                  max_sentences: int = 4, no_answer: str = "I can't answer that from the documents I have.",
                  **options: Any):
         super().__init__(profile, **options)

@@ -3,6 +3,7 @@ for the same cause on every transport."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -157,8 +158,6 @@ def test_sse_refuses_an_anonymous_caller_as_the_api_does(client, user, ragchat_s
 def test_wrong_basic_credentials_are_authentication_failed(client, user):
     # DRF's default authentication classes list SessionAuthentication first, which sends no
     # WWW-Authenticate challenge, so DRF answers 403 rather than 401 (docs/api.md says so).
-    import base64
-
     token = base64.b64encode(f"{user.username}:wrong".encode()).decode()
     response = client.get("/api/ragchat/conversations/", HTTP_AUTHORIZATION=f"Basic {token}")
     assert response.status_code == 403
