@@ -50,6 +50,10 @@ DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs.jsonl"
 # Written after the first held-out part had been read while tuning, by someone who had not seen
 # the answerer (bench/data/README.md). Reported as splits "fresh tune" and "fresh held out".
 FRESH_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh.jsonl"
+# Two more sets written blind (bench/data/README.md): "tune 2" to tune against, "fresh2 held out"
+# run once, after tuning stopped, and never read.
+TUNE2_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_tune2.jsonl"
+FRESH2_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh2.jsonl"
 SAMPLE_DOCS = ROOT / "example_project" / "sample_docs"
 # A product is named when its distinctive word appears (the Nimbus Pen belongs to the Nimbus Tab).
 PRODUCT_PATTERNS = {"Aurora X2": r"\baurora\b", "Nimbus Tab": r"\bnimbus\b", "Zephyr Buds": r"\bzephyr\b"}
@@ -109,6 +113,10 @@ def load_set(path: Path = DATA, fresh: Path | None = FRESH_DATA) -> list[dict]:
         # Its odd-numbered questions were read to tune against after its first run; the
         # even-numbered ones never were ("fresh held out").
         items += [{**i, "split": "fresh tune" if int(i["id"][1:]) % 2 else "fresh held out"} for i in fresh_items]
+    for extra, split in ((TUNE2_DATA, "tune 2"), (FRESH2_DATA, "fresh2 held out")):
+        if fresh is not None and extra.exists():
+            with open(extra, encoding="utf-8") as f:
+                items += [{**json.loads(line), "split": split} for line in f if line.strip()]
     return items
 
 
@@ -186,7 +194,7 @@ def run_labelled(items: list[dict]) -> dict[str, dict[str, str]]:
 
 def labelled_report(items: list[dict], answers: dict[str, dict[str, str]]) -> str:
     rows = []
-    for split in ("tune", "heldout", "fresh tune", "fresh held out", "all"):
+    for split in ("tune", "heldout", "fresh tune", "tune 2", "fresh held out", "fresh2 held out", "all"):
         part = [i for i in items if split == "all" or i["split"] == split]
         if not part:
             continue

@@ -39,7 +39,7 @@ from django_ragchat.text import stem as _light_stem
 from django_ragchat.types import Prompt, RetrievedChunk
 
 #: The share of the asked attribute a sentence must state to be an answer (docs/answerer.md).
-DEFAULT_MIN_COVERAGE = 0.4
+DEFAULT_MIN_COVERAGE = 0.5
 
 # --- The synonym table --------------------------------------------------------------------------
 #
@@ -50,37 +50,68 @@ DEFAULT_MIN_COVERAGE = 0.4
 # declines ("... don't say anything about price"). A profile adds groups or words with the
 # ``synonyms`` option; keep groups narrow: a wide group makes unrelated sentences look relevant.
 SYNONYMS: dict[str, tuple[str, ...]] = {
-    "price": ("price", "cost", "costs", "expensive", "cheap", "pay", "paid", "fee", "free", "charge for",
-              "cheapest", "set me back", "sets me back"),
-    "weight": ("weight", "weigh", "weighs", "heavy", "light", "grams", "gram", "kg", "kilograms", "ounces", "lb"),
-    "size": ("size", "sizes", "big", "large", "small", "inch", "inches", "dimensions", "fit"),
-    "warranty": ("warranty", "guarantee", "guaranteed", "covered", "cover", "covers"),
-    "return": ("return", "returns", "returned", "send back", "send it back", "bring back", "refund",
-               "money back", "refunded"),
-    "battery life": ("battery", "lasts", "last", "playback", "runtime", "battery life"),
-    "charging": ("charge", "charges", "charging", "charger", "recharge", "charged", "port", "plug", "usb"),
-    "water resistance": ("waterproof", "water", "rain", "wet", "sweat", "splash", "resistant", "ipx4", "ip67",
-                         "ip68", "ipx7", "submerge", "swim"),
+    "price": ("price", "cost", "costs", "expensive", "cheap", "cheapest", "pricey", "afford", "affordable",
+              "budget", "pay", "paid", "fee", "fees", "free", "money", "spend", "retail", "retails", "msrp",
+              "charge for", "charge me", "charge you", "you charge", "they charge", "we charge", "charged for", "set me back", "sets me back", "go for",
+              "goes for", "going for", "selling for", "sell for", "sells for"),
+    "weight": ("weight", "weigh", "weighs", "heavy", "heft", "hefty", "light", "lightweight", "grams", "gram",
+               "kg", "kilograms", "ounces", "oz", "lb", "mass"),
+    "size": ("size", "sizes", "big", "large", "small", "compact", "inch", "inches", "dimensions", "diagonal",
+             "measure", "measures", "fit"),
+    "warranty": ("warranty", "guarantee", "guaranteed", "covered", "cover", "covers", "coverage", "protect",
+                 "protected", "protection", "defect", "defects", "defective", "faulty", "failure", "fail",
+                 "fails"),
+    "return": ("return", "returns", "returned", "send back", "send it back", "send them back", "bring back",
+               "give back", "refund", "refunds", "refunded", "money back", "change my mind", "changed my mind"),
+    "battery life": ("battery", "lasts", "last", "playback", "runtime", "battery life", "listening", "listen",
+                     "play time", "playtime", "endurance", "juice", "run out", "runs out", "die", "dies",
+                     "hold a charge", "holding a charge", "holds a charge", "single charge", "one charge",
+                     "full charge", "between charges"),
+    "charging": ("charge", "charges", "charging", "charger", "recharge", "recharging", "charged", "port", "plug",
+                 "usb", "cable", "wireless", "wirelessly", "power", "socket", "outlet", "adapter", "watt",
+                 "watts", "top up", "topping up", "topped up", "refill", "refuel", "juice up"),
+    "water resistance": ("waterproof", "water", "rain", "rainy", "wet", "sweat", "sweaty", "sweatproof", "splash",
+                         "splashes", "shower", "resistant", "resistance", "ipx4", "ip67", "ip68", "ipx7",
+                         "submerge", "swim"),
     "length": ("length", "how long", "long", "tall", "short", "extend", "extends", "collapse", "collapses", "cm",
                "centimetres", "centimeters", "metres", "meters"),
-    "duration": ("how long", "take", "takes", "days", "hours", "minutes", "weeks", "within"),
-    "speed": ("fast", "faster", "quick", "quicker", "quickly", "speed", "slow", "minutes", "rapid"),
-    "shipping": ("ship", "ships", "shipping", "delivery", "deliver", "delivered", "dispatch", "arrive"),
-    "colour": ("colour", "colours", "color", "colors", "finish", "finishes"),
-    "discount": ("discount", "save", "saving", "savings", "off", "cheaper", "deal", "trade in", "trading in",
-                 "reduced"),
+    "duration": ("how long", "take", "takes", "days", "hours", "minutes", "weeks", "years", "within", "until",
+                 "soon", "when"),
+    "speed": ("fast", "faster", "fastest", "quick", "quicker", "quickest", "quickly", "speed", "speedy", "slow",
+              "minutes", "rapid", "rapidly", "hurry", "rush", "urgent", "urgently", "asap", "express",
+              "expedite", "expedited", "overnight", "next day", "tomorrow"),
+    "shipping": ("ship", "ships", "shipping", "shipped", "delivery", "deliver", "delivered", "dispatch",
+                 "dispatched", "arrive", "arrives", "arrival", "postage", "post", "mail", "mailed", "courier",
+                 "order", "orders", "send out", "sent out", "get here"),
+    "colour": ("colour", "colours", "color", "colors", "finish", "finishes", "shade", "shades"),
+    "discount": ("discount", "discounts", "save", "saving", "savings", "off", "cheaper", "deal", "deals",
+                 "trade in", "trading in", "trade-in", "reduced", "reduction", "coupon", "promo", "promotion",
+                 "rebate", "lower", "less", "trade", "hand in", "swap", "student", "students", "education", "knock off", "money off"),
     "display": ("screen", "display", "brightness", "bright", "nits", "glossy", "matte", "glare", "reflection",
-                "reflections"),
-    "storage": ("storage", "gb", "tb", "memory", "capacity", "space"),
-    "updates": ("updates", "update", "support", "supported", "security"),
-    "carrier": ("carrier", "carriers", "unlocked", "network", "sim"),
-    "included": ("included", "include", "includes", "come with", "comes with", "in the box", "box"),
-    "loss": ("lose", "lost", "losing", "missing", "replacement"),
-    "pressure": ("pressure", "levels", "sensitivity", "tilt"),
-    "sensing": ("sense", "senses", "detect", "detects", "detection", "recognise", "recognize", "register"),
-    "repair": ("repair", "repairs", "fix", "fixed", "broken"),
-    "noise cancelling": ("noise", "cancelling", "canceling", "anc"),
-    "camera": ("camera", "photo", "photos", "lens", "mp", "megapixel"),
+                "reflections", "sunlight", "sun", "outdoors", "outside", "panel", "oled", "lcd"),
+    "storage": ("storage", "gb", "gigs", "gig", "gigabytes", "tb", "memory", "capacity", "space", "room"),
+    "updates": ("updates", "update", "updated", "support", "supported", "security", "secure", "patch", "patches",
+                "patched", "vulnerability", "vulnerabilities", "software", "firmware", "upgrades"),
+    "carrier": ("carrier", "carriers", "unlocked", "locked", "network", "networks", "sim", "provider",
+                "providers", "operator"),
+    "included": ("included", "include", "includes", "come with", "comes with", "in the box", "box", "bundled",
+                 "packaged", "ship with", "ships with"),
+    "loss": ("lose", "lost", "losing", "missing", "misplace", "misplaced", "replacement", "replace"),
+    "pressure": ("pressure", "levels", "sensitivity", "sensitive", "tilt", "angle", "force", "gradations"),
+    "sensing": ("sense", "senses", "detect", "detects", "detection", "recognise", "recognize", "register", "notice",
+                "notices", "pick up", "picks up", "respond", "responds"),
+    "repair": ("repair", "repairs", "repaired", "fix", "fixed", "fixing", "broken", "break", "breaks", "broke",
+               "damaged", "cracked", "inspect", "inspection", "look at", "diagnose", "diagnosis", "quote",
+               "estimate", "service", "servicing"),
+    "noise cancelling": ("noise", "cancelling", "canceling", "cancellation", "anc", "quiet", "block out",
+                         "drown out"),
+    "camera": ("camera", "cameras", "photo", "photos", "picture", "pictures", "film",
+               "filming", "record", "recording", "shoot", "lens", "mp", "megapixel", "megapixels", "fps",
+               "frame rate", "frames"),
+    "attachment": ("attach", "attaches", "attached", "magnet", "magnets", "magnetic", "magnetically", "clip",
+                   "clips", "snap", "snaps", "stick", "sticks", "stow", "holder", "dock"),
+    "build": ("titanium", "frame", "made of", "material", "materials", "metal", "aluminium", "aluminum",
+              "plastic", "body"),
 }
 
 # How a question word reads in a decline ("... don't say anything about water resistance").
@@ -99,8 +130,14 @@ GENERIC_WORDS = frozenset(
     happen happens happened anything something stuff okay ok hey hi thanks thank product products
     item items come comes available offer offered get getting else other interesting aspect aspects
     article notable significant important information info details detail more
-    buy bought version option options keep use using need want wear go goes look looking lot lots""".split()
+    buy bought version option options keep use using need want wear go goes look looking lot lots
+    phone phones handset smartphone tablet tablets earbuds earbud earphones earphone headphones buds
+    device devices gadget gadgets owner owners maker manufacturer company brand""".split()
 )
+# The phrases that say what kind of value is asked ("how long", "how many") rather than what it
+# is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
+ANSWER_TYPE_WEIGHT = 0.35
+_ANSWER_TYPE_PHRASES = frozenset({("how", "long"), ("how", "many"), ("how", "much"), ("how", "soon")})
 
 # An amount: money, or a share ("10% off").
 _CURRENCY_RE = re.compile(r"[$€£¥]\s?\d|\d\s?(?:%|percent\b|usd\b|eur\b|gbp\b|dollars\b|euros\b|pounds\b)",
@@ -110,8 +147,16 @@ _NUMBER_RE = re.compile(
     r"forty|fifty|hundred|thousand|dozen|half)\b", re.IGNORECASE)
 _QUANTITY_QUESTION_RE = re.compile(r"\bhow\s+(?:much|many|long|big|heavy|fast|far|old|often|large|bright|tall|"
                                    r"quickly|soon)\b|\bwhat\s+(?:size|length|weight|capacity)\b", re.IGNORECASE)
-_PRICE_QUESTION_RE = re.compile(r"\bhow\s+much\b(?!\s+(?:time|longer|space|storage|battery|water|does\s+\S+\s+"
-                                r"weigh|do\s+\S+\s+weigh|weight))", re.IGNORECASE)
+# "How much is it?", "how much does it cost", "how much to ship": a price. "How much storage",
+# "how much RAM", "how much listening": a quantity of that noun. "How much does it weigh" is
+# told apart by the measure asked (_MEASURE_GROUPS).
+_PRICE_QUESTION_RE = re.compile(
+    r"\bhow\s+much\b(?=\s*(?:$|[?.!,;]|(?:is|are|was|were|does|do|did|will|would|should|can|could|might|for|"
+    r"it|they|them|that|this|these|those|extra|more|money|to|i|we|you)\b))", re.IGNORECASE)
+# The words that open a question, for the clause asked ("I read in bed, is it heavy?").
+_WH_WORDS = frozenset("what what's whats which how how's where when who whose why".split())
+_POLAR_WORDS = frozenset("""is are was were do does did can could will would should shall may might
+    has have isn't aren't doesn't don't can't won't any""".split())
 _CITE_BEFORE_STOP = re.compile(r"([.!?])$")
 _MARKUP_CHARS = set('{}[]"=<>|`\\')
 _NAME_TOKEN_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*")
@@ -354,7 +399,8 @@ class Need:
     labels: dict[str, str] = field(default_factory=dict)  # group key -> words for a decline
     subjects: set[tuple[str, ...]] = field(default_factory=set)
     unknown: list[str] = field(default_factory=list)  # names in the question no passage knows
-    wants_amount: bool = False
+    wants_amount: bool = False  # an amount scores higher
+    must_amount: bool = False  # only an amount answers ("How much is it?")
     wants_number: bool = False
 
 
@@ -368,7 +414,7 @@ def _group_keys(text: str, table: SynonymTable, skip: set[str]) -> list[tuple[st
         n = len(phrase)
         for i in range(len(tokens) - n + 1):
             if not any(used[i:i + n]) and tuple(tokens[i:i + n]) == phrase:
-                found.append((f"={label}", " ".join(phrase)))
+                found.append((("~" if phrase in _ANSWER_TYPE_PHRASES else "") + f"={label}", " ".join(phrase)))
                 for j in range(i, i + n):
                     used[j] = True
     for i, token in enumerate(tokens):
@@ -378,15 +424,17 @@ def _group_keys(text: str, table: SynonymTable, skip: set[str]) -> list[tuple[st
             continue
         s = stem(token)
         labels = table.of_stem.get(s)
-        if labels:
-            found.append(("=" + "|".join(labels), NOUN_OF.get(token, token)))
+        if labels:  # the word itself, and its groups: "wireless charging" prefers "wireless"
+            found.append((s + "=" + "|".join(labels), NOUN_OF.get(token, token)))
         else:
             found.append((s, token))
     return found
 
 
-def analyse_query(question: str, search_query: str, passages: list[Passage], table: SynonymTable) -> Need:
-    """Split the user's ``question`` and the transformed ``search_query`` into subject and attribute."""
+def analyse_query(question: str, search_query: str, passages: list[Passage], table: SynonymTable,
+                  asked: str | None = None) -> Need:
+    """Split the user's ``question`` and the transformed ``search_query`` into subject and attribute
+    (the attribute of ``asked``, one part of the question, when given)."""
     need = Need()
     # The entities the passages know about: their subjects and the names in their sentences.
     known: set[tuple[str, ...]] = set()
@@ -396,6 +444,7 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
         for s in p.sentences:
             known.update(tuple(n.split()) for n in s.names)
     def named(query_words: set[str]) -> set[tuple[str, ...]]:
+        query_words = query_words | {stem(w) for w in query_words}  # "my Zephyrs"
         full = {e for e in known if set(e) <= query_words}
         # "Zephyr" alone names the Zephyr Buds; a full name ("Nimbus Pen") beats a shared word.
         partial = {e for e in known if set(e) & query_words - STOPWORDS - GENERIC_WORDS} if not full else set()
@@ -409,12 +458,13 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     need.subjects = named(own_words) or everything
     for display, folded in _name_sequences(question):
         tokens = set(folded.split())
-        if not any(tokens & set(e) for e in known) and not tokens <= STOPWORDS | GENERIC_WORDS:
+        if not any((tokens | {stem(t) for t in tokens}) & set(e) for e in known) and not tokens <= STOPWORDS | GENERIC_WORDS:
             need.unknown.append(display)
     names = {w for e in everything | need.subjects for w in e}  # names are subjects, not attributes
     # In "I have an Aurora X2. How long does the battery last?" (or a pasted "Ignore all previous
     # instructions. How much...?") the attribute is what the question sentence asks.
-    asked = " ".join(q for q in sentences(question) if q.endswith("?")) or question
+    if asked is None:
+        asked = " ".join(_asked_clause(q) for q in sentences(question) if q.endswith("?")) or question
     for text, weight in ((asked, 1.0), (search_query, 0.5)):
         for key, label in _group_keys(text, table, names):
             if key not in need.groups:
@@ -426,19 +476,75 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
         # "What about the Nimbus Tab?": the attribute is the one the transformer carried over.
         need.own = set(need.groups)
         need.groups = dict.fromkeys(need.groups, 1.0)
-    own_groups = {label for k in need.own if k.startswith("=") for label in k[1:].split("|")}
+    own_groups = {label for k in need.own for label in _labels(k)}
     need.wants_amount = bool("price" in own_groups or (
         _PRICE_QUESTION_RE.search(asked) and not own_groups & _MEASURE_GROUPS))
+    need.must_amount = bool(_PRICE_QUESTION_RE.search(asked) and not own_groups & _MEASURE_GROUPS)
     if "pay" in _words(asked) and not _PRICE_QUESTION_RE.search(asked):
         need.wants_amount = False  # "Do I have to pay for..." is answered by "free" as well as by "$15"
     need.wants_number = bool(_QUANTITY_QUESTION_RE.search(asked))
+    if need.wants_amount and not any("price" in _labels(k) for k in need.own):
+        need.groups["=price"] = 1.0  # "How much are Zephyr Buds?" asks the price
+        need.labels["=price"] = "price"
+        need.own.add("=price")
     return need
 
 
-def _covers(key: str, stems: frozenset[str], table: SynonymTable) -> bool:
-    if key.startswith("="):
-        return any(table.groups[label] & stems for label in key[1:].split("|"))
-    return key in stems
+#: A question word that no passage and no synonym group knows ("internationally", or a
+#: paraphrase the table misses) weighs this much of a known word as rare.
+UNKNOWN_WORD_WEIGHT = 0.3
+
+#: How much a synonym counts against the asked word itself ("charges" for "wireless").
+SYNONYM_EVIDENCE = 0.8
+
+
+def _labels(key: str) -> list[str]:
+    """The synonym groups of a need key: "stem=label|label" for a word, "=label" for a phrase
+    ("~=label" for an answer-type phrase such as "how long")."""
+    _, _, labels = key.partition("=")
+    return labels.split("|") if labels else []
+
+
+_PART_SPLIT_RE = re.compile(r",?\s+and\s+(?=(?:what|what's|which|how|where|when|who|is|are|does|do|did|can|could|will|"
+                            r"would|should|has|have)\b)", re.IGNORECASE)
+
+
+def question_parts(question: str) -> list[str]:
+    """The separate questions in ``question``: its question sentences, each split before
+    "and how/what/does..." ("How many watts, and how long till it's half full?"). Alternatives
+    ("..., or is it free?") ask one thing and stay whole."""
+    asked = [_asked_clause(q) for q in sentences(question) if q.endswith("?")] or [question]
+    parts = [part.strip() for q in asked for part in _PART_SPLIT_RE.split(q)]
+    return [part for part in parts if _words(part)]
+
+
+def _asked_clause(question: str) -> str:
+    """The part of a question sentence that asks: "I read in bed for hours, is it heavy?" asks
+    "is it heavy?"; "If I top them up from the case, how much listening...?" asks from "how".
+    The clauses before it are context (they still count, at half weight, via the search query)."""
+    clauses = question.split(", ")
+    for i in range(1, len(clauses)):
+        opener = next(iter(_words(clauses[i])), "")
+        if opener in ("or", "and", "but"):
+            opener = next(iter(_words(clauses[i])[1:]), "")
+        if opener in _WH_WORDS or opener in _POLAR_WORDS:
+            head = next(iter(_words(clauses[0])), "")
+            if head not in _WH_WORDS and head not in _POLAR_WORDS:
+                return ", ".join(clauses[i:])
+            break
+    return question
+
+
+def _covers(key: str, stems: frozenset[str], table: SynonymTable) -> float:
+    """How strongly ``stems`` state ``key``: 1 for the asked word (or an asked phrase's group),
+    ``SYNONYM_EVIDENCE`` for another word of its group, 0 for none."""
+    word, _, labels = key.partition("=")
+    word = word.lstrip("~")
+    if word and word in stems:
+        return 1.0
+    if labels and any(table.groups[label] & stems for label in labels.split("|")):
+        return SYNONYM_EVIDENCE if word else 1.0
+    return 0.0
 
 
 # --- The answerer -------------------------------------------------------------------------------
@@ -500,30 +606,61 @@ class AnswerSelector:
         passages = build_passages(prompt.documents)
         if not any(p.sentences for p in passages):
             return self.no_answer
-        need = analyse_query(prompt.question, prompt.search_query or prompt.question, passages, self.table)
-        known = {p.subject for p in passages if p.subject} | {
-            tuple(n.split()) for p in passages for s in p.sentences for n in s.names}
-
+        search_query = prompt.search_query or prompt.question
+        need = analyse_query(prompt.question, search_query, passages, self.table)
         if need.unknown and not need.subjects:
             # "Does the Galaxy S9 have a warranty?": another product's warranty is no answer.
             names = " or ".join(dict.fromkeys(need.unknown))
             return f"The documents don't mention {names}, so I can't answer that from them."
+        parts = question_parts(prompt.question)
+        if len(parts) < 2:
+            picked = self.select(need, passages)
+            return self.cited(picked) if picked else self.decline(need, passages, self.eligible(need, passages))
+        # "How many watts does it take, and how long till it's half full?": each part is answered
+        # on its own (one part's words would dilute the other's), the subject from the whole.
+        answered: list[Choice] = []
+        unanswered: list[Need] = []
+        for part in parts:
+            part_need = analyse_query(prompt.question, search_query, passages, self.table, asked=part)
+            picked = self.select(part_need, passages) if part_need.own else []
+            if picked:
+                answered += [c for c in picked if all(c.sentence is not a.sentence for a in answered)]
+            elif part_need.own:
+                unanswered.append(part_need)
+        if not answered:
+            return self.decline(need, passages, self.eligible(need, passages))
+        text = self.cited(answered[:self.max_sentences + 1])
+        stated = frozenset().union(*(c.sentence.stems | c.passage.heading_stems for c in answered))
+        unanswered = [n for n in unanswered if not any(_covers(k, stated, self.table) for k in n.own)]
+        for part_need in unanswered:  # say what is missing, without the list of what was found
+            text += " " + self.decline(part_need, passages, self.eligible(part_need, passages)).split(". ")[0]
+            text = text if text.endswith(".") else text + "."
+        return text
+
+    def eligible(self, need: Need, passages: list[Passage]) -> list[tuple[Passage, Sentence]]:
+        """The (passage, sentence) pairs on the question's subject."""
+        known = {p.subject for p in passages if p.subject} | {
+            tuple(n.split()) for p in passages for s in p.sentences for n in s.names}
         heads = frozenset(p.subject for p in passages if p.subject)
-        eligible: list[tuple[Passage, Sentence]] = []
-        for p in passages:
-            for s in p.sentences:
-                if not need.subjects or self.on_subject(p, s, need.subjects, known, heads):
-                    eligible.append((p, s))
+        return [(p, s) for p in passages for s in p.sentences
+                if not need.subjects or self.on_subject(p, s, need.subjects, known, heads)]
+
+    @staticmethod
+    def cited(picked: list[Choice]) -> str:
+        return " ".join(cite(c.sentence.text, c.passage.index) for c in picked)
+
+    def select(self, need: Need, passages: list[Passage]) -> list[Choice]:
+        """The sentences that answer ``need``, in order; empty when none states enough of it."""
+        eligible = self.eligible(need, passages)
         if not eligible:
-            return self.decline(need, passages, [])
+            return []
 
         if not need.own:
             # "Tell me about the Aurora X2": no attribute asked, so the subject's description,
             # which a document gives first: the on-subject passage earliest in its document
             # (the retrieval rank breaks ties), not whichever section was ranked first.
             opening = min({id(p): p for p, _ in eligible}.values(), key=lambda p: (p.ordinal, p.index))
-            same = [(p, s) for p, s in eligible if p is opening][:2]
-            return " ".join(cite(s.text, p.index) for p, s in same)
+            return [Choice(p, s, 0.0, 0.0) for p, s in eligible if p is opening][:2]
 
         # IDF of each asked group over the candidate sentences: rare evidence weighs more.
         all_sentences = [(p, s) for p in passages for s in p.sentences]
@@ -532,6 +669,12 @@ class AnswerSelector:
         for key in need.groups:
             df = sum(_covers(key, s.stems, self.table) for _, s in all_sentences)
             idf[key] = math.log(1 + (n + 1) / (1 + df))
+            # A word the subject's passages never use, and no synonym group knows, is as likely
+            # a paraphrase ("patches against hackers") as the point; it weighs less.
+            if "=" not in key and not any(key in s.stems or key in p.heading_stems for p, s in eligible):
+                idf[key] *= UNKNOWN_WORD_WEIGHT
+            if key.startswith("~") and len(need.own) > 1:
+                idf[key] *= ANSWER_TYPE_WEIGHT
         own_total = sum(idf[k] for k in need.own) or 1.0
         all_total = sum(idf[k] * w for k, w in need.groups.items()) or 1.0
 
@@ -539,11 +682,8 @@ class AnswerSelector:
         for p, s in eligible:
             own_cov = all_cov = 0.0
             for key, weight in need.groups.items():
-                if _covers(key, s.stems, self.table):
-                    evidence = 1.0
-                elif _covers(key, p.heading_stems, self.table):
-                    evidence = 0.6
-                else:
+                evidence = _covers(key, s.stems, self.table) or 0.6 * _covers(key, p.heading_stems, self.table)
+                if not evidence:
                     continue
                 all_cov += evidence * weight * idf[key]
                 if key in need.own:
@@ -555,17 +695,20 @@ class AnswerSelector:
             elif need.wants_number and s.has_number:
                 score += 0.15
             score -= 0.002 * max(0, len(s.stems) - 30)
-            choices.append(Choice(p, s, score, own_cov))
-        if need.wants_amount:  # "how much" is answered by an amount, not by a description
+            choice = Choice(p, s, score, own_cov)
+            if _has_other_topic(choice, need, self.table):  # "10% off the price" is not the price
+                choice = Choice(p, s, score - 0.3, own_cov)
+            choices.append(choice)
+        if need.must_amount:  # "how much" is answered by an amount, not by a description
             choices = [c for c in choices if c.sentence.has_currency]
         if not choices:
-            return self.decline(need, passages, eligible)
+            return []
         best = max(choices, key=lambda c: (c.score, -c.passage.index, -c.sentence.position))
         if best.coverage < self.min_coverage:
-            return self.decline(need, passages, eligible)
+            return []
         return self.compose(best, choices, need)
 
-    def compose(self, best: Choice, choices: list[Choice], need: Need) -> str:
+    def compose(self, best: Choice, choices: list[Choice], need: Need) -> list[Choice]:
         """The best sentence, then the sentences that continue its attribute in its passage."""
         stated = {k for k in need.own if _covers(k, best.sentence.stems, self.table)}
         if not stated:  # stated only by the heading ("Pricing" over "$449"): continue on numbers
@@ -584,7 +727,7 @@ class AnswerSelector:
                 break
             picked.append(c)
             expected += 1
-        return " ".join(cite(c.sentence.text, c.passage.index) for c in picked)
+        return picked
 
     def decline(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> str:
         """Say plainly that the documents don't state it, naming what they do describe."""
@@ -612,4 +755,5 @@ class AnswerSelector:
 
 def _has_other_topic(choice: Choice, need: Need, table: SynonymTable) -> bool:
     """A sentence about a discount or trade-in is not a continuation of a price list."""
-    return _covers("=discount", choice.sentence.stems, table) and "=discount" not in need.own
+    return bool(_covers("=discount", choice.sentence.stems, table)) and not any(
+        "discount" in _labels(k) for k in need.own)
