@@ -107,7 +107,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                          "drown out"),
     "camera": ("camera", "cameras", "photo", "photos", "picture", "pictures", "film",
                "filming", "record", "recording", "shoot", "lens", "mp", "megapixel", "megapixels", "fps",
-               "frame rate", "frames"),
+               "frame rate"),
     "attachment": ("attach", "attaches", "attached", "magnet", "magnets", "magnetic", "magnetically", "clip",
                    "clips", "snap", "snaps", "stick", "sticks", "stow", "holder", "dock"),
     "build": ("titanium", "frame", "made of", "material", "materials", "metal", "aluminium", "aluminum",
@@ -183,7 +183,10 @@ _LETTER_RE = re.compile(r"[^\W\d_]")
 def stem(word: str) -> str:
     """``text.stem``, and a doubled final consonant undone ("swimming" -> "swimm" -> "swim",
     "shipped" -> "ship"), so a question's inflection meets the table's word. Only the answerer
-    uses it: the embedder's features, and so the stored vectors, are not changed."""
+    uses it: the embedder's features, and so the stored vectors, are not changed. An adverb
+    meets its adjective ("diagonally" -> "diagonal", "magnetically" -> "magnetic", "monthly")."""
+    if len(word) > 5 and word.endswith("ly") and word.isalpha():
+        word = word[:-4] + "ic" if word.endswith("ically") else word[:-2]
     s = _light_stem(word)
     if len(s) > 3 and s != word and s[-1] == s[-2] and s[-1] not in "aeiouylsz" and s[-1].isalpha():
         return s[:-1]
@@ -402,14 +405,21 @@ class Need:
     wants_amount: bool = False  # an amount scores higher
     must_amount: bool = False  # only an amount answers ("How much is it?")
     wants_number: bool = False
+    compounds: set[str] = field(default_factory=set)  # unknown-to-the-table words next to another
 
 
-def _group_keys(text: str, table: SynonymTable, skip: set[str]) -> list[tuple[str, str]]:
+def _group_keys(text: str, table: SynonymTable, skip: set[str],
+                compounds: set[str] | None = None) -> list[tuple[str, str]]:
     """(group key, display words) for the content of ``text``: phrase groups first, then each
-    remaining content word as its synonym groups (a word in no group is its own group)."""
+    remaining content word as its synonym groups (a word in no group is its own group).
+
+    ``compounds`` collects the words in no group that stand next to another such word: "What
+    is the refresh rate of..." names one thing, and when the passages use neither word, that
+    thing is what they lack (such words keep their full weight)."""
     tokens = _words(text)
     used = [False] * len(tokens)
     found: list[tuple[str, str]] = []
+    plain_at: dict[int, str] = {}  # token index -> stem, for the words in no group
     for phrase, label in table.phrases:
         n = len(phrase)
         for i in range(len(tokens) - n + 1):
@@ -428,6 +438,9 @@ def _group_keys(text: str, table: SynonymTable, skip: set[str]) -> list[tuple[st
             found.append((s + "=" + "|".join(labels), NOUN_OF.get(token, token)))
         else:
             found.append((s, token))
+            if compounds is not None and i > 0 and plain_at.get(i - 1):
+                compounds.update((s, plain_at[i - 1]))
+            plain_at[i] = s
     return found
 
 
@@ -472,6 +485,7 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
                 need.labels[key] = label
             if weight == 1.0:
                 need.own.add(key)
+    _group_keys(asked, table, names, need.compounds)
     if not need.own and need.groups:
         # "What about the Nimbus Tab?": the attribute is the one the transformer carried over.
         need.own = set(need.groups)
@@ -493,6 +507,10 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
 #: A question word that no passage and no synonym group knows ("internationally", or a
 #: paraphrase the table misses) weighs this much of a known word as rare.
 UNKNOWN_WORD_WEIGHT = 0.3
+
+#: The sentence before the best one joins the answer when its share of the asked attribute is
+#: at most this much lower.
+PRECEDING_MARGIN = 0.25
 
 #: How much a synonym counts against the asked word itself ("charges" for "wireless").
 SYNONYM_EVIDENCE = 0.8
@@ -671,7 +689,8 @@ class AnswerSelector:
             idf[key] = math.log(1 + (n + 1) / (1 + df))
             # A word the subject's passages never use, and no synonym group knows, is as likely
             # a paraphrase ("patches against hackers") as the point; it weighs less.
-            if "=" not in key and not any(key in s.stems or key in p.heading_stems for p, s in eligible):
+            if "=" not in key and key not in need.compounds and not any(
+                    key in s.stems or key in p.heading_stems for p, s in eligible):
                 idf[key] *= UNKNOWN_WORD_WEIGHT
             if key.startswith("~") and len(need.own) > 1:
                 idf[key] *= ANSWER_TYPE_WEIGHT
@@ -709,12 +728,18 @@ class AnswerSelector:
         return self.compose(best, choices, need)
 
     def compose(self, best: Choice, choices: list[Choice], need: Need) -> list[Choice]:
-        """The best sentence, then the sentences that continue its attribute in its passage."""
+        """The best sentence, then the sentences that continue its attribute in its passage; the
+        sentence just before it too when that one states as much of what was asked ("Orders ship
+        within two business days." before "...express delivery arrives the next business day")."""
         stated = {k for k in need.own if _covers(k, best.sentence.stems, self.table)}
         if not stated:  # stated only by the heading ("Pricing" over "$449"): continue on numbers
             stated = {k for k in need.own if _covers(k, best.passage.heading_stems, self.table)}
         picked = [best]
         in_passage = sorted((c for c in choices if c.passage is best.passage), key=lambda c: c.sentence.position)
+        before = [c for c in in_passage if c.sentence.position == best.sentence.position - 1]
+        if before and before[0].coverage >= max(self.min_coverage, best.coverage - PRECEDING_MARGIN) and (
+                not need.must_amount or before[0].sentence.has_currency):
+            picked.insert(0, before[0])
         following = [c for c in in_passage if c.sentence.position > best.sentence.position]
         expected = best.sentence.position + 1
         for c in following:
