@@ -756,7 +756,12 @@ class AnswerSelector:
 
     def decline(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> str:
         """Say plainly that the documents don't state it, naming what they do describe."""
-        missing = [need.labels[k] for k in need.groups if k in need.own] or ["that"]
+        # Name what is lacking: "Do you ship to Canada?" lacks Canada, not shipping; "how long"
+        # beside another word only says what kind of value was asked.
+        asked = [k for k in need.groups if k in need.own and not (k.startswith("~") and len(need.own) > 1)]
+        lacking = [k for k in asked if not any(
+            _covers(k, s.stems, self.table) or _covers(k, p.heading_stems, self.table) for p, s in eligible)]
+        missing = [need.labels[k] for k in (lacking or asked)] or ["that"]
         topic = " ".join(dict.fromkeys(missing[:3]))
         passage_of = {id(p): p for p, _ in eligible}
         on_subject = [p for p in passages if id(p) in passage_of]
