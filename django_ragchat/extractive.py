@@ -233,6 +233,7 @@ class SynonymTable:
     groups: dict[str, frozenset[str]]  # label -> stems of its single words
     phrases: tuple[tuple[tuple[str, ...], str], ...]  # (words, "label|label"), longest first
     of_stem: dict[str, tuple[str, ...]]  # stem -> labels of the groups it is in
+    phrases_from: dict[str, tuple[int, ...]] = field(default_factory=dict)  # first word -> indexes in phrases
 
     @classmethod
     def build(cls, extra: dict[str, Iterable[str]] | None = None) -> SynonymTable:
@@ -259,8 +260,11 @@ class SynonymTable:
                 of_stem.setdefault(s, []).append(label)
         phrases = sorted(((t, "|".join(dict.fromkeys(ls))) for t, ls in phrase_labels.items()),
                          key=lambda p: -len(p[0]))
+        phrases_from: dict[str, list[int]] = {}
+        for index, (tokens, _label) in enumerate(phrases):
+            phrases_from.setdefault(tokens[0], []).append(index)
         return cls({k: frozenset(v) for k, v in groups.items()}, tuple(phrases),
-                   {k: tuple(v) for k, v in of_stem.items()})
+                   {k: tuple(v) for k, v in of_stem.items()}, {k: tuple(v) for k, v in phrases_from.items()})
 
 
 _DEFAULT_TABLE: SynonymTable | None = None
@@ -420,13 +424,16 @@ def _group_keys(text: str, table: SynonymTable, skip: set[str],
     used = [False] * len(tokens)
     found: list[tuple[str, str]] = []
     plain_at: dict[int, str] = {}  # token index -> stem, for the words in no group
-    for phrase, label in table.phrases:
+    # Longest phrases first, each at every place it occurs (found through its first word).
+    matches = sorted((index, i) for i, token in enumerate(tokens) for index in table.phrases_from.get(token, ())
+                     if tuple(tokens[i:i + len(table.phrases[index][0])]) == table.phrases[index][0])
+    for index, i in matches:
+        phrase, label = table.phrases[index]
         n = len(phrase)
-        for i in range(len(tokens) - n + 1):
-            if not any(used[i:i + n]) and tuple(tokens[i:i + n]) == phrase:
-                found.append((("~" if phrase in _ANSWER_TYPE_PHRASES else "") + f"={label}", " ".join(phrase)))
-                for j in range(i, i + n):
-                    used[j] = True
+        if not any(used[i:i + n]):
+            found.append((("~" if phrase in _ANSWER_TYPE_PHRASES else "") + f"={label}", " ".join(phrase)))
+            for j in range(i, i + n):
+                used[j] = True
     for i, token in enumerate(tokens):
         if used[i] or token in STOPWORDS or token in GENERIC_WORDS or token in skip:
             continue
