@@ -50,7 +50,8 @@ DEFAULT_MIN_COVERAGE = 0.5
 # declines ("... don't say anything about price"). A profile adds groups or words with the
 # ``synonyms`` option; keep groups narrow: a wide group makes unrelated sentences look relevant.
 SYNONYMS: dict[str, tuple[str, ...]] = {
-    "price": ("price", "cost", "costs", "expensive", "cheap", "cheapest", "pricey", "afford", "affordable",
+    "price": ("price", "cost", "costs", "expensive", "cheap", "cheapest", "lowest price", "starting price",
+              "base price", "pricey", "afford", "affordable",
               "budget", "pay", "paid", "fee", "fees", "free", "money", "spend", "retail", "retails", "msrp",
               "charge for", "charge me", "charge you", "you charge", "they charge", "we charge", "charged for", "set me back", "sets me back", "go for",
               "goes for", "going for", "selling for", "sell for", "sells for"),
@@ -104,7 +105,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                "damaged", "cracked", "inspect", "inspection", "look at", "diagnose", "diagnosis", "quote",
                "estimate", "service", "servicing"),
     "noise cancelling": ("noise", "cancelling", "canceling", "cancellation", "anc", "quiet", "block out",
-                         "drown out"),
+                         "drown out", "shut out", "cut out", "tune out"),
     "camera": ("camera", "cameras", "photo", "photos", "picture", "pictures", "film",
                "filming", "record", "recording", "shoot", "lens", "mp", "megapixel", "megapixels", "fps",
                "frame rate"),
@@ -132,7 +133,8 @@ GENERIC_WORDS = frozenset(
     article notable significant important information info details detail more
     buy bought version option options keep use using need want wear go goes look looking lot lots
     phone phones handset smartphone tablet tablets earbuds earbud earphones earphone headphones buds
-    device devices gadget gadgets owner owners maker manufacturer company brand""".split()
+    device devices gadget gadgets owner owners maker manufacturer company brand
+    still people person anyone someone everyone everything basically generally usually pretty quite bit""".split()
 )
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
@@ -409,27 +411,35 @@ class Need:
     wants_amount: bool = False  # an amount scores higher
     must_amount: bool = False  # only an amount answers ("How much is it?")
     wants_number: bool = False
-    compounds: set[str] = field(default_factory=set)  # unknown-to-the-table words next to another
 
 
-def _group_keys(text: str, table: SynonymTable, skip: set[str],
-                compounds: set[str] | None = None) -> list[tuple[str, str]]:
+# An object pronoun may stand inside a phrase: "juice them up" is "juice up".
+_OBJECT_PRONOUNS = frozenset("it them me him her this that these those one ones mine".split())
+
+
+def _phrase_span(tokens: list[str], i: int, phrase: tuple[str, ...]) -> int:
+    """How many tokens from ``i`` spell ``phrase`` (with at most one object pronoun after its
+    first word), or 0."""
+    n = len(phrase)
+    if tuple(tokens[i:i + n]) == phrase:
+        return n
+    if n > 1 and i + n < len(tokens) and tokens[i + 1] in _OBJECT_PRONOUNS and (
+            tokens[i] == phrase[0] and tuple(tokens[i + 2:i + n + 1]) == phrase[1:]):
+        return n + 1
+    return 0
+
+
+def _group_keys(text: str, table: SynonymTable, skip: set[str]) -> list[tuple[str, str]]:
     """(group key, display words) for the content of ``text``: phrase groups first, then each
-    remaining content word as its synonym groups (a word in no group is its own group).
-
-    ``compounds`` collects the words in no group that stand next to another such word: "What
-    is the refresh rate of..." names one thing, and when the passages use neither word, that
-    thing is what they lack (such words keep their full weight)."""
+    remaining content word as its synonym groups (a word in no group is its own group)."""
     tokens = _words(text)
     used = [False] * len(tokens)
     found: list[tuple[str, str]] = []
-    plain_at: dict[int, str] = {}  # token index -> stem, for the words in no group
     # Longest phrases first, each at every place it occurs (found through its first word).
-    matches = sorted((index, i) for i, token in enumerate(tokens) for index in table.phrases_from.get(token, ())
-                     if tuple(tokens[i:i + len(table.phrases[index][0])]) == table.phrases[index][0])
-    for index, i in matches:
+    matches = sorted((index, i, n) for i, token in enumerate(tokens) for index in table.phrases_from.get(token, ())
+                     if (n := _phrase_span(tokens, i, table.phrases[index][0])))
+    for index, i, n in matches:
         phrase, label = table.phrases[index]
-        n = len(phrase)
         if not any(used[i:i + n]):
             found.append((("~" if phrase in _ANSWER_TYPE_PHRASES else "") + f"={label}", " ".join(phrase)))
             for j in range(i, i + n):
@@ -445,9 +455,6 @@ def _group_keys(text: str, table: SynonymTable, skip: set[str],
             found.append((s + "=" + "|".join(labels), NOUN_OF.get(token, token)))
         else:
             found.append((s, token))
-            if compounds is not None and i > 0 and plain_at.get(i - 1):
-                compounds.update((s, plain_at[i - 1]))
-            plain_at[i] = s
     return found
 
 
@@ -492,7 +499,6 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
                 need.labels[key] = label
             if weight == 1.0:
                 need.own.add(key)
-    _group_keys(asked, table, names, need.compounds)
     if not need.own and need.groups:
         # "What about the Nimbus Tab?": the attribute is the one the transformer carried over.
         need.own = set(need.groups)
@@ -514,6 +520,9 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
 #: A question word that no passage and no synonym group knows ("internationally", or a
 #: paraphrase the table misses) weighs this much of a known word as rare.
 UNKNOWN_WORD_WEIGHT = 0.3
+#: ... except in a question that asks at most this many words: there every word is the point
+#: ("Do you ship internationally?", "Can I pay monthly?").
+SHORT_QUESTION_WORDS = 2
 
 #: The sentence before the best one joins the answer when its share of the asked attribute is
 #: at most this much lower.
@@ -696,7 +705,7 @@ class AnswerSelector:
             idf[key] = math.log(1 + (n + 1) / (1 + df))
             # A word the subject's passages never use, and no synonym group knows, is as likely
             # a paraphrase ("patches against hackers") as the point; it weighs less.
-            if "=" not in key and key not in need.compounds and not any(
+            if "=" not in key and len(need.own) > SHORT_QUESTION_WORDS and not any(
                     key in s.stems or key in p.heading_stems for p, s in eligible):
                 idf[key] *= UNKNOWN_WORD_WEIGHT
             if key.startswith("~") and len(need.own) > 1:
