@@ -73,7 +73,8 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                  "watts", "top up", "topping up", "topped up", "refill", "refuel", "juice up"),
     "water resistance": ("waterproof", "water", "rain", "rainy", "wet", "sweat", "sweaty", "sweatproof", "splash",
                          "splashes", "shower", "resistant", "resistance", "ipx4", "ip67", "ip68", "ipx7",
-                         "submerge", "swim"),
+                         "submerge", "swim", "gym", "workout", "workouts", "exercise", "exercising", "jog",
+                         "jogging"),
     "length": ("length", "how long", "long", "tall", "short", "extend", "extends", "collapse", "collapses", "cm",
                "centimetres", "centimeters", "metres", "meters"),
     "duration": ("how long", "take", "takes", "days", "hours", "minutes", "weeks", "years", "within", "until",
@@ -83,7 +84,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
               "expedite", "expedited", "overnight", "next day", "tomorrow"),
     "shipping": ("ship", "ships", "shipping", "shipped", "delivery", "deliver", "delivered", "dispatch",
                  "dispatched", "arrive", "arrives", "arrival", "postage", "post", "mail", "mailed", "courier",
-                 "order", "orders", "send out", "sent out", "get here"),
+                 "order", "orders", "send out", "sent out", "get here", "warehouse", "go out", "goes out"),
     "colour": ("colour", "colours", "color", "colors", "finish", "finishes", "shade", "shades"),
     "discount": ("discount", "discounts", "save", "saving", "savings", "off", "cheaper", "deal", "deals",
                  "trade in", "trading in", "trade-in", "reduced", "reduction", "coupon", "promo", "promotion",
@@ -470,11 +471,15 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
             known.add(p.subject)
         for s in p.sentences:
             known.update(tuple(n.split()) for n in s.names)
-    def named(query_words: set[str]) -> set[tuple[str, ...]]:
+    def named(query_words: set[str], type_words: bool = True) -> set[tuple[str, ...]]:
         query_words = query_words | {stem(w) for w in query_words}  # "my Zephyrs"
         full = {e for e in known if set(e) <= query_words}
         # "Zephyr" alone names the Zephyr Buds; a full name ("Nimbus Pen") beats a shared word.
-        partial = {e for e in known if set(e) & query_words - STOPWORDS - GENERIC_WORDS} if not full else set()
+        # Without ``type_words`` the shared word must be the name's first word or a model code:
+        # "the pen" is not the Nimbus Pen when the conversation is about the Nimbus Tab.
+        partial = {e for e in known if any(
+            type_words or w == e[0] or any(c.isdigit() for c in w)
+            for w in set(e) & query_words - STOPWORDS - GENERIC_WORDS)} if not full else set()
         # "Zappa" also means the "Frank Zappa" a heading names: add the longer names containing it.
         return (full or partial) | {e for e in known if any(set(f) < set(e) for f in full)}
 
@@ -482,7 +487,8 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     everything = named(own_words | set(_words(search_query)))
     # The user's own words name the subject when they name one: in "And the Aurora X2?" after
     # the Nimbus Tab, the transformer's inherited "Nimbus Tab" is context, not the subject.
-    need.subjects = named(own_words) or everything
+    inherited = {e for e in known if set(e) <= set(_words(search_query))}
+    need.subjects = named(own_words, type_words=not inherited) or everything
     for display, folded in _name_sequences(question):
         tokens = set(folded.split())
         if not any((tokens | {stem(t) for t in tokens}) & set(e) for e in known) and not tokens <= STOPWORDS | GENERIC_WORDS:
