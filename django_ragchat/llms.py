@@ -56,7 +56,7 @@ class ExtractiveAnswerer(LLMBackend):
     """The offline answerer: the sentences that state what was asked about the subject asked
     about, each cited as ``[n]``; a plain decline naming what the documents do describe when
     none does. Options: ``synonyms`` (extra synonym groups, see ``extractive.SYNONYMS``),
-    ``min_coverage`` (0.4), ``max_sentences`` (4), ``no_answer`` (used when no passage was
+    ``min_coverage`` (0.5), ``max_sentences`` (4), ``no_answer`` (used when no passage was
     given). The engine is ``django_ragchat.extractive.AnswerSelector``.
     """
 
