@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from django_ragchat.text import STOPWORDS, normalize, sentences
@@ -115,7 +115,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "attachment": ("attach", "attaches", "attached", "magnet", "magnets", "magnetic", "magnetically", "clip",
                    "clips", "snap", "snaps", "stick", "sticks", "stow", "holder", "dock"),
     "build": ("titanium", "frame", "made of", "material", "materials", "metal", "aluminium", "aluminum",
-              "plastic", "body"),
+              "plastic"),
 }
 
 # How a question word reads in a decline ("... don't say anything about water resistance").
@@ -413,6 +413,7 @@ class Need:
     unknown: list[str] = field(default_factory=list)  # names in the question no passage knows
     wants_amount: bool = False  # an amount scores higher
     must_amount: bool = False  # only an amount answers ("How much is it?")
+    asked: str = ""  # the words that ask (the question's asking clauses, or one part of them)
     wants_number: bool = False
 
 
@@ -500,6 +501,7 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     # instructions. How much...?") the attribute is what the question sentence asks.
     if asked is None:
         asked = " ".join(_asked_clause(q) for q in sentences(question) if q.endswith("?")) or question
+    need.asked = asked
     for text, weight in ((asked, 1.0), (search_query, 0.5)):
         for key, label in _group_keys(text, table, names):
             if key not in need.groups:
@@ -531,6 +533,13 @@ UNKNOWN_WORD_WEIGHT = 0.3
 #: ... except in a question that asks at most this many words: there every word is the point
 #: ("Do you ship internationally?", "Can I pay monthly?").
 SHORT_QUESTION_WORDS = 2
+
+# A question comparing subjects ("Which one is the lightest?"); answered per subject when it
+# names none, each subject's sentence stating at least COMPARED_COVERAGE of what was asked.
+_COMPARISON_RE = re.compile(
+    r"\b(?:which|cheapest|priciest|most|least|lightest|heaviest|biggest|smallest|largest|longest|shortest|"
+    r"fastest|best|compare|versus|vs)\b", re.IGNORECASE)
+COMPARED_COVERAGE = 0.75
 
 #: The sentence before the best one joins the answer when its share of the asked attribute is
 #: at most this much lower.
@@ -654,6 +663,10 @@ class AnswerSelector:
             # "Does the Galaxy S9 have a warranty?": another product's warranty is no answer.
             names = " or ".join(dict.fromkeys(need.unknown))
             return f"The documents don't mention {names}, so I can't answer that from them."
+        if not need.subjects and _COMPARISON_RE.search(prompt.question):
+            compared = self.compare(need, passages)
+            if compared:
+                return compared
         parts = question_parts(prompt.question)
         if len(parts) < 2:
             picked = self.select(need, passages)
@@ -678,6 +691,16 @@ class AnswerSelector:
             text += " " + self.decline(part_need, passages, self.eligible(part_need, passages)).split(". ")[0]
             text = text if text.endswith(".") else text + "."
         return text
+
+    def compare(self, need: Need, passages: list[Passage]) -> str:
+        """"Which product is the cheapest?": each subject's own answer, for the reader to compare
+        (the answerer quotes, it does not rank), or "" when fewer than two subjects state it."""
+        found = []
+        for subject in dict.fromkeys(p.subject for p in passages if p.subject):
+            picked = self.select(replace(need, subjects={subject}), passages)
+            if picked and picked[0].coverage >= COMPARED_COVERAGE:
+                found.append(picked[0])
+        return self.cited(found[:self.max_sentences]) if len(found) > 1 else ""
 
     def eligible(self, need: Need, passages: list[Passage]) -> list[tuple[Passage, Sentence]]:
         """The (passage, sentence) pairs on the question's subject."""
@@ -786,7 +809,8 @@ class AnswerSelector:
         lacking = [k for k in asked if not any(
             _covers(k, s.stems, self.table) or _covers(k, p.heading_stems, self.table) for p, s in eligible)]
         missing = [need.labels[k] for k in (lacking or asked)] or ["that"]
-        topic = " ".join(dict.fromkeys(missing[:3]))
+        topic = _span_of(need.asked, lacking) if len(lacking) > 1 else ""
+        topic = topic or " ".join(dict.fromkeys(missing[:3]))
         passage_of = {id(p): p for p, _ in eligible}
         on_subject = [p for p in passages if id(p) in passage_of]
         subject = next((p for p in on_subject if p.subject in need.subjects), None) if need.subjects else None
@@ -805,6 +829,23 @@ class AnswerSelector:
             else:
                 text += f" The passages found are about {described}."
         return text
+
+
+def _span_of(text: str, keys: list[str], longest: int = 6) -> str:
+    """The words of ``text`` from the first to the last of ``keys`` ("ship to Canada" for the
+    keys ship and canada), as the user wrote them; "" when they are not all found close together."""
+    tokens = list(_WORD_RE.finditer(text))
+    places = []
+    for key in keys:
+        word = key.partition("=")[0].lstrip("~")
+        at = [i for i, t in enumerate(tokens) if word and stem(_words(t.group(0))[0] if _words(t.group(0)) else "") == word]
+        if not at:
+            return ""
+        places.append(at[0])
+    first, last = min(places), max(places)
+    if last - first >= longest:
+        return ""
+    return text[tokens[first].start():tokens[last].end()]
 
 
 def _has_other_topic(choice: Choice, need: Need, table: SynonymTable) -> bool:
