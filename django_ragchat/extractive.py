@@ -499,6 +499,7 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     names = {w for e in everything | need.subjects for w in e}  # names are subjects, not attributes
     # In "I have an Aurora X2. How long does the battery last?" (or a pasted "Ignore all previous
     # instructions. How much...?") the attribute is what the question sentence asks.
+    part = asked is not None  # one part of the question: the search query holds the other parts' words
     if asked is None:
         asked = " ".join(_asked_clause(q) for q in sentences(question) if q.endswith("?")) or question
     need.asked = asked
@@ -509,7 +510,7 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
                 need.labels[key] = label
             if weight == 1.0:
                 need.own.add(key)
-    if not need.own and need.groups:
+    if not need.own and need.groups and not part:
         # "What about the Nimbus Tab?": the attribute is the one the transformer carried over.
         need.own = set(need.groups)
         need.groups = dict.fromkeys(need.groups, 1.0)

@@ -244,3 +244,75 @@ def test_a_hyphenated_measure_states_its_unit(sample_docs):
     answer = ask("How big is the Aurora X2's screen?")
     assert "6.1-inch" in answer and CITATION.search(answer), answer
     assert "Nimbus" not in answer and "Zephyr" not in answer
+
+
+# --- How a new person words a question (bench/data/answers_sample_docs_tune2.jsonl) ------------
+
+
+def test_a_two_part_question_is_answered_part_by_part(sample_docs):
+    # One part's words would dilute the other's: scored as one attribute this was declined.
+    answer = ask("How many watts can the Aurora X2 take through the cable, and how long till it's half full?")
+    assert "45 W" in answer and "20 minutes" in answer, answer
+    assert "don't say" not in answer and "Nimbus" not in answer and "Zephyr" not in answer
+
+
+def test_a_part_the_documents_do_not_answer_is_named_after_the_part_they_do():
+    pricing = chunk(1, "Aurora X2 > Pricing", "The Aurora X2 costs $699 with 128 GB of storage.")
+    answer = AnswerSelector().answer(prompt("How much is the Aurora X2, and what colours does it come in?", pricing))
+    assert answer == ("The Aurora X2 costs $699 with 128 GB of storage [1]. "
+                      "The documents don't say anything about colours for the Aurora X2."), answer
+
+
+def test_how_much_of_a_thing_asks_a_quantity_not_a_price():
+    overview = chunk(1, "Nimbus Tab > Overview", "The Nimbus Tab has 64 GB of storage for your files.")
+    pricing = chunk(2, "Nimbus Tab > Pricing", "The Nimbus Tab costs $449.")
+    answer = AnswerSelector().answer(prompt("How much storage does the Nimbus Tab have?", pricing, overview))
+    assert answer == "The Nimbus Tab has 64 GB of storage for your files [2].", answer
+    # ... and "how much RAM" is declined, not answered with a price.
+    answer = AnswerSelector().answer(prompt("How much RAM does the Nimbus Tab have?", pricing, overview))
+    assert answer.startswith("The documents don't say anything about ram for the Nimbus Tab."), answer
+
+
+def test_the_context_before_the_asking_clause_does_not_dilute_it(sample_docs):
+    answer = ask("I read in bed for hours, is the Nimbus tablet heavy?")
+    assert "480 grams" in answer, answer
+
+
+def test_in_a_short_question_the_word_no_passage_uses_is_the_point(sample_docs):
+    # Shipping is covered, shipping abroad is not: the shipping times are no answer.
+    answer = ask("Do you ship internationally?")
+    assert answer.startswith("The documents don't say anything about internationally."), answer
+    assert not CITATION.search(answer)
+    # In a longer question such a word is more often a paraphrase, and weighs less.
+    answer = ask("For how many years will Aurora X2 owners keep receiving patches against hackers?")
+    assert "six years" in answer, answer
+
+
+def test_a_phrase_is_found_with_an_object_pronoun_inside(sample_docs):
+    answer = ask("How long will the Zephyr Buds keep the music going before I have to juice them up?")
+    assert "eight hours" in answer and "Nimbus" not in answer, answer
+
+
+def test_a_type_word_does_not_displace_the_conversations_subject(sample_docs):
+    # "the pen" shares a word with the Nimbus Pen; the conversation is about the Nimbus Tab.
+    answer = ask("I'm eyeing the Nimbus Tab for drawing", "Does its screen feel anything like paper with the pen?")
+    assert "feels like paper" in answer, answer
+
+
+def test_a_comparison_quotes_each_subjects_answer(outdoor_shop):
+    answer = ask("Which product is the cheapest?")
+    assert "$149" in answer and "$129" in answer, answer  # the reader compares; nothing is ranked
+    assert "don't say" not in answer
+
+
+def test_a_decline_quotes_the_lacking_words_as_written():
+    shipping = chunk(1, "Orbit Devices support > Shipping", "Orders ship within two business days.")
+    answer = AnswerSelector().answer(prompt("Do you offer gift wrapping?", shipping))
+    assert answer.startswith("The documents don't say anything about gift wrapping."), answer
+    answer = AnswerSelector().answer(prompt("What is the refresh rate of the screen?", shipping))
+    assert answer.startswith("The documents don't say anything about refresh rate of the screen."), answer
+
+
+def test_the_sentence_before_the_best_joins_when_it_states_as_much(sample_docs):
+    answer = ask("How fast do orders ship?")
+    assert answer.startswith("Orders ship within two business days [1]."), answer
