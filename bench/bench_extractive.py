@@ -50,10 +50,12 @@ DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs.jsonl"
 # Written after the first held-out part had been read while tuning, by someone who had not seen
 # the answerer (bench/data/README.md). Reported as splits "fresh tune" and "fresh held out".
 FRESH_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh.jsonl"
-# Two more sets written blind (bench/data/README.md): "tune 2" to tune against, "fresh2 held out"
-# run once, after tuning stopped, and never read.
+# Three more sets written blind (bench/data/README.md): "tune 2" to tune against; "fresh2 tuned",
+# held out for one run and read (and tuned on) after it; "fresh3 held out", run once, after
+# tuning stopped, and never read.
 TUNE2_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_tune2.jsonl"
 FRESH2_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh2.jsonl"
+FRESH3_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh3.jsonl"
 SAMPLE_DOCS = ROOT / "example_project" / "sample_docs"
 # A product is named when its distinctive word appears (the Nimbus Pen belongs to the Nimbus Tab).
 PRODUCT_PATTERNS = {"Aurora X2": r"\baurora\b", "Nimbus Tab": r"\bnimbus\b", "Zephyr Buds": r"\bzephyr\b"}
@@ -103,8 +105,9 @@ RAGCHAT = {
 
 
 def load_set(path: Path = DATA, fresh: Path | None = FRESH_DATA) -> list[dict]:
-    """The labelled set; with ``fresh``, the fresh set's questions too, as splits ``fresh tune``
-    (odd-numbered) and ``fresh held out`` (even-numbered)."""
+    """The labelled set; with ``fresh``, the later sets' questions too: the fresh set as splits
+    ``fresh tune`` (odd-numbered) and ``fresh held out`` (even-numbered), then ``tune 2``,
+    ``fresh2 tuned`` and ``fresh3 held out`` (bench/data/README.md)."""
     with open(path, encoding="utf-8") as f:
         items = [json.loads(line) for line in f if line.strip()]
     if fresh is not None and fresh.exists():
@@ -113,7 +116,7 @@ def load_set(path: Path = DATA, fresh: Path | None = FRESH_DATA) -> list[dict]:
         # Its odd-numbered questions were read to tune against after its first run; the
         # even-numbered ones never were ("fresh held out").
         items += [{**i, "split": "fresh tune" if int(i["id"][1:]) % 2 else "fresh held out"} for i in fresh_items]
-    for extra, split in ((TUNE2_DATA, "tune 2"), (FRESH2_DATA, "fresh2 held out")):
+    for extra, split in ((TUNE2_DATA, "tune 2"), (FRESH2_DATA, "fresh2 tuned"), (FRESH3_DATA, "fresh3 held out")):
         if fresh is not None and extra.exists():
             with open(extra, encoding="utf-8") as f:
                 items += [{**json.loads(line), "split": split} for line in f if line.strip()]
@@ -194,7 +197,8 @@ def run_labelled(items: list[dict]) -> dict[str, dict[str, str]]:
 
 def labelled_report(items: list[dict], answers: dict[str, dict[str, str]]) -> str:
     rows = []
-    for split in ("tune", "heldout", "fresh tune", "tune 2", "fresh held out", "fresh2 held out", "all"):
+    for split in ("tune", "heldout", "fresh tune", "tune 2", "fresh2 tuned", "fresh held out", "fresh3 held out",
+                  "all"):
         part = [i for i in items if split == "all" or i["split"] == split]
         if not part:
             continue
@@ -208,8 +212,8 @@ def labelled_report(items: list[dict], answers: dict[str, dict[str, str]]) -> st
 def show(items: list[dict], answers: dict[str, dict[str, str]], split: str) -> str:
     lines = []
     for item in items:
-        if split != "all" and item["split"] != split:
-            continue
+        if split != "all" and item["split"] != split or "held out" in item["split"]:
+            continue  # a held-out split is never printed: reading it would spoil it
         new = answers["new"][item["id"]]
         j = judge(item, new)
         ok = (j["declined"] and not j["off"]) if item["not_covered"] else (j["fact"] and not j["off"])
@@ -338,7 +342,8 @@ def measure_cost(repeats: int = 20) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--show", choices=("tune", "heldout", "fresh tune", "all"), help="print the answers of a split")
+    parser.add_argument("--show", choices=("tune", "heldout", "fresh tune", "tune 2", "fresh2 tuned", "all"),
+                        help="print the answers of a split (never of a held-out one)")
     parser.add_argument("--no-canard", action="store_true")
     parser.add_argument("--dialogs", type=int, default=None, help="CANARD dialogs to use (default all 150)")
     args = parser.parse_args(argv)
