@@ -77,12 +77,12 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                      "play time", "playtime", "endurance", "juice", "run out", "runs out", "die", "dies",
                      "hold a charge", "holding a charge", "holds a charge", "single charge", "one charge",
                      "full charge", "between charges", "all day", "drain", "per charge", "on a charge", "stamina",
-                     "usage time", "conk out", "mah"),
+                     "usage time", "conk out", "mah", "battery capacity"),
     "charging": ("charge", "charges", "charging", "charger", "recharge", "recharging", "charged", "port", "plug",
                  "usb", "cable", "wireless", "wirelessly", "power", "socket", "outlet", "adapter", "watt", "watts",
                  "top up", "topping up", "topped up", "refill", "refuel", "juice up", "usb-c", "usb c", "type-c",
                  "type c", "wattage", "cord", "power brick", "wall plug", "mains", "rechargeable", "charging pad",
-                 "charging stand"),
+                 "charging stand", "half full", "fully charged", "to full", "charge up"),
     "water resistance": ("waterproof", "water", "rain", "rainy", "wet", "sweat", "sweaty", "sweatproof", "splash",
                          "splashes", "shower", "resistant", "resistance", "ipx4", "ip67", "ip68", "ipx7", "submerge",
                          "swim", "gym", "workout", "workouts", "exercise", "exercising", "jog", "jogging",
@@ -101,7 +101,8 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "shipping": ("ship", "ships", "shipping", "shipped", "delivery", "deliver", "delivered", "dispatch",
                  "dispatched", "arrive", "arrives", "arrival", "postage", "post", "mail", "mailed", "courier",
                  "order", "orders", "send out", "sent out", "get here", "warehouse", "go out", "goes out",
-                 "shipment", "parcel", "postal", "in transit", "transit", "freight", "doorstep", "p&p", "s&h"),
+                 "shipment", "parcel", "postal", "in transit", "transit", "freight", "doorstep", "p&p", "s&h",
+                 "will it leave", "does it leave", "leave your warehouse", "leave the warehouse"),
     "colour": ("colour", "colours", "color", "colors", "finish", "finishes", "shade", "shades", "colorway",
                "colourway", "hue", "black", "white", "blue", "red", "green", "pink", "grey", "gray", "purple",
                "yellow", "beige", "navy"),
@@ -109,7 +110,8 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                  "trading in", "trade-in", "reduced", "reduction", "coupon", "promo", "promotion", "rebate", "lower",
                  "less", "trade", "hand in", "swap", "student", "students", "education", "knock off", "money off",
                  "on sale", "clearance", "markdown", "marked down", "voucher", "promo code", "promotional",
-                 "special offer", "price drop", "price cut", "bargain", "cashback", "cash back", "loyalty"),
+                 "special offer", "price drop", "price cut", "bargain", "cashback", "cash back", "loyalty",
+                 "university", "college", "uni"),
     "display": ("screen", "display", "brightness", "bright", "nits", "glossy", "matte", "glare", "reflection",
                 "reflections", "sunlight", "sun", "outdoors", "outside", "panel", "oled", "lcd", "touchscreen",
                 "bezel", "brighter", "legible", "readable", "antiglare", "contrast"),
@@ -126,7 +128,8 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "loss": ("lose", "lost", "losing", "missing", "misplace", "misplaced", "replacement", "replace", "stolen",
              "theft", "left behind", "gone missing", "can't find"),
     "pressure": ("pressure", "levels", "sensitivity", "sensitive", "tilt", "angle", "force", "gradations",
-                 "press harder", "line thickness", "line width", "stroke width", "shading", "pressure curve"),
+                 "press harder", "line thickness", "line width", "stroke width", "shading", "pressure curve",
+                 "press", "pressing", "press down"),
     "sensing": ("sense", "senses", "detect", "detects", "detection", "recognise", "recognize", "register", "notice",
                 "notices", "pick up", "picks up", "respond", "responds", "responsive", "react", "recognition"),
     "repair": ("repair", "repairs", "repaired", "fix", "fixed", "fixing", "broken", "break", "breaks", "broke",
@@ -176,7 +179,8 @@ GENERIC_WORDS = frozenset(
     buy bought version option options keep use using need want wear go goes look looking lot lots
     phone phones handset smartphone tablet tablets earbuds earbud earphones earphone headphones buds
     device devices gadget gadgets owner owners maker manufacturer company brand
-    still people person anyone someone everyone everything basically generally usually pretty quite bit""".split()
+    still people person anyone someone everyone everything basically generally usually pretty quite bit
+    pair pairs""".split()
 )
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
@@ -196,7 +200,7 @@ _QUANTITY_QUESTION_RE = re.compile(r"\bhow\s+(?:much|many|long|big|heavy|fast|fa
 # told apart by the measure asked (_MEASURE_GROUPS).
 _PRICE_QUESTION_RE = re.compile(
     r"\bhow\s+much\b(?=\s*(?:$|[?.!,;]|(?:is|are|was|were|does|do|did|will|would|should|can|could|might|for|"
-    r"it|they|them|that|this|these|those|extra|more|money|to|i|we|you)\b))", re.IGNORECASE)
+    r"it|they|them|that|this|these|those|extra|more|money|to|i|am|we|you)\b))", re.IGNORECASE)
 # The words that open a question, for the clause asked ("I read in bed, is it heavy?").
 _WH_WORDS = frozenset("what what's whats which how how's where when who whose why".split())
 _POLAR_WORDS = frozenset("""is are was were do does did can could will would should shall may might
