@@ -1,7 +1,8 @@
 """Query expanders: one query in, several out (the original plus variants).
 
 Every (query, retriever) pair is then retrieved concurrently and the joiner fuses the lists.
-No expander runs offline by default; ``multi_query`` (an LLM proposes variants) is provided by
+``synonyms`` (offline, on by default) adds the synonym-group names of the query's phrases as a
+second query; ``multi_query`` (an LLM proposes variants) is provided by
 ``django_ragchat.llm_transformers`` when a model is configured.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from django_ragchat import hookimpl
 from django_ragchat.components import Component
 from django_ragchat.types import EndTurn, Query, SkipRetrieval
 
@@ -27,3 +29,32 @@ class QueryExpander(Component):
 
     def expand(self, query: Query, turn: TurnContext) -> list[Query] | SkipRetrieval | EndTurn:
         return [query]
+
+
+class SynonymExpander(QueryExpander):
+    """Offline: one variant with the names of the synonym groups the query's words belong to.
+
+    "Changed my mind, can I get my money back?" shares no word with a Returns passage; its
+    variant adds "return" (the group of "money back" and "changed my mind"), so keyword and
+    vector search both meet the passage. The groups are the extractive answerer's table
+    (``django_ragchat.extractive.SYNONYMS``, extended by the profile's ``extractive``
+    ``synonyms`` option), so retrieval and answering read a question the same way. No variant
+    when every group the query names is already spelled out in it.
+    """
+
+    name = "synonyms"
+    description = "adds the synonym-group names of the query's words as a second query (offline)"
+
+    def expand(self, query: Query, turn: TurnContext) -> list[Query]:
+        from django_ragchat.extractive import group_names
+
+        synonyms = (turn.profile.options.get("extractive") or {}).get("synonyms") if turn is not None else None
+        names = group_names(query.text, synonyms)
+        if not names:
+            return []
+        return [query.replace(text=f"{query.text} {' '.join(names)}")]
+
+
+@hookimpl
+def register_query_expanders(register):
+    register(SynonymExpander)

@@ -180,7 +180,7 @@ GENERIC_WORDS = frozenset(
     phone phones handset smartphone tablet tablets earbuds earbud earphones earphone headphones buds
     device devices gadget gadgets owner owners maker manufacturer company brand
     still people person anyone someone everyone everything basically generally usually pretty quite bit
-    pair pairs""".split()
+    pair pairs policy policies back""".split()
 )
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
@@ -896,3 +896,32 @@ def _has_other_topic(choice: Choice, need: Need, table: SynonymTable) -> bool:
     """A sentence about a discount or trade-in is not a continuation of a price list."""
     return bool(_covers("=discount", choice.sentence.stems, table)) and not any(
         "discount" in _labels(k) for k in need.own)
+
+
+@lru_cache(maxsize=1024)
+def _group_names_default(text: str) -> tuple[str, ...]:
+    return _group_names(text, default_table())
+
+
+def group_names(text: str, synonyms: dict[str, Iterable[str]] | None = None) -> tuple[str, ...]:
+    """The names of the synonym groups that ``text``'s phrases ask about, leaving out those its
+    words already spell out ("money back" -> ("return",)). Used by the ``synonyms`` query
+    expander, so retrieval reads a question as the answerer does. Single words are left out:
+    "cost" finds the pricing passages itself, and adding "price" to a shipping question pulled
+    product pricing above the shipping passage (bench_followup)."""
+    if synonyms:
+        return _group_names(text, SynonymTable.build(synonyms))
+    return _group_names_default(text)
+
+
+def _group_names(text: str, table: SynonymTable) -> tuple[str, ...]:
+    spelled = {stem(w) for w in _words(text)}
+    names: list[str] = []
+    for key, _label in _group_keys(text, table, set()):
+        if not key.startswith("="):
+            continue  # a single word already meets its synonyms' passages often enough; a phrase does not
+        for label in _labels(key):
+            if label in names or all(stem(w) in spelled for w in _words(label)):
+                continue
+            names.append(label)
+    return tuple(names)

@@ -316,3 +316,19 @@ def test_a_decline_quotes_the_lacking_words_as_written():
 def test_the_sentence_before_the_best_joins_when_it_states_as_much(sample_docs):
     answer = ask("How fast do orders ship?")
     assert answer.startswith("Orders ship within two business days [1]."), answer
+
+
+def test_the_synonyms_expander_finds_the_passage_a_phrase_means(sample_docs):
+    # No word of the question is in the Returns passage; "money back" is in the return group.
+    conversation = Conversation.objects.create(profile="default")
+    result = run_turn_sync(conversation, "Changed my mind about something I ordered - can I get all my money back?")
+    assert result.trace["queries"]["expanded"][1].endswith(" return"), result.trace["queries"]
+    assert "30 days" in result.message["content"] and "full refund" in result.message["content"], result.message
+
+
+def test_the_synonyms_expander_adds_nothing_for_single_words():
+    from django_ragchat.extractive import group_names
+
+    assert group_names("What is your shipping cost?") == ()  # "cost" finds pricing itself
+    assert group_names("can I get my money back?") == ("return",)
+    assert group_names("Do you hire out tents?", {"rental": ["hire out"]}) == ("rental",)  # a profile's group
