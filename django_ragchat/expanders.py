@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from django_ragchat import hookimpl
 from django_ragchat.components import Component
+from django_ragchat.extractive import SynonymTable, default_table, group_names
 from django_ragchat.types import EndTurn, Query, SkipRetrieval
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class QueryExpander(Component):
 
 
 class SynonymExpander(QueryExpander):
-    """Offline: one variant with the names of the synonym groups the query's words belong to.
+    """Offline: one variant with the names of the synonym groups the query's phrases belong to.
 
     "Changed my mind, can I get my money back?" shares no word with a Returns passage; its
     variant adds "return" (the group of "money back" and "changed my mind"), so keyword and
@@ -43,13 +44,16 @@ class SynonymExpander(QueryExpander):
     """
 
     name = "synonyms"
-    description = "adds the synonym-group names of the query's words as a second query (offline)"
+    description = "adds the synonym-group names of the query's phrases as a second query (offline)"
+
+    def __init__(self, profile, **options):
+        super().__init__(profile, **options)
+        synonyms = profile.options_for("extractive").get("synonyms")
+        # Built once per profile, as the answerer's own table is: never per turn.
+        self.table = SynonymTable.build(synonyms) if synonyms else default_table()
 
     def expand(self, query: Query, turn: TurnContext) -> list[Query]:
-        from django_ragchat.extractive import group_names
-
-        synonyms = (turn.profile.options.get("extractive") or {}).get("synonyms") if turn is not None else None
-        names = group_names(query.text, synonyms)
+        names = group_names(query.text, self.table)
         if not names:
             return []
         return [query.replace(text=f"{query.text} {' '.join(names)}")]

@@ -630,11 +630,15 @@ def _asked_clause(question: str) -> str:
     return question
 
 
+def _word_of(key: str) -> str:
+    """The asked word's stem of a need key ("" for a phrase's key)."""
+    return key.partition("=")[0].lstrip("~")
+
+
 def _covers(key: str, stems: frozenset[str], table: SynonymTable) -> float:
     """How strongly ``stems`` state ``key``: 1 for the asked word (or an asked phrase's group),
     ``SYNONYM_EVIDENCE`` for another word of its group, 0 for none."""
-    word, _, labels = key.partition("=")
-    word = word.lstrip("~")
+    word, labels = _word_of(key), key.partition("=")[2]
     if word and word in stems:
         return 1.0
     if labels and any(table.groups[label] & stems for label in labels.split("|")):
@@ -711,28 +715,30 @@ class AnswerSelector:
             compared = self.compare(need, passages)
             if compared:
                 return compared
+        eligible = self.eligible(need, passages)
         parts = question_parts(prompt.question)
         if len(parts) < 2:
-            picked = self.select(need, passages)
-            return self.cited(picked) if picked else self.decline(need, passages, self.eligible(need, passages))
+            picked = self.select(need, passages, eligible)
+            return self.cited(picked) if picked else self.decline(need, passages, eligible)
         # "How many watts does it take, and how long till it's half full?": each part is answered
-        # on its own (one part's words would dilute the other's), the subject from the whole.
+        # on its own (one part's words would dilute the other's), the subject (and so the
+        # eligible sentences) from the whole.
         answered: list[Choice] = []
         unanswered: list[Need] = []
         for part in parts:
             part_need = analyse_query(prompt.question, search_query, passages, self.table, asked=part)
-            picked = self.select(part_need, passages) if part_need.own else []
+            picked = self.select(part_need, passages, eligible) if part_need.own else []
             if picked:
                 answered += [c for c in picked if all(c.sentence is not a.sentence for a in answered)]
             elif part_need.own:
                 unanswered.append(part_need)
         if not answered:
-            return self.decline(need, passages, self.eligible(need, passages))
+            return self.decline(need, passages, eligible)
         text = self.cited(answered[:self.max_sentences + 1])
         stated = frozenset().union(*(c.sentence.stems | c.passage.heading_stems for c in answered))
         unanswered = [n for n in unanswered if not any(_covers(k, stated, self.table) for k in n.own)]
         for part_need in unanswered:  # say what is missing, without the list of what was found
-            text += " " + self.decline(part_need, passages, self.eligible(part_need, passages)).split(". ")[0]
+            text += " " + self.decline(part_need, passages, eligible).split(". ")[0]
             text = text if text.endswith(".") else text + "."
         return text
 
@@ -741,7 +747,8 @@ class AnswerSelector:
         (the answerer quotes, it does not rank), or "" when fewer than two subjects state it."""
         found = []
         for subject in dict.fromkeys(p.subject for p in passages if p.subject):
-            picked = self.select(replace(need, subjects={subject}), passages)
+            one = replace(need, subjects={subject})
+            picked = self.select(one, passages, self.eligible(one, passages))
             if picked and picked[0].coverage >= COMPARED_COVERAGE:
                 found.append(picked[0])
         return self.cited(found[:self.max_sentences]) if len(found) > 1 else ""
@@ -758,9 +765,9 @@ class AnswerSelector:
     def cited(picked: list[Choice]) -> str:
         return " ".join(cite(c.sentence.text, c.passage.index) for c in picked)
 
-    def select(self, need: Need, passages: list[Passage]) -> list[Choice]:
-        """The sentences that answer ``need``, in order; empty when none states enough of it."""
-        eligible = self.eligible(need, passages)
+    def select(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> list[Choice]:
+        """The sentences of ``eligible`` (``self.eligible(need, passages)``) that answer ``need``,
+        in order; empty when none states enough of it."""
         if not eligible:
             return []
 
@@ -805,10 +812,9 @@ class AnswerSelector:
             elif need.wants_number and s.has_number:
                 score += 0.15
             score -= 0.002 * max(0, len(s.stems) - 30)
-            choice = Choice(p, s, score, own_cov)
-            if _has_other_topic(choice, need, self.table):  # "10% off the price" is not the price
-                choice = Choice(p, s, score - 0.3, own_cov)
-            choices.append(choice)
+            if _has_other_topic(s, need, self.table):  # "10% off the price" is not the price
+                score -= 0.3
+            choices.append(Choice(p, s, score, own_cov))
         if need.must_amount:  # "how much" is answered by an amount, not by a description
             choices = [c for c in choices if c.sentence.has_currency]
         if not choices:
@@ -838,7 +844,7 @@ class AnswerSelector:
                 break
             own_words = any(_covers(k, c.sentence.stems, self.table) for k in stated)
             same_kind = (need.wants_amount and c.sentence.has_currency and best.sentence.has_currency
-                         and not _has_other_topic(c, need, self.table))
+                         and not _has_other_topic(c.sentence, need, self.table))
             if not (own_words or same_kind):
                 break
             picked.append(c)
@@ -879,22 +885,22 @@ def _span_of(text: str, keys: list[str], longest: int = 6) -> str:
     """The words of ``text`` from the first to the last of ``keys`` ("ship to Canada" for the
     keys ship and canada), as the user wrote them; "" when they are not all found close together."""
     tokens = list(_WORD_RE.finditer(text))
+    stems = [stem(folded[0]) if (folded := _words(t.group(0))) else "" for t in tokens]
     places = []
     for key in keys:
-        word = key.partition("=")[0].lstrip("~")
-        at = [i for i, t in enumerate(tokens) if word and stem(_words(t.group(0))[0] if _words(t.group(0)) else "") == word]
-        if not at:
+        word = _word_of(key)
+        if not word or word not in stems:
             return ""
-        places.append(at[0])
+        places.append(stems.index(word))
     first, last = min(places), max(places)
     if last - first >= longest:
         return ""
     return text[tokens[first].start():tokens[last].end()]
 
 
-def _has_other_topic(choice: Choice, need: Need, table: SynonymTable) -> bool:
+def _has_other_topic(sentence: Sentence, need: Need, table: SynonymTable) -> bool:
     """A sentence about a discount or trade-in is not a continuation of a price list."""
-    return bool(_covers("=discount", choice.sentence.stems, table)) and not any(
+    return bool(_covers("=discount", sentence.stems, table)) and not any(
         "discount" in _labels(k) for k in need.own)
 
 
@@ -903,15 +909,16 @@ def _group_names_default(text: str) -> tuple[str, ...]:
     return _group_names(text, default_table())
 
 
-def group_names(text: str, synonyms: dict[str, Iterable[str]] | None = None) -> tuple[str, ...]:
+def group_names(text: str, table: SynonymTable | None = None) -> tuple[str, ...]:
     """The names of the synonym groups that ``text``'s phrases ask about, leaving out those its
     words already spell out ("money back" -> ("return",)). Used by the ``synonyms`` query
     expander, so retrieval reads a question as the answerer does. Single words are left out:
     "cost" finds the pricing passages itself, and adding "price" to a shipping question pulled
-    product pricing above the shipping passage (bench_followup)."""
-    if synonyms:
-        return _group_names(text, SynonymTable.build(synonyms))
-    return _group_names_default(text)
+    product pricing above the shipping passage (bench_followup). ``table`` defaults to
+    ``SYNONYMS``."""
+    if table is None or table is default_table():
+        return _group_names_default(text)
+    return _group_names(text, table)
 
 
 def _group_names(text: str, table: SynonymTable) -> tuple[str, ...]:

@@ -331,4 +331,4 @@ def test_the_synonyms_expander_adds_nothing_for_single_words():
 
     assert group_names("What is your shipping cost?") == ()  # "cost" finds pricing itself
     assert group_names("can I get my money back?") == ("return",)
-    assert group_names("Do you hire out tents?", {"rental": ["hire out"]}) == ("rental",)  # a profile's group
+    assert group_names("Do you hire out tents?", SynonymTable.build({"rental": ["hire out"]})) == ("rental",)  # a profile's group
