@@ -31,7 +31,7 @@ SNIPPET_CHARS = 240
 #: Trace keys ``TraceView`` renders itself; any other key is shown under "Other details".
 KNOWN_TRACE_KEYS = frozenset({
     "profile", "question", "queries", "retrieval", "documents", "prompt", "timings", "model",
-    "usage", "ended_by", "tokenizer", "history", "warnings", "error", "cancelled",
+    "usage", "ended_by", "tokenizer", "history", "warnings", "error", "cancelled", "components",
 })
 
 
@@ -124,6 +124,7 @@ class TraceView:
     warnings: list[str] = field(default_factory=list)
     error: dict = field(default_factory=dict)
     cancelled: bool = False
+    components: list[dict] = field(default_factory=list)  # {"stage", "name", "plugin"} per component run
     other: list[tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -264,6 +265,9 @@ def build_trace_view(data: Any, chunks: dict[int, Chunk], sources=()) -> TraceVi
     error = data.get("error")
     view.error = error if isinstance(error, dict) else ({"detail": str(error)} if error else {})
     view.cancelled = bool(data.get("cancelled"))
+    components = data.get("components")
+    view.components = [{key: str(row.get(key) or "") for key in ("stage", "name", "plugin")}
+                       for row in (components if isinstance(components, list) else []) if isinstance(row, dict)]
     view.other = [(str(k), pretty_json(v)) for k, v in data.items() if k not in KNOWN_TRACE_KEYS]
     return view
 

@@ -79,6 +79,9 @@ def test_the_conversation_page_shows_the_transcript_and_each_answers_trace(admin
     assert "Stage timings" in transcript and "retrieval" in transcript
     assert "extractive" in transcript  # the model
     assert "Too short" in transcript  # the feedback on that answer
+    # The components the turn ran, as a table, not as raw JSON under "Other details".
+    assert 'class="ragchat-components"' in transcript and "<td><code>synonyms</code></td>" in transcript
+    assert "Other details" not in transcript
     # And the raw JSON, one click away.
     raw = admin_client.get(url("trace_json", chatted.pk, answer.pk))
     assert raw.status_code == 200 and raw.json()["queries"]["final"] == trace["queries"]["final"]
