@@ -50,13 +50,14 @@ DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs.jsonl"
 # Written after the first held-out part had been read while tuning, by someone who had not seen
 # the answerer (bench/data/README.md). Reported as splits "fresh tune" and "fresh held out".
 FRESH_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh.jsonl"
-# Four more sets written blind (bench/data/README.md): "tune 2" to tune against; "fresh2 tuned"
-# and "fresh3 tuned", each held out for one run and read (and tuned on) after it; "fresh4 held
-# out", run once, after tuning stopped, and never read.
+# Five more sets written blind (bench/data/README.md): "tune 2" to tune against; "fresh2 tuned",
+# "fresh3 tuned" and "fresh4 tuned", each held out for one run and read (and tuned on) after it;
+# "fresh5 held out", run once, after tuning stopped, and never read.
 TUNE2_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_tune2.jsonl"
 FRESH2_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh2.jsonl"
 FRESH3_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh3.jsonl"
 FRESH4_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh4.jsonl"
+FRESH5_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh5.jsonl"
 SAMPLE_DOCS = ROOT / "example_project" / "sample_docs"
 # A product is named when its distinctive word appears (the Nimbus Pen belongs to the Nimbus Tab).
 PRODUCT_PATTERNS = {"Aurora X2": r"\baurora\b", "Nimbus Tab": r"\bnimbus\b", "Zephyr Buds": r"\bzephyr\b"}
@@ -108,7 +109,7 @@ RAGCHAT = {
 def load_set(path: Path = DATA, fresh: Path | None = FRESH_DATA) -> list[dict]:
     """The labelled set; with ``fresh``, the later sets' questions too: the fresh set as splits
     ``fresh tune`` (odd-numbered) and ``fresh held out`` (even-numbered), then ``tune 2``,
-    ``fresh2 tuned``, ``fresh3 tuned`` and ``fresh4 held out`` (bench/data/README.md)."""
+    ``fresh2 tuned``, ``fresh3 tuned``, ``fresh4 tuned`` and ``fresh5 held out`` (bench/data/README.md)."""
     with open(path, encoding="utf-8") as f:
         items = [json.loads(line) for line in f if line.strip()]
     if fresh is not None and fresh.exists():
@@ -118,7 +119,7 @@ def load_set(path: Path = DATA, fresh: Path | None = FRESH_DATA) -> list[dict]:
         # even-numbered ones never were ("fresh held out").
         items += [{**i, "split": "fresh tune" if int(i["id"][1:]) % 2 else "fresh held out"} for i in fresh_items]
     for extra, split in ((TUNE2_DATA, "tune 2"), (FRESH2_DATA, "fresh2 tuned"), (FRESH3_DATA, "fresh3 tuned"),
-                         (FRESH4_DATA, "fresh4 held out")):
+                         (FRESH4_DATA, "fresh4 tuned"), (FRESH5_DATA, "fresh5 held out")):
         if fresh is not None and extra.exists():
             with open(extra, encoding="utf-8") as f:
                 items += [{**json.loads(line), "split": split} for line in f if line.strip()]
@@ -200,7 +201,7 @@ def run_labelled(items: list[dict]) -> dict[str, dict[str, str]]:
 def labelled_report(items: list[dict], answers: dict[str, dict[str, str]]) -> str:
     rows = []
     for split in ("tune", "heldout", "fresh tune", "tune 2", "fresh2 tuned", "fresh3 tuned", "fresh held out",
-                  "fresh4 held out", "all"):
+                  "fresh4 tuned", "fresh5 held out", "all"):
         part = [i for i in items if split == "all" or i["split"] == split]
         if not part:
             continue
@@ -345,7 +346,7 @@ def measure_cost(repeats: int = 20) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--show", choices=("tune", "heldout", "fresh tune", "tune 2", "fresh2 tuned", "fresh3 tuned",
-                                           "all"),
+                                           "fresh4 tuned", "all"),
                         help="print the answers of a split (never of a held-out one)")
     parser.add_argument("--no-canard", action="store_true")
     parser.add_argument("--dialogs", type=int, default=None, help="CANARD dialogs to use (default all 150)")

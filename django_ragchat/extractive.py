@@ -116,7 +116,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                 "reflections", "sunlight", "sun", "outdoors", "outside", "panel", "oled", "lcd", "touchscreen",
                 "bezel", "brighter", "legible", "readable", "antiglare", "contrast"),
     "storage": ("storage", "gb", "gigs", "gig", "gigabytes", "tb", "memory", "capacity", "space", "room", "terabyte"),
-    "updates": ("updates", "update", "updated", "support", "supported", "security", "secure", "patch", "patches",
+    "updates": ("updates", "update", "updated", "software support", "supported for", "be supported", "security", "secure", "patch", "patches",
                 "patched", "vulnerability", "vulnerabilities", "software", "firmware", "upgrades", "os update",
                 "ota", "over-the-air", "over the air", "bug fix", "bugfix", "security fix", "long-term support",
                 "end of life", "obsolete", "outdated"),
@@ -180,7 +180,7 @@ GENERIC_WORDS = frozenset(
     phone phones handset smartphone tablet tablets earbuds earbud earphones earphone headphones buds
     device devices gadget gadgets owner owners maker manufacturer company brand
     still people person anyone someone everyone everything basically generally usually pretty quite bit
-    pair pairs policy policies back""".split()
+    pair pairs policy policies back one ones new just again stay stays times""".split()
 )
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
@@ -239,6 +239,9 @@ def stem(word: str) -> str:
     if len(s) > 3 and s != word and s[-1] == s[-2] and s[-1] not in "aeiouylsz" and s[-1].isalpha():
         return s[:-1]
     return s
+
+
+_GENERIC_STEMS = frozenset(stem(word) for word in GENERIC_WORDS if len(word) > 3)
 
 
 def _stems(text: str) -> frozenset[str]:
@@ -497,6 +500,8 @@ def _group_keys(text: str, table: SynonymTable, skip: set[str]) -> list[tuple[st
         if len(token) < 2 and not token.isdigit():
             continue
         s = stem(token)
+        if s in _GENERIC_STEMS:  # "paired" is as generic as "pair", "needs" as "need"
+            continue
         labels = table.of_stem.get(s)
         if labels:  # the word itself, and its groups: "wireless charging" prefers "wireless"
             found.append((s + "=" + "|".join(labels), NOUN_OF.get(token, token)))
@@ -546,8 +551,12 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     if asked is None:
         asked = " ".join(_asked_clause(q) for q in sentences(question) if q.endswith("?")) or question
     need.asked = asked
+    vocabulary = frozenset().union(*(s.stems for p in passages for s in p.sentences),
+                                   *(p.heading_stems for p in passages))
     for text, weight in ((asked, 1.0), (search_query, 0.5)):
         for key, label in _group_keys(text, table, names):
+            if "=" not in key and key not in vocabulary:
+                key = _derived(key, vocabulary, table)
             if key not in need.groups:
                 need.groups[key] = weight
                 need.labels[key] = label
@@ -569,6 +578,21 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
         need.labels["=price"] = "price"
         need.own.add("=price")
     return need
+
+
+def _derived(word: str, vocabulary: frozenset[str], table: SynonymTable) -> str:
+    """The need key of a question word (a stem) that neither the passages nor the table know,
+    read through a derivational suffix when that meets them: "sweaty" is "sweat", "sunny" is
+    "sun", "readable" is "read"; otherwise the word itself."""
+    for suffix in ("y", "ness", "ful", "able", "ible"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            base = word[:-len(suffix)]
+            for candidate in (base, base[:-1] if base[-1] == base[-2] else base):
+                if candidate in table.of_stem:
+                    return candidate + "=" + "|".join(table.of_stem[candidate])
+                if candidate in vocabulary:
+                    return candidate
+    return word
 
 
 #: A question word that no passage and no synonym group knows ("internationally", or a
@@ -613,20 +637,24 @@ def question_parts(question: str) -> list[str]:
     return [part for part in parts if _words(part)]
 
 
+# Where a question's context clause ends: "I sketch by a window - will the screen glare?".
+_CLAUSE_SEPARATOR_RE = re.compile(r",\s+|\s+[-–—]+\s+|;\s+")
+
+
 def _asked_clause(question: str) -> str:
     """The part of a question sentence that asks: "I read in bed for hours, is it heavy?" asks
     "is it heavy?"; "If I top them up from the case, how much listening...?" asks from "how".
     The clauses before it are context (they still count, at half weight, via the search query)."""
-    clauses = question.split(", ")
-    for i in range(1, len(clauses)):
-        opener = next(iter(_words(clauses[i])), "")
-        if opener in ("or", "and", "but"):
-            opener = next(iter(_words(clauses[i])[1:]), "")
+    head = next(iter(_words(question)), "")
+    if head in _WH_WORDS or head in _POLAR_WORDS:
+        return question
+    for separator in _CLAUSE_SEPARATOR_RE.finditer(question):
+        rest = question[separator.end():]
+        opener = next(iter(_words(rest)), "")
+        if opener in ("or", "and", "but", "so"):
+            opener = next(iter(_words(rest)[1:]), "")
         if opener in _WH_WORDS or opener in _POLAR_WORDS:
-            head = next(iter(_words(clauses[0])), "")
-            if head not in _WH_WORDS and head not in _POLAR_WORDS:
-                return ", ".join(clauses[i:])
-            break
+            return rest
     return question
 
 
@@ -904,6 +932,10 @@ def _has_other_topic(sentence: Sentence, need: Need, table: SynonymTable) -> boo
         "discount" in _labels(k) for k in need.own)
 
 
+# Groups a single question word does not add to the search query (see group_names).
+_UNEXPANDED_WORD_GROUPS = frozenset({"price", "duration"})
+
+
 @lru_cache(maxsize=1024)
 def _group_names_default(text: str) -> tuple[str, ...]:
     return _group_names(text, default_table())
@@ -912,10 +944,11 @@ def _group_names_default(text: str) -> tuple[str, ...]:
 def group_names(text: str, table: SynonymTable | None = None) -> tuple[str, ...]:
     """The names of the synonym groups that ``text``'s phrases ask about, leaving out those its
     words already spell out ("money back" -> ("return",)). Used by the ``synonyms`` query
-    expander, so retrieval reads a question as the answerer does. Single words are left out:
-    "cost" finds the pricing passages itself, and adding "price" to a shipping question pulled
-    product pricing above the shipping passage (bench_followup). ``table`` defaults to
-    ``SYNONYMS``."""
+    expander, so retrieval reads a question as the answerer does. A single word adds its
+    groups too ("fixed" adds "repair", which a Repairs passage shares), except the price group:
+    "cost" finds the pricing passages itself, and adding "price" to "How much does shipping
+    cost?" pulled every product's Pricing section above the shipping passage. ``table``
+    defaults to ``SYNONYMS``."""
     if table is None or table is default_table():
         return _group_names_default(text)
     return _group_names(text, table)
@@ -925,10 +958,10 @@ def _group_names(text: str, table: SynonymTable) -> tuple[str, ...]:
     spelled = {stem(w) for w in _words(text)}
     names: list[str] = []
     for key, _label in _group_keys(text, table, set()):
-        if not key.startswith("="):
-            continue  # a single word already meets its synonyms' passages often enough; a phrase does not
+        phrase = key.startswith("=")
         for label in _labels(key):
-            if label in names or all(stem(w) in spelled for w in _words(label)):
+            if label in names or all(stem(w) in spelled for w in _words(label)) or (
+                    not phrase and label in _UNEXPANDED_WORD_GROUPS):
                 continue
             names.append(label)
     return tuple(names)
