@@ -52,7 +52,7 @@ DEFAULT_MIN_COVERAGE = 0.5
 # declines ("... don't say anything about price"). A profile adds groups or words with the
 # ``synonyms`` option; keep groups narrow: a wide group makes unrelated sentences look relevant.
 SYNONYMS: dict[str, tuple[str, ...]] = {
-    "price": ("price", "cost", "costs", "expensive", "cheap", "cheapest", "lowest price", "starting price",
+    "price": ("what's the damage", "price", "cost", "costs", "expensive", "cheap", "cheapest", "lowest price", "starting price",
               "base price", "pricey", "afford", "affordable", "budget", "pay", "paid", "fee", "fees", "free",
               "money", "spend", "retail", "retails", "msrp", "charge for", "charge me", "charge you", "you charge",
               "they charge", "we charge", "charged for", "set me back", "sets me back", "go for", "goes for",
@@ -65,7 +65,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "size": ("size", "sizes", "big", "large", "small", "compact", "inch", "inches", "dimensions", "diagonal",
              "measure", "measures", "fit", "bigger", "biggest", "larger", "largest", "smaller", "smallest", "bulky",
              "measurements", "footprint"),
-    "warranty": ("warranty", "guarantee", "guaranteed", "covered", "cover", "covers", "coverage", "protect",
+    "warranty": ("under warranty", "fixed under warranty", "repaired under warranty", "replaced under warranty", "warranty", "guarantee", "guaranteed", "covered", "cover", "covers", "coverage", "protect",
                  "protected", "protection", "defect", "defects", "defective", "faulty", "failure", "fail", "fails",
                  "warrantee", "warrenty", "guaranty", "manufacturing fault", "guarantee period"),
     "return": ("return", "returns", "returned", "send back", "send it back", "send them back", "bring back",
@@ -73,7 +73,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                "take back", "take it back", "ship back", "ship it back", "mail back", "post back", "reimburse",
                "reimbursement", "returnable", "non-returnable", "dissatisfied", "not satisfied", "return window",
                "cooling off", "cooling-off"),
-    "battery life": ("battery", "lasts", "last", "playback", "runtime", "battery life", "listening", "listen",
+    "battery life": ("before i need to charge", "before i need to plug", "before i have to charge", "before i have to plug", "before you need to charge", "before you have to charge", "before needing to charge", "before it needs charging", "before it needs a charge", "before recharging", "before charging", "before plugging", "battery", "lasts", "last", "playback", "runtime", "battery life", "listening", "listen",
                      "play time", "playtime", "endurance", "juice", "run out", "runs out", "die", "dies",
                      "hold a charge", "holding a charge", "holds a charge", "single charge", "one charge",
                      "full charge", "between charges", "all day", "drain", "per charge", "on a charge", "stamina",
@@ -98,7 +98,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
               "minutes", "rapid", "rapidly", "hurry", "rush", "urgent", "urgently", "asap", "express", "expedite",
               "expedited", "overnight", "next day", "tomorrow", "swift", "speedier", "slower", "slowest", "promptly",
               "same day", "same-day", "next-day", "priority", "fast-track"),
-    "shipping": ("ship", "ships", "shipping", "shipped", "delivery", "deliver", "delivered", "dispatch",
+    "shipping": ("package", "packages", "standard shipping", "normal shipping", "regular shipping", "ship", "ships", "shipping", "shipped", "delivery", "deliver", "delivered", "dispatch",
                  "dispatched", "arrive", "arrives", "arrival", "postage", "post", "mail", "mailed", "courier",
                  "order", "orders", "send out", "sent out", "get here", "warehouse", "go out", "goes out",
                  "shipment", "parcel", "postal", "in transit", "transit", "freight", "doorstep", "p&p", "s&h",
@@ -122,9 +122,12 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                 "end of life", "obsolete", "outdated"),
     "carrier": ("carrier", "carriers", "unlocked", "locked", "network", "networks", "sim", "provider", "providers",
                 "operator", "sim-free", "sim free", "prepaid", "postpaid", "pay as you go", "payg"),
-    "included": ("included", "include", "includes", "come with", "comes with", "in the box", "box", "bundled",
+    "included": ("accessories", "accessory", "cable", "cables", "included", "include", "includes", "come with", "comes with", "in the box", "box", "bundled",
                  "packaged", "ship with", "ships with", "sold separately", "separately", "contents", "box contents",
                  "supplied", "supplied with", "packed with", "thrown in", "throw in", "in-box", "unboxing"),
+    "condition": ("condition", "undamaged", "unopened", "opened", "unused", "sealed", "original packaging",
+                  "mint", "scratched", "scratches", "scuffed", "wear and tear", "like new", "as new", "pristine",
+                  "intact", "good condition", "working order", "tags"),
     "loss": ("lose", "lost", "losing", "missing", "misplace", "misplaced", "replacement", "replace", "stolen",
              "theft", "left behind", "gone missing", "can't find"),
     "pressure": ("pressure", "levels", "sensitivity", "sensitive", "tilt", "angle", "force", "gradations",
@@ -180,7 +183,7 @@ GENERIC_WORDS = frozenset(
     phone phones handset smartphone tablet tablets earbuds earbud earphones earphone headphones buds
     device devices gadget gadgets owner owners maker manufacturer company brand
     still people person anyone someone everyone everything basically generally usually pretty quite bit
-    pair pairs policy policies back one ones new just again stay stays times""".split()
+    pair pairs policy policies back one ones new just again stay stays times extra extras earpiece earpieces""".split()
 )
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
@@ -342,6 +345,7 @@ class Sentence:
     has_currency: bool
     has_number: bool
     names: tuple[str, ...]  # capitalised name runs it contains, folded ("aurora x2")
+    sequence: tuple[frozenset[str], ...] = ()  # the stems at each word position, for proximity
 
 
 @dataclass(frozen=True)
@@ -418,6 +422,7 @@ def _analyse_text(text: str, heading: str, title: str) -> tuple[str, tuple[Sente
             has_currency=bool(_CURRENCY_RE.search(sentence)),
             has_number=bool(_NUMBER_RE.search(sentence)),
             names=tuple(dict.fromkeys(folded for _, folded in _name_sequences(sentence))),
+            sequence=tuple(_stems(word) for word in _words(sentence)),
         ))
     parts = [p.strip() for p in heading.split(" > ")] if heading else []
     top = parts[0] if parts else title
@@ -461,6 +466,9 @@ class Need:
     must_amount: bool = False  # only an amount answers ("How much is it?")
     asked: str = ""  # the words that ask (the question's asking clauses, or one part of them)
     wants_number: bool = False
+    # Asked keys written next to each other ("charge wirelessly", "return postage"): a sentence
+    # states them together only where they stand close (see PROXIMITY_WINDOW).
+    adjacent: list[tuple[str, str]] = field(default_factory=list)
 
 
 # An object pronoun may stand inside a phrase: "juice them up" is "juice up".
@@ -479,10 +487,14 @@ def _phrase_span(tokens: list[str], i: int, phrase: tuple[str, ...]) -> int:
     return 0
 
 
-def _group_keys(text: str, table: SynonymTable, skip: set[str]) -> list[tuple[str, str]]:
+def _group_keys(text: str, table: SynonymTable, skip: set[str],
+                positions: dict[str, int] | None = None) -> list[tuple[str, str]]:
     """(group key, display words) for the content of ``text``: phrase groups first, then each
-    remaining content word as its synonym groups (a word in no group is its own group)."""
+    remaining content word as its synonym groups (a word in no group is its own group). With
+    ``positions``, each key's first word position in ``text`` is recorded there."""
     tokens = _words(text)
+    if positions is None:
+        positions = {}
     used = [False] * len(tokens)
     found: list[tuple[str, str]] = []
     # Longest phrases first, each at every place it occurs (found through its first word).
@@ -492,6 +504,7 @@ def _group_keys(text: str, table: SynonymTable, skip: set[str]) -> list[tuple[st
         phrase, label = table.phrases[index]
         if not any(used[i:i + n]):
             found.append((("~" if phrase in _ANSWER_TYPE_PHRASES else "") + f"={label}", " ".join(phrase)))
+            positions.setdefault(found[-1][0], i)
             for j in range(i, i + n):
                 used[j] = True
     for i, token in enumerate(tokens):
@@ -507,6 +520,7 @@ def _group_keys(text: str, table: SynonymTable, skip: set[str]) -> list[tuple[st
             found.append((s + "=" + "|".join(labels), NOUN_OF.get(token, token)))
         else:
             found.append((s, token))
+        positions.setdefault(found[-1][0], i)
     return found
 
 
@@ -553,15 +567,22 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     need.asked = asked
     vocabulary = frozenset().union(*(s.stems for p in passages for s in p.sentences),
                                    *(p.heading_stems for p in passages))
+    asked_at: dict[str, int] = {}
     for text, weight in ((asked, 1.0), (search_query, 0.5)):
-        for key, label in _group_keys(text, table, names):
+        positions: dict[str, int] = {}
+        for key, label in _group_keys(text, table, names, positions):
+            at = positions[key]
             if "=" not in key and key not in vocabulary:
                 key = _derived(key, vocabulary, table)
+            if weight == 1.0:
+                asked_at.setdefault(key, at)
             if key not in need.groups:
                 need.groups[key] = weight
                 need.labels[key] = label
             if weight == 1.0:
                 need.own.add(key)
+    by_place = sorted((at, key) for key, at in asked_at.items() if not key.startswith("~"))
+    need.adjacent = [(a, b) for (i, a), (j, b) in zip(by_place, by_place[1:]) if j - i <= 2]
     if not need.own and need.groups and not part:
         # "What about the Nimbus Tab?": the attribute is the one the transformer carried over.
         need.own = set(need.groups)
@@ -612,6 +633,29 @@ COMPARED_COVERAGE = 0.75
 #: The sentence before the best one joins the answer when its share of the asked attribute is
 #: at most this much lower.
 PRECEDING_MARGIN = 0.25
+
+#: Two asked words written side by side count as stated together only when the sentence has
+#: them at most this many words apart; otherwise PROXIMITY_PENALTY of the rarer one's weight
+#: is taken off ("Can the case charge wirelessly?" against "wireless earbuds with ... eight
+#: hours on one charge").
+PROXIMITY_WINDOW = 4
+PROXIMITY_PENALTY = 0.5
+
+
+def _apart(a: str, b: str, sentence: Sentence, table: SynonymTable) -> bool:
+    """Whether ``sentence`` states keys ``a`` and ``b`` but never within PROXIMITY_WINDOW words."""
+    at_a, at_b = _places(a, sentence, table), _places(b, sentence, table)
+    if not at_a or not at_b:
+        return False
+    return min((abs(i - j) for i in at_a for j in at_b if i != j), default=0) > PROXIMITY_WINDOW
+
+
+def _places(key: str, sentence: Sentence, table: SynonymTable) -> list[int]:
+    """Where ``sentence`` states ``key``: the asked word's places, else its group's."""
+    word = _word_of(key)
+    own = [i for i, stems in enumerate(sentence.sequence) if word and word in stems]
+    return own or [i for i, stems in enumerate(sentence.sequence) if _covers(key, stems, table)]
+
 
 #: How much a synonym counts against the asked word itself ("charges" for "wireless").
 SYNONYM_EVIDENCE = 0.8
@@ -833,6 +877,9 @@ class AnswerSelector:
                 all_cov += evidence * weight * idf[key]
                 if key in need.own:
                     own_cov += evidence * idf[key]
+            for a, b in need.adjacent:  # "wireless earbuds ... one charge" is no wireless charging
+                if _apart(a, b, s, self.table):
+                    own_cov -= PROXIMITY_PENALTY * min(idf[a], idf[b])
             own_cov /= own_total
             score = own_cov + 0.3 * all_cov / all_total - self.rank_prior * (p.index - 1)
             if need.wants_amount and s.has_currency:
@@ -965,3 +1012,4 @@ def _group_names(text: str, table: SynonymTable) -> tuple[str, ...]:
                 continue
             names.append(label)
     return tuple(names)
+

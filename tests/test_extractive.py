@@ -363,3 +363,13 @@ def test_a_derived_word_meets_its_base():
     tips = chunk(1, "Zephyr Buds > Ear tips", "The soft ear tips squish to fit any ear.")
     answer = AnswerSelector().answer(prompt("Are the Zephyr Buds squishy?", tips))
     assert answer.startswith("The soft ear tips squish"), answer
+
+
+def test_words_asked_side_by_side_must_stand_close_in_the_sentence():
+    returns = chunk(1, "Orbit Devices support > Returns", "Every Orbit Devices product can be returned within 30 days "
+                    "of delivery for a full refund, as long as it is undamaged.")
+    answer = AnswerSelector().answer(prompt("If I return something, who pays for the return postage?", returns))
+    assert "don't say" in answer, answer  # "returned within 30 days of delivery" says nothing of return postage
+    charging = chunk(2, "Aurora X2 > Charging", "The Aurora X2 charges at up to 45 W. It also supports 15 W wireless charging.")
+    answer = AnswerSelector().answer(prompt("Can the Aurora X2 charge wirelessly?", charging))
+    assert "15 W wireless charging [1]" in answer, answer
