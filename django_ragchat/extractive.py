@@ -52,7 +52,7 @@ DEFAULT_MIN_COVERAGE = 0.5
 # declines ("... don't say anything about price"). A profile adds groups or words with the
 # ``synonyms`` option; keep groups narrow: a wide group makes unrelated sentences look relevant.
 SYNONYMS: dict[str, tuple[str, ...]] = {
-    "price": ("what's the damage", "price", "cost", "costs", "expensive", "cheap", "cheapest", "lowest price", "starting price",
+    "price": ("on the hook for", "on the house", "what's the damage", "price", "cost", "costs", "expensive", "cheap", "cheapest", "lowest price", "starting price",
               "base price", "pricey", "afford", "affordable", "budget", "pay", "paid", "fee", "fees", "free",
               "money", "spend", "retail", "retails", "msrp", "charge for", "charge me", "charge you", "you charge",
               "they charge", "we charge", "charged for", "set me back", "sets me back", "go for", "goes for",
@@ -73,12 +73,12 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                "take back", "take it back", "ship back", "ship it back", "mail back", "post back", "reimburse",
                "reimbursement", "returnable", "non-returnable", "dissatisfied", "not satisfied", "return window",
                "cooling off", "cooling-off"),
-    "battery life": ("before i need to charge", "before i need to plug", "before i have to charge", "before i have to plug", "before you need to charge", "before you have to charge", "before needing to charge", "before it needs charging", "before it needs a charge", "before recharging", "before charging", "before plugging", "battery", "lasts", "last", "playback", "runtime", "battery life", "listening", "listen",
+    "battery life": ("music", "hours", "before i need to charge", "before i need to plug", "before i have to charge", "before i have to plug", "before you need to charge", "before you have to charge", "before needing to charge", "before it needs charging", "before it needs a charge", "before recharging", "before charging", "before plugging", "battery", "lasts", "last", "playback", "runtime", "battery life", "listening", "listen",
                      "play time", "playtime", "endurance", "juice", "run out", "runs out", "die", "dies",
                      "hold a charge", "holding a charge", "holds a charge", "single charge", "one charge",
                      "full charge", "between charges", "all day", "drain", "per charge", "on a charge", "stamina",
                      "usage time", "conk out", "mah", "battery capacity"),
-    "charging": ("charge", "charges", "charging", "charger", "recharge", "recharging", "charged", "port", "plug",
+    "charging": ("half battery", "half charged", "halfway", "50%", "charge", "charges", "charging", "charger", "recharge", "recharging", "charged", "port", "plug",
                  "usb", "cable", "wireless", "wirelessly", "power", "socket", "outlet", "adapter", "watt", "watts",
                  "top up", "topping up", "topped up", "refill", "refuel", "juice up", "usb-c", "usb c", "type-c",
                  "type c", "wattage", "cord", "power brick", "wall plug", "mains", "rechargeable", "charging pad",
@@ -98,7 +98,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
               "minutes", "rapid", "rapidly", "hurry", "rush", "urgent", "urgently", "asap", "express", "expedite",
               "expedited", "overnight", "next day", "tomorrow", "swift", "speedier", "slower", "slowest", "promptly",
               "same day", "same-day", "next-day", "priority", "fast-track"),
-    "shipping": ("package", "packages", "standard shipping", "normal shipping", "regular shipping", "ship", "ships", "shipping", "shipped", "delivery", "deliver", "delivered", "dispatch",
+    "shipping": ("regular delivery", "normal delivery", "standard delivery", "package", "packages", "standard shipping", "normal shipping", "regular shipping", "ship", "ships", "shipping", "shipped", "delivery", "deliver", "delivered", "dispatch",
                  "dispatched", "arrive", "arrives", "arrival", "postage", "post", "mail", "mailed", "courier",
                  "order", "orders", "send out", "sent out", "get here", "warehouse", "go out", "goes out",
                  "shipment", "parcel", "postal", "in transit", "transit", "freight", "doorstep", "p&p", "s&h",
@@ -128,6 +128,10 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "condition": ("condition", "undamaged", "unopened", "opened", "unused", "sealed", "original packaging",
                   "mint", "scratched", "scratches", "scuffed", "wear and tear", "like new", "as new", "pristine",
                   "intact", "good condition", "working order", "tags"),
+    "contact": ("contact", "customer service", "customer support", "support team", "support hours", "phone support",
+                "helpline", "hotline", "call centre", "call center", "live chat", "email address", "phone number",
+                "opening hours", "open hours", "business hours", "reach you", "get in touch", "speak to someone",
+                "talk to someone"),
     "loss": ("lose", "lost", "losing", "missing", "misplace", "misplaced", "replacement", "replace", "stolen",
              "theft", "left behind", "gone missing", "can't find"),
     "pressure": ("pressure", "levels", "sensitivity", "sensitive", "tilt", "angle", "force", "gradations",
@@ -148,7 +152,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "attachment": ("attach", "attaches", "attached", "magnet", "magnets", "magnetic", "magnetically", "clip",
                    "clips", "snap", "snaps", "stick", "sticks", "stow", "holder", "dock", "mount", "clasp", "hook",
                    "latch", "fasten", "detach", "detachable", "snap on", "stay on", "fall off"),
-    "build": ("titanium", "frame", "made of", "material", "materials", "metal", "aluminium", "aluminum", "plastic",
+    "build": ("body", "chassis", "casing", "shell", "titanium", "frame", "made of", "material", "materials", "metal", "aluminium", "aluminum", "plastic",
               "build quality", "built from", "made from", "made out of", "steel", "stainless steel", "ceramic",
               "carbon fibre", "leather", "fabric", "rubber", "silicone", "wood", "recycled", "sturdy", "flimsy",
               "rugged", "durable", "durability", "plasticky"),
@@ -183,7 +187,8 @@ GENERIC_WORDS = frozenset(
     phone phones handset smartphone tablet tablets earbuds earbud earphones earphone headphones buds
     device devices gadget gadgets owner owners maker manufacturer company brand
     still people person anyone someone everyone everything basically generally usually pretty quite bit
-    pair pairs policy policies back one ones new just again stay stays times extra extras earpiece earpieces""".split()
+    pair pairs policy policies back one ones new just again stay stays times extra extras earpiece earpieces
+    support supports""".split()
 )
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
@@ -206,7 +211,7 @@ _PRICE_QUESTION_RE = re.compile(
     r"it|they|them|that|this|these|those|extra|more|money|to|i|am|we|you)\b))", re.IGNORECASE)
 # The words that open a question, for the clause asked ("I read in bed, is it heavy?").
 _WH_WORDS = frozenset("what what's whats which how how's where when who whose why".split())
-_POLAR_WORDS = frozenset("""is are was were do does did can could will would should shall may might
+_POLAR_WORDS = frozenset("""is are am was were do does did can could will would should shall may might
     has have isn't aren't doesn't don't can't won't any""".split())
 _CITE_BEFORE_STOP = re.compile(r"([.!?])$")
 _MARKUP_CHARS = set('{}[]"=<>|`\\')
@@ -472,7 +477,8 @@ class Need:
 
 
 # An object pronoun may stand inside a phrase: "juice them up" is "juice up".
-_OBJECT_PRONOUNS = frozenset("it them me him her this that these those one ones mine".split())
+_OBJECT_PRONOUNS = frozenset("it them me him her this that these those one ones mine something anything everything "
+                             "stuff".split())
 
 
 def _phrase_span(tokens: list[str], i: int, phrase: tuple[str, ...]) -> int:

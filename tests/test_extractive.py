@@ -373,3 +373,12 @@ def test_words_asked_side_by_side_must_stand_close_in_the_sentence():
     charging = chunk(2, "Aurora X2 > Charging", "The Aurora X2 charges at up to 45 W. It also supports 15 W wireless charging.")
     answer = AnswerSelector().answer(prompt("Can the Aurora X2 charge wirelessly?", charging))
     assert "15 W wireless charging [1]" in answer, answer
+
+
+def test_everyday_paraphrases_meet_the_documents(sample_docs):
+    # Words a customer uses that the sample documents do not: body (build), "send something
+    # back" (a return, through an indefinite pronoun), customer service (not stated: declined).
+    assert "titanium frame" in ask("What is the Aurora X2 body made of?")
+    assert "30 days" in ask("How long do I have to send something back?")
+    assert "don't say" in ask("What are your customer service hours?")
+    assert "480 grams" in ask("I read in bed for hours; is the Nimbus Tab heavy?")
