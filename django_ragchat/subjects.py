@@ -62,25 +62,61 @@ class Subject:
     documents: frozenset[int]
 
 
+# A document's defining sentence: "The Nimbus Tab is an 11-inch tablet for drawing", "Zephyr Buds
+# are wireless earbuds with...": the kind is the last word before a preposition, clause or stop.
+_KIND_STOP_WORDS = frozenset("""with for that which who and or of in on to from by at as but whose where
+    designed built made offering featuring""".split())
+
+
+_SENTENCE_END_RE = re.compile(r"[.;:!?](?=\s|$)")
+
+
+def kind_of(name: str, text: str) -> str:
+    """The kind ``text`` defines ``name`` as ("tablet" for "The Nimbus Tab is an 11-inch tablet
+    for drawing and reading"), folded, or "" when no sentence of the form "<name> is a/an ..." or
+    "<name> are ..." opens the text's first 600 characters."""
+    match = re.search(rf"\b{re.escape(name)}\s+(?:is\s+(?:a|an)|are)\s+(.{{1,80}})", text[:600],
+                      re.IGNORECASE | re.DOTALL)
+    if not match:
+        return ""
+    kind = ""
+    for token in _NAME_WORD_RE.findall(_SENTENCE_END_RE.split(match.group(1))[0])[:6]:
+        folded = normalize(token)
+        if folded in _KIND_STOP_WORDS or token[:1].isupper():
+            break
+        kind = folded
+    return kind if len(kind) > 2 and kind.isalpha() and kind not in STOPWORDS else ""
+
+
 class SubjectIndex:
     """The subject names of a corpus and how to find them in a message."""
 
-    def __init__(self, subjects: list[Subject]):
+    def __init__(self, subjects: list[Subject], kinds: dict[str, str] | None = None):
         self.subjects = subjects
         self._by_token: dict[str, list[Subject]] = {}
         for subject in subjects:
             for token in subject.tokens:
                 self._by_token.setdefault(token, []).append(subject)
+        # "the tablet" names the one subject the corpus defines as a tablet ({subject name: kind}).
+        by_kind: dict[str, list[Subject]] = {}
+        for subject in subjects:
+            kind = (kinds or {}).get(subject.name)
+            if kind:
+                by_kind.setdefault(name_key(kind), []).append(subject)
+        self._by_kind = {key: found[0] for key, found in by_kind.items() if len(found) == 1}
+        self.kind_keys = {subject: key for key, subject in self._by_kind.items()}
 
     def __len__(self) -> int:
         return len(self.subjects)
 
     @classmethod
-    def from_rows(cls, rows, *, named_in_text=None) -> SubjectIndex:
+    def from_rows(cls, rows, *, named_in_text=None, openings: dict[int, str] | None = None) -> SubjectIndex:
         """Build from (document id, title, heading path) rows, e.g. one per distinct chunk
         heading. ``named_in_text({heading: document id})``, when given, returns the headings
         whose document writes them, capitalised, in its prose ("The Basic Plan delivers..."):
-        a title-case section heading ("Personal Life", "Return Policy") is not written so."""
+        a title-case section heading ("Personal Life", "Return Policy") is not written so.
+        ``openings`` ({document id: its first chunk's text}) gives each title's kind
+        (``kind_of``), so "the tablet" names the Nimbus Tab."""
         titles: dict[str, set[int]] = {}
         headings: dict[str, set[int]] = {}
         for document_id, title, path in rows:
@@ -107,7 +143,24 @@ class SubjectIndex:
         for name, document_id in candidates.items():
             if name in confirmed:
                 named[name_tokens(name)] = Subject(name, name_tokens(name), frozenset({document_id}))
-        return cls(sorted(named.values(), key=lambda s: (-len(s.tokens), s.name)))
+        kinds = {}
+        for subject in named.values():
+            for document_id in sorted(subject.documents):
+                kind = kind_of(subject.name, (openings or {}).get(document_id, ""))
+                if kind and name_key(kind) not in subject.tokens:
+                    kinds[subject.name] = kind
+                    break
+        return cls(sorted(named.values(), key=lambda s: (-len(s.tokens), s.name)), kinds)
+
+    def kind_named(self, text: str) -> list[tuple[Subject, int]]:
+        """(subject, character offset) for each "the/this/that <kind>" in ``text`` whose kind is
+        one subject's alone ("What about the tablet?"). "my phone" is the user's own."""
+        found = []
+        for match in _KIND_RE.finditer(text):
+            subject = self._by_kind.get(name_key(match.group(1)))
+            if subject is not None:
+                found.append((subject, match.start(1)))
+        return found
 
     def find(self, text: str) -> list[Subject]:
         """The subjects ``text`` names, in the order it names them.
@@ -138,7 +191,10 @@ class SubjectIndex:
                     found[subject] = min(used)
         chosen = [s for s in found if not any(
             other is not s and set(s.tokens) < set(other.tokens) for other in found)]
-        return sorted(chosen, key=lambda s: found[s])
+        order = {s: matches[found[s]].start() for s in chosen}
+        for subject, offset in self.kind_named(text):
+            order.setdefault(subject, offset)
+        return sorted(order, key=lambda s: order[s])
 
     @staticmethod
     def _in_a_row(subject: Subject, keys: list[str], positions: dict[str, list[int]]) -> bool:
@@ -147,6 +203,8 @@ class SubjectIndex:
             return False
         return any(keys[start:start + n] == list(subject.tokens) for start in positions[subject.tokens[0]])
 
+
+_KIND_RE = re.compile(r"\b(?:the|this|that|these|those)\s+([a-z][a-z\-]+)\b", re.IGNORECASE)
 
 _cache: dict[tuple[str, str], tuple[tuple, SubjectIndex]] = {}
 _lock = threading.Lock()
@@ -195,7 +253,10 @@ def subject_index(space: str, using: str = "default") -> SubjectIndex:
                     found.update(name for name in by_document[document_id] if name in prose)
                 return found
 
-            cached = (stamp, SubjectIndex.from_rows(rows, named_in_text=named_in_text))
+            # Each document's first chunk defines what it is about ("... is an 11-inch tablet").
+            openings = dict(Chunk.objects.using(using).filter(space=space, ordinal=0, document_id__in=list(titles))
+                            .values_list("document_id", "text"))
+            cached = (stamp, SubjectIndex.from_rows(rows, named_in_text=named_in_text, openings=openings))
             _cache[key] = cached
     return cached[1]
 

@@ -156,7 +156,7 @@ def read_message(text: str, index: SubjectIndex) -> Reading:
     rest = text[fresh_match.end():] if fresh_match else text
     named = tuple(index.find(rest[:_MAX_SCAN_CHARS]))
     name_words = {normalize(w) for s in named for w in _TOKEN_RE.findall(s.name)}
-    name_keys = {t for s in named for t in s.tokens}
+    name_keys = {t for s in named for t in s.tokens} | {index.kind_keys[s] for s in named if s in index.kind_keys}
     attribute, elliptical, pronoun = [], True, False
     how_words = set()  # "long" in "How long is the warranty?": the kind of value, not the attribute
     previous = ""
@@ -407,11 +407,14 @@ class FollowUpEnricher(QueryTransformer):
         if reading.fresh:
             return _noted(query, f"fresh start: nothing carried; {rules}")
         if reading.named and (after.subject_rule != "kept" or after.attribute_rule == "inherited"):
+            own = {stem(w) for w in words(query.text)}
+            added = []
+            if after.subject is not None and not set(after.subject.tokens) <= own:
+                added.append(after.subject.name)  # "And the tablet?": the one subject that is a tablet
             if after.attribute_rule == "inherited":
-                own = {stem(w) for w in words(query.text)}
-                added = [w for w in after.attribute if stem(normalize(w)) not in own]
-                if added:
-                    return _noted(query, f"follow-up: {rules}: added {added}", text=f"{query.text} {' '.join(added)}")
+                added += [w for w in after.attribute if stem(normalize(w)) not in own]
+            if added:
+                return _noted(query, f"follow-up: {rules}: added {added}", text=f"{query.text} {' '.join(added)}")
             return _noted(query, f"self-contained (names its subject); {rules}")
         if not self.is_dependent(query.text):
             return _noted(query, f"self-contained; {rules}")

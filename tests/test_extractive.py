@@ -382,3 +382,8 @@ def test_everyday_paraphrases_meet_the_documents(sample_docs):
     assert "30 days" in ask("How long do I have to send something back?")
     assert "don't say" in ask("What are your customer service hours?")
     assert "480 grams" in ask("I read in bed for hours; is the Nimbus Tab heavy?")
+
+
+def test_a_follow_up_about_the_tablet_answers_for_the_nimbus_tab(sample_docs):
+    answer = ask("How much do the Zephyr Buds cost?", "And the tablet?")
+    assert "$449" in answer and "Zephyr" not in answer, answer

@@ -299,3 +299,41 @@ def test_a_title_case_heading_is_a_subject_only_when_its_text_writes_it_as_a_nam
 
     names = {s.name for s in subject_index(components_for(get_profile()).embedder.space).subjects}
     assert names == {"Coffee subscriptions", "Basic Plan"}
+
+
+# --- Kinds: "the tablet" names the one subject the corpus defines as a tablet ------------------
+
+OPENINGS = {
+    1: "Zephyr Buds > Overview\nZephyr Buds are wireless earbuds with active noise cancelling.",
+    2: "Nimbus Tab > Overview\nThe Nimbus Tab is an 11-inch tablet for drawing and reading.",
+    3: "Aurora X2 > Overview\nThe Aurora X2 is a 6.1-inch phone with a titanium frame and an OLED display that "
+       "reaches 2,000 nits outdoors.",
+    8: "Aurora X3 > Overview\nThe Aurora X3 is a 6.7-inch phone.",
+}
+KIND_ROWS = [(1, "Zephyr Buds", ["Zephyr Buds", "Overview"]), (2, "Nimbus Tab", ["Nimbus Tab", "Overview"]),
+             (3, "Aurora X2", ["Aurora X2", "Overview"])]
+
+
+def test_a_documents_defining_sentence_gives_its_subjects_kind():
+    from django_ragchat.subjects import kind_of
+
+    assert kind_of("Nimbus Tab", OPENINGS[2]) == "tablet"
+    assert kind_of("Aurora X2", OPENINGS[3]) == "phone"  # "6.1" does not end the sentence
+    assert kind_of("Zephyr Buds", OPENINGS[1]) == "earbuds"
+    assert kind_of("Orbit Devices support", "Orders ship within two business days.") == ""
+
+
+def test_the_kind_names_its_subject_only_when_one_subject_has_it():
+    index = SubjectIndex.from_rows(KIND_ROWS, openings=OPENINGS)
+    assert [s.name for s in index.find("What about the tablet?")] == ["Nimbus Tab"]
+    assert [s.name for s in index.find("Do the Zephyr Buds work with my phone?")] == ["Zephyr Buds"]  # the user's own
+    two_phones = SubjectIndex.from_rows(KIND_ROWS + [(8, "Aurora X3", ["Aurora X3", "Overview"])], openings=OPENINGS)
+    assert two_phones.find("And the phone?") == []  # two phones: "the phone" names neither
+
+
+def test_a_follow_up_naming_a_kind_switches_to_that_subject_and_inherits_the_attribute():
+    index = SubjectIndex.from_rows(KIND_ROWS, openings=OPENINGS)
+    query = Query(text="And the tablet?", original="And the tablet?", history=history("How much do the Zephyr Buds cost?"))
+    result = FollowUpEnricher(PROFILE).resolve(query, None, index)
+    assert result.text.startswith("And the tablet? Nimbus Tab"), result.text
+    assert "cost" in result.text.split("Nimbus Tab")[1], result.text
