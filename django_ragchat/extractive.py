@@ -78,7 +78,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                      "hold a charge", "holding a charge", "holds a charge", "single charge", "one charge",
                      "full charge", "between charges", "all day", "drain", "per charge", "on a charge", "stamina",
                      "usage time", "conk out", "mah", "battery capacity"),
-    "charging": ("half battery", "half charged", "halfway", "50%", "charge", "charges", "charging", "charger", "recharge", "recharging", "charged", "port", "plug",
+    "charging": ("half battery", "half charged", "halfway", "to half", "get to half", "reach half", "charge", "charges", "charging", "charger", "recharge", "recharging", "charged", "port", "plug",
                  "usb", "cable", "wireless", "wirelessly", "power", "socket", "outlet", "adapter", "watt", "watts",
                  "top up", "topping up", "topped up", "refill", "refuel", "juice up", "usb-c", "usb c", "type-c",
                  "type c", "wattage", "cord", "power brick", "wall plug", "mains", "rechargeable", "charging pad",
@@ -91,7 +91,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "length": ("length", "how long", "long", "tall", "short", "extend", "extends", "collapse", "collapses", "cm",
                "centimetres", "centimeters", "metres", "meters", "feet", "foot", "ft", "how tall", "telescopic",
                "extendable", "retractable", "collapsible", "lengthwise"),
-    "duration": ("how long", "take", "takes", "days", "hours", "minutes", "weeks", "years", "within", "until",
+    "duration": ("how long", "days", "hours", "minutes", "weeks", "years", "within", "until",
                  "soon", "when", "months", "turnaround", "lead time", "timeframe", "time frame", "eta", "fortnight",
                  "timeline", "wait time", "waiting time", "processing time", "how many days"),
     "speed": ("fast", "faster", "fastest", "quick", "quicker", "quickest", "quickly", "speed", "speedy", "slow",
@@ -188,7 +188,7 @@ GENERIC_WORDS = frozenset(
     device devices gadget gadgets owner owners maker manufacturer company brand
     still people person anyone someone everyone everything basically generally usually pretty quite bit
     pair pairs policy policies back one ones new just again stay stays times extra extras earpiece earpieces
-    support supports""".split()
+    support supports take takes program programme scheme special particular specific""".split()
 )
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
