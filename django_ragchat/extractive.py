@@ -122,7 +122,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                 "end of life", "obsolete", "outdated"),
     "carrier": ("carrier", "carriers", "unlocked", "locked", "network", "networks", "sim", "provider", "providers",
                 "operator", "sim-free", "sim free", "prepaid", "postpaid", "pay as you go", "payg"),
-    "included": ("accessories", "accessory", "cable", "cables", "included", "include", "includes", "come with", "comes with", "in the box", "box", "bundled",
+    "included": ("came with", "come in the box", "accessories", "accessory", "cable", "cables", "included", "include", "includes", "come with", "comes with", "in the box", "box", "bundled",
                  "packaged", "ship with", "ships with", "sold separately", "separately", "contents", "box contents",
                  "supplied", "supplied with", "packed with", "thrown in", "throw in", "in-box", "unboxing"),
     "condition": ("condition", "undamaged", "unopened", "opened", "unused", "sealed", "original packaging",
@@ -610,7 +610,10 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
 def _derived(word: str, vocabulary: frozenset[str], table: SynonymTable) -> str:
     """The need key of a question word (a stem) that neither the passages nor the table know,
     read through a derivational suffix when that meets them: "sweaty" is "sweat", "sunny" is
-    "sun", "readable" is "read"; otherwise the word itself."""
+    "sun", "readable" is "read", "old" is the passages' "older"; otherwise the word itself."""
+    for longer in (word + "er", word + "est"):  # "old" meets "older"
+        if longer in vocabulary:
+            return longer
     for suffix in ("y", "ness", "ful", "able", "ible"):
         if word.endswith(suffix) and len(word) - len(suffix) >= 3:
             base = word[:-len(suffix)]
