@@ -65,7 +65,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "size": ("size", "sizes", "big", "large", "small", "compact", "inch", "inches", "dimensions", "diagonal",
              "measure", "measures", "fit", "bigger", "biggest", "larger", "largest", "smaller", "smallest", "bulky",
              "measurements", "footprint"),
-    "warranty": ("under warranty", "fixed under warranty", "repaired under warranty", "replaced under warranty", "warranty", "guarantee", "guaranteed", "covered", "cover", "covers", "coverage", "protect",
+    "warranty": ("die", "dies", "died", "stops working", "stopped working", "stop working", "packs up", "gives out", "under warranty", "fixed under warranty", "repaired under warranty", "replaced under warranty", "warranty", "guarantee", "guaranteed", "covered", "cover", "covers", "coverage", "protect",
                  "protected", "protection", "defect", "defects", "defective", "faulty", "failure", "fail", "fails",
                  "warrantee", "warrenty", "guaranty", "manufacturing fault", "guarantee period"),
     "return": ("return", "returns", "returned", "send back", "send it back", "send them back", "bring back",
@@ -659,6 +659,25 @@ def _apart(a: str, b: str, sentence: Sentence, table: SynonymTable) -> bool:
     return min((abs(i - j) for i in at_a for j in at_b if i != j), default=0) > PROXIMITY_WINDOW
 
 
+#: What an asked word is worth where a sentence only names a fault of it ("battery failure",
+#: "screen repair") and the question asked about neither warranty nor repairs.
+FAULT_QUALIFIER_EVIDENCE = 0.5
+_FAULT_GROUPS = frozenset({"warranty", "repair"})
+
+
+def _qualifies_a_fault(key: str, sentence: Sentence, asked: set[str], table: SynonymTable) -> bool:
+    """Whether every place ``sentence`` states ``key`` is right before a word of the warranty or
+    repair groups, when the question asked about neither ("covers battery failure")."""
+    if asked & _FAULT_GROUPS:
+        return False
+    places = _places(key, sentence, table)
+    for i in places:
+        following = sentence.sequence[i + 1] if i + 1 < len(sentence.sequence) else frozenset()
+        if not any(set(table.of_stem.get(st, ())) & _FAULT_GROUPS for st in following):
+            return False
+    return bool(places)
+
+
 def _places(key: str, sentence: Sentence, table: SynonymTable) -> list[int]:
     """Where ``sentence`` states ``key``: the asked word's places, else its group's."""
     word = _word_of(key)
@@ -876,11 +895,15 @@ class AnswerSelector:
         own_total = sum(idf[k] for k in need.own) or 1.0
         all_total = sum(idf[k] * w for k, w in need.groups.items()) or 1.0
 
+        asked_labels = {label for k in need.own for label in _labels(k)}
         choices = []
         for p, s in eligible:
             own_cov = all_cov = 0.0
             for key, weight in need.groups.items():
-                evidence = _covers(key, s.stems, self.table) or 0.6 * _covers(key, p.heading_stems, self.table)
+                evidence = _covers(key, s.stems, self.table)
+                if evidence and key in need.own and _qualifies_a_fault(key, s, asked_labels, self.table):
+                    evidence *= FAULT_QUALIFIER_EVIDENCE  # "covers battery failure" is no battery life
+                evidence = evidence or 0.6 * _covers(key, p.heading_stems, self.table)
                 if not evidence:
                     continue
                 all_cov += evidence * weight * idf[key]

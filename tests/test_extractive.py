@@ -387,3 +387,12 @@ def test_everyday_paraphrases_meet_the_documents(sample_docs):
 def test_a_follow_up_about_the_tablet_answers_for_the_nimbus_tab(sample_docs):
     answer = ask("How much do the Zephyr Buds cost?", "And the tablet?")
     assert "$449" in answer and "Zephyr" not in answer, answer
+
+
+def test_a_word_naming_a_fault_is_no_answer_about_the_word():
+    warranty = chunk(1, "Zephyr Buds > Warranty", "Zephyr Buds come with a two-year warranty that covers battery failure.")
+    overview = chunk(2, "Zephyr Buds > Overview", "Zephyr Buds give eight hours of playback on one charge.")
+    assert AnswerSelector().answer(prompt("zephyr buds battery", warranty, overview)).startswith("Zephyr Buds give eight hours")
+    # Asked about the fault itself, the warranty answers.
+    answer = AnswerSelector().answer(prompt("What if my Zephyr Buds battery dies in the first year?", warranty, overview))
+    assert answer.startswith("Zephyr Buds come with a two-year warranty"), answer
