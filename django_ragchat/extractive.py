@@ -188,15 +188,16 @@ GENERIC_WORDS = frozenset(
     device devices gadget gadgets owner owners maker manufacturer company brand
     still people person anyone someone everyone everything basically generally usually pretty quite bit
     pair pairs policy policies back one ones new just again stay stays times extra extras earpiece earpieces
-    support supports take takes program programme scheme special particular specific""".split()
+    support supports take takes program programme scheme special particular specific whole entire""".split()
 )
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
 ANSWER_TYPE_WEIGHT = 0.35
 _ANSWER_TYPE_PHRASES = frozenset({("how", "long"), ("how", "many"), ("how", "much"), ("how", "soon")})
 
-# An amount: money, or a share ("10% off").
-_CURRENCY_RE = re.compile(r"[$€£¥]\s?\d|\d\s?(?:%|percent\b|usd\b|eur\b|gbp\b|dollars\b|euros\b|pounds\b)",
+# An amount: money, a share ("10% off"), or nothing to pay ("Repairs under warranty are free").
+_CURRENCY_RE = re.compile(r"[$€£¥]\s?\d|\d\s?(?:%|percent\b|usd\b|eur\b|gbp\b|dollars\b|euros\b|pounds\b)"
+                          r"|(?<![\w-])(?:free|free of charge|at no cost|no charge)\b(?!-)",
                           re.IGNORECASE)
 _NUMBER_RE = re.compile(
     r"\d|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|"
@@ -241,6 +242,13 @@ def stem(word: str) -> str:
     "shipped" -> "ship"), so a question's inflection meets the table's word. Only the answerer
     uses it: the embedder's features, and so the stored vectors, are not changed. An adverb
     meets its adjective ("diagonally" -> "diagonal", "magnetically" -> "magnetic", "monthly")."""
+    if "-" in word:  # "trade-ins" is "trade-in"
+        head, _, tail = word.rpartition("-")
+        if tail.isalpha() and head:
+            stemmed = stem(tail)
+            if stemmed == tail and len(tail) >= 3 and tail.endswith("s") and not tail.endswith("ss"):
+                stemmed = tail[:-1]  # "ins": too short for the light stemmer's plural rule
+            return head + "-" + stemmed
     if len(word) > 5 and word.endswith("ly") and word.isalpha():
         word = word[:-4] + "ic" if word.endswith("ically") else word[:-2]
     s = _light_stem(word)
@@ -569,7 +577,7 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     # instructions. How much...?") the attribute is what the question sentence asks.
     part = asked is not None  # one part of the question: the search query holds the other parts' words
     if asked is None:
-        asked = " ".join(_asked_clause(q) for q in sentences(question) if q.endswith("?")) or question
+        asked = " ".join(_asked_clauses(question))
     need.asked = asked
     vocabulary = frozenset().union(*(s.stems for p in passages for s in p.sentences),
                                    *(p.heading_stems for p in passages))
@@ -590,9 +598,14 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     by_place = sorted((at, key) for key, at in asked_at.items() if not key.startswith("~"))
     need.adjacent = [(a, b) for (i, a), (j, b) in zip(by_place, by_place[1:]) if j - i <= 2]
     if not need.own and need.groups and not part:
-        # "What about the Nimbus Tab?": the attribute is the one the transformer carried over.
-        need.own = set(need.groups)
-        need.groups = dict.fromkeys(need.groups, 1.0)
+        # "What about the Nimbus Tab?": the attribute is the one the transformer carried over, or
+        # the context's ("I lost one of my Zephyr Buds, what now?"); but "hi, quick question -
+        # how much is it?" asks a price, not the context's words.
+        typed = {key for key, _ in _group_keys(question, table, names)} if _PRICE_QUESTION_RE.search(asked) else set()
+        carried = {key for key in need.groups if key not in typed}
+        if carried:
+            need.own = carried
+            need.groups = {key: 1.0 if key in carried else weight for key, weight in need.groups.items()}
     own_groups = {label for k in need.own for label in _labels(k)}
     need.wants_amount = bool("price" in own_groups or (
         _PRICE_QUESTION_RE.search(asked) and not own_groups & _MEASURE_GROUPS))
@@ -704,13 +717,21 @@ def question_parts(question: str) -> list[str]:
     """The separate questions in ``question``: its question sentences, each split before
     "and how/what/does..." ("How many watts, and how long till it's half full?"). Alternatives
     ("..., or is it free?") ask one thing and stay whole."""
-    asked = [_asked_clause(q) for q in sentences(question) if q.endswith("?")] or [question]
+    asked = _asked_clauses(question)
     parts = [part.strip() for q in asked for part in _PART_SPLIT_RE.split(q)]
     return [part for part in parts if _words(part)]
 
 
 # Where a question's context clause ends: "I sketch by a window - will the screen glare?".
 _CLAUSE_SEPARATOR_RE = re.compile(r",\s+|\s+[-–—]+\s+|;\s+")
+
+
+def _asked_clauses(question: str) -> list[str]:
+    """The asking clause of each question sentence; without a "?", of the last sentence
+    ("hi, quick question - how much is the aurora x2")."""
+    found = sentences(question)
+    asked = [_asked_clause(q) for q in found if q.endswith("?")]
+    return asked or [_asked_clause(found[-1] if found else question)]
 
 
 def _asked_clause(question: str) -> str:

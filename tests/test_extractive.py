@@ -396,3 +396,15 @@ def test_a_word_naming_a_fault_is_no_answer_about_the_word():
     # Asked about the fault itself, the warranty answers.
     answer = AnswerSelector().answer(prompt("What if my Zephyr Buds battery dies in the first year?", warranty, overview))
     assert answer.startswith("Zephyr Buds come with a two-year warranty"), answer
+
+
+def test_a_question_without_a_question_mark_still_asks_its_last_clause(sample_docs):
+    assert "$699" in ask("hi, quick question - how much is the aurora x2")
+
+
+def test_a_hyphenated_plural_meets_its_singular(sample_docs):
+    assert "$200" in ask("My old phone is dying. Do you take trade-ins on the Aurora X2?")
+
+
+def test_free_answers_how_much(sample_docs):
+    assert "Repairs under warranty are free" in ask("How much do repairs cost under warranty?")
