@@ -125,7 +125,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "included": ("came with", "come in the box", "accessories", "accessory", "cable", "cables", "included", "include", "includes", "come with", "comes with", "in the box", "box", "bundled",
                  "packaged", "ship with", "ships with", "sold separately", "separately", "contents", "box contents",
                  "supplied", "supplied with", "packed with", "thrown in", "throw in", "in-box", "unboxing"),
-    "condition": ("condition", "undamaged", "unopened", "opened", "unused", "sealed", "original packaging",
+    "condition": ("original condition", "original state", "in its original", "condition", "undamaged", "unopened", "opened", "unused", "sealed", "original packaging",
                   "mint", "scratched", "scratches", "scuffed", "wear and tear", "like new", "as new", "pristine",
                   "intact", "good condition", "working order", "tags"),
     "contact": ("contact", "customer service", "customer support", "support team", "support hours", "phone support",
@@ -188,7 +188,8 @@ GENERIC_WORDS = frozenset(
     device devices gadget gadgets owner owners maker manufacturer company brand
     still people person anyone someone everyone everything basically generally usually pretty quite bit
     pair pairs policy policies back one ones new just again stay stays times extra extras earpiece earpieces
-    support supports take takes program programme scheme special particular specific whole entire""".split()
+    support supports take takes program programme scheme special particular specific whole entire current
+    existing""".split()
 )
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
@@ -597,6 +598,13 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
                 need.own.add(key)
     by_place = sorted((at, key) for key, at in asked_at.items() if not key.startswith("~"))
     need.adjacent = [(a, b) for (i, a), (j, b) in zip(by_place, by_place[1:]) if j - i <= 2]
+    if need.own and all(key.startswith("~") for key in need.own) and not part:
+        # "How long is it?" asks only the kind of value: what it is about came with the search
+        # query ("... Zephyr Buds warranty").
+        for key in list(need.groups):
+            if key not in need.own and need.groups[key] == 0.5 and key not in asked_at:
+                need.own.add(key)
+                need.groups[key] = 1.0
     if not need.own and need.groups and not part:
         # "What about the Nimbus Tab?": the attribute is the one the transformer carried over, or
         # the context's ("I lost one of my Zephyr Buds, what now?"); but "hi, quick question -

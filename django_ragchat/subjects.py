@@ -30,8 +30,12 @@ _NAME_WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*")
 
 
 def name_key(word: str) -> str:
-    """The matching key of one word of a name or a question: folded and stemmed."""
-    return stem(normalize(word))
+    """The matching key of one word of a name or a question: folded, without a possessive
+    ("Tab's"), and stemmed."""
+    folded = normalize(word)
+    if folded.endswith(("'s", "’s")):
+        folded = folded[:-2]
+    return stem(folded)
 
 
 def _identifies(word: str) -> bool:

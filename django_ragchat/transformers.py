@@ -133,6 +133,12 @@ _FRESH_RE = re.compile(
 # The words of a follow-up that asks nothing of its own: "And the X?", "What about X?",
 # "How about X?", "Same for X", "X again?".
 _FILLER = frozenset("and what about how same for the a an again then so also or too please back to ok okay".split())
+# "How long is it?" asks what kind of value, not about what: the attribute asked before holds.
+_VALUE_KIND_WORDS = frozenset("long much many soon often".split())
+# Words that open a question of its own after "and" ("And how heavy is it?", "And does it...").
+_QUESTION_OPENERS = frozenset("""what what's which how how's where when who why is are am was were do does did can
+    could will would should has have""".split())
+_REFINING_PREPOSITIONS = frozenset("with without for in on at under over including plus excluding".split())
 # "How much is it?" asks the price without naming it.
 _HOW_MUCH_RE = re.compile(r"\bhow much\b", re.IGNORECASE)
 
@@ -148,6 +154,9 @@ class Reading:
     elliptical: bool
     pronoun: bool
     fresh: bool
+    # It asks only the kind of value ("How long is it?") or adds a detail to the last question
+    # ("And with the pen?"): the attribute asked before still holds, with its own words added.
+    refines: bool = False
 
 
 def read_message(text: str, index: SubjectIndex) -> Reading:
@@ -179,11 +188,20 @@ def read_message(text: str, index: SubjectIndex) -> Reading:
     # Appended alone to another subject's search, "long warranty" reads as a question about
     # length: keep the words that name the attribute ("warranty"), unless there are none
     # ("How heavy is it?").
+    kind_only = bool(attribute) and all(normalize(w) in _VALUE_KIND_WORDS and w in how_words for w in attribute)
     attribute = [w for w in attribute if w not in how_words] or attribute
     # "Thanks. What about the Nimbus Tab?" is still a follow-up: only a message that asks
     # something of its own after the thanks starts afresh.
     fresh = bool(fresh_match) and bool(rest.strip()) and not elliptical and not pronoun and not _ELLIPSIS_RE.match(rest)
-    return Reading(named, tuple(attribute), elliptical and bool(named), pronoun, fresh)
+    # "And with the pen?", "And for students?": "and" then a preposition, and no question of
+    # its own, refines the last question ("And its warranty?" asks a new attribute).
+    opener = _ELLIPSIS_RE.match(rest)
+    after_opener = [normalize(t) for t in _TOKEN_RE.findall(rest[opener.end():])] if opener else []
+    adds = (bool(opener) and opener.group(1).lower() in ("and", "also") and bool(after_opener)
+            and after_opener[0] in _REFINING_PREPOSITIONS and not set(after_opener) & _QUESTION_OPENERS
+            and len(attribute) <= 2)
+    refines = not fresh and (kind_only or (adds and bool(attribute)))
+    return Reading(named, tuple(attribute), elliptical and bool(named), pronoun, fresh, refines)
 
 
 @dataclass
@@ -216,7 +234,11 @@ class ConversationState:
         else:
             new.subject = self.subject
             new.subject_rule = "kept" if self.subject else "none"
-        if reading.attribute:
+        if reading.refines and self.attribute:
+            own = [w for w in reading.attribute if normalize(w) not in _VALUE_KIND_WORDS]
+            new.attribute = tuple(dict.fromkeys([*self.attribute, *own]))
+            new.attribute_rule = "inherited"
+        elif reading.attribute:
             new.attribute, new.attribute_rule = reading.attribute, "new"
         elif reading.elliptical and self.attribute:
             new.attribute, new.attribute_rule = self.attribute, "inherited"
@@ -427,6 +449,12 @@ class FollowUpEnricher(QueryTransformer):
                 return _noted(query, f"follow-up: {rules}: added {added}", text=f"{query.text} {after.subject.name}")
             return _noted(query, f"self-contained (names its subject); {rules}")
         result = self.enrich(self.since_fresh_start(query, index))
+        if after.attribute_rule == "inherited":  # "How long is it?" after the warranty: its length
+            own = {stem(w) for w in words(result.text)}
+            added = [w for w in after.attribute if stem(normalize(w)) not in own]
+            if added:
+                result = _noted(result, f"{result.metadata['transform_note']}; added {added}",
+                                text=f"{result.text} {' '.join(added)}")
         return _noted(result.replace(history=query.history), f"{result.metadata['transform_note']}; {rules}")
 
     def enrich(self, query: Query) -> Query:

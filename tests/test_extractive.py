@@ -408,3 +408,12 @@ def test_a_hyphenated_plural_meets_its_singular(sample_docs):
 
 def test_free_answers_how_much(sample_docs):
     assert "Repairs under warranty are free" in ask("How much do repairs cost under warranty?")
+
+
+def test_how_long_is_it_after_the_warranty_answers_its_length(sample_docs):
+    answer = ask("What's the warranty on the Zephyr Buds?", "How long is it?")
+    assert "two-year warranty" in answer, answer
+
+
+def test_and_with_the_pen_after_the_price_answers_the_bundle_price(sample_docs):
+    assert "$529" in ask("What does the Nimbus Tab cost?", "And with the pen?")

@@ -337,3 +337,20 @@ def test_a_follow_up_naming_a_kind_switches_to_that_subject_and_inherits_the_att
     result = FollowUpEnricher(PROFILE).resolve(query, None, index)
     assert result.text.startswith("And the tablet? Nimbus Tab"), result.text
     assert "cost" in result.text.split("Nimbus Tab")[1], result.text
+
+
+def test_a_question_asking_only_the_kind_of_value_inherits_the_attribute():
+    result = resolve("How long is it?", "What's the warranty on the Zephyr Buds?")
+    assert result.text == "How long is it? Zephyr Buds warranty", result.text
+    assert "attribute inherited (warranty)" in result.metadata["transform_note"]
+
+
+def test_and_with_a_detail_refines_the_last_question():
+    result = resolve("And with the pen?", "What does the Nimbus Tab cost?")
+    assert result.text.endswith("cost"), result.text  # the price, with the pen
+    assert "attribute inherited" in result.metadata["transform_note"]
+
+
+def test_a_possessive_names_its_subject():
+    result = resolve("And the Nimbus Tab's?", "How long does the Aurora X2 battery last?")
+    assert "Aurora" not in result.text and "battery" in result.text, result.text
