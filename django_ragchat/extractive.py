@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
+from django_ragchat.subjects import kind_of
 from django_ragchat.text import STOPWORDS, normalize, sentences
 from django_ragchat.text import stem as _light_stem
 from django_ragchat.types import Prompt, RetrievedChunk
@@ -73,7 +74,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                "take back", "take it back", "ship back", "ship it back", "mail back", "post back", "reimburse",
                "reimbursement", "returnable", "non-returnable", "dissatisfied", "not satisfied", "return window",
                "cooling off", "cooling-off"),
-    "battery life": ("music", "hours", "before i need to charge", "before i need to plug", "before i have to charge", "before i have to plug", "before you need to charge", "before you have to charge", "before needing to charge", "before it needs charging", "before it needs a charge", "before recharging", "before charging", "before plugging", "battery", "lasts", "last", "playback", "runtime", "battery life", "listening", "listen",
+    "battery life": ("keep going", "keeps going", "battery size", "play for", "plays for", "keep playing", "play music", "music", "hours", "before i need to charge", "before i need to plug", "before i have to charge", "before i have to plug", "before you need to charge", "before you have to charge", "before needing to charge", "before it needs charging", "before it needs a charge", "before recharging", "before charging", "before plugging", "battery", "lasts", "last", "playback", "runtime", "battery life", "listening", "listen",
                      "play time", "playtime", "endurance", "juice", "run out", "runs out", "die", "dies",
                      "hold a charge", "holding a charge", "holds a charge", "single charge", "one charge",
                      "full charge", "between charges", "all day", "drain", "per charge", "on a charge", "stamina",
@@ -83,7 +84,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                  "top up", "topping up", "topped up", "refill", "refuel", "juice up", "usb-c", "usb c", "type-c",
                  "type c", "wattage", "cord", "power brick", "wall plug", "mains", "rechargeable", "charging pad",
                  "charging stand", "half full", "fully charged", "to full", "charge up"),
-    "water resistance": ("waterproof", "water", "rain", "rainy", "wet", "sweat", "sweaty", "sweatproof", "splash",
+    "water resistance": ("weather", "all weather", "weatherproof", "weather-resistant", "weather resistant", "waterproof", "water", "rain", "rainy", "wet", "sweat", "sweaty", "sweatproof", "splash",
                          "splashes", "shower", "resistant", "resistance", "ipx4", "ip67", "ip68", "ipx7", "submerge",
                          "swim", "gym", "workout", "workouts", "exercise", "exercising", "jog", "jogging",
                          "splashproof", "splash-proof", "swimming", "pool", "underwater", "submersible", "dunk",
@@ -189,7 +190,7 @@ GENERIC_WORDS = frozenset(
     still people person anyone someone everyone everything basically generally usually pretty quite bit
     pair pairs policy policies back one ones new just again stay stays times extra extras earpiece earpieces
     support supports take takes program programme scheme special particular specific whole entire current
-    existing""".split()
+    existing going cope handle survive withstand base basic meant intended designed purpose suited""".split()
 )
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
@@ -258,7 +259,7 @@ def stem(word: str) -> str:
     return s
 
 
-_GENERIC_STEMS = frozenset(stem(word) for word in GENERIC_WORDS if len(word) > 3)
+_GENERIC_STEMS = frozenset(stem(word) for word in GENERIC_WORDS)
 
 
 def _stems(text: str) -> frozenset[str]:
@@ -374,6 +375,7 @@ class Passage:
     subject: tuple[str, ...]  # its folded tokens
     sentences: tuple[Sentence, ...]
     mentions_the: bool  # "the Aurora X2" appears: decline text uses the article
+    kind: str = ""  # what its text defines the subject as ("tablet"), see subjects.kind_of
 
 
 def _name_sequences(text: str) -> list[tuple[str, str]]:
@@ -420,7 +422,7 @@ def _sentence_start(text: str, position: int) -> bool:
 
 
 @lru_cache(maxsize=4096)
-def _analyse_text(text: str, heading: str, title: str) -> tuple[str, tuple[Sentence, ...], str, bool]:
+def _analyse_text(text: str, heading: str, title: str) -> tuple[str, tuple[Sentence, ...], str, bool, str]:
     """Split a chunk into scorable sentences (cached: a chunk's text does not change)."""
     body = text
     if heading and body.startswith(heading):
@@ -447,19 +449,20 @@ def _analyse_text(text: str, heading: str, title: str) -> tuple[str, tuple[Sente
     if not subject and title:
         subject = next((d for d, _ in _name_sequences(title)), "")
     mentions_the = bool(subject) and f"the {subject}".lower() in body.lower()
-    return (parts[-1] if len(parts) > 1 else ""), tuple(found), subject, mentions_the
+    kind = kind_of(subject, body) if subject else ""
+    return (parts[-1] if len(parts) > 1 else ""), tuple(found), subject, mentions_the, kind
 
 
 def build_passages(documents: Iterable[RetrievedChunk]) -> list[Passage]:
     """The prompt's documents as ``Passage`` objects, numbered from 1 as they are cited."""
     passages = []
     for index, chunk in enumerate(documents, start=1):
-        leaf, found, subject, mentions_the = _analyse_text(chunk.text, chunk.heading or "", chunk.title or "")
+        leaf, found, subject, mentions_the, kind = _analyse_text(chunk.text, chunk.heading or "", chunk.title or "")
         passages.append(Passage(
             index=index, ordinal=chunk.ordinal, heading_leaf=leaf,
             heading_stems=_stems(leaf),
             subject_name=subject, subject=tuple(normalize(subject).split()) if subject else (),
-            sentences=found, mentions_the=mentions_the,
+            sentences=found, mentions_the=mentions_the, kind=kind,
         ))
     return passages
 
@@ -486,6 +489,8 @@ class Need:
 
 
 # An object pronoun may stand inside a phrase: "juice them up" is "juice up".
+# The words before a kind that point at one thing: "my tablet", "the phone" (not "a tablet").
+_POINTING_WORDS = frozenset("the this that these those my our".split())
 _OBJECT_PRONOUNS = frozenset("it them me him her this that these those one ones mine something anything everything "
                              "stuff".split())
 
@@ -569,6 +574,16 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     # the Nimbus Tab, the transformer's inherited "Nimbus Tab" is context, not the subject.
     inherited = {e for e in known if set(e) <= set(_words(search_query))}
     need.subjects = named(own_words, type_words=not inherited) or everything
+    if not need.subjects:
+        # "My tablet stopped working": the one subject the passages define as a tablet.
+        kinds: dict[str, set[tuple[str, ...]]] = {}
+        for p in passages:
+            if p.kind:
+                kinds.setdefault(stem(p.kind), set()).add(p.subject)
+        tokens = _words(question)
+        pointed = {stem(w) for before, w in zip(tokens, tokens[1:]) if before in _POINTING_WORDS}  # not "a tablet"
+        asked_kinds = pointed & {k for k, subjects in kinds.items() if len(subjects) == 1}
+        need.subjects = {next(iter(kinds[k])) for k in asked_kinds} if len(asked_kinds) == 1 else set()
     for display, folded in _name_sequences(question):
         tokens = set(folded.split())
         if not any((tokens | {stem(t) for t in tokens}) & set(e) for e in known) and not tokens <= STOPWORDS | GENERIC_WORDS:
@@ -631,11 +646,19 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
 def _derived(word: str, vocabulary: frozenset[str], table: SynonymTable) -> str:
     """The need key of a question word (a stem) that neither the passages nor the table know,
     read through a derivational suffix when that meets them: "sweaty" is "sweat", "sunny" is
-    "sun", "readable" is "read", "old" is the passages' "older"; otherwise the word itself."""
+    "sun", "readable" is "read", "lighter" is "light", "old" is the passages' "older";
+    otherwise the word itself."""
     for longer in (word + "er", word + "est"):  # "old" meets "older"
         if longer in vocabulary:
             return longer
-    for suffix in ("y", "ness", "ful", "able", "ible"):
+    for suffix in ("ier", "iest"):  # "heavier" is "heavy"
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            base = word[:-len(suffix)] + "y"
+            if base in table.of_stem:
+                return base + "=" + "|".join(table.of_stem[base])
+            if base in vocabulary:
+                return base
+    for suffix in ("y", "ness", "ful", "able", "ible", "er", "est"):
         if word.endswith(suffix) and len(word) - len(suffix) >= 3:
             base = word[:-len(suffix)]
             for candidate in (base, base[:-1] if base[-1] == base[-2] else base):

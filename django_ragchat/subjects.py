@@ -166,7 +166,7 @@ class SubjectIndex:
                 found.append((subject, match.start(1)))
         return found
 
-    def find(self, text: str) -> list[Subject]:
+    def find(self, text: str, kinds: bool = True) -> list[Subject]:
         """The subjects ``text`` names, in the order it names them.
 
         A subject is named when all its keys are in the text and the text writes it as a name:
@@ -174,6 +174,7 @@ class SubjectIndex:
         its words in a row ("the nimbus tab"). Common words that happen to make up a title
         elsewhere in the question ("that show ... daily") do not name it, nor does one word of a
         longer name ("Suns" is not "Sun Ra"). A name inside a longer one found too is dropped.
+        With ``kinds``, "the tablet" also names the one subject of that kind (``kind_named``).
         """
         matches = list(_NAME_WORD_RE.finditer(text))
         keys = [name_key(m.group(0)) for m in matches]
@@ -196,7 +197,7 @@ class SubjectIndex:
         chosen = [s for s in found if not any(
             other is not s and set(s.tokens) < set(other.tokens) for other in found)]
         order = {s: matches[found[s]].start() for s in chosen}
-        for subject, offset in self.kind_named(text):
+        for subject, offset in self.kind_named(text) if kinds else ():
             order.setdefault(subject, offset)
         return sorted(order, key=lambda s: order[s])
 

@@ -58,6 +58,8 @@ ANAPHORA = frozenset(
 # Phrases that open an elliptical follow-up ("What about the price?", "And the battery?").
 _ELLIPSIS_RE = re.compile(r"^\s*(and|what about|how about|also|then|so|or)\b", re.IGNORECASE)
 _TOKEN_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*")
+# A word after "the/this/that...": it may name a subject by its kind ("the tablet").
+_POINTED_RE = re.compile(r"\b(?:the|this|that|these|those)\s+[a-z]", re.IGNORECASE)
 # How far into a message names are looked for: long answers add cost, not subjects.
 _MAX_SCAN_CHARS = 1000
 
@@ -384,7 +386,7 @@ class FollowUpEnricher(QueryTransformer):
     def transform(self, query, turn):
         """The follow-up resolved (see the class docstring). With a turn, the corpus's subject
         names are looked up first (one query, cached); without one (unit use) there are none."""
-        if not query.history or not self.track_subjects or turn is None:
+        if not self.track_subjects or turn is None or not (query.history or _POINTED_RE.search(query.text)):
             return self.resolve(query, turn, None)
         return self._resolve_with_subjects(query, turn)
 
@@ -416,6 +418,11 @@ class FollowUpEnricher(QueryTransformer):
         """The transformed query, given the corpus's subjects (``index``; ``None``: the
         subject-blind behaviour of ``track_subjects: False``)."""
         if not query.history:
+            # "How much is the tablet?": the one subject the corpus defines as a tablet.
+            kinds = [s for s, _ in index.kind_named(query.text)] if index is not None and len(index) else []
+            if kinds and not index.find(query.text, kinds=False):
+                return _noted(query, f"no history; names a kind: added {[kinds[0].name]}",
+                              text=f"{query.text} {kinds[0].name}")
             return _noted(query, "no history")
         if index is None or not len(index):
             return self.enrich(query)

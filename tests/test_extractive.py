@@ -417,3 +417,11 @@ def test_how_long_is_it_after_the_warranty_answers_its_length(sample_docs):
 
 def test_and_with_the_pen_after_the_price_answers_the_bundle_price(sample_docs):
     assert "$529" in ask("What does the Nimbus Tab cost?", "And with the pen?")
+
+
+def test_the_phone_is_the_aurora_x2_so_another_products_answer_is_never_used(sample_docs):
+    # No history: "the phone" is the one subject the documents define as a phone.
+    answer = ask("Is the phone waterproof?")
+    assert answer.startswith("The documents don't say anything about water resistance for the Aurora X2"), answer
+    assert "$449" in ask("How much is the tablet?")
+    assert "Zephyr" not in ask("Is my phone covered by a warranty?")

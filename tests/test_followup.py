@@ -354,3 +354,11 @@ def test_and_with_a_detail_refines_the_last_question():
 def test_a_possessive_names_its_subject():
     result = resolve("And the Nimbus Tab's?", "How long does the Aurora X2 battery last?")
     assert "Aurora" not in result.text and "battery" in result.text, result.text
+
+
+def test_a_first_message_naming_a_kind_searches_its_subject():
+    index = SubjectIndex.from_rows(KIND_ROWS, openings=OPENINGS)
+    query = Query(text="How much is the tablet?", original="How much is the tablet?", history=())
+    assert FollowUpEnricher(PROFILE).resolve(query, None, index).text == "How much is the tablet? Nimbus Tab"
+    named = Query(text="Do the Zephyr Buds work with the phone?", original="", history=())
+    assert FollowUpEnricher(PROFILE).resolve(named, None, index).text == named.text  # it names its subject
