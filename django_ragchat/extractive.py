@@ -53,7 +53,7 @@ DEFAULT_MIN_COVERAGE = 0.5
 # declines ("... don't say anything about price"). A profile adds groups or words with the
 # ``synonyms`` option; keep groups narrow: a wide group makes unrelated sentences look relevant.
 SYNONYMS: dict[str, tuple[str, ...]] = {
-    "price": ("on the hook for", "on the house", "what's the damage", "price", "cost", "costs", "expensive", "cheap", "cheapest", "lowest price", "starting price",
+    "price": ("pricy", "priciest", "on the hook for", "on the house", "what's the damage", "price", "cost", "costs", "expensive", "cheap", "cheapest", "lowest price", "starting price",
               "base price", "pricey", "afford", "affordable", "budget", "pay", "paid", "fee", "fees", "free",
               "money", "spend", "retail", "retails", "msrp", "charge for", "charge me", "charge you", "you charge",
               "they charge", "we charge", "charged for", "set me back", "sets me back", "go for", "goes for",
@@ -486,6 +486,8 @@ class Need:
     # Asked keys written next to each other ("charge wirelessly", "return postage"): a sentence
     # states them together only where they stand close (see PROXIMITY_WINDOW).
     adjacent: list[tuple[str, str]] = field(default_factory=list)
+    # Asked comparatives and superlatives ("bigger", "priciest"): which value, beside what it is of.
+    comparatives: set[str] = field(default_factory=set)
 
 
 # An object pronoun may stand inside a phrase: "juice them up" is "juice up".
@@ -602,8 +604,11 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
         positions: dict[str, int] = {}
         for key, label in _group_keys(text, table, names, positions):
             at = positions[key]
+            comparative = _word_of(key) in _COMPARATIVES
             if "=" not in key and key not in vocabulary:
                 key = _derived(key, vocabulary, table)
+            if comparative and weight == 1.0:
+                need.comparatives.add(_word_of(key))
             if weight == 1.0:
                 asked_at.setdefault(key, at)
             if key not in need.groups:
@@ -643,6 +648,14 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     return need
 
 
+# Comparatives and superlatives: in "the bigger storage options" they say which value of the
+# attribute beside them, not another attribute.
+_COMPARATIVES = frozenset(stem(w) for w in """bigger biggest larger largest smaller smallest longer longest shorter
+    shortest faster fastest quicker quickest slower slowest cheaper cheapest pricier priciest lighter lightest
+    heavier heaviest higher highest lower lowest newer newest better best greater greatest brighter brightest
+    thinner thinnest thicker thickest wider widest more most less least extra""".split())
+
+
 def _derived(word: str, vocabulary: frozenset[str], table: SynonymTable) -> str:
     """The need key of a question word (a stem) that neither the passages nor the table know,
     read through a derivational suffix when that meets them: "sweaty" is "sweat", "sunny" is
@@ -680,7 +693,8 @@ SHORT_QUESTION_WORDS = 2
 # names none, each subject's sentence stating at least COMPARED_COVERAGE of what was asked.
 _COMPARISON_RE = re.compile(
     r"\b(?:which|cheapest|priciest|most|least|lightest|heaviest|biggest|smallest|largest|longest|shortest|"
-    r"fastest|best|compare|versus|vs)\b", re.IGNORECASE)
+    r"fastest|best|compare|versus|vs|cheaper|pricier|lighter|heavier|bigger|smaller|larger|longer|shorter|"
+    r"faster|better|more|less)\b", re.IGNORECASE)
 COMPARED_COVERAGE = 0.75
 
 #: The sentence before the best one joins the answer when its share of the asked attribute is
@@ -863,7 +877,7 @@ class AnswerSelector:
             # "Does the Galaxy S9 have a warranty?": another product's warranty is no answer.
             names = " or ".join(dict.fromkeys(need.unknown))
             return f"The documents don't mention {names}, so I can't answer that from them."
-        if not need.subjects and _COMPARISON_RE.search(prompt.question):
+        if _COMPARISON_RE.search(prompt.question) and (not need.subjects or len(need.subjects) > 1):
             compared = self.compare(need, passages)
             if compared:
                 return compared
@@ -895,10 +909,13 @@ class AnswerSelector:
         return text
 
     def compare(self, need: Need, passages: list[Passage]) -> str:
-        """"Which product is the cheapest?": each subject's own answer, for the reader to compare
-        (the answerer quotes, it does not rank), or "" when fewer than two subjects state it."""
+        """"Which product is the cheapest?": each subject's own answer (of the subjects the question
+        names, when it names several), for the reader to compare (the answerer quotes, it does
+        not rank), or "" when fewer than two subjects state it."""
         found = []
         for subject in dict.fromkeys(p.subject for p in passages if p.subject):
+            if need.subjects and subject not in need.subjects:
+                continue  # "Which lasts longer, the Nimbus Tab or the Zephyr Buds?": those two
             one = replace(need, subjects={subject})
             picked = self.select(one, passages, self.eligible(one, passages))
             if picked and picked[0].coverage >= COMPARED_COVERAGE:
@@ -942,8 +959,8 @@ class AnswerSelector:
             if "=" not in key and len(need.own) > SHORT_QUESTION_WORDS and not any(
                     key in s.stems or key in p.heading_stems for p, s in eligible):
                 idf[key] *= UNKNOWN_WORD_WEIGHT
-            if key.startswith("~") and len(need.own) > 1:
-                idf[key] *= ANSWER_TYPE_WEIGHT
+            if (key.startswith("~") or _word_of(key) in need.comparatives) and len(need.own) > 1:
+                idf[key] *= ANSWER_TYPE_WEIGHT  # "how long", or "bigger" in "bigger storage options"
         own_total = sum(idf[k] for k in need.own) or 1.0
         all_total = sum(idf[k] * w for k, w in need.groups.items()) or 1.0
 

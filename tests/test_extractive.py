@@ -425,3 +425,8 @@ def test_the_phone_is_the_aurora_x2_so_another_products_answer_is_never_used(sam
     assert answer.startswith("The documents don't say anything about water resistance for the Aurora X2"), answer
     assert "$449" in ask("How much is the tablet?")
     assert "Zephyr" not in ask("Is my phone covered by a warranty?")
+
+
+def test_a_comparative_says_which_value_of_the_attribute_beside_it(sample_docs):
+    answer = ask("How much is the Aurora X2?", "What about the bigger storage options?")
+    assert "$799" in answer and "$949" in answer, answer
