@@ -491,6 +491,9 @@ class Need:
 
 
 # An object pronoun may stand inside a phrase: "juice them up" is "juice up".
+# "Where does it go / do I keep it / do I put it": asks where a thing is placed.
+_WHERE_PLACED_RE = re.compile(r"\bwhere\b(?:\s+\S+){1,4}?\s+(?:go|goes|keep|put|store|stow|live|lives|sit|sits|stay|"
+                              r"stays|attach|attaches|fit|fits|clip|clips)\b", re.IGNORECASE)
 # The words before a kind that point at one thing: "my tablet", "the phone" (not "a tablet").
 _POINTING_WORDS = frozenset("the this that these those my our".split())
 _OBJECT_PRONOUNS = frozenset("it them me him her this that these those one ones mine something anything everything "
@@ -641,6 +644,11 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     if "pay" in _words(asked) and not _PRICE_QUESTION_RE.search(asked):
         need.wants_amount = False  # "Do I have to pay for..." is answered by "free" as well as by "$15"
     need.wants_number = bool(_QUANTITY_QUESTION_RE.search(asked))
+    if _WHERE_PLACED_RE.search(asked) and not any("attachment" in _labels(k) for k in need.own):
+        # "Where does the pen go when I'm not drawing?": where a thing is kept is how it attaches.
+        need.groups["=attachment"] = 1.0
+        need.labels["=attachment"] = "where it goes"
+        need.own.add("=attachment")
     if need.wants_amount and not any("price" in _labels(k) for k in need.own):
         need.groups["=price"] = 1.0  # "How much are Zephyr Buds?" asks the price
         need.labels["=price"] = "price"

@@ -430,3 +430,8 @@ def test_the_phone_is_the_aurora_x2_so_another_products_answer_is_never_used(sam
 def test_a_comparative_says_which_value_of_the_attribute_beside_it(sample_docs):
     answer = ask("How much is the Aurora X2?", "What about the bigger storage options?")
     assert "$799" in answer and "$949" in answer, answer
+
+
+def test_where_a_thing_goes_is_how_it_attaches(sample_docs):
+    answer = ask("Where does the pen go when I'm not drawing with it on the Nimbus Tab?")
+    assert "attaches magnetically to the side of the tablet" in answer, answer
