@@ -488,6 +488,9 @@ class Need:
     adjacent: list[tuple[str, str]] = field(default_factory=list)
     # Asked comparatives and superlatives ("bigger", "priciest"): which value, beside what it is of.
     comparatives: set[str] = field(default_factory=set)
+    # The attribute came from the context or the transformer, not the asking clause: its words
+    # describe a situation ("I go running in all weather. Will they cope?"), none is the point.
+    promoted: bool = False
 
 
 # An object pronoun may stand inside a phrase: "juice them up" is "juice up".
@@ -635,6 +638,7 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
         typed = {key for key, _ in _group_keys(question, table, names)} if _PRICE_QUESTION_RE.search(asked) else set()
         carried = {key for key in need.groups if key not in typed}
         if carried:
+            need.promoted = True
             need.own = carried
             need.groups = {key: 1.0 if key in carried else weight for key, weight in need.groups.items()}
     own_groups = {label for k in need.own for label in _labels(k)}
@@ -964,7 +968,7 @@ class AnswerSelector:
             idf[key] = math.log(1 + (n + 1) / (1 + df))
             # A word the subject's passages never use, and no synonym group knows, is as likely
             # a paraphrase ("patches against hackers") as the point; it weighs less.
-            if "=" not in key and len(need.own) > SHORT_QUESTION_WORDS and not any(
+            if "=" not in key and (len(need.own) > SHORT_QUESTION_WORDS or need.promoted) and not any(
                     key in s.stems or key in p.heading_stems for p, s in eligible):
                 idf[key] *= UNKNOWN_WORD_WEIGHT
             if (key.startswith("~") or _word_of(key) in need.comparatives) and len(need.own) > 1:

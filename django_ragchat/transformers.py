@@ -140,6 +140,7 @@ _VALUE_KIND_WORDS = frozenset("long much many soon often".split())
 # Words that open a question of its own after "and" ("And how heavy is it?", "And does it...").
 _QUESTION_OPENERS = frozenset("""what what's which how how's where when who why is are am was were do does did can
     could will would should has have""".split())
+_ECHO_WORDS = frozenset("one ones too also either".split())
 _REFINING_PREPOSITIONS = frozenset("with without for in on at under over including plus excluding".split())
 # "How much is it?" asks the price without naming it.
 _HOW_MUCH_RE = re.compile(r"\bhow much\b", re.IGNORECASE)
@@ -202,7 +203,9 @@ def read_message(text: str, index: SubjectIndex) -> Reading:
     adds = (bool(opener) and opener.group(1).lower() in ("and", "also") and bool(after_opener)
             and after_opener[0] in _REFINING_PREPOSITIONS and not set(after_opener) & _QUESTION_OPENERS
             and len(attribute) <= 2)
-    refines = not fresh and (kind_only or (adds and bool(attribute)))
+    # "Does the phone have one too?": "one", "too" point back at the attribute asked before.
+    echoes = not attribute and bool({normalize(t) for t in _TOKEN_RE.findall(rest)} & _ECHO_WORDS)
+    refines = not fresh and (kind_only or (adds and bool(attribute)) or echoes)
     return Reading(named, tuple(attribute), elliptical and bool(named), pronoun, fresh, refines)
 
 

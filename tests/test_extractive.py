@@ -435,3 +435,14 @@ def test_a_comparative_says_which_value_of_the_attribute_beside_it(sample_docs):
 def test_where_a_thing_goes_is_how_it_attaches(sample_docs):
     answer = ask("Where does the pen go when I'm not drawing with it on the Nimbus Tab?")
     assert "attaches magnetically to the side of the tablet" in answer, answer
+
+
+def test_a_situation_told_before_a_bare_question_is_its_attribute(sample_docs):
+    # "Will they cope?" asks nothing of its own: the context says what (running in all weather),
+    # and its words a passage does not use ("running") are the situation, not the point.
+    assert "IPX4" in ask("I go running in all weather. Will the Zephyr Buds cope?")
+
+
+def test_does_the_phone_have_one_too_after_a_warranty_is_declined_for_the_aurora_x2(sample_docs):
+    answer = ask("What's the warranty on the Zephyr Buds?", "Does the phone have one too?")
+    assert answer.startswith("The documents don't say anything about warranty for the Aurora X2"), answer

@@ -362,3 +362,10 @@ def test_a_first_message_naming_a_kind_searches_its_subject():
     assert FollowUpEnricher(PROFILE).resolve(query, None, index).text == "How much is the tablet? Nimbus Tab"
     named = Query(text="Do the Zephyr Buds work with the phone?", original="", history=())
     assert FollowUpEnricher(PROFILE).resolve(named, None, index).text == named.text  # it names its subject
+
+
+def test_one_or_too_points_back_at_the_attribute_asked_before():
+    index = SubjectIndex.from_rows(KIND_ROWS, openings=OPENINGS)
+    query = Query(text="Does the phone have one too?", original="", history=history("What's the warranty on the Zephyr Buds?"))
+    result = FollowUpEnricher(PROFILE).resolve(query, None, index)
+    assert result.text == "Does the phone have one too? Aurora X2 warranty", result.text
