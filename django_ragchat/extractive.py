@@ -491,6 +491,8 @@ class Need:
     # The attribute came from the context or the transformer, not the asking clause: its words
     # describe a situation ("I go running in all weather. Will they cope?"), none is the point.
     promoted: bool = False
+    # Entities the user's own words point at that no passage is about, only names in passing.
+    mentioned: set[tuple[str, ...]] = field(default_factory=set)
 
 
 # An object pronoun may stand inside a phrase: "juice them up" is "juice up".
@@ -582,6 +584,9 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     # the Nimbus Tab, the transformer's inherited "Nimbus Tab" is context, not the subject.
     inherited = {e for e in known if set(e) <= set(_words(search_query))}
     need.subjects = named(own_words, type_words=not inherited) or everything
+    # "And the pen?" in a conversation about the Nimbus Tab: the Nimbus Pen its sentences name.
+    headed = {p.subject for p in passages if p.subject}
+    need.mentioned = {e for e in everything if e not in headed and set(e) & (own_words - STOPWORDS - GENERIC_WORDS)}
     if not need.subjects:
         # "My tablet stopped working": the one subject the passages define as a tablet.
         kinds: dict[str, set[tuple[str, ...]]] = {}
@@ -956,6 +961,14 @@ class AnswerSelector:
             # "Tell me about the Aurora X2": no attribute asked, so the subject's description,
             # which a document gives first: the on-subject passage earliest in its document
             # (the retrieval rank breaks ties), not whichever section was ranked first.
+            naming = [(p, s) for p, s in eligible if {tuple(n.split()) for n in s.names} & need.mentioned]
+            if naming:  # "And the pen?": what the passages say of the Nimbus Pen, from where they name it
+                # A sentence opening with the name is about it ("The Nimbus Pen attaches..."), one
+                # naming it in passing is about something else ("the bundle with the Nimbus Pen").
+                p, first = min(naming, key=lambda ps: (not any(
+                    _fold(ps[1].text).startswith((" ".join(e), "the " + " ".join(e))) for e in need.mentioned),
+                    ps[0].index, ps[1].position))
+                return [Choice(p, s, 0.0, 0.0) for q, s in eligible if q is p and s.position >= first.position][:2]
             opening = min({id(p): p for p, _ in eligible}.values(), key=lambda p: (p.ordinal, p.index))
             return [Choice(p, s, 0.0, 0.0) for p, s in eligible if p is opening][:2]
 

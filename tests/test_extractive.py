@@ -446,3 +446,8 @@ def test_a_situation_told_before_a_bare_question_is_its_attribute(sample_docs):
 def test_does_the_phone_have_one_too_after_a_warranty_is_declined_for_the_aurora_x2(sample_docs):
     answer = ask("What's the warranty on the Zephyr Buds?", "Does the phone have one too?")
     assert answer.startswith("The documents don't say anything about warranty for the Aurora X2"), answer
+
+
+def test_and_the_pen_describes_the_pen_not_the_tablet(sample_docs):
+    answer = ask("Tell me about the Nimbus Tab", "And the pen?")
+    assert answer.startswith("The Nimbus Pen attaches magnetically"), answer
