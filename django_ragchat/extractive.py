@@ -491,7 +491,6 @@ class Need:
     # The attribute came from the context or the transformer, not the asking clause: its words
     # describe a situation ("I go running in all weather. Will they cope?"), none is the point.
     promoted: bool = False
-    polar: bool = False  # a yes/no question ("Can the case charge wirelessly?")
     # Entities the user's own words point at that no passage is about, only names in passing.
     mentioned: set[tuple[str, ...]] = field(default_factory=set)
 
@@ -654,7 +653,6 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     if "pay" in _words(asked) and not _PRICE_QUESTION_RE.search(asked):
         need.wants_amount = False  # "Do I have to pay for..." is answered by "free" as well as by "$15"
     need.wants_number = bool(_QUANTITY_QUESTION_RE.search(asked))
-    need.polar = next(iter(_words(asked)), "") in _POLAR_WORDS
     if _WHERE_PLACED_RE.search(asked) and not any("attachment" in _labels(k) for k in need.own):
         # "Where does the pen go when I'm not drawing?": where a thing is kept is how it attaches.
         need.groups["=attachment"] = 1.0
@@ -753,25 +751,6 @@ def _qualifies_a_fault(key: str, sentence: Sentence, asked: set[str], table: Syn
         if not any(set(table.of_stem.get(st, ())) & _FAULT_GROUPS for st in following):
             return False
     return bool(places)
-
-
-def _claim_span(keys: list[str], sentence: Sentence, table: SynonymTable) -> int:
-    """The fewest words of ``sentence`` holding a place of every key it states (0 for one key)."""
-    places = [p for p in (_places(k, sentence, table) for k in keys) if p]
-    if len(places) < 2:
-        return 0
-    best = len(sentence.sequence)
-    for start in sorted({i for group in places for i in group}):
-        end = start
-        for group in places:
-            after = [i for i in group if i >= start]
-            if not after:
-                end = None
-                break
-            end = max(end, min(after))
-        if end is not None:
-            best = min(best, end - start)
-    return best
 
 
 def _places(key: str, sentence: Sentence, table: SynonymTable) -> list[int]:
@@ -1028,12 +1007,6 @@ class AnswerSelector:
                 if _apart(a, b, s, self.table):
                     own_cov -= PROXIMITY_PENALTY * min(idf[a], idf[b])
             own_cov /= own_total
-            import os
-            cw = int(os.environ.get("CW", "0"))
-            if cw and need.polar and len(need.own) > 1:
-                span = _claim_span([k for k in need.own if not k.startswith("~")], s, self.table)
-                if span > cw:
-                    own_cov *= float(os.environ.get("CF", "0.5"))
             score = own_cov + 0.3 * all_cov / all_total - self.rank_prior * (p.index - 1)
             if need.wants_amount and s.has_currency:
                 score += 0.25
