@@ -190,7 +190,8 @@ GENERIC_WORDS = frozenset(
     still people person anyone someone everyone everything basically generally usually pretty quite bit
     pair pairs policy policies back one ones new just again stay stays times extra extras earpiece earpieces
     support supports take takes program programme scheme special particular specific whole entire current
-    existing going cope handle survive withstand base basic meant intended designed purpose suited""".split()
+    existing going cope handle survive withstand base basic meant intended designed purpose suited
+    whats hows wheres whos dont doesnt cant wont isnt im ive""".split()
 )
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
@@ -559,6 +560,13 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     """Split the user's ``question`` and the transformed ``search_query`` into subject and attribute
     (the attribute of ``asked``, one part of the question, when given)."""
     need = Need()
+    vocabulary = frozenset().union(*(s.stems for p in passages for s in p.sentences),
+                                   *(p.heading_stems for p in passages))
+    # "nimbus tab weigth", "retrun policy?", "Zepyhr Buds": one slip of the keys from a word the
+    # passages or the table know is that word.
+    question, search_query = _corrected(question, vocabulary, table), _corrected(search_query, vocabulary, table)
+    if asked is not None:
+        asked = _corrected(asked, vocabulary, table)
     # The entities the passages know about: their subjects and the names in their sentences.
     known: set[tuple[str, ...]] = set()
     for p in passages:
@@ -608,8 +616,6 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     if asked is None:
         asked = " ".join(_asked_clauses(question))
     need.asked = asked
-    vocabulary = frozenset().union(*(s.stems for p in passages for s in p.sentences),
-                                   *(p.heading_stems for p in passages))
     asked_at: dict[str, int] = {}
     for text, weight in ((asked, 1.0), (search_query, 0.5)):
         positions: dict[str, int] = {}
@@ -671,6 +677,45 @@ _COMPARATIVES = frozenset(stem(w) for w in """bigger biggest larger largest smal
     shortest faster fastest quicker quickest slower slowest cheaper cheapest pricier priciest lighter lightest
     heavier heaviest higher highest lower lowest newer newest better best greater greatest brighter brightest
     thinner thinnest thicker thickest wider widest more most less least extra""".split())
+
+
+#: A word this long or longer that neither the passages nor the table know is read as the one
+#: known word (of this length or longer) a single typo away: a letter missing, extra, wrong or
+#: two letters swapped ("weigth", "retrun", "Auroa").
+TYPO_MIN_LENGTH = 5
+
+
+def _corrected(text: str, vocabulary: frozenset[str], table: SynonymTable) -> str:
+    """``text`` with each unknown word of ``TYPO_MIN_LENGTH`` letters or more replaced by the one
+    known stem a single typo away, when there is exactly one (same first letter)."""
+    def fix(match: re.Match) -> str:
+        word = _fold(match.group(0))
+        if len(word) < TYPO_MIN_LENGTH or not word.isalpha() or word in STOPWORDS or word in GENERIC_WORDS:
+            return match.group(0)
+        stemmed = stem(word)
+        if stemmed in vocabulary or stemmed in table.of_stem or word in table.phrases_from or stemmed in _GENERIC_STEMS:
+            return match.group(0)
+        found = {c for c in (*vocabulary, *table.of_stem) if len(c) >= TYPO_MIN_LENGTH and c[0] == word[0]
+                 and (_one_typo(word, c) or _one_typo(stemmed, c))}
+        if len(found) > 1 and len({table.of_stem.get(c) for c in found}) == 1 and table.of_stem.get(next(iter(found))):
+            found = {min(found)}  # "weigth": "weight" or "weigh", the same group either way
+        return next(iter(found)) if len(found) == 1 else match.group(0)
+
+    return _WORD_RE.sub(fix, text)
+
+
+def _one_typo(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` differ by one insertion, deletion, substitution or swap of two
+    neighbouring letters (Damerau-Levenshtein distance 1)."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                  and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+    short, long_ = (a, b) if len(a) < len(b) else (b, a)
+    i = next((i for i in range(len(short)) if short[i] != long_[i]), len(short))
+    return short[i:] == long_[i + 1:]
 
 
 def _derived(word: str, vocabulary: frozenset[str], table: SynonymTable) -> str:

@@ -451,3 +451,12 @@ def test_does_the_phone_have_one_too_after_a_warranty_is_declined_for_the_aurora
 def test_and_the_pen_describes_the_pen_not_the_tablet(sample_docs):
     answer = ask("Tell me about the Nimbus Tab", "And the pen?")
     assert answer.startswith("The Nimbus Pen attaches magnetically"), answer
+
+
+def test_a_typo_is_read_as_the_known_word_one_slip_away(sample_docs):
+    assert "480 grams" in ask("nimbus tab weigth")
+    assert "30 days" in ask("retrun policy?")
+    assert "15 W wireless charging" in ask("Does the Auroa X2 have wireless charging?")
+    from django_ragchat.extractive import _one_typo
+
+    assert _one_typo("zepyhr", "zephyr") and _one_typo("auroa", "aurora") and not _one_typo("store", "stow")
