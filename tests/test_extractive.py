@@ -460,3 +460,7 @@ def test_a_typo_is_read_as_the_known_word_one_slip_away(sample_docs):
     from django_ragchat.extractive import _one_typo
 
     assert _one_typo("zepyhr", "zephyr") and _one_typo("auroa", "aurora") and not _one_typo("store", "stow")
+
+
+def test_the_shops_policy_after_a_product_is_the_shops(sample_docs):
+    assert "30 days" in ask("Tell me about the Nimbus Tab", "What's your return policy?")
