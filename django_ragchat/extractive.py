@@ -500,6 +500,8 @@ class Need:
 # "Where does it go / do I keep it / do I put it": asks where a thing is placed.
 _WHERE_PLACED_RE = re.compile(r"\bwhere\b(?:\s+\S+){1,4}?\s+(?:go|goes|keep|put|store|stow|live|lives|sit|sits|stay|"
                               r"stays|attach|attaches|fit|fits|clip|clips)\b", re.IGNORECASE)
+# Words standing for what was asked before ("How much does that cost?").
+_TOPIC_POINTERS = frozenset("that this it those these them".split())
 # The words before a kind that point at one thing: "my tablet", "the phone" (not "a tablet").
 _POINTING_WORDS = frozenset("the this that these those my our".split())
 _OBJECT_PRONOUNS = frozenset("it them me him her this that these those one ones mine something anything everything "
@@ -635,6 +637,14 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
                 need.own.add(key)
     by_place = sorted((at, key) for key, at in asked_at.items() if not key.startswith("~"))
     need.adjacent = [(a, b) for (i, a), (j, b) in zip(by_place, by_place[1:]) if j - i <= 2]
+    if (need.own and not need.subjects and not part and set(_words(asked)) & _TOPIC_POINTERS
+            and all(key.startswith("~") or _labels(key) == ["price"] for key in need.own)):
+        # "How much does that cost?" after "How fast do you ship?": it asks a price, and with no
+        # product in play the words the transformer carried ("fast ship") are what "that" is.
+        for key in list(need.groups):
+            if key not in need.own and key not in asked_at and not key.startswith("~"):
+                need.own.add(key)
+                need.groups[key] = 1.0
     if need.own and all(key.startswith("~") for key in need.own) and not part:
         # "How long is it?" asks only the kind of value: what it is about came with the search
         # query ("... Zephyr Buds warranty").
@@ -946,7 +956,7 @@ class AnswerSelector:
         eligible = self.eligible(need, passages)
         parts = question_parts(prompt.question)
         if len(parts) < 2:
-            picked = self.select(need, passages, eligible)
+            picked = self.select(need, passages, eligible) or self.select(need, passages, self.policy(need, passages))
             return self.cited(picked) if picked else self.decline(need, passages, eligible)
         # "How many watts does it take, and how long till it's half full?": each part is answered
         # on its own (one part's words would dilute the other's), the subject (and so the
@@ -955,7 +965,8 @@ class AnswerSelector:
         unanswered: list[Need] = []
         for part in parts:
             part_need = analyse_query(prompt.question, search_query, passages, self.table, asked=part)
-            picked = self.select(part_need, passages, eligible) if part_need.own else []
+            picked = (self.select(part_need, passages, eligible)
+                      or self.select(part_need, passages, self.policy(part_need, passages))) if part_need.own else []
             if picked:
                 answered += [c for c in picked if all(c.sentence is not a.sentence for a in answered)]
             elif part_need.own:
@@ -983,6 +994,27 @@ class AnswerSelector:
             if picked and picked[0].coverage >= COMPARED_COVERAGE:
                 found.append(picked[0])
         return self.cited(found[:self.max_sentences]) if len(found) > 1 else ""
+
+    def policy(self, need: Need, passages: list[Passage]) -> list[tuple[Passage, Sentence]]:
+        """The shop's own policy sentences, for a question about a product that its passages do
+        not answer ("How long do I have to return them?" after the Zephyr Buds): sentences of a
+        passage about another subject, when the question asks a ``POLICY_GROUPS`` attribute, the
+        passage's heading names it ("Returns") and no sentence of it names another catalogue
+        subject. Empty otherwise (a product's warranty is never another product's)."""
+        asked = {label for k in need.own for label in _labels(k)} & POLICY_GROUPS
+        if not need.subjects or not asked:
+            return []
+        heads = {p.subject for p in passages if p.subject}
+        found = []
+        for p in passages:
+            if p.subject in need.subjects or not {label for st in p.heading_stems
+                                                  for label in self.table.of_stem.get(st, ())} & asked:
+                continue
+            names = {tuple(n.split()) for s in p.sentences for n in s.names}
+            if any(name in heads and name != p.subject and not set(name) <= set(p.subject) for name in names):
+                continue
+            found += [(p, s) for s in p.sentences]
+        return found
 
     def eligible(self, need: Need, passages: list[Passage]) -> list[tuple[Passage, Sentence]]:
         """The (passage, sentence) pairs on the question's subject."""
@@ -1149,6 +1181,11 @@ def _has_other_topic(sentence: Sentence, need: Need, table: SynonymTable) -> boo
     return bool(_covers("=discount", sentence.stems, table)) and not any(
         "discount" in _labels(k) for k in need.own)
 
+
+# Attributes a shop's own pages state for every product (its Returns, Shipping, Repairs
+# sections): a question about a product that its passages do not answer may be answered from
+# them (AnswerSelector.policy). Not warranty: a product's warranty is its own.
+POLICY_GROUPS = frozenset({"return", "shipping", "repair", "condition", "payment", "contact", "availability"})
 
 # Groups a single question word does not add to the search query (see group_names).
 _UNEXPANDED_WORD_GROUPS = frozenset({"price", "duration"})

@@ -464,3 +464,16 @@ def test_a_typo_is_read_as_the_known_word_one_slip_away(sample_docs):
 
 def test_the_shops_policy_after_a_product_is_the_shops(sample_docs):
     assert "30 days" in ask("Tell me about the Nimbus Tab", "What's your return policy?")
+
+
+def test_a_shop_policy_answers_for_a_product_whose_own_passages_do_not(sample_docs):
+    # The returns passage is the shop's, about every product: it answers for the Zephyr Buds.
+    assert "30 days" in ask("How much are the Zephyr Buds?", "How long do I have to return them?")
+    assert "Orders ship within two business days" in ask("I want to order the Nimbus Tab", "When will it ship?")
+    # A product's warranty is its own: never another product's, never the shop's repairs policy.
+    answer = ask("How much does the Aurora X2 cost?", "Does it have a warranty?")
+    assert answer.startswith("The documents don't say anything about warranty for the Aurora X2"), answer
+
+
+def test_that_after_a_shipping_question_is_the_shipping(sample_docs):
+    assert "$15" in ask("How fast do you ship?", "How much does that cost?")
