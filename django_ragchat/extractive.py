@@ -598,15 +598,7 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     headed = {p.subject for p in passages if p.subject}
     need.mentioned = {e for e in everything if e not in headed and set(e) & (own_words - STOPWORDS - GENERIC_WORDS)}
     if not need.subjects:
-        # "My tablet stopped working": the one subject the passages define as a tablet.
-        kinds: dict[str, set[tuple[str, ...]]] = {}
-        for p in passages:
-            if p.kind:
-                kinds.setdefault(stem(p.kind), set()).add(p.subject)
-        tokens = _words(question)
-        pointed = {stem(w) for before, w in zip(tokens, tokens[1:]) if before in _POINTING_WORDS}  # not "a tablet"
-        asked_kinds = pointed & {k for k, subjects in kinds.items() if len(subjects) == 1}
-        need.subjects = {next(iter(kinds[k])) for k in asked_kinds} if len(asked_kinds) == 1 else set()
+        need.subjects = _subject_by_kind(question, passages)
     for display, folded in _name_sequences(question):
         tokens = set(folded.split())
         if not any((tokens | {stem(t) for t in tokens}) & set(e) for e in known) and not tokens <= STOPWORDS | GENERIC_WORDS:
@@ -637,31 +629,8 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
                 need.own.add(key)
     by_place = sorted((at, key) for key, at in asked_at.items() if not key.startswith("~"))
     need.adjacent = [(a, b) for (i, a), (j, b) in zip(by_place, by_place[1:]) if j - i <= 2]
-    if (need.own and not need.subjects and not part and set(_words(asked)) & _TOPIC_POINTERS
-            and all(key.startswith("~") or _labels(key) == ["price"] for key in need.own)):
-        # "How much does that cost?" after "How fast do you ship?": it asks a price, and with no
-        # product in play the words the transformer carried ("fast ship") are what "that" is.
-        for key in list(need.groups):
-            if key not in need.own and key not in asked_at and not key.startswith("~"):
-                need.own.add(key)
-                need.groups[key] = 1.0
-    if need.own and all(key.startswith("~") for key in need.own) and not part:
-        # "How long is it?" asks only the kind of value: what it is about came with the search
-        # query ("... Zephyr Buds warranty").
-        for key in list(need.groups):
-            if key not in need.own and need.groups[key] == 0.5 and key not in asked_at:
-                need.own.add(key)
-                need.groups[key] = 1.0
-    if not need.own and need.groups and not part:
-        # "What about the Nimbus Tab?": the attribute is the one the transformer carried over, or
-        # the context's ("I lost one of my Zephyr Buds, what now?"); but "hi, quick question -
-        # how much is it?" asks a price, not the context's words.
-        typed = {key for key, _ in _group_keys(question, table, names)} if _PRICE_QUESTION_RE.search(asked) else set()
-        carried = {key for key in need.groups if key not in typed}
-        if carried:
-            need.promoted = True
-            need.own = carried
-            need.groups = {key: 1.0 if key in carried else weight for key, weight in need.groups.items()}
+    if not part:
+        _take_carried_attribute(need, question, asked, set(asked_at), table, names)
     own_groups = {label for k in need.own for label in _labels(k)}
     need.wants_amount = bool("price" in own_groups or (
         _PRICE_QUESTION_RE.search(asked) and not own_groups & _MEASURE_GROUPS))
@@ -679,6 +648,49 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
         need.labels["=price"] = "price"
         need.own.add("=price")
     return need
+
+
+def _subject_by_kind(question: str, passages: list[Passage]) -> set[tuple[str, ...]]:
+    """"My tablet stopped working", "Is the phone waterproof?": the one subject the passages
+    define as one of that kind (``Passage.kind``), when the question points at it ("the", "my",
+    not "a tablet") and no other subject is of that kind; else none."""
+    kinds: dict[str, set[tuple[str, ...]]] = {}
+    for p in passages:
+        if p.kind:
+            kinds.setdefault(stem(p.kind), set()).add(p.subject)
+    tokens = _words(question)
+    pointed = {stem(w) for before, w in zip(tokens, tokens[1:]) if before in _POINTING_WORDS}
+    asked_kinds = pointed & {k for k, subjects in kinds.items() if len(subjects) == 1}
+    return {next(iter(kinds[k])) for k in asked_kinds} if len(asked_kinds) == 1 else set()
+
+
+def _take_carried_attribute(need: Need, question: str, asked: str, typed_keys: set[str], table: SynonymTable,
+                            names: set[str]) -> None:
+    """Make the words the search query carried (the transformer's, or the question's context)
+    the asked attribute where the asking clause alone does not say what it is about."""
+    def promote(keys: set[str]) -> None:
+        need.own |= keys
+        need.groups.update(dict.fromkeys(keys, 1.0))
+
+    carried = {key for key in need.groups if key not in typed_keys and not key.startswith("~")}
+    if (need.own and not need.subjects and set(_words(asked)) & _TOPIC_POINTERS
+            and all(key.startswith("~") or _labels(key) == ["price"] for key in need.own)):
+        # "How much does that cost?" after "How fast do you ship?": it asks a price, and with no
+        # product in play the words the transformer carried ("fast ship") are what "that" is.
+        promote(carried - need.own)
+    if need.own and all(key.startswith("~") for key in need.own):
+        # "How long is it?" asks only the kind of value: what it is about came with the search
+        # query ("... Zephyr Buds warranty").
+        promote({key for key in carried if need.groups[key] == 0.5})
+    if not need.own and need.groups:
+        # "What about the Nimbus Tab?": the attribute is the one the transformer carried over, or
+        # the context's ("I lost one of my Zephyr Buds, what now?"); but "hi, quick question -
+        # how much is it?" asks a price, not the context's words.
+        typed = {key for key, _ in _group_keys(question, table, names)} if _PRICE_QUESTION_RE.search(asked) else set()
+        promoted = {key for key in need.groups if key not in typed}
+        if promoted:
+            need.promoted = True
+            promote(promoted)
 
 
 # Comparatives and superlatives: in "the bigger storage options" they say which value of the
