@@ -1115,6 +1115,8 @@ class AnswerSelector:
             choices.append(Choice(p, s, score, own_cov))
         if need.must_amount:  # "how much" is answered by an amount, not by a description
             choices = [c for c in choices if c.sentence.has_currency]
+        if need.wants_number:  # "how long / how many / how heavy" is answered by a quantity
+            choices = [c for c in choices if c.sentence.has_number or c.sentence.has_currency]
         if not choices:
             return []
         best = max(choices, key=lambda c: (c.score, -c.passage.index, -c.sentence.position))

@@ -477,3 +477,15 @@ def test_a_shop_policy_answers_for_a_product_whose_own_passages_do_not(sample_do
 
 def test_that_after_a_shipping_question_is_the_shipping(sample_docs):
     assert "$15" in ask("How fast do you ship?", "How much does that cost?")
+
+
+def test_how_long_is_answered_by_a_quantity_or_declined(sample_docs):
+    # The stylus passage says the pen charges on the tablet, not how long the tablet takes.
+    answer = ask("How long does the Nimbus Tab take to charge?")
+    assert "don't say" in answer and "magnetically" not in answer, answer
+
+
+def test_the_shops_unstated_policies_are_declined_not_answered_with_neighbours(sample_docs):
+    for question in ("Who pays return shipping?", "Can I cancel my order after it ships?",
+                     "Can I exchange an item instead of a refund?"):
+        assert "don't say" in ask(question), question
