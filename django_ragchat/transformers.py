@@ -140,7 +140,6 @@ _VALUE_KIND_WORDS = frozenset("long much many soon often".split())
 # Words that open a question of its own after "and" ("And how heavy is it?", "And does it...").
 _QUESTION_OPENERS = frozenset("""what what's which how how's where when who why is are am was were do does did can
     could will would should has have""".split())
-_ADDRESSING_THE_SITE = frozenset("you your yours you're".split())
 _ECHO_WORDS = frozenset("one ones too also either".split())
 _REFINING_PREPOSITIONS = frozenset("with without for in on at under over including plus excluding".split())
 # "How much is it?" asks the price without naming it.
@@ -322,14 +321,10 @@ class FollowUpEnricher(QueryTransformer):
         self.track_subjects = track_subjects
 
     def is_dependent(self, text: str) -> bool:
-        """Whether the question likely needs the conversation to be understood. A short question
-        to the site itself ("What's your return policy?", "Do you ship abroad?") does not: it is
-        about the shop, not the product talked about before."""
+        """Whether the question likely needs the conversation to be understood."""
         tokens = words(text)
         if any(t in ANAPHORA for t in tokens) or _ELLIPSIS_RE.match(text):
             return True
-        if any(t in _ADDRESSING_THE_SITE for t in tokens):
-            return False
         return len(set(content_terms(text))) < self.min_own_terms
 
     def salient_terms(self, query: Query) -> list[str]:
