@@ -438,6 +438,12 @@ class FollowUpEnricher(QueryTransformer):
                  + (f" ({' '.join(after.attribute)})" if after.attribute else ""))
         if reading.fresh:
             return _noted(query, f"fresh start: nothing carried; {rules}")
+        if (not reading.named and after.subject is not None and after.subject in index.kind_keys
+                and _asks_a_shop_policy(query.text)):
+            # "I'd like to return my Zephyr Buds." / "Will I get my money back?": the shop's
+            # returns page answers for every product; the product's name would pull its own
+            # passages above it.
+            return _noted(query, f"asks a shop policy: nothing carried; {rules}")
         if reading.named and (after.subject_rule != "kept" or after.attribute_rule == "inherited"):
             own = {stem(w) for w in words(query.text)}
             added = []
@@ -477,6 +483,16 @@ class FollowUpEnricher(QueryTransformer):
         if not terms:
             return _noted(query, "no salient terms")
         return _noted(query, f"follow-up: added {terms}", text=f"{query.text} {' '.join(terms)}")
+
+
+def _asks_a_shop_policy(text: str) -> bool:
+    """Whether ``text`` asks only about the shop's policies (returns, shipping, repairs...: the
+    answerer's ``POLICY_GROUPS``), which its own pages state for every product."""
+    from django_ragchat.extractive import POLICY_GROUPS, _group_keys, _labels, default_table
+
+    groups = [set(_labels(key)) for key, _ in _group_keys(text, default_table(), set()) if not key.startswith("~")]
+    groups = [g for g in groups if g]
+    return bool(groups) and all(g & POLICY_GROUPS for g in groups)
 
 
 def _noted(query: Query, note: str, **changes: Any) -> Query:

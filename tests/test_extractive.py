@@ -489,3 +489,7 @@ def test_the_shops_unstated_policies_are_declined_not_answered_with_neighbours(s
     for question in ("Who pays return shipping?", "Can I cancel my order after it ships?",
                      "Can I exchange an item instead of a refund?"):
         assert "don't say" in ask(question), question
+
+
+def test_money_back_after_a_product_is_the_shops_refund(sample_docs):
+    assert "full refund" in ask("I'd like to return my Zephyr Buds", "Will I get my money back?")

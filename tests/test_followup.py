@@ -369,3 +369,13 @@ def test_one_or_too_points_back_at_the_attribute_asked_before():
     query = Query(text="Does the phone have one too?", original="", history=history("What's the warranty on the Zephyr Buds?"))
     result = FollowUpEnricher(PROFILE).resolve(query, None, index)
     assert result.text == "Does the phone have one too? Aurora X2 warranty", result.text
+
+
+def test_a_shop_policy_question_about_a_product_carries_no_product():
+    index = SubjectIndex.from_rows(KIND_ROWS, openings=OPENINGS)
+    query = Query(text="Will I get my money back?", original="", history=history("I'd like to return my Zephyr Buds"))
+    result = FollowUpEnricher(PROFILE).resolve(query, None, index)
+    assert result.text == "Will I get my money back?", result.text
+    assert "asks a shop policy" in result.metadata["transform_note"]
+    warranty = Query(text="How long is the warranty?", original="", history=history("Tell me about the Zephyr Buds"))
+    assert "Zephyr Buds" in FollowUpEnricher(PROFILE).resolve(warranty, None, index).text  # its own
