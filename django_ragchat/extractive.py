@@ -53,7 +53,7 @@ DEFAULT_MIN_COVERAGE = 0.5
 # declines ("... don't say anything about price"). A profile adds groups or words with the
 # ``synonyms`` option; keep groups narrow: a wide group makes unrelated sentences look relevant.
 SYNONYMS: dict[str, tuple[str, ...]] = {
-    "price": ("pricy", "priciest", "on the hook for", "on the house", "what's the damage", "price", "cost", "costs", "expensive", "cheap", "cheapest", "lowest price", "starting price",
+    "price": ("entry price", "entry-level price", "starting at", "starts at", "pricy", "priciest", "on the hook for", "on the house", "what's the damage", "price", "cost", "costs", "expensive", "cheap", "cheapest", "lowest price", "starting price",
               "base price", "pricey", "afford", "affordable", "budget", "pay", "paid", "fee", "fees", "free",
               "money", "spend", "retail", "retails", "msrp", "charge for", "charge me", "charge you", "you charge",
               "they charge", "we charge", "charged for", "set me back", "sets me back", "go for", "goes for",
@@ -74,12 +74,12 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                "take back", "take it back", "ship back", "ship it back", "mail back", "post back", "reimburse",
                "reimbursement", "returnable", "non-returnable", "dissatisfied", "not satisfied", "return window",
                "cooling off", "cooling-off"),
-    "battery life": ("keep going", "keeps going", "battery size", "play for", "plays for", "keep playing", "play music", "music", "hours", "before i need to charge", "before i need to plug", "before i have to charge", "before i have to plug", "before you need to charge", "before you have to charge", "before needing to charge", "before it needs charging", "before it needs a charge", "before recharging", "before charging", "before plugging", "battery", "lasts", "last", "playback", "runtime", "battery life", "listening", "listen",
+    "battery life": ("between top-ups", "between top-up", "between top ups", "between topups", "go between", "keep going", "keeps going", "battery size", "play for", "plays for", "keep playing", "play music", "music", "hours", "before i need to charge", "before i need to plug", "before i have to charge", "before i have to plug", "before you need to charge", "before you have to charge", "before needing to charge", "before it needs charging", "before it needs a charge", "before recharging", "before charging", "before plugging", "battery", "lasts", "last", "playback", "runtime", "battery life", "listening", "listen",
                      "play time", "playtime", "endurance", "juice", "run out", "runs out", "die", "dies",
                      "hold a charge", "holding a charge", "holds a charge", "single charge", "one charge",
                      "full charge", "between charges", "all day", "drain", "per charge", "on a charge", "stamina",
                      "usage time", "conk out", "mah", "battery capacity"),
-    "charging": ("half battery", "half charged", "halfway", "to half", "get to half", "reach half", "charge", "charges", "charging", "charger", "recharge", "recharging", "charged", "port", "plug",
+    "charging": ("connector", "connectors", "connection port", "charging port", "half battery", "half charged", "halfway", "to half", "get to half", "reach half", "charge", "charges", "charging", "charger", "recharge", "recharging", "charged", "port", "plug",
                  "usb", "cable", "wireless", "wirelessly", "power", "socket", "outlet", "adapter", "watt", "watts",
                  "top up", "topping up", "topped up", "refill", "refuel", "juice up", "usb-c", "usb c", "type-c",
                  "type c", "wattage", "cord", "power brick", "wall plug", "mains power", "rechargeable", "charging pad",
@@ -107,12 +107,15 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "colour": ("colour", "colours", "color", "colors", "finish", "finishes", "shade", "shades", "colorway",
                "colourway", "hue", "black", "white", "blue", "red", "green", "pink", "grey", "gray", "purple",
                "yellow", "beige", "navy"),
-    "discount": ("discount", "discounts", "save", "saving", "savings", "off", "cheaper", "deal", "deals", "trade in",
-                 "trading in", "trade-in", "reduced", "reduction", "coupon", "promo", "promotion", "rebate", "lower",
-                 "less", "trade", "hand in", "swap", "student", "students", "education", "knock off", "money off",
+    "discount": ("discount", "discounts", "save", "saving", "savings", "off", "cheaper", "deal", "deals",
+                 "reduced", "reduction", "coupon", "promo", "promotion", "rebate", "lower",
+                 "less", "student", "students", "education", "knock off", "money off",
                  "on sale", "clearance", "markdown", "marked down", "voucher", "promo code", "promotional",
                  "special offer", "price drop", "price cut", "bargain", "cashback", "cash back", "loyalty",
                  "university", "college", "uni"),
+    # A trade-in is its own offer: "Students get 10% off" is a discount, not a trade-in.
+    "trade-in": ("credit", "trade-in credit", "trade-in value", "trade in", "trading in", "trade-in", "trade", "trading", "traded", "hand in", "swap", "part exchange",
+                 "part-exchange", "trade up", "old phone", "older phone", "trade my"),
     "display": ("screen", "display", "brightness", "bright", "nits", "glossy", "matte", "glare", "reflection",
                 "reflections", "sunlight", "sun", "outdoors", "outside", "panel", "oled", "lcd", "touchscreen",
                 "bezel", "brighter", "legible", "readable", "antiglare", "contrast"),
@@ -121,19 +124,19 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                 "patched", "vulnerability", "vulnerabilities", "software", "firmware", "upgrades", "os update",
                 "ota", "over-the-air", "over the air", "bug fix", "bugfix", "security fix", "long-term support",
                 "end of life", "obsolete", "outdated"),
-    "carrier": ("carrier", "carriers", "unlocked", "locked", "network", "networks", "sim", "provider", "providers",
+    "carrier": ("mobile network", "mobile operator", "phone network", "cell network", "mobile provider", "carrier", "carriers", "unlocked", "locked", "network", "networks", "sim", "provider", "providers",
                 "operator", "sim-free", "sim free", "prepaid", "postpaid", "pay as you go", "payg"),
     "included": ("came with", "come in the box", "accessories", "accessory", "cable", "cables", "included", "include", "includes", "come with", "comes with", "in the box", "box", "bundled",
                  "packaged", "ship with", "ships with", "sold separately", "separately", "contents", "box contents",
                  "supplied", "supplied with", "packed with", "thrown in", "throw in", "in-box", "unboxing"),
-    "condition": ("original condition", "original state", "in its original", "condition", "undamaged", "unopened", "opened", "unused", "sealed", "original packaging",
+    "condition": ("perfect condition", "mint condition", "good as new", "original condition", "original state", "in its original", "condition", "undamaged", "unopened", "opened", "unused", "sealed", "original packaging",
                   "mint", "scratched", "scratches", "scuffed", "wear and tear", "like new", "as new", "pristine",
                   "intact", "good condition", "working order", "tags"),
     "contact": ("contact", "customer service", "customer support", "support team", "support hours", "phone support",
                 "helpline", "hotline", "call centre", "call center", "live chat", "email address", "phone number",
                 "opening hours", "open hours", "business hours", "reach you", "get in touch", "speak to someone",
                 "talk to someone"),
-    "return shipping": ("return shipping", "return postage", "return label", "return labels", "returns label",
+    "return shipping": ("covers the postage", "cover the postage", "pays the postage", "pay the postage", "pay postage", "pays postage", "covers postage", "return shipping", "return postage", "return label", "return labels", "returns label",
                         "postage for returns", "return delivery", "return fee", "returns fee", "restocking",
                         "restocking fee", "return costs", "cost of returning", "pay for the return",
                         "pay for returns", "pays for returns", "pays for the return"),
@@ -155,7 +158,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "noise cancelling": ("noise", "cancelling", "cancel noise", "cancels noise", "cancel out noise", "cancel out", "noise canceling", "noise cancellation", "anc", "quiet", "block out",
                          "drown out", "shut out", "cut out", "tune out", "noise-cancelling", "isolation", "isolate",
                          "quieter", "muffle", "block noise", "drown"),
-    "camera": ("camera", "cameras", "photo", "photos", "picture", "pictures", "film", "filming", "record",
+    "camera": ("footage", "video clips", "video clip", "4k video", "record video", "shoot video", "video recording", "ultra-hd", "ultra hd", "uhd", "how smooth", "smooth", "camera", "cameras", "photo", "photos", "picture", "pictures", "film", "filming", "record",
                "recording", "shoot", "lens", "mp", "megapixel", "megapixels", "fps", "frame rate", "pic", "pics",
                "shutter", "photography"),
     "attachment": ("attach", "attaches", "attached", "magnet", "magnets", "magnetic", "magnetically", "clip",
@@ -199,7 +202,7 @@ GENERIC_WORDS = frozenset(
     pair pairs policy policies back one ones new just again stay stays times extra extras earpiece earpieces
     support supports take takes program programme scheme special particular specific whole entire current
     existing going cope handle survive withstand base basic meant intended designed purpose suited
-    whats hows wheres whos dont doesnt cant wont isnt im ive""".split()
+    whats hows wheres whos dont doesnt cant wont isnt im ive entry whatever whichever already perfect""".split()
 )
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
@@ -210,6 +213,7 @@ _ANSWER_TYPE_PHRASES = frozenset({("how", "long"), ("how", "many"), ("how", "muc
 _CURRENCY_RE = re.compile(r"[$€£¥]\s?\d|\d\s?(?:%|percent\b|usd\b|eur\b|gbp\b|dollars\b|euros\b|pounds\b)"
                           r"|(?<![\w-])(?:free|free of charge|at no cost|no charge)\b(?!-)",
                           re.IGNORECASE)
+_MONEY_RE = re.compile(r"[$€£¥]\s?\d|\d\s?(?:usd|eur|gbp|dollars|euros|pounds)\b|(?<![\w-])free\b(?!-)", re.IGNORECASE)
 _NUMBER_RE = re.compile(
     r"\d|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|"
     r"forty|fifty|hundred|thousand|dozen|half)\b", re.IGNORECASE)
@@ -331,8 +335,12 @@ class SynonymTable:
                 tokens = tuple(_words(entry))
                 if len(tokens) == 1:
                     stems.add(stem(tokens[0]))
+                    if "-" in tokens[0]:  # "trade-in" is also written "trade in"
+                        phrase_labels.setdefault(tuple(p for p in tokens[0].split("-") if p), []).append(label)
                 elif tokens:  # a phrase may be in several groups ("how long": length, duration)
                     phrase_labels.setdefault(tokens, []).append(label)
+                    if len(tokens) == 2:  # "top up" is also written "top-up"
+                        stems.add(stem("-".join(tokens)))
         for label, stems in groups.items():
             for s in stems:
                 of_stem.setdefault(s, []).append(label)
@@ -370,6 +378,7 @@ class Sentence:
     has_number: bool
     names: tuple[str, ...]  # capitalised name runs it contains, folded ("aurora x2")
     sequence: tuple[frozenset[str], ...] = ()  # the stems at each word position, for proximity
+    has_money: bool = False  # an amount of money ("$699", "free"), not only a share ("50%")
 
 
 @dataclass(frozen=True)
@@ -448,6 +457,7 @@ def _analyse_text(text: str, heading: str, title: str) -> tuple[str, tuple[Sente
             has_number=bool(_NUMBER_RE.search(sentence)),
             names=tuple(dict.fromkeys(folded for _, folded in _name_sequences(sentence))),
             sequence=tuple(_stems(word) for word in _words(sentence)),
+            has_money=bool(_MONEY_RE.search(sentence)),
         ))
     parts = [p.strip() for p in heading.split(" > ")] if heading else []
     top = parts[0] if parts else title
@@ -835,6 +845,11 @@ def _places(key: str, sentence: Sentence, table: SynonymTable) -> list[int]:
     return own or [i for i, stems in enumerate(sentence.sequence) if _covers(key, stems, table)]
 
 
+#: A sentence opening with the asked subject's name is about it: its score rises this much
+#: (more than one retrieval rank), so "Zephyr Buds cost $149." answers their price before
+#: "...a single replacement bud costs $39." of a passage ranked above.
+SUBJECT_OPENING_BONUS = 0.15
+
 #: How much a synonym counts against the asked word itself ("charges" for "wireless").
 SYNONYM_EVIDENCE = 0.8
 
@@ -1087,11 +1102,14 @@ class AnswerSelector:
         all_total = sum(idf[k] * w for k, w in need.groups.items()) or 1.0
 
         asked_labels = {label for k in need.own for label in _labels(k)}
+        openings = tuple(f"{article}{' '.join(subject)}" for subject in need.subjects for article in ("", "the "))
         choices = []
         for p, s in eligible:
             own_cov = all_cov = 0.0
             for key, weight in need.groups.items():
                 evidence = _covers(key, s.stems, self.table)
+                if s.has_money and "price" in _labels(key):
+                    evidence = max(evidence, SYNONYM_EVIDENCE)  # "$200" states a price
                 if evidence and key in need.own and _qualifies_a_fault(key, s, asked_labels, self.table):
                     evidence *= FAULT_QUALIFIER_EVIDENCE  # "covers battery failure" is no battery life
                 evidence = evidence or 0.6 * _covers(key, p.heading_stems, self.table)
@@ -1112,6 +1130,8 @@ class AnswerSelector:
             score -= 0.002 * max(0, len(s.stems) - 30)
             if _has_other_topic(s, need, self.table):  # "10% off the price" is not the price
                 score -= 0.3
+            if openings and _fold(s.text).startswith(openings):
+                score += SUBJECT_OPENING_BONUS  # "Zephyr Buds cost $149" is about them, "a replacement bud costs" is not
             choices.append(Choice(p, s, score, own_cov))
         if need.must_amount:  # "how much" is answered by an amount, not by a description
             choices = [c for c in choices if c.sentence.has_currency]

@@ -191,7 +191,9 @@ def read_message(text: str, index: SubjectIndex) -> Reading:
     # Appended alone to another subject's search, "long warranty" reads as a question about
     # length: keep the words that name the attribute ("warranty"), unless there are none
     # ("How heavy is it?").
-    kind_only = bool(attribute) and all(normalize(w) in _VALUE_KIND_WORDS and w in how_words for w in attribute)
+    # "How long will that usually take?": the kind of value, and light words ("take", "usually").
+    asking = [w for w in attribute if normalize(w) not in _light_words()]
+    kind_only = bool(asking) and all(normalize(w) in _VALUE_KIND_WORDS and w in how_words for w in asking)
     attribute = [w for w in attribute if w not in how_words] or attribute
     # "Thanks. What about the Nimbus Tab?" is still a follow-up: only a message that asks
     # something of its own after the thanks starts afresh.
@@ -483,6 +485,13 @@ class FollowUpEnricher(QueryTransformer):
         if not terms:
             return _noted(query, "no salient terms")
         return _noted(query, f"follow-up: added {terms}", text=f"{query.text} {' '.join(terms)}")
+
+
+def _light_words() -> frozenset[str]:
+    """The words that ask nothing of their own, as the extractive answerer reads them."""
+    from django_ragchat.extractive import GENERIC_WORDS
+
+    return GENERIC_WORDS
 
 
 def _asks_a_shop_policy(text: str) -> bool:

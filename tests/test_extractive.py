@@ -493,3 +493,24 @@ def test_the_shops_unstated_policies_are_declined_not_answered_with_neighbours(s
 
 def test_money_back_after_a_product_is_the_shops_refund(sample_docs):
     assert "full refund" in ask("I'd like to return my Zephyr Buds", "Will I get my money back?")
+
+
+def test_a_trade_in_is_its_own_offer(sample_docs):
+    # "Students get 10% off" is a discount, not a trade-in: the Nimbus Tab has none.
+    answer = ask("Is there a trade-in offer on the Aurora X2?", "Is there one for the Nimbus Tab too?")
+    assert "don't say" in answer and "10%" not in answer, answer
+    assert "$200" in ask("How much credit do I get for trading in my old phone?")
+
+
+def test_a_hyphenated_phrase_meets_its_spaced_form(sample_docs):
+    assert "two days" in ask("Using it normally, how long can I go between top-ups on the Aurora X2?")
+
+
+def test_a_sentence_opening_with_the_subject_answers_its_price(sample_docs):
+    answer = ask("What does the Aurora X2 cost?", "And how much are the earbuds?")
+    assert answer.startswith("Zephyr Buds cost $149"), answer
+
+
+def test_how_long_will_that_usually_take_after_a_repair_is_the_repair_time(sample_docs):
+    answer = ask("My Nimbus Tab is out of warranty and broken - can you repair it?", "How long will that usually take?")
+    assert "five business days" in answer, answer
