@@ -122,7 +122,7 @@ def load_set(path: Path = DATA, fresh: Path | None = FRESH_DATA) -> list[dict]:
         items += [{**i, "split": "fresh tune" if int(i["id"][1:]) % 2 else "fresh held out"} for i in fresh_items]
     for extra, split in ((TUNE2_DATA, "tune 2"), (FRESH2_DATA, "fresh2 tuned"), (FRESH3_DATA, "fresh3 tuned"),
                          (FRESH4_DATA, "fresh4 tuned"), (FRESH6_DATA, "fresh6 held out"),
-                         (FRESH5_DATA, "fresh5 tuned"), (FRESH7_DATA, "fresh7 held out")):
+                         (FRESH5_DATA, "fresh5 tuned"), (FRESH7_DATA, "fresh7 tuned")):
         if fresh is not None and extra.exists():
             with open(extra, encoding="utf-8") as f:
                 items += [{**json.loads(line), "split": split} for line in f if line.strip()]
@@ -204,7 +204,7 @@ def run_labelled(items: list[dict]) -> dict[str, dict[str, str]]:
 def labelled_report(items: list[dict], answers: dict[str, dict[str, str]]) -> str:
     rows = []
     for split in ("tune", "heldout", "fresh tune", "tune 2", "fresh2 tuned", "fresh3 tuned", "fresh held out",
-                  "fresh4 tuned", "fresh5 tuned", "fresh6 held out", "fresh7 held out", "all"):
+                  "fresh4 tuned", "fresh5 tuned", "fresh6 held out", "fresh7 tuned", "all"):
         part = [i for i in items if split == "all" or i["split"] == split]
         if not part:
             continue
@@ -349,7 +349,7 @@ def measure_cost(repeats: int = 20) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--show", choices=("tune", "heldout", "fresh tune", "tune 2", "fresh2 tuned", "fresh3 tuned",
-                                           "fresh4 tuned", "fresh5 tuned", "all"),
+                                           "fresh4 tuned", "fresh5 tuned", "fresh7 tuned", "all"),
                         help="print the answers of a split (never of a held-out one)")
     parser.add_argument("--no-canard", action="store_true")
     parser.add_argument("--dialogs", type=int, default=None, help="CANARD dialogs to use (default all 150)")
