@@ -53,7 +53,7 @@ DEFAULT_MIN_COVERAGE = 0.5
 # declines ("... don't say anything about price"). A profile adds groups or words with the
 # ``synonyms`` option; keep groups narrow: a wide group makes unrelated sentences look relevant.
 SYNONYMS: dict[str, tuple[str, ...]] = {
-    "price": ("entry price", "entry-level price", "starting at", "starts at", "pricy", "priciest", "on the hook for", "on the house", "what's the damage", "price", "cost", "costs", "expensive", "cheap", "cheapest", "lowest price", "starting price",
+    "price": ("base model", "basic model", "entry model", "entry-level model", "starting model", "cheapest model", "cheapest one", "what's the total", "in total", "the total", "altogether", "all in", "entry price", "entry-level price", "starting at", "starts at", "pricy", "priciest", "on the hook for", "on the house", "what's the damage", "price", "cost", "costs", "expensive", "cheap", "cheapest", "lowest price", "starting price",
               "base price", "pricey", "afford", "affordable", "budget", "pay", "paid", "fee", "fees", "free",
               "money", "spend", "retail", "retails", "msrp", "charge for", "charge me", "charge you", "you charge",
               "they charge", "we charge", "charged for", "set me back", "sets me back", "go for", "goes for",
@@ -66,10 +66,10 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "size": ("size", "sizes", "big", "large", "small", "compact", "inch", "inches", "dimensions", "diagonal",
              "measure", "measures", "fit", "bigger", "biggest", "larger", "largest", "smaller", "smallest", "bulky",
              "measurements", "footprint"),
-    "warranty": ("die", "dies", "died", "stops working", "stopped working", "stop working", "packs up", "gives out", "under warranty", "fixed under warranty", "repaired under warranty", "replaced under warranty", "warranty", "guarantee", "guaranteed", "covered", "cover", "covers", "coverage", "protect",
+    "warranty": ("take care of", "takes care of", "looked after", "die", "dies", "died", "stops working", "stopped working", "stop working", "packs up", "gives out", "under warranty", "fixed under warranty", "repaired under warranty", "replaced under warranty", "warranty", "guarantee", "guaranteed", "covered", "cover", "covers", "coverage", "protect",
                  "protected", "protection", "defect", "defects", "defective", "faulty", "failure", "fail", "fails",
                  "warrantee", "warrenty", "guaranty", "manufacturing fault", "guarantee period"),
-    "return": ("return", "returns", "returned", "send back", "send it back", "send them back", "bring back",
+    "return": ("store credit", "credit note", "return", "returns", "returned", "send back", "send it back", "send them back", "bring back",
                "give back", "refund", "refunds", "refunded", "money back", "change my mind", "changed my mind",
                "take back", "take it back", "ship back", "ship it back", "mail back", "post back", "reimburse",
                "reimbursement", "returnable", "non-returnable", "dissatisfied", "not satisfied", "return window",
@@ -79,7 +79,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                      "hold a charge", "holding a charge", "holds a charge", "single charge", "one charge",
                      "full charge", "between charges", "all day", "drain", "per charge", "on a charge", "stamina",
                      "usage time", "conk out", "mah", "battery capacity"),
-    "charging": ("connector", "connectors", "connection port", "charging port", "half battery", "half charged", "halfway", "to half", "get to half", "reach half", "charge", "charges", "charging", "charger", "recharge", "recharging", "charged", "port", "plug",
+    "charging": ("half a battery", "half my battery", "connector", "connectors", "connection port", "charging port", "half battery", "half charged", "halfway", "to half", "get to half", "reach half", "charge", "charges", "charging", "charger", "recharge", "recharging", "charged", "port", "plug",
                  "usb", "cable", "wireless", "wirelessly", "power", "socket", "outlet", "adapter", "watt", "watts",
                  "top up", "topping up", "topped up", "refill", "refuel", "juice up", "usb-c", "usb c", "type-c",
                  "type c", "wattage", "cord", "power brick", "wall plug", "mains power", "rechargeable", "charging pad",
@@ -92,14 +92,14 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "length": ("length", "how long", "long", "tall", "short", "extend", "extends", "collapse", "collapses", "cm",
                "centimetres", "centimeters", "metres", "meters", "feet", "foot", "ft", "how tall", "telescopic",
                "extendable", "retractable", "collapsible", "lengthwise"),
-    "duration": ("how long", "days", "hours", "minutes", "weeks", "years", "within", "until",
+    "duration": ("how long", "how soon", "how quickly", "how fast", "days", "hours", "minutes", "weeks", "years", "within", "until",
                  "soon", "when", "months", "turnaround", "lead time", "timeframe", "time frame", "eta", "fortnight",
                  "timeline", "wait time", "waiting time", "processing time", "how many days"),
-    "speed": ("fast", "faster", "fastest", "quick", "quicker", "quickest", "quickly", "speed", "speedy", "slow",
+    "speed": ("how quickly", "how fast", "how soon", "fast", "faster", "fastest", "quick", "quicker", "quickest", "quickly", "speed", "speedy", "slow",
               "minutes", "rapid", "rapidly", "hurry", "rush", "urgent", "urgently", "asap", "express", "expedite",
               "expedited", "overnight", "next day", "tomorrow", "swift", "speedier", "slower", "slowest", "promptly",
               "same day", "same-day", "next-day", "priority", "fast-track"),
-    "shipping": ("regular delivery", "normal delivery", "standard delivery", "package", "packages", "standard shipping", "normal shipping", "regular shipping", "ship", "ships", "shipping", "shipped", "delivery", "deliver", "delivered", "dispatch",
+    "shipping": ("turn up", "turns up", "show up", "shows up", "get to me", "gets to me", "reach me", "land", "lands", "come through", "regular delivery", "normal delivery", "standard delivery", "package", "packages", "standard shipping", "normal shipping", "regular shipping", "ship", "ships", "shipping", "shipped", "delivery", "deliver", "delivered", "dispatch",
                  "dispatched", "arrive", "arrives", "arrival", "postage", "post", "mail", "mailed", "courier",
                  "order", "orders", "send out", "sent out", "get here", "warehouse", "go out", "goes out",
                  "shipment", "parcel", "postal", "in transit", "transit", "freight", "doorstep", "p&p", "s&h",
@@ -129,7 +129,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "included": ("came with", "come in the box", "accessories", "accessory", "cable", "cables", "included", "include", "includes", "come with", "comes with", "in the box", "box", "bundled",
                  "packaged", "ship with", "ships with", "sold separately", "separately", "contents", "box contents",
                  "supplied", "supplied with", "packed with", "thrown in", "throw in", "in-box", "unboxing"),
-    "condition": ("perfect condition", "mint condition", "good as new", "original condition", "original state", "in its original", "condition", "undamaged", "unopened", "opened", "unused", "sealed", "original packaging",
+    "condition": ("what state", "in what state", "state it's in", "good state", "accept it", "accept returns", "perfect condition", "mint condition", "good as new", "original condition", "original state", "in its original", "condition", "undamaged", "unopened", "opened", "unused", "sealed", "original packaging",
                   "mint", "scratched", "scratches", "scuffed", "wear and tear", "like new", "as new", "pristine",
                   "intact", "good condition", "working order", "tags"),
     "contact": ("contact", "customer service", "customer support", "support team", "support hours", "phone support",
@@ -151,7 +151,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                  "press", "pressing", "press down"),
     "sensing": ("sense", "senses", "detect", "detects", "detection", "recognise", "recognize", "register", "notice",
                 "notices", "pick up", "picks up", "respond", "responds", "responsive", "react", "recognition"),
-    "repair": ("repair", "repairs", "repaired", "fix", "fixed", "fixing", "broken", "break", "breaks", "broke",
+    "repair": ("take a look", "have a look", "look at it", "cost up front", "price up front", "know the cost", "upfront", "up front", "in advance", "repair", "repairs", "repaired", "fix", "fixed", "fixing", "broken", "break", "breaks", "broke",
                "damaged", "cracked", "inspect", "inspection", "look at", "diagnose", "diagnosis", "quote",
                "estimate", "service", "servicing", "repairable", "fixable", "mend", "shatter", "smash", "busted",
                "technician", "repair shop", "service center", "service centre", "diagnostic"),
@@ -202,12 +202,14 @@ GENERIC_WORDS = frozenset(
     pair pairs policy policies back one ones new just again stay stays times extra extras earpiece earpieces
     support supports take takes program programme scheme special particular specific whole entire current
     existing going cope handle survive withstand base basic meant intended designed purpose suited
-    whats hows wheres whos dont doesnt cant wont isnt im ive entry whatever whichever already perfect""".split()
+    whats hows wheres whos dont doesnt cant wont isnt im ive entry whatever whichever already perfect
+    problem problems issue issues actually""".split()
 )
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
 ANSWER_TYPE_WEIGHT = 0.35
-_ANSWER_TYPE_PHRASES = frozenset({("how", "long"), ("how", "many"), ("how", "much"), ("how", "soon")})
+_ANSWER_TYPE_PHRASES = frozenset({("how", "long"), ("how", "many"), ("how", "much"), ("how", "soon"), ("how", "quickly"),
+                                  ("how", "fast")})
 
 # An amount: money, a share ("10% off"), or nothing to pay ("Repairs under warranty are free").
 _CURRENCY_RE = re.compile(r"[$€£¥]\s?\d|\d\s?(?:%|percent\b|usd\b|eur\b|gbp\b|dollars\b|euros\b|pounds\b)"
@@ -649,7 +651,8 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     need.adjacent = [(a, b) for (i, a), (j, b) in zip(by_place, by_place[1:]) if j - i <= 2]
     if not part:
         _take_carried_attribute(need, question, asked, set(asked_at), table, names)
-    own_groups = {label for k in need.own for label in _labels(k)}
+    # "How much is the biggest one?" asks a price: a comparative says which, not what is measured.
+    own_groups = {label for k in need.own if _word_of(k) not in need.comparatives for label in _labels(k)}
     need.wants_amount = bool("price" in own_groups or (
         _PRICE_QUESTION_RE.search(asked) and not own_groups & _MEASURE_GROUPS))
     need.must_amount = bool(_PRICE_QUESTION_RE.search(asked) and not own_groups & _MEASURE_GROUPS)

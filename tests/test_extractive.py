@@ -514,3 +514,12 @@ def test_a_sentence_opening_with_the_subject_answers_its_price(sample_docs):
 def test_how_long_will_that_usually_take_after_a_repair_is_the_repair_time(sample_docs):
     answer = ask("My Nimbus Tab is out of warranty and broken - can you repair it?", "How long will that usually take?")
     assert "five business days" in answer, answer
+
+
+def test_how_quickly_is_answered_by_the_time_it_takes(sample_docs):
+    assert "Orders ship within two business days" in ask("How quickly do Orbit Devices orders ship?")
+
+
+def test_how_much_is_the_biggest_one_asks_a_price(sample_docs):
+    assert "$949" in ask("What storage sizes does the Aurora X2 come in?", "How much is the biggest one?")
+    assert "$699" in ask("How heavy is the Nimbus Tab?", "What about the phone - what's the price of its base model?")
