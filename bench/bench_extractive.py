@@ -60,6 +60,7 @@ FRESH4_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fr
 FRESH5_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh5.jsonl"
 FRESH6_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh6.jsonl"
 FRESH7_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh7.jsonl"
+FRESH8_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh8.jsonl"
 SAMPLE_DOCS = ROOT / "example_project" / "sample_docs"
 # A product is named when its distinctive word appears (the Nimbus Pen belongs to the Nimbus Tab).
 PRODUCT_PATTERNS = {"Aurora X2": r"\baurora\b", "Nimbus Tab": r"\bnimbus\b", "Zephyr Buds": r"\bzephyr\b"}
@@ -122,7 +123,8 @@ def load_set(path: Path = DATA, fresh: Path | None = FRESH_DATA) -> list[dict]:
         items += [{**i, "split": "fresh tune" if int(i["id"][1:]) % 2 else "fresh held out"} for i in fresh_items]
     for extra, split in ((TUNE2_DATA, "tune 2"), (FRESH2_DATA, "fresh2 tuned"), (FRESH3_DATA, "fresh3 tuned"),
                          (FRESH4_DATA, "fresh4 tuned"), (FRESH6_DATA, "fresh6 held out"),
-                         (FRESH5_DATA, "fresh5 tuned"), (FRESH7_DATA, "fresh7 tuned")):
+                         (FRESH5_DATA, "fresh5 tuned"), (FRESH7_DATA, "fresh7 tuned"),
+                         (FRESH8_DATA, "fresh8 held out")):
         if fresh is not None and extra.exists():
             with open(extra, encoding="utf-8") as f:
                 items += [{**json.loads(line), "split": split} for line in f if line.strip()]
@@ -204,7 +206,7 @@ def run_labelled(items: list[dict]) -> dict[str, dict[str, str]]:
 def labelled_report(items: list[dict], answers: dict[str, dict[str, str]]) -> str:
     rows = []
     for split in ("tune", "heldout", "fresh tune", "tune 2", "fresh2 tuned", "fresh3 tuned", "fresh held out",
-                  "fresh4 tuned", "fresh5 tuned", "fresh6 held out", "fresh7 tuned", "all"):
+                  "fresh4 tuned", "fresh5 tuned", "fresh6 held out", "fresh7 tuned", "fresh8 held out", "all"):
         part = [i for i in items if split == "all" or i["split"] == split]
         if not part:
             continue
