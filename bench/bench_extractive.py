@@ -5,7 +5,7 @@
     .venv/bin/python bench/bench_extractive.py --no-canard
 
 1. **Labelled sets** (``bench/data/answers_sample_docs*.jsonl``, see ``bench/data/README.md``):
-   598 questions over ``example_project/sample_docs/`` in nine sets, each written before it was
+   688 questions over ``example_project/sample_docs/`` in ten sets, each written before it was
    first run; a set's split says whether it was read and tuned on. The sample docs are
    ingested with ``ingest_paths`` and each question runs through the whole default pipeline
    (follow-ups after their ``history`` turns in the same conversation), once with the new
@@ -50,9 +50,9 @@ DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs.jsonl"
 # Written after the first held-out part had been read while tuning, by someone who had not seen
 # the answerer (bench/data/README.md). Reported as splits "fresh tune" and "fresh held out".
 FRESH_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh.jsonl"
-# Seven more sets written blind (bench/data/README.md): "tune 2" to tune against; "fresh2 tuned"
-# to "fresh5 tuned", each held out for one run and read (and tuned on) after it; "fresh6 held
-# out", never read; "fresh7 tuned", held out for the last round's final run, then read.
+# Eight more sets written blind (bench/data/README.md): "tune 2" to tune against; "fresh2 tuned"
+# to "fresh5 tuned" and "fresh7 tuned", each held out for one run and read (and tuned on) after
+# it; "fresh6 held out" and "fresh8 held out", never read.
 TUNE2_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_tune2.jsonl"
 FRESH2_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh2.jsonl"
 FRESH3_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh3.jsonl"
@@ -112,7 +112,8 @@ RAGCHAT = {
 def load_set(path: Path = DATA, fresh: Path | None = FRESH_DATA) -> list[dict]:
     """The labelled set; with ``fresh``, the later sets' questions too: the fresh set as splits
     ``fresh tune`` (odd-numbered) and ``fresh held out`` (even-numbered), then ``tune 2``,
-    ``fresh2 tuned`` to ``fresh5 tuned``, ``fresh6 held out`` and ``fresh7 tuned`` (bench/data/README.md)."""
+    ``fresh2 tuned`` to ``fresh5 tuned``, ``fresh6 held out``, ``fresh7 tuned`` and ``fresh8 held out``
+    (bench/data/README.md)."""
     with open(path, encoding="utf-8") as f:
         items = [json.loads(line) for line in f if line.strip()]
     if fresh is not None and fresh.exists():
