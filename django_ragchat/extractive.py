@@ -981,18 +981,20 @@ class AnswerSelector:
         passages = build_passages(prompt.documents)
         if not any(p.sentences for p in passages):
             return self.no_answer
-        search_query = prompt.search_query or prompt.question
-        need = analyse_query(prompt.question, search_query, passages, self.table)
+        # Markup in a message is no part of what it asks ("<script>...</script> How much is it?").
+        question = _without_markup(prompt.question)
+        search_query = _without_markup(prompt.search_query or prompt.question)
+        need = analyse_query(question, search_query, passages, self.table)
         if need.unknown and not need.subjects:
             # "Does the Galaxy S9 have a warranty?": another product's warranty is no answer.
             names = " or ".join(dict.fromkeys(need.unknown))
             return f"The documents don't mention {names}, so I can't answer that from them."
-        if _COMPARISON_RE.search(prompt.question) and (not need.subjects or len(need.subjects) > 1):
+        if _COMPARISON_RE.search(question) and (not need.subjects or len(need.subjects) > 1):
             compared = self.compare(need, passages)
             if compared:
                 return compared
         eligible = self.eligible(need, passages)
-        parts = question_parts(prompt.question)
+        parts = question_parts(question)
         if len(parts) < 2:
             picked = self.select(need, passages, eligible) or self.select(need, passages, self.policy(need, passages))
             return self.cited(picked) if picked else self.decline(need, passages, eligible)
@@ -1002,7 +1004,7 @@ class AnswerSelector:
         answered: list[Choice] = []
         unanswered: list[Need] = []
         for part in parts:
-            part_need = analyse_query(prompt.question, search_query, passages, self.table, asked=part)
+            part_need = analyse_query(question, search_query, passages, self.table, asked=part)
             picked = (self.select(part_need, passages, eligible)
                       or self.select(part_need, passages, self.policy(part_need, passages))) if part_need.own else []
             if picked:
@@ -1202,6 +1204,14 @@ class AnswerSelector:
             else:
                 text += f" The passages found are about {described}."
         return text
+
+
+_MARKUP_RE = re.compile(r"<(script|style)\b[^>]*>.*?</\1\s*>|<[^<>]{0,200}>", re.IGNORECASE | re.DOTALL)
+
+
+def _without_markup(text: str) -> str:
+    """``text`` without HTML tags, and without what a script or style element holds."""
+    return _MARKUP_RE.sub(" ", text) if "<" in text else text
 
 
 def _span_of(text: str, keys: list[str], longest: int = 6) -> str:

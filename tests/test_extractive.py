@@ -523,3 +523,8 @@ def test_how_quickly_is_answered_by_the_time_it_takes(sample_docs):
 def test_how_much_is_the_biggest_one_asks_a_price(sample_docs):
     assert "$949" in ask("What storage sizes does the Aurora X2 come in?", "How much is the biggest one?")
     assert "$699" in ask("How heavy is the Nimbus Tab?", "What about the phone - what's the price of its base model?")
+
+
+def test_markup_in_a_message_is_no_part_of_the_question(sample_docs):
+    answer = ask("<script>alert(1)</script> How much is the Nimbus Tab?")
+    assert "$449" in answer and "script" not in answer and "alert" not in answer, answer
