@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from django_ragchat import hookimpl
 from django_ragchat.components import Component
-from django_ragchat.extractive import SynonymTable, default_table, group_names
+from django_ragchat.extractive import group_names, table_for
 from django_ragchat.types import EndTurn, Query, SkipRetrieval
 
 if TYPE_CHECKING:
@@ -48,9 +48,7 @@ class SynonymExpander(QueryExpander):
 
     def __init__(self, profile, **options):
         super().__init__(profile, **options)
-        synonyms = profile.options_for("extractive").get("synonyms")
-        # Built once per profile, as the answerer's own table is: never per turn.
-        self.table = SynonymTable.build(synonyms) if synonyms else default_table()
+        self.table = table_for(profile)  # once per profile, as the answerer's own: never per turn
 
     def expand(self, query: Query, turn: TurnContext) -> list[Query]:
         names = group_names(query.text, self.table)

@@ -242,11 +242,10 @@ ANSWER_TYPE_WEIGHT = 0.35
 _ANSWER_TYPE_PHRASES = frozenset({("how", "long"), ("how", "many"), ("how", "much"), ("how", "soon"), ("how", "quickly"),
                                   ("how", "fast")})
 
-# An amount: money, a share ("10% off"), or nothing to pay ("Repairs under warranty are free").
-_CURRENCY_RE = re.compile(r"[$€£¥]\s?\d|\d\s?(?:%|percent\b|usd\b|eur\b|gbp\b|dollars\b|euros\b|pounds\b)"
-                          r"|(?<![\w-])(?:free|free of charge|at no cost|no charge)\b(?!-)",
-                          re.IGNORECASE)
-_MONEY_RE = re.compile(r"[$€£¥]\s?\d|\d\s?(?:usd|eur|gbp|dollars|euros|pounds)\b|(?<![\w-])free\b(?!-)", re.IGNORECASE)
+# An amount: money, or nothing to pay ("Repairs under warranty are free"); or a share ("10% off").
+_MONEY = r"[$€£¥]\s?\d|\d\s?(?:usd|eur|gbp|dollars|euros|pounds)\b|(?<![\w-])(?:free|at no cost|no charge)\b(?!-)"
+_MONEY_RE = re.compile(_MONEY, re.IGNORECASE)
+_CURRENCY_RE = re.compile(_MONEY + r"|\d\s?(?:%|percent\b)", re.IGNORECASE)
 _NUMBER_RE = re.compile(
     r"\d|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|"
     r"forty|fifty|hundred|thousand|dozen|half)\b", re.IGNORECASE)
@@ -395,6 +394,14 @@ def default_table() -> SynonymTable:
     if _DEFAULT_TABLE is None:
         _DEFAULT_TABLE = SynonymTable.build()
     return _DEFAULT_TABLE
+
+
+def table_for(profile) -> SynonymTable:
+    """The table of a profile: ``SYNONYMS`` with its ``extractive`` ``synonyms`` option merged in.
+    Build it once per component (the answerer, the ``synonyms`` expander, the ``followup``
+    transformer read a question through the same table), never per turn."""
+    synonyms = profile.options_for("extractive").get("synonyms")
+    return SynonymTable.build(synonyms) if synonyms else default_table()
 
 
 # --- Passages, sentences and entities -----------------------------------------------------------
@@ -1027,7 +1034,7 @@ class AnswerSelector:
         eligible = self.eligible(need, passages)
         parts = question_parts(question)
         if len(parts) < 2:
-            picked = self.select(need, passages, eligible) or self.select(need, passages, self.policy(need, passages))
+            picked = self.pick(need, passages, eligible)
             return self.cited(picked) if picked else self.decline(need, passages, eligible)
         # "How many watts does it take, and how long till it's half full?": each part is answered
         # on its own (one part's words would dilute the other's), the subject (and so the
@@ -1036,8 +1043,7 @@ class AnswerSelector:
         unanswered: list[Need] = []
         for part in parts:
             part_need = analyse_query(question, search_query, passages, self.table, asked=part)
-            picked = (self.select(part_need, passages, eligible)
-                      or self.select(part_need, passages, self.policy(part_need, passages))) if part_need.own else []
+            picked = self.pick(part_need, passages, eligible) if part_need.own else []
             if picked:
                 answered += [c for c in picked if all(c.sentence is not a.sentence for a in answered)]
             elif part_need.own:
@@ -1065,6 +1071,10 @@ class AnswerSelector:
             if picked and picked[0].coverage >= COMPARED_COVERAGE:
                 found.append(picked[0])
         return self.cited(found[:self.max_sentences]) if len(found) > 1 else ""
+
+    def pick(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> list[Choice]:
+        """The answer to ``need`` from the on-subject sentences, else from the shop's policy ones."""
+        return self.select(need, passages, eligible) or self.select(need, passages, self.policy(need, passages))
 
     def policy(self, need: Need, passages: list[Passage]) -> list[tuple[Passage, Sentence]]:
         """The shop's own policy sentences, for a question about a product that its passages do
@@ -1280,6 +1290,14 @@ _UNEXPANDED_WORD_GROUPS = frozenset({"price", "duration"})
 @lru_cache(maxsize=1024)
 def _group_names_default(text: str) -> tuple[str, ...]:
     return _group_names(text, default_table())
+
+
+def asks_only(text: str, groups: frozenset[str], table: SynonymTable) -> bool:
+    """Whether every attribute word or phrase of ``text`` that the table knows is in one of
+    ``groups`` (and there is one): "Will I get my money back?" asks only of ``POLICY_GROUPS``."""
+    asked = [set(_labels(key)) for key, _ in _group_keys(text, table, set()) if not key.startswith("~")]
+    asked = [labels for labels in asked if labels]
+    return bool(asked) and all(labels & groups for labels in asked)
 
 
 def group_names(text: str, table: SynonymTable | None = None) -> tuple[str, ...]:

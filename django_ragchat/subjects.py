@@ -98,15 +98,13 @@ class SubjectIndex:
     def __init__(self, subjects: list[Subject], kinds: dict[str, str] | None = None):
         self.subjects = subjects
         self._by_token: dict[str, list[Subject]] = {}
-        for subject in subjects:
-            for token in subject.tokens:
-                self._by_token.setdefault(token, []).append(subject)
         # "the tablet" names the one subject the corpus defines as a tablet ({subject name: kind}).
         by_kind: dict[str, list[Subject]] = {}
         for subject in subjects:
-            kind = (kinds or {}).get(subject.name)
-            if kind:
-                by_kind.setdefault(name_key(kind), []).append(subject)
+            for token in subject.tokens:
+                self._by_token.setdefault(token, []).append(subject)
+            if kinds and kinds.get(subject.name):
+                by_kind.setdefault(name_key(kinds[subject.name]), []).append(subject)
         self._by_kind = {key: found[0] for key, found in by_kind.items() if len(found) == 1}
         self.kind_keys = {subject: key for key, subject in self._by_kind.items()}
 
@@ -160,7 +158,7 @@ class SubjectIndex:
         """(subject, character offset) for each "the/this/that <kind>" in ``text`` whose kind is
         one subject's alone ("What about the tablet?"). "my phone" is the user's own."""
         found = []
-        for match in _KIND_RE.finditer(text):
+        for match in KIND_POINTER_RE.finditer(text):
             subject = self._by_kind.get(name_key(match.group(1)))
             if subject is not None:
                 found.append((subject, match.start(1)))
@@ -209,7 +207,8 @@ class SubjectIndex:
         return any(keys[start:start + n] == list(subject.tokens) for start in positions[subject.tokens[0]])
 
 
-_KIND_RE = re.compile(r"\b(?:the|this|that|these|those)\s+([a-z][a-z\-]+)\b", re.IGNORECASE)
+#: "the tablet", "this phone": a word a determiner points at, which may name a subject by its kind.
+KIND_POINTER_RE = re.compile(r"\b(?:the|this|that|these|those)\s+([a-z][a-z\-]+)\b", re.IGNORECASE)
 
 _cache: dict[tuple[str, str], tuple[tuple, SubjectIndex]] = {}
 _lock = threading.Lock()

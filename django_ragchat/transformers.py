@@ -29,7 +29,8 @@ from asgiref.sync import sync_to_async
 
 from django_ragchat import hookimpl
 from django_ragchat.components import Component
-from django_ragchat.subjects import Subject, SubjectIndex, name_key, subject_index
+from django_ragchat.extractive import GENERIC_WORDS, POLICY_GROUPS, asks_only, table_for
+from django_ragchat.subjects import KIND_POINTER_RE, Subject, SubjectIndex, name_key, subject_index
 from django_ragchat.text import STOPWORDS, content_terms, normalize, stem, words
 from django_ragchat.types import EndTurn, Query, SkipRetrieval
 
@@ -58,8 +59,6 @@ ANAPHORA = frozenset(
 # Phrases that open an elliptical follow-up ("What about the price?", "And the battery?").
 _ELLIPSIS_RE = re.compile(r"^\s*(and|what about|how about|also|then|so|or)\b", re.IGNORECASE)
 _TOKEN_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*")
-# A word after "the/this/that...": it may name a subject by its kind ("the tablet").
-_POINTED_RE = re.compile(r"\b(?:the|this|that|these|those)\s+[a-z]", re.IGNORECASE)
 # How far into a message names are looked for: long answers add cost, not subjects.
 _MAX_SCAN_CHARS = 1000
 
@@ -192,7 +191,7 @@ def read_message(text: str, index: SubjectIndex) -> Reading:
     # length: keep the words that name the attribute ("warranty"), unless there are none
     # ("How heavy is it?").
     # "How long will that usually take?": the kind of value, and light words ("take", "usually").
-    asking = [w for w in attribute if normalize(w) not in _light_words()]
+    asking = [w for w in attribute if normalize(w) not in GENERIC_WORDS]
     kind_only = bool(asking) and all(normalize(w) in _VALUE_KIND_WORDS and w in how_words for w in asking)
     attribute = [w for w in attribute if w not in how_words] or attribute
     # "Thanks. What about the Nimbus Tab?" is still a follow-up: only a message that asks
@@ -321,6 +320,7 @@ class FollowUpEnricher(QueryTransformer):
         self.min_own_terms = min_own_terms
         self.decay = decay
         self.track_subjects = track_subjects
+        self.table = table_for(profile)  # the answerer's synonym table, to tell a shop-policy question
 
     def is_dependent(self, text: str) -> bool:
         """Whether the question likely needs the conversation to be understood."""
@@ -391,7 +391,8 @@ class FollowUpEnricher(QueryTransformer):
     def transform(self, query, turn):
         """The follow-up resolved (see the class docstring). With a turn, the corpus's subject
         names are looked up first (one query, cached); without one (unit use) there are none."""
-        if not self.track_subjects or turn is None or not (query.history or _POINTED_RE.search(query.text)):
+        # A first message is looked at only when it may name a kind ("the tablet").
+        if not self.track_subjects or turn is None or not (query.history or KIND_POINTER_RE.search(query.text)):
             return self.resolve(query, turn, None)
         return self._resolve_with_subjects(query, turn)
 
@@ -441,7 +442,7 @@ class FollowUpEnricher(QueryTransformer):
         if reading.fresh:
             return _noted(query, f"fresh start: nothing carried; {rules}")
         if (not reading.named and after.subject is not None and after.subject in index.kind_keys
-                and _asks_a_shop_policy(query.text)):
+                and asks_only(query.text, POLICY_GROUPS, self.table)):
             # "I'd like to return my Zephyr Buds." / "Will I get my money back?": the shop's
             # returns page answers for every product; the product's name would pull its own
             # passages above it.
@@ -485,23 +486,6 @@ class FollowUpEnricher(QueryTransformer):
         if not terms:
             return _noted(query, "no salient terms")
         return _noted(query, f"follow-up: added {terms}", text=f"{query.text} {' '.join(terms)}")
-
-
-def _light_words() -> frozenset[str]:
-    """The words that ask nothing of their own, as the extractive answerer reads them."""
-    from django_ragchat.extractive import GENERIC_WORDS
-
-    return GENERIC_WORDS
-
-
-def _asks_a_shop_policy(text: str) -> bool:
-    """Whether ``text`` asks only about the shop's policies (returns, shipping, repairs...: the
-    answerer's ``POLICY_GROUPS``), which its own pages state for every product."""
-    from django_ragchat.extractive import POLICY_GROUPS, _group_keys, _labels, default_table
-
-    groups = [set(_labels(key)) for key, _ in _group_keys(text, default_table(), set()) if not key.startswith("~")]
-    groups = [g for g in groups if g]
-    return bool(groups) and all(g & POLICY_GROUPS for g in groups)
 
 
 def _noted(query: Query, note: str, **changes: Any) -> Query:

@@ -379,3 +379,11 @@ def test_a_shop_policy_question_about_a_product_carries_no_product():
     assert "asks a shop policy" in result.metadata["transform_note"]
     warranty = Query(text="How long is the warranty?", original="", history=history("Tell me about the Zephyr Buds"))
     assert "Zephyr Buds" in FollowUpEnricher(PROFILE).resolve(warranty, None, index).text  # its own
+
+
+def test_the_shop_policy_rule_reads_the_profiles_own_synonyms():
+    index = SubjectIndex.from_rows(KIND_ROWS, openings=OPENINGS)
+    query = Query(text="Can I hand it back?", original="", history=history("I'd like to return my Zephyr Buds"))
+    assert "Zephyr Buds" in FollowUpEnricher(PROFILE).resolve(query, None, index).text  # no group knows "hand it back"
+    shop = Profile(options={"extractive": {"synonyms": {"return": ["hand it back"]}}})
+    assert FollowUpEnricher(shop).resolve(query, None, index).text == "Can I hand it back?"
