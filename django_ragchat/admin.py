@@ -648,10 +648,12 @@ class MemoryRecordForm(forms.ModelForm):
     def clean(self):
         cleaned = super().clean()
         if not cleaned.get("user") and not cleaned.get("conversation"):
-            raise ValidationError(
+            # On the field, not the form: a field with an error is left out of the model's own
+            # validation, so the database constraint's raw message is not shown beside this one.
+            self.add_error("user", ValidationError(
                 "A memory record is about a user or a conversation: choose at least one of them.",
                 code="no_scope",
-            )
+            ))
         return cleaned
 
 

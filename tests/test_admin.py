@@ -228,6 +228,7 @@ def test_a_memory_record_needs_a_user_or_a_conversation(admin_client, user):
                                                            "conversation": "", "metadata": "{}"})
     assert response.status_code == 200
     assert "A memory record is about a user or a conversation" in response.content.decode()
+    assert "is violated" not in response.content.decode()  # the database constraint's raw message
     assert not MemoryRecord.objects.exists()
     response = admin_client.post(url("memoryrecord_add"), {"kind": "fact", "content": "Likes tea", "user": user.pk,
                                                            "conversation": "", "metadata": "{}"})
