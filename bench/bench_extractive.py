@@ -5,7 +5,7 @@
     .venv/bin/python bench/bench_extractive.py --no-canard
 
 1. **Labelled sets** (``bench/data/answers_sample_docs*.jsonl``, see ``bench/data/README.md``):
-   688 questions over ``example_project/sample_docs/`` in ten sets, each written before it was
+   868 questions over ``example_project/sample_docs/`` in twelve sets, each written before it was
    first run; a set's split says whether it was read and tuned on. The sample docs are
    ingested with ``ingest_paths`` and each question runs through the whole default pipeline
    (follow-ups after their ``history`` turns in the same conversation), once with the new
@@ -52,7 +52,8 @@ DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs.jsonl"
 FRESH_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh.jsonl"
 # Eight more sets written blind (bench/data/README.md): "tune 2" to tune against; "fresh2 tuned"
 # to "fresh5 tuned" and "fresh7 tuned", each held out for one run and read (and tuned on) after
-# it; "fresh6 held out" and "fresh8 held out", never read.
+# it; "fresh6 held out", never read; "fresh8 tuned", held out for one run and read after it;
+# "fresh9 held out" and "fresh10 held out", never read.
 TUNE2_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_tune2.jsonl"
 FRESH2_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh2.jsonl"
 FRESH3_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh3.jsonl"
@@ -61,6 +62,9 @@ FRESH5_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fr
 FRESH6_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh6.jsonl"
 FRESH7_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh7.jsonl"
 FRESH8_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh8.jsonl"
+# Two more written blind on 2 December 2026, after fresh8 had been read: never read, run once at the end.
+FRESH9_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh9.jsonl"
+FRESH10_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh10.jsonl"
 SAMPLE_DOCS = ROOT / "example_project" / "sample_docs"
 # A product is named when its distinctive word appears (the Nimbus Pen belongs to the Nimbus Tab).
 PRODUCT_PATTERNS = {"Aurora X2": r"\baurora\b", "Nimbus Tab": r"\bnimbus\b", "Zephyr Buds": r"\bzephyr\b"}
@@ -112,7 +116,8 @@ RAGCHAT = {
 def load_set(path: Path = DATA, fresh: Path | None = FRESH_DATA) -> list[dict]:
     """The labelled set; with ``fresh``, the later sets' questions too: the fresh set as splits
     ``fresh tune`` (odd-numbered) and ``fresh held out`` (even-numbered), then ``tune 2``,
-    ``fresh2 tuned`` to ``fresh5 tuned``, ``fresh6 held out``, ``fresh7 tuned`` and ``fresh8 held out``
+    ``fresh2 tuned`` to ``fresh5 tuned``, ``fresh6 held out``, ``fresh7 tuned``, ``fresh8 tuned``,
+    ``fresh9 held out`` and ``fresh10 held out``
     (bench/data/README.md)."""
     with open(path, encoding="utf-8") as f:
         items = [json.loads(line) for line in f if line.strip()]
@@ -125,7 +130,8 @@ def load_set(path: Path = DATA, fresh: Path | None = FRESH_DATA) -> list[dict]:
     for extra, split in ((TUNE2_DATA, "tune 2"), (FRESH2_DATA, "fresh2 tuned"), (FRESH3_DATA, "fresh3 tuned"),
                          (FRESH4_DATA, "fresh4 tuned"), (FRESH6_DATA, "fresh6 held out"),
                          (FRESH5_DATA, "fresh5 tuned"), (FRESH7_DATA, "fresh7 tuned"),
-                         (FRESH8_DATA, "fresh8 held out")):
+                         (FRESH8_DATA, "fresh8 tuned"), (FRESH9_DATA, "fresh9 held out"),
+                         (FRESH10_DATA, "fresh10 held out")):
         if fresh is not None and extra.exists():
             with open(extra, encoding="utf-8") as f:
                 items += [{**json.loads(line), "split": split} for line in f if line.strip()]
@@ -207,7 +213,8 @@ def run_labelled(items: list[dict]) -> dict[str, dict[str, str]]:
 def labelled_report(items: list[dict], answers: dict[str, dict[str, str]]) -> str:
     rows = []
     for split in ("tune", "heldout", "fresh tune", "tune 2", "fresh2 tuned", "fresh3 tuned", "fresh held out",
-                  "fresh4 tuned", "fresh5 tuned", "fresh6 held out", "fresh7 tuned", "fresh8 held out", "all"):
+                  "fresh4 tuned", "fresh5 tuned", "fresh6 held out", "fresh7 tuned", "fresh8 tuned", "fresh9 held out",
+                  "fresh10 held out", "all"):
         part = [i for i in items if split == "all" or i["split"] == split]
         if not part:
             continue
@@ -352,7 +359,7 @@ def measure_cost(repeats: int = 20) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--show", choices=("tune", "heldout", "fresh tune", "tune 2", "fresh2 tuned", "fresh3 tuned",
-                                           "fresh4 tuned", "fresh5 tuned", "fresh7 tuned", "all"),
+                                           "fresh4 tuned", "fresh5 tuned", "fresh7 tuned", "fresh8 tuned", "all"),
                         help="print the answers of a split (never of a held-out one)")
     parser.add_argument("--no-canard", action="store_true")
     parser.add_argument("--dialogs", type=int, default=None, help="CANARD dialogs to use (default all 150)")
