@@ -95,10 +95,16 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "charging": ("half a battery", "half my battery", "connector", "connectors", "connection port", "charging port",
                  "half battery", "half charged", "halfway", "to half", "get to half", "reach half", "charge",
                  "charges", "charging", "charger", "recharge", "recharging", "charged", "port", "plug", "usb",
-                 "cable", "wireless", "wirelessly", "power", "socket", "outlet", "adapter", "watt", "watts", "top up",
+                 "cable", "power", "socket", "outlet", "adapter", "watt", "watts", "top up",
                  "topping up", "topped up", "refill", "refuel", "juice up", "usb-c", "usb c", "type-c", "type c",
-                 "wattage", "cord", "power brick", "wall plug", "mains power", "rechargeable", "charging pad",
-                 "charging stand", "half full", "fully charged", "to full", "charge up"),
+                 "wattage", "cord", "power brick", "wall plug", "mains power", "rechargeable", "charging stand", "half full", "fully charged", "to full", "charge up"),
+    # Narrower than charging: "wireless earbuds ... on one charge" says nothing of charging
+    # without a cable, so "wireless" alone is in no group; the phrases are matched in sentences
+    # too (Sentence.stems holds each pair of neighbouring words).
+    "wireless charging": ("wirelessly", "wireless charging", "wireless charger", "wireless chargers",
+                          "charge wirelessly", "charges wirelessly", "charged wirelessly", "charging wirelessly",
+                          "wireless pad", "charging pad", "charging mat", "wireless mat", "qi", "qi charging",
+                          "magsafe", "inductive charging", "induction charging", "cordless charging"),
     "water resistance": ("weather", "all weather", "weatherproof", "weather-resistant", "weather resistant",
                          "waterproof", "water", "rain", "rainy", "wet", "sweat", "sweaty", "sweatproof", "splash",
                          "splashes", "shower", "resistant", "resistance", "ipx4", "ip67", "ip68", "ipx7", "submerge",
@@ -128,10 +134,13 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                "colourway", "hue", "black", "white", "blue", "red", "green", "pink", "grey", "gray", "purple",
                "yellow", "beige", "navy"),
     "discount": ("discount", "discounts", "save", "saving", "savings", "off", "cheaper", "deal", "deals", "reduced",
-                 "reduction", "coupon", "promo", "promotion", "rebate", "lower", "less", "student", "students",
-                 "education", "knock off", "money off", "on sale", "clearance", "markdown", "marked down", "voucher",
+                 "reduction", "coupon", "promo", "promotion", "rebate", "lower", "less", "knock off", "money off", "on sale", "clearance", "markdown", "marked down", "voucher",
                  "promo code", "promotional", "special offer", "price drop", "price cut", "bargain", "cashback",
-                 "cash back", "loyalty", "university", "college", "uni"),
+                 "cash back", "loyalty"),
+    # An offer for some buyers only: "$200 off" for a trade-in is no student discount.
+    "student discount": ("student", "students", "university", "college", "uni", "education", "educational",
+                         "student card", "student id", "academic", "school", "pupil", "pupils", "teacher",
+                         "teachers", "campus", "undergraduate", "graduate", "freshman", "nus card"),
     # A trade-in is its own offer: "Students get 10% off" is a discount, not a trade-in.
     "trade-in": ("credit", "trade-in credit", "trade-in value", "trade in", "trading in", "trade-in", "trade",
                  "trading", "traded", "hand in", "swap", "part exchange", "part-exchange", "trade up", "old phone",
@@ -209,6 +218,15 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "availability": ("in stock", "out of stock", "stock", "sold out", "back in stock", "restock", "pre-order",
                      "preorder", "backorder", "discontinued", "waitlist", "inventory", "where to buy", "stockist"),
 }
+
+# Entries matched as the exact word in a question, never by their stem in a sentence: the stem of
+# "wirelessly" is "wireless", which "wireless earbuds" also has.
+EXACT_WORDS = frozenset({"wirelessly"})
+
+#: A question asking one of these groups is answered only by a sentence (or heading) stating it:
+#: each narrows a broader attribute ("a student discount" is not any discount, "charging
+#: wirelessly" not any charging), and the broader attribute's sentence is the usual wrong answer.
+DECISIVE_GROUPS = frozenset({"wireless charging", "student discount"})
 
 # How a question word reads in a decline ("... don't say anything about water resistance").
 NOUN_OF: dict[str, str] = {
@@ -307,14 +325,19 @@ def stem(word: str) -> str:
 _GENERIC_STEMS = frozenset(stem(word) for word in GENERIC_WORDS)
 
 
-def _stems(text: str) -> frozenset[str]:
+def _stems(text: str, pairs: bool = False) -> frozenset[str]:
     """Stems of ``text``'s words, and of each part of a hyphenated one: "a 6.1-inch phone"
-    states "inch" (a size), "two-year" states "year"."""
+    states "inch" (a size), "two-year" states "year". With ``pairs``, also each two neighbouring
+    words as one hyphenated stem, as the table stores its two-word phrases ("wireless charging"
+    is "wireless-charg"), so a sentence states a phrase group only where it has the phrase."""
     found = set()
-    for word in _words(text):
+    words = _words(text)
+    for word in words:
         found.add(stem(word))
         if "-" in word:
             found.update(stem(part) for part in word.split("-") if part)
+    if pairs:
+        found.update(stem(a + "-" + b) for a, b in zip(words, words[1:]) if "-" not in a + b)
     return frozenset(found)
 
 
@@ -365,7 +388,9 @@ class SynonymTable:
             stems = groups.setdefault(label, set())
             for entry in [label, *entries]:
                 tokens = tuple(_words(entry))
-                if len(tokens) == 1:
+                if len(tokens) == 1 and tokens[0] in EXACT_WORDS:
+                    phrase_labels.setdefault(tokens, []).append(label)
+                elif len(tokens) == 1:
                     stems.add(stem(tokens[0]))
                     if "-" in tokens[0]:  # "trade-in" is also written "trade in"
                         phrase_labels.setdefault(tuple(p for p in tokens[0].split("-") if p), []).append(label)
@@ -492,7 +517,7 @@ def _analyse_text(text: str, heading: str, title: str) -> tuple[str, tuple[Sente
             continue
         found.append(Sentence(
             text=sentence, position=position,
-            stems=_stems(sentence),
+            stems=_stems(sentence, pairs=True),
             has_currency=bool(_CURRENCY_RE.search(sentence)),
             has_number=bool(_NUMBER_RE.search(sentence)),
             names=tuple(dict.fromkeys(folded for _, folded in _name_sequences(sentence))),
@@ -1150,7 +1175,11 @@ class AnswerSelector:
         asked_labels = {label for k in need.own for label in _labels(k)}
         openings = tuple(f"{article}{' '.join(subject)}" for subject in need.subjects for article in ("", "the "))
         choices = []
+        decisive = [k for k in need.own if set(_labels(k)) & DECISIVE_GROUPS]
         for p, s in eligible:
+            if any(not _covers(k, s.stems, self.table) and not _covers(k, p.heading_stems, self.table)
+                   for k in decisive):
+                continue  # "Is there a student discount?" is not answered by "$200 off" for a trade-in
             own_cov = all_cov = 0.0
             for key, weight in need.groups.items():
                 evidence = _covers(key, s.stems, self.table)
