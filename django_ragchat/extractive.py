@@ -252,7 +252,9 @@ GENERIC_WORDS = frozenset(
     support supports take takes program programme scheme special particular specific whole entire current
     existing going cope handle survive withstand base basic meant intended designed purpose suited
     whats hows wheres whos dont doesnt cant wont isnt im ive entry whatever whichever already perfect
-    problem problems issue issues actually""".split()
+    problem problems issue issues actually
+    decent great nice solid reasonable fine excellent strong poor bad awesome amazing impressive superb
+    terrible roughly approximately approx exact exactly precise precisely ballpark""".split()
 )
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
@@ -370,7 +372,9 @@ class SynonymTable:
     groups: dict[str, frozenset[str]]  # label -> stems of its single words
     phrases: tuple[tuple[tuple[str, ...], str], ...]  # (words, "label|label"), longest first
     of_stem: dict[str, tuple[str, ...]]  # stem -> labels of the groups it is in
-    phrases_from: dict[str, tuple[int, ...]] = field(default_factory=dict)  # first word -> indexes in phrases
+    phrases_from: dict[str, tuple[int, ...]] = field(default_factory=dict)  # first stem -> indexes in phrases
+    # Each phrase's words stemmed, as a question's words are matched: "knocks off" is "knock off".
+    stemmed: tuple[tuple[str, ...], ...] = ()
 
     @classmethod
     def build(cls, extra: dict[str, Iterable[str]] | None = None) -> SynonymTable:
@@ -403,11 +407,13 @@ class SynonymTable:
                 of_stem.setdefault(s, []).append(label)
         phrases = sorted(((t, "|".join(dict.fromkeys(ls))) for t, ls in phrase_labels.items()),
                          key=lambda p: -len(p[0]))
+        stemmed = tuple(tuple(stem(t) for t in tokens) for tokens, _label in phrases)
         phrases_from: dict[str, list[int]] = {}
-        for index, (tokens, _label) in enumerate(phrases):
+        for index, tokens in enumerate(stemmed):
             phrases_from.setdefault(tokens[0], []).append(index)
         return cls({k: frozenset(v) for k, v in groups.items()}, tuple(phrases),
-                   {k: tuple(v) for k, v in of_stem.items()}, {k: tuple(v) for k, v in phrases_from.items()})
+                   {k: tuple(v) for k, v in of_stem.items()}, {k: tuple(v) for k, v in phrases_from.items()},
+                   stemmed)
 
 
 _DEFAULT_TABLE: SynonymTable | None = None
@@ -591,14 +597,14 @@ _OBJECT_PRONOUNS = frozenset("it them me him her this that these those one ones 
                              "stuff".split())
 
 
-def _phrase_span(tokens: list[str], i: int, phrase: tuple[str, ...]) -> int:
-    """How many tokens from ``i`` spell ``phrase`` (with at most one object pronoun after its
-    first word), or 0."""
+def _phrase_span(tokens: list[str], stems: list[str], i: int, phrase: tuple[str, ...]) -> int:
+    """How many tokens from ``i`` spell the stemmed ``phrase`` (``stems`` are the tokens' stems;
+    at most one object pronoun may follow its first word), or 0."""
     n = len(phrase)
-    if tuple(tokens[i:i + n]) == phrase:
+    if tuple(stems[i:i + n]) == phrase:
         return n
     if n > 1 and i + n < len(tokens) and tokens[i + 1] in _OBJECT_PRONOUNS and (
-            tokens[i] == phrase[0] and tuple(tokens[i + 2:i + n + 1]) == phrase[1:]):
+            stems[i] == phrase[0] and tuple(stems[i + 2:i + n + 1]) == phrase[1:]):
         return n + 1
     return 0
 
@@ -609,14 +615,18 @@ def _group_keys(text: str, table: SynonymTable, skip: set[str],
     remaining content word as its synonym groups (a word in no group is its own group). With
     ``positions``, each key's first word position in ``text`` is recorded there."""
     tokens = _words(text)
+    stems = [stem(t) for t in tokens]
     if positions is None:
         positions = {}
     used = [False] * len(tokens)
     found: list[tuple[str, str]] = []
-    # Longest phrases first, each at every place it occurs (found through its first word).
-    matches = sorted((index, i, n) for i, token in enumerate(tokens) for index in table.phrases_from.get(token, ())
-                     if (n := _phrase_span(tokens, i, table.phrases[index][0])))
-    for index, i, n in matches:
+    # Longest phrases first, each at every place it occurs (found through its first word); a
+    # phrase written as listed before one met only through stems ("on a charging pad" is a
+    # charging pad, not "on a charge").
+    matches = sorted((tuple(tokens[i:i + n]) != table.phrases[index][0], index, i, n)
+                     for i, first in enumerate(stems) for index in table.phrases_from.get(first, ())
+                     if (n := _phrase_span(tokens, stems, i, table.stemmed[index])))
+    for _inexact, index, i, n in matches:
         phrase, label = table.phrases[index]
         if not any(used[i:i + n]):
             found.append((("~" if phrase in _ANSWER_TYPE_PHRASES else "") + f"={label}", " ".join(phrase)))
@@ -626,6 +636,8 @@ def _group_keys(text: str, table: SynonymTable, skip: set[str],
     for i, token in enumerate(tokens):
         if used[i] or token in STOPWORDS or token in GENERIC_WORDS or token in skip:
             continue
+        if token == "long" and i and tokens[i - 1] in _POINTING_WORDS | {"a", "an"} and i + 1 < len(tokens):
+            continue  # "on a long flight", "a long weekend": it describes the thing, asks no length
         if len(token) < 2 and not token.isdigit():
             continue
         s = stem(token)
@@ -799,7 +811,7 @@ def _corrected(text: str, vocabulary: frozenset[str], table: SynonymTable) -> st
         if len(word) < TYPO_MIN_LENGTH or not word.isalpha() or word in STOPWORDS or word in GENERIC_WORDS:
             return match.group(0)
         stemmed = stem(word)
-        if stemmed in vocabulary or stemmed in table.of_stem or word in table.phrases_from or stemmed in _GENERIC_STEMS:
+        if stemmed in vocabulary or stemmed in table.of_stem or stemmed in table.phrases_from or stemmed in _GENERIC_STEMS:
             return match.group(0)
         found = {c for c in (*vocabulary, *table.of_stem) if len(c) >= TYPO_MIN_LENGTH and c[0] == word[0]
                  and (_one_typo(word, c) or _one_typo(stemmed, c))}
@@ -832,6 +844,11 @@ def _derived(word: str, vocabulary: frozenset[str], table: SynonymTable) -> str:
     for longer in (word + "er", word + "est"):  # "old" meets "older"
         if longer in vocabulary:
             return longer
+    if word.isalpha() and len(word) >= 2:  # "What IPX rating?" meets the code "IPX4"
+        codes = [v for v in vocabulary if v.startswith(word) and v[len(word):len(word) + 1].isdigit()
+                 and "-" not in v]
+        if len(codes) == 1:
+            return codes[0]
     for suffix in ("ier", "iest"):  # "heavier" is "heavy"
         if word.endswith(suffix) and len(word) - len(suffix) >= 3:
             base = word[:-len(suffix)] + "y"
