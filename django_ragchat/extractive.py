@@ -226,7 +226,7 @@ EXACT_WORDS = frozenset({"wirelessly"})
 #: A question asking one of these groups is answered only by a sentence (or heading) stating it:
 #: each narrows a broader attribute ("a student discount" is not any discount, "charging
 #: wirelessly" not any charging), and the broader attribute's sentence is the usual wrong answer.
-DECISIVE_GROUPS = frozenset({"wireless charging", "student discount"})
+DECISIVE_GROUPS = frozenset({"wireless charging", "student discount", "return shipping"})
 
 # How a question word reads in a decline ("... don't say anything about water resistance").
 NOUN_OF: dict[str, str] = {
@@ -254,7 +254,7 @@ GENERIC_WORDS = frozenset(
     whats hows wheres whos dont doesnt cant wont isnt im ive entry whatever whichever already perfect
     problem problems issue issues actually
     decent great nice solid reasonable fine excellent strong poor bad awesome amazing impressive superb
-    terrible roughly approximately approx exact exactly precise precisely ballpark""".split()
+    terrible roughly approximately approx exact exactly precise precisely ballpark till""".split()
 )
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
@@ -728,6 +728,13 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
         _take_carried_attribute(need, question, asked, set(asked_at), table, names)
     # "How much is the biggest one?" asks a price: a comparative says which, not what is measured.
     own_groups = {label for k in need.own if _word_of(k) not in need.comparatives for label in _labels(k)}
+    if "shipping" in own_groups and "return" in {label for k in need.groups for label in _labels(k)} and (
+            "return shipping" not in own_groups) and (
+            "price" in own_groups or "postag" in _stems(asked)) and "return shipping" in table.groups:
+        # "If I send it back, am I on the hook for the postage?" asks who pays return shipping.
+        need.groups["=return shipping"] = 1.0
+        need.labels["=return shipping"] = "return shipping"
+        need.own.add("=return shipping")
     need.wants_amount = bool("price" in own_groups or (
         _PRICE_QUESTION_RE.search(asked) and not own_groups & _MEASURE_GROUPS))
     need.must_amount = bool(_PRICE_QUESTION_RE.search(asked) and not own_groups & _MEASURE_GROUPS)
@@ -1352,8 +1359,9 @@ def group_names(text: str, table: SynonymTable | None = None) -> tuple[str, ...]
     expander, so retrieval reads a question as the answerer does. A single word adds its
     groups too ("fixed" adds "repair", which a Repairs passage shares), except the price group:
     "cost" finds the pricing passages itself, and adding "price" to "How much does shipping
-    cost?" pulled every product's Pricing section above the shipping passage. ``table``
-    defaults to ``SYNONYMS``."""
+    cost?" pulled every product's Pricing section above the shipping passage; a phrase adds it
+    only when it is the one group asked ("What would that set me back?"). ``table`` defaults to
+    ``SYNONYMS``."""
     if table is None or table is default_table():
         return _group_names_default(text)
     return _group_names(text, table)
@@ -1369,5 +1377,7 @@ def _group_names(text: str, table: SynonymTable) -> tuple[str, ...]:
                     not phrase and label in _UNEXPANDED_WORD_GROUPS):
                 continue
             names.append(label)
+    if len(names) > 1:  # "Do you charge for fixing it?": the repair, not every Pricing section
+        names = [n for n in names if n not in _UNEXPANDED_WORD_GROUPS]
     return tuple(names)
 

@@ -196,7 +196,9 @@ def read_message(text: str, index: SubjectIndex) -> Reading:
     attribute = [w for w in attribute if w not in how_words] or attribute
     # "Thanks. What about the Nimbus Tab?" is still a follow-up: only a message that asks
     # something of its own after the thanks starts afresh.
-    fresh = bool(fresh_match) and bool(rest.strip()) and not elliptical and not pronoun and not _ELLIPSIS_RE.match(rest)
+    # "ok but what's its capacity?" answers the last reply: "but" goes on with its subject.
+    fresh = (bool(fresh_match) and bool(rest.strip()) and not elliptical and not pronoun
+             and not _ELLIPSIS_RE.match(rest) and not re.match(r"\s*but\b", rest, re.IGNORECASE))
     # "And with the pen?", "And for students?": "and" then a preposition, and no question of
     # its own, refines the last question ("And its warranty?" asks a new attribute).
     opener = _ELLIPSIS_RE.match(rest)
