@@ -141,6 +141,8 @@ _QUESTION_OPENERS = frozenset("""what what's which how how's where when who why 
     could will would should has have""".split())
 _ECHO_WORDS = frozenset("one ones too also either".split())
 _REFINING_PREPOSITIONS = frozenset("with without for in on at under over including plus excluding".split())
+# Words that give a question no subject of its own (see FollowUpEnricher.is_dependent).
+_LIGHT_STEMS = frozenset(stem(w) for w in GENERIC_WORDS | _FILLER | {"but"})
 # "How much is it?" asks the price without naming it.
 _HOW_MUCH_RE = re.compile(r"\bhow much\b", re.IGNORECASE)
 
@@ -329,7 +331,9 @@ class FollowUpEnricher(QueryTransformer):
         tokens = words(text)
         if any(t in ANAPHORA for t in tokens) or _ELLIPSIS_RE.match(text):
             return True
-        return len(set(content_terms(text))) < self.min_own_terms
+        # "ok but whats the exact capacity?": fillers and words that ask nothing are no content.
+        own = {t for t in content_terms(text) if t not in _LIGHT_STEMS}
+        return len(own) < self.min_own_terms
 
     def salient_terms(self, query: Query) -> list[str]:
         """Terms naming what the conversation is about, best first, none already in the query.

@@ -528,3 +528,49 @@ def test_how_much_is_the_biggest_one_asks_a_price(sample_docs):
 def test_markup_in_a_message_is_no_part_of_the_question(sample_docs):
     answer = ask("<script>alert(1)</script> How much is the Nimbus Tab?")
     assert "$449" in answer and "script" not in answer and "alert" not in answer, answer
+
+
+# --- Narrow groups, stemmed phrases, codes (stop 18) --------------------------------------------
+
+
+def test_wireless_earbuds_are_no_answer_to_charging_the_case_wirelessly(sample_docs):
+    for question in ("Can the Zephyr Buds case charge wirelessly?",
+                     "Will the Zephyr Buds case charge on a wireless pad?"):
+        answer = ask(question)
+        assert answer.startswith("The documents don't say anything about"), (question, answer)
+        assert "wireless" in answer and not CITATION.search(answer), answer
+    assert "15 W wireless charging" in ask("Does the Aurora X2 support wireless charging?")
+
+
+def test_a_trade_in_is_no_answer_to_a_student_discount(sample_docs):
+    answer = ask("Is there a student discount on the Aurora X2?")
+    assert answer.startswith("The documents don't say anything about student discount for the Aurora X2."), answer
+    assert "10% off" in ask("Do students get money off the Nimbus Tab?")
+
+
+def test_return_postage_is_not_answered_with_the_shipping_price(sample_docs):
+    answer = ask("If I send something back, am I on the hook for the postage?")
+    assert answer.startswith("The documents don't say anything about"), answer
+    assert "$15" not in answer
+
+
+def test_a_phrase_is_met_in_any_inflection(sample_docs):
+    answer = ask("If I hand over my current handset when I buy an Aurora X2, what's the most that knocks off the price?")
+    assert "$200" in answer, answer
+
+
+def test_a_model_code_is_met_by_its_letters(sample_docs):
+    assert "IPX4" in ask("What IPX rating do the Zephyr Buds have?")
+
+
+def test_a_long_flight_asks_no_length(sample_docs):
+    assert "noise cancelling" in ask("Do the Zephyr Buds shut out engine noise on a long flight?")
+
+
+def test_ok_but_goes_on_with_the_subject(sample_docs):
+    answer = ask("Does the Aurora X2 have a decent battery?", "ok but whats the exact capacity in mAh?")
+    assert "5,000 mAh" in answer, answer
+
+
+def test_charging_for_a_repair_under_guarantee_finds_the_repairs_passage(sample_docs):
+    assert "Repairs under warranty are free" in ask("Do you charge for fixing stuff that's still under guarantee?")
