@@ -142,7 +142,9 @@ _QUESTION_OPENERS = frozenset("""what what's which how how's where when who why 
 _ECHO_WORDS = frozenset("one ones too also either".split())
 _REFINING_PREPOSITIONS = frozenset("with without for in on at under over including plus excluding".split())
 # Words that give a question no subject of its own (see FollowUpEnricher.is_dependent).
-_LIGHT_STEMS = frozenset(stem(w) for w in GENERIC_WORDS | _FILLER | {"but"})
+# Only fillers and words that qualify the asking: a kind ("earbuds") still says what it is about.
+_LIGHT_STEMS = frozenset(stem(w) for w in _FILLER | {"but", "whats", "exact", "exactly", "roughly", "approximately",
+                                                     "precise", "precisely", "decent", "just", "really"})
 # "How much is it?" asks the price without naming it.
 _HOW_MUCH_RE = re.compile(r"\bhow much\b", re.IGNORECASE)
 
