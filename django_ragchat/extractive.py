@@ -95,9 +95,10 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "charging": ("half a battery", "half my battery", "connector", "connectors", "connection port", "charging port",
                  "half battery", "half charged", "halfway", "to half", "get to half", "reach half", "charge",
                  "charges", "charging", "charger", "recharge", "recharging", "charged", "port", "plug", "usb",
-                 "cable", "power", "socket", "outlet", "adapter", "watt", "watts", "top up",
-                 "topping up", "topped up", "refill", "refuel", "juice up", "usb-c", "usb c", "type-c", "type c",
-                 "wattage", "cord", "power brick", "wall plug", "mains power", "rechargeable", "charging stand", "half full", "fully charged", "to full", "charge up"),
+                 "cable", "power", "socket", "outlet", "adapter", "watt", "watts", "top up", "topping up",
+                 "topped up", "refill", "refuel", "juice up", "usb-c", "usb c", "type-c", "type c", "wattage", "cord",
+                 "power brick", "wall plug", "mains power", "rechargeable", "charging stand", "half full",
+                 "fully charged", "to full", "charge up"),
     # Narrower than charging: "wireless earbuds ... on one charge" says nothing of charging
     # without a cable, so "wireless" alone is in no group; the phrases are matched in sentences
     # too (Sentence.stems holds each pair of neighbouring words).
@@ -134,8 +135,8 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                "colourway", "hue", "black", "white", "blue", "red", "green", "pink", "grey", "gray", "purple",
                "yellow", "beige", "navy"),
     "discount": ("discount", "discounts", "save", "saving", "savings", "off", "cheaper", "deal", "deals", "reduced",
-                 "reduction", "coupon", "promo", "promotion", "rebate", "lower", "less", "knock off", "money off", "on sale", "clearance", "markdown", "marked down", "voucher",
-                 "promo code", "promotional", "special offer", "price drop", "price cut", "bargain", "cashback",
+                 "reduction", "coupon", "promo", "promotion", "rebate", "lower", "less", "knock off", "money off",
+                 "on sale", "clearance", "markdown", "marked down", "voucher", "promo code", "promotional", "special offer", "price drop", "price cut", "bargain", "cashback",
                  "cash back", "loyalty"),
     # An offer for some buyers only: "$200 off" for a trade-in is no student discount.
     "student discount": ("student", "students", "university", "college", "uni", "education", "educational",
@@ -238,6 +239,11 @@ NOUN_OF: dict[str, str] = {
     "release": "release date", "covered": "warranty",
 }
 
+# Words that judge or hedge what is asked ("a decent battery", "roughly how long", "the exact
+# capacity"): no attribute of their own. The followup transformer reads them so too.
+QUALIFYING_WORDS = frozenset("""decent great nice solid reasonable fine excellent strong poor bad awesome amazing
+    impressive superb terrible roughly approximately approx exact exactly precise precisely ballpark till""".split())
+
 # Question words that say nothing about what is asked ("What is the Nimbus Tab good for?").
 GENERIC_WORDS = frozenset(
     """good kind type sort thing things way really actually exactly possible able like tell know
@@ -252,10 +258,8 @@ GENERIC_WORDS = frozenset(
     support supports take takes program programme scheme special particular specific whole entire current
     existing going cope handle survive withstand base basic meant intended designed purpose suited
     whats hows wheres whos dont doesnt cant wont isnt im ive entry whatever whichever already perfect
-    problem problems issue issues actually
-    decent great nice solid reasonable fine excellent strong poor bad awesome amazing impressive superb
-    terrible roughly approximately approx exact exactly precise precisely ballpark till""".split()
-)
+    problem problems issue issues actually""".split()
+) | QUALIFYING_WORDS
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
 ANSWER_TYPE_WEIGHT = 0.35
@@ -728,9 +732,9 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
         _take_carried_attribute(need, question, asked, set(asked_at), table, names)
     # "How much is the biggest one?" asks a price: a comparative says which, not what is measured.
     own_groups = {label for k in need.own if _word_of(k) not in need.comparatives for label in _labels(k)}
-    if "shipping" in own_groups and "return" in {label for k in need.groups for label in _labels(k)} and (
-            "return shipping" not in own_groups) and (
-            "price" in own_groups or "postag" in _stems(asked)) and "return shipping" in table.groups:
+    all_groups = {label for k in need.groups for label in _labels(k)}
+    if ("shipping" in own_groups and "return" in all_groups and "return shipping" not in own_groups
+            and ("price" in own_groups or "postag" in _stems(asked))):
         # "If I send it back, am I on the hook for the postage?" asks who pays return shipping.
         need.groups["=return shipping"] = 1.0
         need.labels["=return shipping"] = "return shipping"

@@ -29,7 +29,7 @@ from asgiref.sync import sync_to_async
 
 from django_ragchat import hookimpl
 from django_ragchat.components import Component
-from django_ragchat.extractive import GENERIC_WORDS, POLICY_GROUPS, asks_only, table_for
+from django_ragchat.extractive import GENERIC_WORDS, POLICY_GROUPS, QUALIFYING_WORDS, asks_only, table_for
 from django_ragchat.subjects import KIND_POINTER_RE, Subject, SubjectIndex, name_key, subject_index
 from django_ragchat.text import STOPWORDS, content_terms, normalize, stem, words
 from django_ragchat.types import EndTurn, Query, SkipRetrieval
@@ -143,8 +143,9 @@ _ECHO_WORDS = frozenset("one ones too also either".split())
 _REFINING_PREPOSITIONS = frozenset("with without for in on at under over including plus excluding".split())
 # Words that give a question no subject of its own (see FollowUpEnricher.is_dependent).
 # Only fillers and words that qualify the asking: a kind ("earbuds") still says what it is about.
-_LIGHT_STEMS = frozenset(stem(w) for w in _FILLER | {"but", "whats", "exact", "exactly", "roughly", "approximately",
-                                                     "precise", "precisely", "decent", "just", "really"})
+_LIGHT_STEMS = frozenset(stem(w) for w in _FILLER | QUALIFYING_WORDS | {"but", "whats", "just", "really"})
+# "ok but what's its capacity?" answers the last reply: "but" goes on with its subject.
+_CONTINUES_RE = re.compile(r"\s*but\b", re.IGNORECASE)
 # "How much is it?" asks the price without naming it.
 _HOW_MUCH_RE = re.compile(r"\bhow much\b", re.IGNORECASE)
 
@@ -200,9 +201,8 @@ def read_message(text: str, index: SubjectIndex) -> Reading:
     attribute = [w for w in attribute if w not in how_words] or attribute
     # "Thanks. What about the Nimbus Tab?" is still a follow-up: only a message that asks
     # something of its own after the thanks starts afresh.
-    # "ok but what's its capacity?" answers the last reply: "but" goes on with its subject.
     fresh = (bool(fresh_match) and bool(rest.strip()) and not elliptical and not pronoun
-             and not _ELLIPSIS_RE.match(rest) and not re.match(r"\s*but\b", rest, re.IGNORECASE))
+             and not _ELLIPSIS_RE.match(rest) and not _CONTINUES_RE.match(rest))
     # "And with the pen?", "And for students?": "and" then a preposition, and no question of
     # its own, refines the last question ("And its warranty?" asks a new attribute).
     opener = _ELLIPSIS_RE.match(rest)
