@@ -53,7 +53,8 @@ FRESH_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fre
 # Eight more sets written blind (bench/data/README.md): "tune 2" to tune against; "fresh2 tuned"
 # to "fresh5 tuned" and "fresh7 tuned", each held out for one run and read (and tuned on) after
 # it; "fresh6 held out", never read; "fresh8 tuned", held out for one run and read after it;
-# "fresh9 held out" and "fresh10 held out", never read.
+# "fresh9 tuned" and "fresh10 tuned", held out for one run (stop 18) and read after it;
+# "fresh11 held out" and "fresh12 held out", never read.
 TUNE2_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_tune2.jsonl"
 FRESH2_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh2.jsonl"
 FRESH3_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh3.jsonl"
@@ -62,9 +63,13 @@ FRESH5_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fr
 FRESH6_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh6.jsonl"
 FRESH7_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh7.jsonl"
 FRESH8_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh8.jsonl"
-# Two more written blind on 2 December 2026, after fresh8 had been read: never read, run once at the end.
+# Two more written blind on 2 December 2026, after fresh8 had been read: run once at stop 18, then read.
 FRESH9_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh9.jsonl"
 FRESH10_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh10.jsonl"
+# Two more written blind on 2 December 2026 (stop 19), after fresh9 and fresh10 had been read:
+# never read, run once at the end.
+FRESH11_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh11.jsonl"
+FRESH12_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh12.jsonl"
 SAMPLE_DOCS = ROOT / "example_project" / "sample_docs"
 # A product is named when its distinctive word appears (the Nimbus Pen belongs to the Nimbus Tab).
 PRODUCT_PATTERNS = {"Aurora X2": r"\baurora\b", "Nimbus Tab": r"\bnimbus\b", "Zephyr Buds": r"\bzephyr\b"}
@@ -117,7 +122,7 @@ def load_set(path: Path = DATA, fresh: Path | None = FRESH_DATA) -> list[dict]:
     """The labelled set; with ``fresh``, the later sets' questions too: the fresh set as splits
     ``fresh tune`` (odd-numbered) and ``fresh held out`` (even-numbered), then ``tune 2``,
     ``fresh2 tuned`` to ``fresh5 tuned``, ``fresh6 held out``, ``fresh7 tuned``, ``fresh8 tuned``,
-    ``fresh9 held out`` and ``fresh10 held out``
+    ``fresh9 tuned``, ``fresh10 tuned``, ``fresh11 held out`` and ``fresh12 held out``
     (bench/data/README.md)."""
     with open(path, encoding="utf-8") as f:
         items = [json.loads(line) for line in f if line.strip()]
@@ -130,8 +135,9 @@ def load_set(path: Path = DATA, fresh: Path | None = FRESH_DATA) -> list[dict]:
     for extra, split in ((TUNE2_DATA, "tune 2"), (FRESH2_DATA, "fresh2 tuned"), (FRESH3_DATA, "fresh3 tuned"),
                          (FRESH4_DATA, "fresh4 tuned"), (FRESH6_DATA, "fresh6 held out"),
                          (FRESH5_DATA, "fresh5 tuned"), (FRESH7_DATA, "fresh7 tuned"),
-                         (FRESH8_DATA, "fresh8 tuned"), (FRESH9_DATA, "fresh9 held out"),
-                         (FRESH10_DATA, "fresh10 held out")):
+                         (FRESH8_DATA, "fresh8 tuned"), (FRESH9_DATA, "fresh9 tuned"),
+                         (FRESH10_DATA, "fresh10 tuned"), (FRESH11_DATA, "fresh11 held out"),
+                         (FRESH12_DATA, "fresh12 held out")):
         if fresh is not None and extra.exists():
             with open(extra, encoding="utf-8") as f:
                 items += [{**json.loads(line), "split": split} for line in f if line.strip()]
@@ -160,11 +166,17 @@ def off_subject(answer: str, avoid: list[str]) -> bool:
 
 def judge(item: dict, answer: str) -> dict:
     is_decline = declined(answer)
+    # A decline that names the product the user named ("...a colour swap for Zephyr Buds" after
+    # "I bought Zephyr Buds last week") states nothing of another subject (rule added in stop 19,
+    # before fresh11 and fresh12 were first run; their writer flagged such avoid lists).
+    said = " ".join([*item["history"], item["question"]])
+    avoid = [p for p in item["avoid"] if not (is_decline and re.search(PRODUCT_PATTERNS.get(p, re.escape(p)), said,
+                                                                       re.IGNORECASE))]
     return {
         "answerable": not item["not_covered"],
         "fact": (not item["not_covered"] and not is_decline and all(states(answer, f) for f in item["facts"])),
         "declined": is_decline,
-        "off": off_subject(answer, item["avoid"]),
+        "off": off_subject(answer, avoid),
         "words": len(plain(answer).split()),
     }
 
@@ -213,8 +225,8 @@ def run_labelled(items: list[dict]) -> dict[str, dict[str, str]]:
 def labelled_report(items: list[dict], answers: dict[str, dict[str, str]]) -> str:
     rows = []
     for split in ("tune", "heldout", "fresh tune", "tune 2", "fresh2 tuned", "fresh3 tuned", "fresh held out",
-                  "fresh4 tuned", "fresh5 tuned", "fresh6 held out", "fresh7 tuned", "fresh8 tuned", "fresh9 held out",
-                  "fresh10 held out", "all"):
+                  "fresh4 tuned", "fresh5 tuned", "fresh6 held out", "fresh7 tuned", "fresh8 tuned", "fresh9 tuned",
+                  "fresh10 tuned", "fresh11 held out", "fresh12 held out", "all"):
         part = [i for i in items if split == "all" or i["split"] == split]
         if not part:
             continue
@@ -359,7 +371,8 @@ def measure_cost(repeats: int = 20) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--show", choices=("tune", "heldout", "fresh tune", "tune 2", "fresh2 tuned", "fresh3 tuned",
-                                           "fresh4 tuned", "fresh5 tuned", "fresh7 tuned", "fresh8 tuned", "all"),
+                                           "fresh4 tuned", "fresh5 tuned", "fresh7 tuned", "fresh8 tuned", "fresh9 tuned",
+                                           "fresh10 tuned", "all"),
                         help="print the answers of a split (never of a held-out one)")
     parser.add_argument("--no-canard", action="store_true")
     parser.add_argument("--dialogs", type=int, default=None, help="CANARD dialogs to use (default all 150)")

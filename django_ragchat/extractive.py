@@ -244,6 +244,12 @@ NOUN_OF: dict[str, str] = {
 QUALIFYING_WORDS = frozenset("""decent great nice solid reasonable fine excellent strong poor bad awesome amazing
     impressive superb terrible roughly approximately approx exact exactly precise precisely ballpark till""".split())
 
+# The words by which a person frames or relays a question ("Could you confirm...", "The caller
+# wants to know...", "I was wondering..."): they ask nothing themselves.
+FRAMING_WORDS = frozenset("""confirm confirmed wondering wonder wondered caller callers customer customers client clients
+    asks asking asked ask enquire enquiring enquiry inquire inquiring inquiry query curious clarify advise kindly
+    please interested hoping hope request requesting regarding concerning colleague buyer expect expecting
+    explain understand trying figure sure mind entitled entitle eligible eligibility qualify qualifies""".split())
 # Question words that say nothing about what is asked ("What is the Nimbus Tab good for?").
 GENERIC_WORDS = frozenset(
     """good kind type sort thing things way really actually exactly possible able like tell know
@@ -259,7 +265,7 @@ GENERIC_WORDS = frozenset(
     existing going cope handle survive withstand base basic meant intended designed purpose suited
     whats hows wheres whos dont doesnt cant wont isnt im ive entry whatever whichever already perfect
     problem problems issue issues actually""".split()
-) | QUALIFYING_WORDS
+) | QUALIFYING_WORDS | FRAMING_WORDS
 # The phrases that say what kind of value is asked ("how long", "how many") rather than what it
 # is about: beside another asked word ("How long is its warranty?") they weigh this much of it.
 ANSWER_TYPE_WEIGHT = 0.35
@@ -692,7 +698,11 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     # The user's own words name the subject when they name one: in "And the Aurora X2?" after
     # the Nimbus Tab, the transformer's inherited "Nimbus Tab" is context, not the subject.
     inherited = {e for e in known if set(e) <= set(_words(search_query))}
-    need.subjects = named(own_words, type_words=not inherited) or everything
+    # Of the names the question holds, those of its asking clauses: "How long is the Aurora X2's
+    # warranty? My Zephyr Buds came with two years." asks about the Aurora X2 alone.
+    asking_words = set(_words(" ".join(_asked_clauses(question)) if asked is None else asked))
+    in_asking = {e for e in known if set(e) <= asking_words | {stem(w) for w in asking_words}}
+    need.subjects = in_asking or named(own_words, type_words=not inherited) or everything
     # "And the pen?" in a conversation about the Nimbus Tab: the Nimbus Pen its sentences name.
     headed = {p.subject for p in passages if p.subject}
     need.mentioned = {e for e in everything if e not in headed and set(e) & (own_words - STOPWORDS - GENERIC_WORDS)}
@@ -726,6 +736,14 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
                 need.labels[key] = label
             if weight == 1.0:
                 need.own.add(key)
+    lasting = [k for k in need.own if k.split("=")[0] == "last"]
+    if lasting and re.search(r"\bhow\s+long\b", asked, re.IGNORECASE) and any(
+            not k.startswith("~") and k not in lasting for k in need.own):
+        # "How long does the warranty last?": "last" says it asks a duration, not a battery life.
+        for key in lasting:
+            need.own.discard(key)
+            need.groups.pop(key, None)
+            asked_at.pop(key, None)
     by_place = sorted((at, key) for key, at in asked_at.items() if not key.startswith("~"))
     need.adjacent = [(a, b) for (i, a), (j, b) in zip(by_place, by_place[1:]) if j - i <= 2]
     if not part:
@@ -771,6 +789,12 @@ def _subject_by_kind(question: str, passages: list[Passage]) -> set[tuple[str, .
     return {next(iter(kinds[k])) for k in asked_kinds} if len(asked_kinds) == 1 else set()
 
 
+# "What is the Nimbus Tab designed for?" asks what the thing is, which its description says; the
+# context's words ("A customer asked before ordering") are not the attribute.
+_PURPOSE_RE = re.compile(r"\b(?:designed|meant|intended|made|built|suited|good|used|for)\s+for\b|\bwhat\b.*\bfor\s*\??\s*$",
+                         re.IGNORECASE)
+
+
 def _take_carried_attribute(need: Need, question: str, asked: str, typed_keys: set[str], table: SynonymTable,
                             names: set[str]) -> None:
     """Make the words the search query carried (the transformer's, or the question's context)
@@ -789,7 +813,7 @@ def _take_carried_attribute(need: Need, question: str, asked: str, typed_keys: s
         # "How long is it?" asks only the kind of value: what it is about came with the search
         # query ("... Zephyr Buds warranty").
         promote({key for key in carried if need.groups[key] == 0.5})
-    if not need.own and need.groups:
+    if not need.own and need.groups and not _PURPOSE_RE.search(asked):
         # "What about the Nimbus Tab?": the attribute is the one the transformer carried over, or
         # the context's ("I lost one of my Zephyr Buds, what now?"); but "hi, quick question -
         # how much is it?" asks a price, not the context's words.
@@ -814,16 +838,31 @@ _COMPARATIVES = frozenset(stem(w) for w in """bigger biggest larger largest smal
 TYPO_MIN_LENGTH = 5
 
 
+# A number written against its unit ("128gb", "5000mah", "30mins"), as documents rarely write it.
+_JOINED_UNIT_RE = re.compile(r"\b(\d+(?:[.,]\d+)?)(gb|tb|mb|mah|mm|cm|kg|hz|mp|w|hrs?|mins?|nits|gigs?|days?|"
+                             r"years?|months?|weeks?|hours?)\b", re.IGNORECASE)
+
+
 def _corrected(text: str, vocabulary: frozenset[str], table: SynonymTable) -> str:
     """``text`` with each unknown word of ``TYPO_MIN_LENGTH`` letters or more replaced by the one
-    known stem a single typo away, when there is exactly one (same first letter)."""
+    known stem a single typo away, when there is exactly one (same first letter), and a number
+    written against its unit set apart from it ("128gb" is "128 gb")."""
+    text = _JOINED_UNIT_RE.sub(r"\1 \2", text)
+
+    def known(word: str) -> bool:
+        stemmed = stem(word)
+        return (stemmed in vocabulary or stemmed in table.of_stem or stemmed in table.phrases_from
+                or stemmed in _GENERIC_STEMS or word in table.phrases_from)
+
     def fix(match: re.Match) -> str:
         word = _fold(match.group(0))
+        if "-" in word and not known(word) and any(known(part) for part in word.split("-") if len(part) > 2):
+            return match.group(0).replace("-", " ")  # "top-capacity" is "top capacity"; "front-facing" stays
         if len(word) < TYPO_MIN_LENGTH or not word.isalpha() or word in STOPWORDS or word in GENERIC_WORDS:
             return match.group(0)
-        stemmed = stem(word)
-        if stemmed in vocabulary or stemmed in table.of_stem or stemmed in table.phrases_from or stemmed in _GENERIC_STEMS:
+        if known(word):
             return match.group(0)
+        stemmed = stem(word)
         found = {c for c in (*vocabulary, *table.of_stem) if len(c) >= TYPO_MIN_LENGTH and c[0] == word[0]
                  and (_one_typo(word, c) or _one_typo(stemmed, c))}
         if len(found) > 1 and len({table.of_stem.get(c) for c in found}) == 1 and table.of_stem.get(next(iter(found))):
@@ -968,6 +1007,10 @@ def question_parts(question: str) -> list[str]:
     return [part for part in parts if _words(part)]
 
 
+# A question asked inside a statement: "(I'd like to) know how long...", "wondering whether...".
+_EMBEDDED_QUESTION_RE = re.compile(r"\b(?:know|knowing|wondering|wonder|wondered|tell me|tell us|confirm|ask|asks|asked|"
+                                   r"asking|check|find out|clarify|advise|understand|enquire|inquire|curious)\s+"
+                                   r"((?:if|whether|how|what|which|when|where|who|why)\b)", re.IGNORECASE)
 # Where a question's context clause ends: "I sketch by a window - will the screen glare?".
 _CLAUSE_SEPARATOR_RE = re.compile(r",\s+|\s+[-–—]+\s+|;\s+")
 
@@ -994,6 +1037,14 @@ def _asked_clause(question: str) -> str:
             opener = next(iter(_words(rest)[1:]), "")
         if opener in _WH_WORDS or opener in _POLAR_WORDS:
             return rest
+    # "I'd like to know how long the warranty on the Aurora X2 lasts; my Zephyr Buds came with
+    # two years": a question put as a statement asks from its embedded question word to the end
+    # of that clause; the rest is context.
+    embedded = _EMBEDDED_QUESTION_RE.search(question)
+    if embedded:
+        rest = question[embedded.start(1):]
+        end = _CLAUSE_SEPARATOR_RE.search(rest)
+        return rest[:end.start()] if end and _words(rest[:end.start()])[1:] else rest
     return question
 
 
