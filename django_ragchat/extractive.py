@@ -1067,6 +1067,34 @@ def _covers(key: str, stems: frozenset[str], table: SynonymTable) -> float:
 # --- The answerer -------------------------------------------------------------------------------
 
 
+# "How long does it take to recharge?", "how long till it's half full", "how fast does it charge":
+# the time charging takes, which a sentence states only with a charging verb and a time.
+_CHARGING_TIME_QUESTION_RE = re.compile(
+    r"\bhow\s+(?:long|many\s+(?:minutes|hours|mins))\b.*\b(?:take|takes|taking|till|til|until|to\s+get|to\s+reach|to\s+go)\b"
+    r"|\bhow\s+(?:quickly|fast|soon)\b", re.IGNORECASE)
+# A charging verb, not the battery-life noun of "on one charge", "per charge", "three more charges".
+_CHARGING_VERB_RE = re.compile(r"(?<!\bone )(?<!\ba )(?<!\bper )(?<!\bsingle )(?<!\bmore )(?<!\bfull )(?<!\beach )"
+                               r"\b(?:re)?charg(?:es|ed|ing|e)\b|\breach(?:es|ing)?\b", re.IGNORECASE)
+_TIME_SPAN_RE = re.compile(r"\b(?:\d+|an?|one|two|three|four|five|six|seven|eight|nine|ten|half\s+an?)\s*"
+                           r"(?:minutes?|mins?|hours?|hrs?)\b", re.IGNORECASE)
+# A storage capacity written in a question or a sentence: "128 GB", "1TB".
+_CAPACITY_RE = re.compile(r"\b(\d+)\s?(gb|tb)\b", re.IGNORECASE)
+
+
+def asks_charging_time(asked: str) -> bool:
+    """Whether the asking words ask how long charging takes (with a charging word asked)."""
+    return bool(_CHARGING_TIME_QUESTION_RE.search(asked))
+
+
+def states_charging_time(sentence: str) -> bool:
+    """Whether ``sentence`` states a charging time ("reaching 50% in 20 minutes")."""
+    return bool(_CHARGING_VERB_RE.search(sentence) and _TIME_SPAN_RE.search(sentence))
+
+
+def _capacities(text: str) -> set[tuple[str, str]]:
+    return {(number, unit.lower()) for number, unit in _CAPACITY_RE.findall(text)}
+
+
 @dataclass(frozen=True)
 class Choice:
     """A candidate sentence with its score and the share of the asked attribute it states."""
@@ -1255,10 +1283,16 @@ class AnswerSelector:
         openings = tuple(f"{article}{' '.join(subject)}" for subject in need.subjects for article in ("", "the "))
         choices = []
         decisive = [k for k in need.own if set(_labels(k)) & DECISIVE_GROUPS]
+        charging_time = asks_charging_time(need.asked) and "charging" in asked_labels
+        capacities = _capacities(need.asked)
         for p, s in eligible:
             if any(not _covers(k, s.stems, self.table) and not _covers(k, p.heading_stems, self.table)
                    for k in decisive):
                 continue  # "Is there a student discount?" is not answered by "$200 off" for a trade-in
+            if charging_time and not states_charging_time(s.text):
+                continue  # "How long does it take to recharge?" is not "eight hours ... on one charge"
+            if not capacities <= _capacities(s.text):
+                continue  # "Is there a 128 GB Nimbus Tab?" is not answered by "$449 with 64 GB"
             own_cov = all_cov = 0.0
             for key, weight in need.groups.items():
                 evidence = _covers(key, s.stems, self.table)

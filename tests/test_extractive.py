@@ -574,3 +574,35 @@ def test_ok_but_goes_on_with_the_subject(sample_docs):
 
 def test_charging_for_a_repair_under_guarantee_finds_the_repairs_passage(sample_docs):
     assert "Repairs under warranty are free" in ask("Do you charge for fixing stuff that's still under guarantee?")
+
+
+def test_framing_words_ask_nothing(sample_docs):
+    assert "5,000 mAh" in ask("Please could you confirm the battery capacity of the Aurora X2?")
+    assert "$449" in ask("A caller is asking what the Nimbus Tab costs.")
+
+
+def test_a_question_put_as_a_statement_is_about_the_product_it_asks_of(sample_docs):
+    answer = ask("I'd like to know how long the Aurora X2's warranty lasts; my Zephyr Buds have two years.")
+    assert answer.startswith("The documents don't say anything about"), answer
+    assert "two-year" not in answer and "Zephyr" not in answer, answer
+
+
+def test_a_charging_time_is_not_answered_with_the_battery_life(sample_docs):
+    answer = ask("How long do the Zephyr Buds take to recharge?")
+    assert answer.startswith("The documents don't say anything about"), answer
+    assert "20 minutes" in ask("How long does the Aurora X2 take to charge to half?")
+
+
+def test_a_capacity_the_documents_do_not_list_is_declined(sample_docs):
+    answer = ask("Can I buy the Nimbus Tab with 256 GB?")
+    assert answer.startswith("The documents don't say anything about"), answer
+    assert "$699" in ask("what's the price of the aurora x2 128gb")
+
+
+def test_a_hyphenated_word_with_a_known_part_is_read_as_its_parts(sample_docs):
+    assert "$949" in ask("What is the price of the top-capacity Aurora X2?")
+
+
+def test_what_a_product_is_designed_for_is_its_description(sample_docs):
+    answer = ask("What is the Nimbus Tab designed for? I'm placing an order soon.")
+    assert "drawing and reading" in answer, answer
