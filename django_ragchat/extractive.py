@@ -75,7 +75,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                  "repaired under warranty", "replaced under warranty", "warranty", "guarantee", "guaranteed",
                  "covered", "cover", "covers", "coverage", "protect", "protected", "protection", "defect", "defects",
                  "defective", "faulty", "failure", "fail", "fails", "warrantee", "warrenty", "guaranty",
-                 "manufacturing fault", "guarantee period"),
+                 "manufacturing fault", "guarantee period", "stop holding", "stops holding", "stopped holding", "won't hold", "wont hold"),
     "return": ("store credit", "credit note", "return", "returns", "returned", "send back", "send it back",
                "send them back", "bring back", "give back", "refund", "refunds", "refunded", "money back",
                "change my mind", "changed my mind", "take back", "take it back", "ship back", "ship it back",
@@ -111,7 +111,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                          "splashes", "shower", "resistant", "resistance", "ipx4", "ip67", "ip68", "ipx7", "submerge",
                          "swim", "gym", "workout", "workouts", "exercise", "exercising", "jog", "jogging",
                          "splashproof", "splash-proof", "swimming", "pool", "underwater", "submersible", "dunk",
-                         "spill", "liquid", "moisture", "dive", "diving", "ip55", "ip65", "ip66", "ipx6", "ipx8"),
+                         "spill", "liquid", "moisture", "dive", "diving", "ip55", "ip65", "ip66", "ipx6", "ipx8", "drizzle", "downpour", "drenched", "soaked", "raining", "puddle", "puddles"),
     "length": ("length", "how long", "long", "tall", "short", "extend", "extends", "collapse", "collapses", "cm",
                "centimetres", "centimeters", "metres", "meters", "feet", "foot", "ft", "how tall", "telescopic",
                "extendable", "retractable", "collapsible", "lengthwise"),
@@ -136,6 +136,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                "yellow", "beige", "navy"),
     "discount": ("discount", "discounts", "save", "saving", "savings", "off", "cheaper", "deal", "deals", "reduced",
                  "reduction", "coupon", "promo", "promotion", "rebate", "lower", "less", "knock off", "money off",
+                 "how much off", "much off", "percent off", "% off",
                  "on sale", "clearance", "markdown", "marked down", "voucher", "promo code", "promotional", "special offer", "price drop", "price cut", "bargain", "cashback",
                  "cash back", "loyalty"),
     # An offer for some buyers only: "$200 off" for a trade-in is no student discount.
@@ -148,12 +149,12 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                  "older phone", "trade my"),
     "display": ("screen", "display", "brightness", "bright", "nits", "glossy", "matte", "glare", "reflection",
                 "reflections", "sunlight", "sun", "outdoors", "outside", "panel", "oled", "lcd", "touchscreen",
-                "bezel", "brighter", "legible", "readable", "antiglare", "contrast"),
-    "storage": ("storage", "gb", "gigs", "gig", "gigabytes", "tb", "memory", "capacity", "space", "room", "terabyte"),
+                "bezel", "brighter", "legible", "readable", "antiglare", "contrast", "shiny", "reflective", "reflect", "reflects"),
+    "storage": ("storage", "gb", "gigs", "gig", "gigabytes", "tb", "memory", "capacity", "space", "room", "terabyte", "files", "room for files", "space for files", "storage space", "hold files"),
     "updates": ("updates", "update", "updated", "software support", "supported for", "be supported", "security",
                 "secure", "patch", "patches", "patched", "vulnerability", "vulnerabilities", "software", "firmware",
                 "upgrades", "os update", "ota", "over-the-air", "over the air", "bug fix", "bugfix", "security fix",
-                "long-term support", "end of life", "obsolete", "outdated"),
+                "long-term support", "end of life", "obsolete", "outdated", "hackers", "hacker", "hacked", "hacking", "malware", "virus", "viruses", "exploits"),
     "carrier": ("mobile network", "mobile operator", "phone network", "cell network", "mobile provider", "carrier",
                 "carriers", "unlocked", "locked", "network", "networks", "sim", "provider", "providers", "operator",
                 "sim-free", "sim free", "prepaid", "postpaid", "pay as you go", "payg"),
@@ -197,11 +198,14 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "noise cancelling": ("noise", "cancelling", "cancel noise", "cancels noise", "cancel out noise", "cancel out",
                          "noise canceling", "noise cancellation", "anc", "quiet", "block out", "drown out",
                          "shut out", "cut out", "tune out", "noise-cancelling", "isolation", "isolate", "quieter",
-                         "muffle", "block noise", "drown"),
+                         "muffle", "block noise", "drown", "background sound"),
+    # Watching, not filming: "hours of films" is the video playback a battery lasts.
+    "video": ("video", "videos", "films", "movies", "movie", "shows", "series", "binge", "binging", "bingeing",
+              "streaming", "stream", "netflix", "youtube", "watching", "watch"),
     "camera": ("footage", "video clips", "video clip", "4k video", "record video", "shoot video", "video recording",
                "ultra-hd", "ultra hd", "uhd", "how smooth", "smooth", "camera", "cameras", "photo", "photos",
                "picture", "pictures", "film", "filming", "record", "recording", "shoot", "lens", "mp", "megapixel",
-               "megapixels", "fps", "frame rate", "pic", "pics", "shutter", "photography"),
+               "megapixels", "fps", "frame rate", "pic", "pics", "shutter", "photography", "resolution"),
     "attachment": ("attach", "attaches", "attached", "magnet", "magnets", "magnetic", "magnetically", "clip", "clips",
                    "snap", "snaps", "stick", "sticks", "stow", "holder", "dock", "mount", "clasp", "hook", "latch",
                    "fasten", "detach", "detachable", "snap on", "stay on", "fall off"),
@@ -242,7 +246,8 @@ NOUN_OF: dict[str, str] = {
 # Words that judge or hedge what is asked ("a decent battery", "roughly how long", "the exact
 # capacity"): no attribute of their own. The followup transformer reads them so too.
 QUALIFYING_WORDS = frozenset("""decent great nice solid reasonable fine excellent strong poor bad awesome amazing
-    impressive superb terrible roughly approximately approx exact exactly precise precisely ballpark till""".split())
+    impressive superb terrible roughly approximately approx exact exactly precise precisely ballpark till little tiny
+    couple""".split())
 
 # The words by which a person frames or relays a question ("Could you confirm...", "The caller
 # wants to know...", "I was wondering..."): they ask nothing themselves.
@@ -299,6 +304,8 @@ _MAX_SCAN_CHARS = 4000
 
 _POSSESSIVE_RE = re.compile(r"['’]s$")
 # Groups that measure something else than money: "how much does it weigh" asks no price.
+# What runs for a time: "its warranty length" is a duration.
+_TIME_BEARING_GROUPS = frozenset({"warranty", "return", "shipping", "updates", "repair", "battery life"})
 _MEASURE_GROUPS = frozenset({"weight", "size", "length", "duration", "storage", "battery life", "speed", "display"})
 
 
@@ -741,6 +748,20 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
             not k.startswith("~") and k not in lasting for k in need.own):
         # "How long does the warranty last?": "last" says it asks a duration, not a battery life.
         for key in lasting:
+            need.own.discard(key)
+            need.groups.pop(key, None)
+            asked_at.pop(key, None)
+    lengths = [k for k in need.own if k.split("=")[0] == "length"]
+    if lengths and any(set(_labels(k)) & _TIME_BEARING_GROUPS for k in need.own):
+        # "zephyr buds warranty length" asks how long the warranty runs, not a length in cm.
+        for key in lengths:
+            need.own.discard(key)
+            need.groups.pop(key, None)
+            asked_at.pop(key, None)
+    coming = [k for k in need.own if k == "=included" and need.labels.get(k, "").startswith(("come", "came"))]
+    if coming and _QUANTITY_QUESTION_RE.search(asked) and len(need.own) > 1:
+        # "How much storage does it come with?" asks the storage: "come with" says it has it.
+        for key in coming:
             need.own.discard(key)
             need.groups.pop(key, None)
             asked_at.pop(key, None)
