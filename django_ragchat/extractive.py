@@ -1387,8 +1387,10 @@ class AnswerSelector:
         asked = [k for k in need.groups if k in need.own and not (k.startswith("~") and len(need.own) > 1)]
         lacking = [k for k in asked if not any(
             _covers(k, s.stems, self.table) or _covers(k, p.heading_stems, self.table) for p, s in eligible)]
+        # A narrow group lacking is named as the group: "wireless charging", not "charge wirelessly".
+        narrow = [label for k in lacking for label in _labels(k) if label in DECISIVE_GROUPS]
         missing = [need.labels[k] for k in (lacking or asked)] or ["that"]
-        topic = _span_of(need.asked, lacking) if len(lacking) > 1 else ""
+        topic = narrow[0] if narrow else _span_of(need.asked, lacking) if len(lacking) > 1 else ""
         topic = topic or " ".join(dict.fromkeys(missing[:3]))
         passage_of = {id(p): p for p, _ in eligible}
         on_subject = [p for p in passages if id(p) in passage_of]

@@ -164,6 +164,27 @@ def test_a_new_conversation_streams_a_cited_answer_over_the_websocket_and_comes_
     check_cited_answer(page)
 
 
+def test_the_cited_sources_come_first_and_a_decline_says_it_cited_none(page, asgi, product_corpus):
+    open_chat(page, f"{asgi.url}/chat/")
+    ask(page, "Is the Aurora X2 waterproof?")  # the documents don't say: nothing is cited
+    answer = last_answer(page)
+    assert "don't say" in answer.find_element(By.CSS_SELECTOR, ".ragchat-body").text
+    label = answer.find_element(By.CSS_SELECTOR, ".ragchat-sources-label")
+    assert label.text.lower() == "searched, none cited"
+    assert not answer.find_elements(By.CSS_SELECTOR, ".ragchat-source-cited")
+    ask(page, "How much are the Nimbus Tab and its stylus together?")
+    answer = last_answer(page)
+    assert "$529" in answer.find_element(By.CSS_SELECTOR, ".ragchat-body").text
+    items = answer.find_elements(By.CSS_SELECTOR, ".ragchat-sources > li")
+    assert answer.find_element(By.CSS_SELECTOR, ".ragchat-sources-label").text.lower() == "sources"
+    cited = [i for i in items if "ragchat-source-cited" in i.get_attribute("class")]
+    assert cited and items[:len(cited)] == cited, [i.text for i in items]
+    # Each keeps its number, so the answer's [n] still names it.
+    numbers = {int(i.get_attribute("value")) for i in cited}
+    links = answer.find_elements(By.CSS_SELECTOR, ".ragchat-body a.ragchat-cite")
+    assert links and {int(link.text) for link in links} <= numbers
+
+
 ANSWER = ("The **Aurora X2** costs $699 with 128 GB of storage [1].\n\n"
           "- The 256 GB model costs $799 [1].\n- Both have a `48 MP` camera [1].\n\n"
           "Ask me about the Nimbus Tab next.")

@@ -249,6 +249,7 @@ class ChatWidget {
     view.sourceIds = new Map();
     view.sourceList.replaceChildren();
     view.sourceList.hidden = view.sourcesLabel.hidden = view.sources.length === 0;
+    view.sourcesLabel.textContent = "Sources";
     for (const source of view.sources) {
       const id = `${view.key}-source-${source.index}`;
       view.sourceIds.set(source.index, id);
@@ -285,6 +286,15 @@ class ChatWidget {
     }
   }
 
+  /* The saved answer's passages: the cited ones first (each keeps its number, so [4] still
+     reads 4), and a label that says so when the answer cited none (a decline read as cited). */
+  orderSources(view, citedIndexes) {
+    const items = [...view.sourceList.children];
+    items.sort((a, b) => citedIndexes.has(Number(b.value)) - citedIndexes.has(Number(a.value)));
+    view.sourceList.append(...items);
+    view.sourcesLabel.textContent = citedIndexes.size || !items.length ? "Sources" : "Searched, none cited";
+  }
+
   /* A saved message (history, or the end of a turn) shown as the server has it. */
   applySavedMessage(view, message) {
     view.text = message.content;
@@ -292,6 +302,7 @@ class ChatWidget {
     const cited = new Set((message.citations || []).map((c) => c.index));
     if (message.sources && message.sources.length) this.renderSources(view, message.sources, cited);
     else this.markCited(view, cited);
+    this.orderSources(view, cited);
     this.renderBody(view);
     if (message.status === "incomplete") this.setNote(view, STOPPED);
     else if (message.status === "error" || message.status === "interrupted") {
