@@ -606,3 +606,8 @@ def test_a_hyphenated_word_with_a_known_part_is_read_as_its_parts(sample_docs):
 def test_what_a_product_is_designed_for_is_its_description(sample_docs):
     answer = ask("What is the Nimbus Tab designed for? I'm placing an order soon.")
     assert "drawing and reading" in answer, answer
+
+
+def test_a_decline_names_a_narrow_group_as_the_group(sample_docs):
+    answer = ask("Can the Zephyr Buds case charge wirelessly?")
+    assert answer.startswith("The documents don't say anything about wireless charging for Zephyr Buds."), answer
