@@ -250,11 +250,13 @@ QUALIFYING_WORDS = frozenset("""decent great nice solid reasonable fine excellen
     couple""".split())
 
 # The words by which a person frames or relays a question ("Could you confirm...", "The caller
-# wants to know...", "I was wondering..."): they ask nothing themselves.
+# wants to know...", "I was wondering...", a spoken "um", "so like"): they ask nothing themselves.
 FRAMING_WORDS = frozenset("""confirm confirmed wondering wonder wondered caller callers customer customers client clients
     asks asking asked ask enquire enquiring enquiry inquire inquiring inquiry query curious clarify advise kindly
     please interested hoping hope request requesting regarding concerning colleague buyer expect expecting
-    explain understand trying figure sure mind entitled entitle eligible eligibility qualify qualifies""".split())
+    explain understand trying figure sure mind entitled entitle eligible eligibility qualify qualifies
+    um umm uh uhh er erm hmm ah oh yeah yep kinda sorta gonna wanna gotta literally honestly anyway anyways
+    alright lol pls plz thx cheers mate folks guys""".split())
 # Question words that say nothing about what is asked ("What is the Nimbus Tab good for?").
 GENERIC_WORDS = frozenset(
     """good kind type sort thing things way really actually exactly possible able like tell know
