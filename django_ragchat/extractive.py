@@ -1389,6 +1389,11 @@ class AnswerSelector:
         asked = [k for k in need.groups if k in need.own and not (k.startswith("~") and len(need.own) > 1)]
         lacking = [k for k in asked if not any(
             _covers(k, s.stems, self.table) or _covers(k, p.heading_stems, self.table) for p, s in eligible)]
+        # Lacking words that a question word parts ("...for staff what is the warranty on them") are
+        # not one topic: the attributes the table knows say what was asked ("warranty").
+        span = _words(_span_of(need.asked, lacking)) if len(lacking) > 1 else []
+        if any(w in _WH_WORDS or w in _POLAR_WORDS for w in span[1:-1]):
+            lacking = [k for k in lacking if "=" in k] or lacking
         # A narrow group lacking is named as the group: "wireless charging", not "charge wirelessly".
         narrow = [label for k in lacking for label in _labels(k) if label in DECISIVE_GROUPS]
         missing = [need.labels[k] for k in (lacking or asked)] or ["that"]

@@ -611,3 +611,8 @@ def test_what_a_product_is_designed_for_is_its_description(sample_docs):
 def test_a_decline_names_a_narrow_group_as_the_group(sample_docs):
     answer = ask("Can the Zephyr Buds case charge wirelessly?")
     assert answer.startswith("The documents don't say anything about wireless charging for Zephyr Buds."), answer
+
+
+def test_a_decline_names_the_attribute_not_words_a_question_word_parts(sample_docs):
+    answer = ask("we are a company buying 20 aurora x2 for staff what is the warranty on them")
+    assert answer.startswith("The documents don't say anything about warranty for the Aurora X2."), answer
