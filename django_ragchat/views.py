@@ -14,7 +14,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.middleware.csrf import get_token
 from django.shortcuts import render
 from django.urls import NoReverseMatch, get_script_prefix, reverse
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_safe
 
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import PROTOCOL_VERSION
@@ -69,7 +69,7 @@ def may_chat(request) -> bool:
     return True
 
 
-@require_GET
+@require_safe  # GET, and HEAD for uptime checks and link previews
 def chat_page(request):
     """The chat page: your conversations, a new one, and the answer streaming with its sources."""
     if not may_chat(request):

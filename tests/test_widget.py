@@ -91,6 +91,13 @@ def test_the_chat_page_is_the_widget(client, user):
     assert "<title>Chat</title>" in html
 
 
+def test_the_chat_page_answers_head_and_refuses_other_methods(client, user):
+    client.force_login(user)
+    head = client.head("/chat/")
+    assert head.status_code == 200 and head["Content-Type"].startswith("text/html")
+    assert client.post("/chat/").status_code == 405
+
+
 def test_the_example_projects_pages_use_the_tag():
     from pathlib import Path
 
