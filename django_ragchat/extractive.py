@@ -75,7 +75,8 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                  "repaired under warranty", "replaced under warranty", "warranty", "guarantee", "guaranteed",
                  "covered", "cover", "covers", "coverage", "protect", "protected", "protection", "defect", "defects",
                  "defective", "faulty", "failure", "fail", "fails", "warrantee", "warrenty", "guaranty",
-                 "manufacturing fault", "guarantee period", "stop holding", "stops holding", "stopped holding", "won't hold", "wont hold"),
+                 "manufacturing fault", "guarantee period", "stop holding", "stops holding", "stopped holding",
+                 "won't hold", "wont hold"),
     "return": ("store credit", "credit note", "return", "returns", "returned", "send back", "send it back",
                "send them back", "bring back", "give back", "refund", "refunds", "refunded", "money back",
                "change my mind", "changed my mind", "take back", "take it back", "ship back", "ship it back",
@@ -111,7 +112,8 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                          "splashes", "shower", "resistant", "resistance", "ipx4", "ip67", "ip68", "ipx7", "submerge",
                          "swim", "gym", "workout", "workouts", "exercise", "exercising", "jog", "jogging",
                          "splashproof", "splash-proof", "swimming", "pool", "underwater", "submersible", "dunk",
-                         "spill", "liquid", "moisture", "dive", "diving", "ip55", "ip65", "ip66", "ipx6", "ipx8", "drizzle", "downpour", "drenched", "soaked", "raining", "puddle", "puddles"),
+                         "spill", "liquid", "moisture", "dive", "diving", "ip55", "ip65", "ip66", "ipx6", "ipx8",
+                         "drizzle", "downpour", "drenched", "soaked", "raining", "puddle", "puddles"),
     "length": ("length", "how long", "long", "tall", "short", "extend", "extends", "collapse", "collapses", "cm",
                "centimetres", "centimeters", "metres", "meters", "feet", "foot", "ft", "how tall", "telescopic",
                "extendable", "retractable", "collapsible", "lengthwise"),
@@ -137,7 +139,8 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "discount": ("discount", "discounts", "save", "saving", "savings", "off", "cheaper", "deal", "deals", "reduced",
                  "reduction", "coupon", "promo", "promotion", "rebate", "lower", "less", "knock off", "money off",
                  "how much off", "much off", "percent off", "% off",
-                 "on sale", "clearance", "markdown", "marked down", "voucher", "promo code", "promotional", "special offer", "price drop", "price cut", "bargain", "cashback",
+                 "on sale", "clearance", "markdown", "marked down", "voucher", "promo code", "promotional",
+                 "special offer", "price drop", "price cut", "bargain", "cashback",
                  "cash back", "loyalty"),
     # An offer for some buyers only: "$200 off" for a trade-in is no student discount.
     "student discount": ("student", "students", "university", "college", "uni", "education", "educational",
@@ -149,12 +152,15 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
                  "older phone", "trade my"),
     "display": ("screen", "display", "brightness", "bright", "nits", "glossy", "matte", "glare", "reflection",
                 "reflections", "sunlight", "sun", "outdoors", "outside", "panel", "oled", "lcd", "touchscreen",
-                "bezel", "brighter", "legible", "readable", "antiglare", "contrast", "shiny", "reflective", "reflect", "reflects"),
-    "storage": ("storage", "gb", "gigs", "gig", "gigabytes", "tb", "memory", "capacity", "space", "room", "terabyte", "files", "room for files", "space for files", "storage space", "hold files"),
+                "bezel", "brighter", "legible", "readable", "antiglare", "contrast", "shiny", "reflective", "reflect",
+                "reflects"),
+    "storage": ("storage", "gb", "gigs", "gig", "gigabytes", "tb", "memory", "capacity", "space", "room", "terabyte",
+                "files", "room for files", "space for files", "storage space", "hold files"),
     "updates": ("updates", "update", "updated", "software support", "supported for", "be supported", "security",
                 "secure", "patch", "patches", "patched", "vulnerability", "vulnerabilities", "software", "firmware",
                 "upgrades", "os update", "ota", "over-the-air", "over the air", "bug fix", "bugfix", "security fix",
-                "long-term support", "end of life", "obsolete", "outdated", "hackers", "hacker", "hacked", "hacking", "malware", "virus", "viruses", "exploits"),
+                "long-term support", "end of life", "obsolete", "outdated", "hackers", "hacker", "hacked", "hacking",
+                "malware", "virus", "viruses", "exploits"),
     "carrier": ("mobile network", "mobile operator", "phone network", "cell network", "mobile provider", "carrier",
                 "carriers", "unlocked", "locked", "network", "networks", "sim", "provider", "providers", "operator",
                 "sim-free", "sim free", "prepaid", "postpaid", "pay as you go", "payg"),
@@ -251,8 +257,8 @@ QUALIFYING_WORDS = frozenset("""decent great nice solid reasonable fine excellen
 
 # The words by which a person frames or relays a question ("Could you confirm...", "The caller
 # wants to know...", "I was wondering...", a spoken "um", "so like"): they ask nothing themselves.
-FRAMING_WORDS = frozenset("""confirm confirmed wondering wonder wondered caller callers customer customers client clients
-    asks asking asked ask enquire enquiring enquiry inquire inquiring inquiry query curious clarify advise kindly
+FRAMING_WORDS = frozenset("""confirm confirmed wondering wonder wondered caller callers customer customers client
+    clients asks asking asked ask enquire enquiring enquiry inquire inquiring inquiry query curious clarify advise kindly
     please interested hoping hope request requesting regarding concerning colleague buyer expect expecting
     explain understand trying figure sure mind entitled entitle eligible eligibility qualify qualifies
     um umm uh uhh er erm hmm ah oh yeah yep kinda sorta gonna wanna gotta literally honestly anyway anyways
@@ -749,24 +755,15 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
     if lasting and re.search(r"\bhow\s+long\b", asked, re.IGNORECASE) and any(
             not k.startswith("~") and k not in lasting for k in need.own):
         # "How long does the warranty last?": "last" says it asks a duration, not a battery life.
-        for key in lasting:
-            need.own.discard(key)
-            need.groups.pop(key, None)
-            asked_at.pop(key, None)
+        _forget(need, lasting, asked_at)
     lengths = [k for k in need.own if k.split("=")[0] == "length"]
     if lengths and any(set(_labels(k)) & _TIME_BEARING_GROUPS for k in need.own):
         # "zephyr buds warranty length" asks how long the warranty runs, not a length in cm.
-        for key in lengths:
-            need.own.discard(key)
-            need.groups.pop(key, None)
-            asked_at.pop(key, None)
+        _forget(need, lengths, asked_at)
     coming = [k for k in need.own if k == "=included" and need.labels.get(k, "").startswith(("come", "came"))]
     if coming and _QUANTITY_QUESTION_RE.search(asked) and len(need.own) > 1:
         # "How much storage does it come with?" asks the storage: "come with" says it has it.
-        for key in coming:
-            need.own.discard(key)
-            need.groups.pop(key, None)
-            asked_at.pop(key, None)
+        _forget(need, coming, asked_at)
     by_place = sorted((at, key) for key, at in asked_at.items() if not key.startswith("~"))
     need.adjacent = [(a, b) for (i, a), (j, b) in zip(by_place, by_place[1:]) if j - i <= 2]
     if not part:
@@ -796,6 +793,14 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], tab
         need.labels["=price"] = "price"
         need.own.add("=price")
     return need
+
+
+def _forget(need: Need, keys: list[str], asked_at: dict[str, int]) -> None:
+    """Take ``keys`` out of what ``need`` asks: a word that only says how something is asked."""
+    for key in keys:
+        need.own.discard(key)
+        need.groups.pop(key, None)
+        asked_at.pop(key, None)
 
 
 def _subject_by_kind(question: str, passages: list[Passage]) -> set[tuple[str, ...]]:
@@ -1031,8 +1036,8 @@ def question_parts(question: str) -> list[str]:
 
 
 # A question asked inside a statement: "(I'd like to) know how long...", "wondering whether...".
-_EMBEDDED_QUESTION_RE = re.compile(r"\b(?:know|knowing|wondering|wonder|wondered|tell me|tell us|confirm|ask|asks|asked|"
-                                   r"asking|check|find out|clarify|advise|understand|enquire|inquire|curious)\s+"
+_EMBEDDED_QUESTION_RE = re.compile(r"\b(?:know|knowing|wondering|wonder|wondered|tell me|tell us|confirm|ask|asks|"
+                                   r"asked|asking|check|find out|clarify|advise|understand|enquire|inquire|curious)\s+"
                                    r"((?:if|whether|how|what|which|when|where|who|why)\b)", re.IGNORECASE)
 # Where a question's context clause ends: "I sketch by a window - will the screen glare?".
 _CLAUSE_SEPARATOR_RE = re.compile(r",\s+|\s+[-–—]+\s+|;\s+")
@@ -1105,7 +1110,8 @@ _CAPACITY_RE = re.compile(r"\b(\d+)\s?(gb|tb)\b", re.IGNORECASE)
 
 
 def asks_charging_time(asked: str) -> bool:
-    """Whether the asking words ask how long charging takes (with a charging word asked)."""
+    """Whether the asking words ask how long something takes ("how long ... take", "how fast");
+    the answerer applies it only when a charging word is asked too."""
     return bool(_CHARGING_TIME_QUESTION_RE.search(asked))
 
 
@@ -1314,7 +1320,7 @@ class AnswerSelector:
                 continue  # "Is there a student discount?" is not answered by "$200 off" for a trade-in
             if charging_time and not states_charging_time(s.text):
                 continue  # "How long does it take to recharge?" is not "eight hours ... on one charge"
-            if not capacities <= _capacities(s.text):
+            if capacities and not capacities <= _capacities(s.text):
                 continue  # "Is there a 128 GB Nimbus Tab?" is not answered by "$449 with 64 GB"
             own_cov = all_cov = 0.0
             for key, weight in need.groups.items():
