@@ -229,9 +229,9 @@ def store_chunks(count: int, *, seed: int = 7, per_document: int = 10, batch: in
     """Store ``synthetic_chunks(count)`` as ``Document``/``Chunk`` rows embedded by the default
     profile's embedder (``bulk_create``, embedded in batches). Returns the number stored."""
     from django_ragchat.models import Chunk, Document
-    from django_ragchat.pipeline import components_for
     from django_ragchat.profiles import get_profile
     from django_ragchat.tokens import count_tokens
+    from django_ragchat.turn.context import components_for
 
     embedder = components_for(get_profile()).embedder
     rows = list(synthetic_chunks(count, seed=seed, per_document=per_document))

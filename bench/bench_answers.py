@@ -36,7 +36,7 @@ OPTIONS = {"default": {"reference_pattern": "default"}, "acm": {"reference_patte
 
 
 def builder_cost(rounds: int, per_round: int) -> list[list]:
-    from django_ragchat.answers import build_answer, parse_default_references
+    from django_ragchat.stages.answers import build_answer, parse_default_references
     from django_ragchat.types import Citation, RetrievedChunk
 
     docs = tuple(RetrievedChunk(chunk_id=i, text=f"passage {i}", score=1.0, document_id=i, source=f"d{i}.md")
@@ -67,7 +67,7 @@ def turn_cost(chunks: int, turns: int, warmup: int) -> tuple[list, str]:
     from django.test import override_settings
 
     from django_ragchat import plugins
-    from django_ragchat.pipeline import run_turn_sync, stream_turn
+    from django_ragchat.turn.pipeline import run_turn_sync, stream_turn
 
     store_chunks(chunks)
     products = product_names(max(1, chunks // 10))

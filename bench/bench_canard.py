@@ -81,9 +81,9 @@ def store_passages(dialogs: list[dict], index: str) -> dict[tuple[str, int], int
     """
     from django_ragchat.ingestion.chunking import format_heading
     from django_ragchat.models import Chunk, Document
-    from django_ragchat.pipeline import components_for
     from django_ragchat.profiles import get_profile
     from django_ragchat.tokens import count_tokens
+    from django_ragchat.turn.context import components_for
 
     embedder = components_for(get_profile()).embedder
     documents = Document.objects.bulk_create([
@@ -133,8 +133,9 @@ def transformed_query(question: str, history) -> str | None:
     from asgiref.sync import async_to_sync
 
     from django_ragchat.models import Conversation
-    from django_ragchat.pipeline import TurnContext, _new_trace, components_for, transform_query
     from django_ragchat.profiles import get_profile
+    from django_ragchat.turn.context import TurnContext, components_for
+    from django_ragchat.turn.pipeline import _new_trace, transform_query
 
     profile = get_profile()
     # The conversation is never saved: transformers only read it for warnings.
@@ -166,9 +167,9 @@ def follow_ups(dialogs: list[dict], passages: dict[tuple[str, int], int]) -> lis
 def rank_all(items: list[FollowUp], k: int) -> None:
     """Search the top ``k`` chunk ids for every variant of every follow-up (the product's path:
     the profile's embedder, then ``search_vectors``)."""
-    from django_ragchat.pipeline import components_for
     from django_ragchat.profiles import get_profile
-    from django_ragchat.retrievers import search_vectors
+    from django_ragchat.stages.retrievers import search_vectors
+    from django_ragchat.turn.context import components_for
 
     embedder = components_for(get_profile()).embedder
     texts = sorted({t for item in items for t in item.texts.values() if t})
@@ -219,8 +220,8 @@ def gap_closed(items: list[FollowUp], k: int) -> str:
 
 
 def report(results: dict, database: str) -> str:
-    from django_ragchat.pipeline import components_for
     from django_ragchat.profiles import get_profile
+    from django_ragchat.turn.context import components_for
 
     profile = get_profile()
     transformers = [t.name for t in components_for(profile).query_transformers]

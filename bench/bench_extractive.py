@@ -9,7 +9,7 @@
    first run; a set's split says whether it was read and tuned on. The sample docs are
    ingested with ``ingest_paths`` and each question runs through the whole default pipeline
    (follow-ups after their ``history`` turns in the same conversation), once with the new
-   answerer and once with the old one (``llms.LegacyExtractiveAnswerer``), each in its own
+   answerer and once with the old one (``bench/legacy_answerer.py``), each in its own
    conversations. Reported per answerer and split:
 
    - *fact stated*: of the answerable questions, the share whose answer contains every fact;
@@ -43,8 +43,11 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._setup import ROOT, bench_database, machine, table
+from bench.legacy_answerer import LegacyExtractiveAnswerer
 from django_ragchat import hookimpl
-from django_ragchat.llms import ExtractiveAnswerer, LegacyExtractiveAnswerer
+from django_ragchat.answerer.passages import build_passages
+from django_ragchat.answerer.vocabulary import Vocabulary
+from django_ragchat.stages.llms import ExtractiveAnswerer
 
 DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs.jsonl"
 # Written after the first held-out part had been read while tuning, by someone who had not seen
@@ -205,7 +208,7 @@ def run_labelled(items: list[dict]) -> dict[str, dict[str, str]]:
     """{answerer: {item id: answer}} through the whole default pipeline."""
     from django_ragchat.ingestion.pipeline import ingest_paths
     from django_ragchat.models import Conversation
-    from django_ragchat.pipeline import run_turn_sync
+    from django_ragchat.turn.pipeline import run_turn_sync
 
     ingest_paths([SAMPLE_DOCS])
     answers: dict[str, dict[str, str]] = {a: {} for a in ANSWERERS}
@@ -274,8 +277,10 @@ def run_canard(dialogs: int | None = None, passages_per_turn: int = 4) -> dict:
     for dialog in data:
         for turn in dialog["turns"]:
             span_of[(dialog["dialog_id"], turn["turn"])] = turn["answer"] or ""
-    answerers = {"new": ExtractiveAnswerer(get_profile()),
-                 f"new, min_coverage {LOOSE}": ExtractiveAnswerer(get_profile(), min_coverage=LOOSE),
+    vocabulary = Vocabulary.for_profile(get_profile())
+    answerers = {"new": ExtractiveAnswerer(get_profile(), vocabulary=vocabulary),
+                 f"new, min_coverage {LOOSE}": ExtractiveAnswerer(get_profile(), vocabulary=vocabulary,
+                                                                  min_coverage=LOOSE),
                  "old": LegacyExtractiveAnswerer(get_profile())}
     counts = dict.fromkeys([*answerers, "first sentence of top passage"], 0)
     declines = dict.fromkeys(answerers, 0)
@@ -292,8 +297,7 @@ def run_canard(dialogs: int | None = None, passages_per_turn: int = 4) -> dict:
         outputs = {name: answerer.answer(prompt) for name, answerer in answerers.items()}
         first = ""
         if docs:
-            from django_ragchat.extractive import build_passages
-            sentences_ = build_passages(docs[:1])[0].sentences
+            sentences_ = build_passages(docs[:1], vocabulary)[0].sentences
             first = sentences_[0].text if sentences_ else ""
         outputs["first sentence of top passage"] = first
         split = "tune" if item.dialog_index < bench_canard.TUNE_DIALOGS else "held out"
@@ -345,13 +349,14 @@ def canard_report(results: dict) -> str:
 def measure_cost(repeats: int = 20) -> str:
     # The plugin module's RECORDED: this one may be running as __main__.
     from bench import bench_extractive as registered
-    from django_ragchat.extractive import _analyse_text
+    from django_ragchat.answerer.passages import _analyse_text
     from django_ragchat.profiles import get_profile
 
     prompts = [p for p in registered.RECORDED["new"] if len(p.documents) == 4]
     if not prompts:
         return "no prompt with 4 passages recorded"
-    new, old = ExtractiveAnswerer(get_profile()), LegacyExtractiveAnswerer(get_profile())
+    new = ExtractiveAnswerer(get_profile(), vocabulary=Vocabulary.for_profile(get_profile()))
+    old = LegacyExtractiveAnswerer(get_profile())
     rows = []
     for label, cold in (("cold (sentence cache cleared)", True), ("warm", False)):
         timings = {}

@@ -105,7 +105,7 @@ def play(conversations: list[dict], profile_overrides: dict) -> list[TurnOutcome
     from django.test import override_settings
 
     from django_ragchat.models import Conversation
-    from django_ragchat.pipeline import run_turn_sync
+    from django_ragchat.turn.pipeline import run_turn_sync
 
     outcomes = []
     with override_settings(RAGCHAT={"LOAD_ENTRY_POINTS": False, "PROFILES": {"default": profile_overrides}}):

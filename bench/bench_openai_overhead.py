@@ -74,7 +74,7 @@ def script(server) -> None:
 
 async def _turn(conversation, text: str, mode: str) -> dict:
     from django_ragchat.events import Completed, Failed
-    from django_ragchat.pipeline import run_turn, stream_turn
+    from django_ragchat.turn.pipeline import run_turn, stream_turn
 
     if mode == "whole":
         result = await run_turn(conversation, text)
@@ -91,7 +91,7 @@ async def _turn(conversation, text: str, mode: str) -> dict:
 
 
 def one_turn(runner: asyncio.Runner, conversation, text: str, driver: str, mode: str) -> dict:
-    from django_ragchat.pipeline import run_turn_sync
+    from django_ragchat.turn.pipeline import run_turn_sync
 
     if driver.startswith("sync"):
         if driver == "sync":
@@ -99,7 +99,7 @@ def one_turn(runner: asyncio.Runner, conversation, text: str, driver: str, mode:
         else:
             from asgiref.sync import async_to_sync
 
-            from django_ragchat.pipeline import run_turn
+            from django_ragchat.turn.pipeline import run_turn
 
             result = async_to_sync(run_turn)(conversation, text)
         if result.error:
@@ -110,7 +110,7 @@ def one_turn(runner: asyncio.Runner, conversation, text: str, driver: str, mode:
 
 def bare_round_trips(runner: asyncio.Runner, base_url: str, repeat: int) -> dict[str, list[float]]:
     """Milliseconds of single requests through the bare client: the floor of a model call."""
-    from django_ragchat.openai_backend import ChatModel, OpenAIConnection
+    from django_ragchat.backends.openai import ChatModel, OpenAIConnection
 
     chat = ChatModel(OpenAIConnection(base_url=base_url, max_retries=0), model="gpt-4o-mini")
     messages = [{"role": "system", "content": "You answer questions. " * 10},

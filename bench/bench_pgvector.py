@@ -394,7 +394,7 @@ def measure_text(corpus: Corpus, conn, k: int, candidates: int = 20, ef: int = 4
 def measure_sqlite(corpus: Corpus, count: int, k: int) -> tuple[list[list], float]:
     from django_ragchat import search
     from django_ragchat.models import Chunk
-    from django_ragchat.vectorindex import vector_index
+    from django_ragchat.search.vectorindex import vector_index
 
     documents = store_documents(corpus, "sqlite")
     seconds = app_store(corpus, documents, range(count), SPACE, using="sqlite")

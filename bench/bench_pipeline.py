@@ -86,7 +86,7 @@ def make_conversation(earlier: int, products: list[str], offset: int):
 async def _consume_stream(conversation, text: str) -> tuple[dict, int]:
     """Run one streamed turn to its end: (the saved message payload, number of deltas)."""
     from django_ragchat.events import Completed, Delta, Failed
-    from django_ragchat.pipeline import stream_turn
+    from django_ragchat.turn.pipeline import stream_turn
 
     final, deltas = None, 0
     async with contextlib.aclosing(stream_turn(conversation, text, stream=True)) as events:
@@ -104,7 +104,7 @@ def one_turn(conversation, text: str, mode: str) -> dict:
     """Run one turn in ``mode``; return the saved assistant message payload."""
     from asgiref.sync import async_to_sync
 
-    from django_ragchat.pipeline import run_turn_sync
+    from django_ragchat.turn.pipeline import run_turn_sync
 
     if mode == "whole":
         result = run_turn_sync(conversation, text, stream=False)

@@ -308,7 +308,7 @@ async def pipeline_round(conversation_ids: list[str], expected: str | None, stag
 
     from django_ragchat.events import Completed, Delta
     from django_ragchat.models import Conversation
-    from django_ragchat.pipeline import stream_turn
+    from django_ragchat.turn.pipeline import stream_turn
 
     conversations = await sync_to_async(lambda: list(Conversation.objects.filter(pk__in=conversation_ids)))()
     start = asyncio.Event()

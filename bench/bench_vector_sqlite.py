@@ -59,10 +59,10 @@ def measure(chunks: int, *, queries: int = 300, warmup: int = 10, k: int = 10, s
     from asgiref.sync import async_to_sync
 
     from django_ragchat.models import Chunk, Conversation
-    from django_ragchat.pipeline import TurnContext, components_for
     from django_ragchat.profiles import get_profile
+    from django_ragchat.search.vectorindex import vector_index
+    from django_ragchat.turn.context import TurnContext, components_for
     from django_ragchat.types import Query
-    from django_ragchat.vectorindex import vector_index
 
     store_chunks(chunks, seed=seed)
     profile = get_profile()

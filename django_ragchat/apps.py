@@ -10,7 +10,9 @@ class RagchatConfig(AppConfig):
         from django.contrib.auth.signals import user_logged_in
 
         # checks: imported to register the system checks.
-        from django_ragchat import checks, sessions, shutdown  # noqa: F401
+        from django_ragchat import checks  # noqa: F401
+        from django_ragchat.transport import sessions
+        from django_ragchat.turn import shutdown
 
         user_logged_in.connect(sessions.move_anonymous_conversations, dispatch_uid="ragchat_move_anonymous")
         # Chained to the server's handlers: saves the answers being written on SIGTERM (see

@@ -29,9 +29,19 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections
+from django.shortcuts import resolve_url
+from django.urls import NoReverseMatch, Resolver404, resolve
 from django.utils.module_loading import import_string
 
+from django_ragchat import plugins
+from django_ragchat.backends.openai import OpenAIConnection
 from django_ragchat.conf import DEFAULTS, ragchat_settings
+from django_ragchat.models import Chunk
+from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, InvalidProfile, build_profile
+from django_ragchat.search import configured_text_configs, postgres, sqlite
+from django_ragchat.search.postgres import MIN_PGVECTOR_VERSION, parse_version
+from django_ragchat.turn.context import components_for
 
 
 @register(Tags.compatibility)
@@ -78,8 +88,6 @@ def check_settings(app_configs=None, **kwargs):
 
 @register(Tags.compatibility)
 def check_plugins(app_configs=None, **kwargs):
-    from django_ragchat import plugins
-
     errors = []
     pm = plugins.get_plugin_manager()
     registry = plugins.get_registry()
@@ -101,7 +109,6 @@ def check_plugins(app_configs=None, **kwargs):
 def check_registration_wrappers(app_configs=None, **kwargs):
     """A wrapper on a ``register_*`` hook would wrap nothing: each implementation is called on
     its own (to know which plugin registered what), so its code would never run."""
-    from django_ragchat import plugins
 
     pm = plugins.get_plugin_manager()
     errors = []
@@ -121,9 +128,6 @@ def check_registration_wrappers(app_configs=None, **kwargs):
 
 @register(Tags.compatibility)
 def check_profiles(app_configs=None, **kwargs):
-    from django_ragchat import plugins
-    from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, InvalidProfile, build_profile
-
     errors = []
     profiles = ragchat_settings.PROFILES
     if not isinstance(profiles, dict) or not profiles:
@@ -167,7 +171,6 @@ def check_profiles(app_configs=None, **kwargs):
                         problems.append(f"{field}: {exc}")
         if not problems:
             # Build the components once: options they do not accept fail here, not at the first turn.
-            from django_ragchat.context import components_for
 
             try:
                 components_for(profile)
@@ -182,10 +185,6 @@ def check_profiles(app_configs=None, **kwargs):
 def _built_profiles():
     """``(name, every component instance)`` of each profile that builds; the ones that do not
     are reported by ``check_profiles`` (ragchat.E002)."""
-    import dataclasses
-
-    from django_ragchat.context import components_for
-    from django_ragchat.profiles import build_profile
 
     profiles = ragchat_settings.PROFILES if isinstance(ragchat_settings.PROFILES, dict) else {}
     for name, config in profiles.items():
@@ -193,18 +192,13 @@ def _built_profiles():
             components = components_for(build_profile(name, config or {}))
         except Exception:  # noqa: BLE001 - reported by check_profiles
             continue
-        found = []
-        for f in dataclasses.fields(components):
-            value = getattr(components, f.name)
-            found += value if isinstance(value, list) else [value]
-        yield name, found
+        yield name, components.each()
 
 
 @register(Tags.compatibility)
 def check_openai_keys(app_configs=None, **kwargs):
     """A Warning, not an Error: the key may be set only where the site runs (not in CI or a
     build step), and every turn would fail with a clear "model unavailable" anyway."""
-    from django_ragchat.openai_backend import OpenAIConnection
 
     warnings = []
     for name, found in _built_profiles():
@@ -241,8 +235,6 @@ def check_channel_layer(app_configs=None, **kwargs):
 @register(Tags.urls)
 def check_login_url(app_configs=None, **kwargs):
     """W031: the chat page sends anonymous visitors to ``settings.LOGIN_URL``; it must resolve."""
-    from django.shortcuts import resolve_url
-    from django.urls import NoReverseMatch, Resolver404, resolve
 
     if ragchat_settings.ALLOW_ANONYMOUS:
         return []  # the page never redirects
@@ -276,9 +268,6 @@ def check_login_url(app_configs=None, **kwargs):
 def check_vector_indexes(app_configs=None, databases=None, **kwargs):
     """W011 on every ``check`` (not only ``check --database``): one query per PostgreSQL
     database; an unreachable or unmigrated database is left to whatever needs it first."""
-    from django.db import connections
-
-    from django_ragchat.models import Chunk
 
     warnings = []
     for alias in databases if databases is not None else list(connections):
@@ -296,10 +285,6 @@ def check_vector_indexes(app_configs=None, databases=None, **kwargs):
 
 @register(Tags.database)
 def check_search_indexes(app_configs=None, databases=None, **kwargs):
-    from django.db import DatabaseError, connections
-
-    from django_ragchat.models import Chunk
-
     errors = []
     for alias in databases or ():
         connection = connections[alias]
@@ -318,7 +303,6 @@ def check_search_indexes(app_configs=None, databases=None, **kwargs):
 
 def pgvector_problem(available: str | None) -> str:
     """Why pgvector version ``available`` (None: not installed on the server) will not do, or ""."""
-    from django_ragchat.search.postgres import MIN_PGVECTOR_VERSION, parse_version
 
     minimum = ".".join(map(str, MIN_PGVECTOR_VERSION))
     if available is None:
@@ -329,8 +313,6 @@ def pgvector_problem(available: str | None) -> str:
 
 
 def _postgres_search_checks(alias: str) -> list:
-    from django_ragchat.search import postgres
-
     available, _ = postgres.pgvector_versions(alias)
     problem = pgvector_problem(available)
     if problem:
@@ -341,8 +323,6 @@ def _postgres_search_checks(alias: str) -> list:
 
 
 def _postgres_index_checks(alias: str) -> list:
-    from django_ragchat.search import postgres
-
     warnings = []
     for space, count in postgres.spaces(alias).items():
         status = postgres.hnsw_index_status(space, using=alias)
@@ -358,8 +338,6 @@ def _postgres_index_checks(alias: str) -> list:
 
 
 def _sqlite_search_checks(alias: str) -> list:
-    from django_ragchat.search import configured_text_configs, sqlite
-
     state = sqlite.fulltext_state(alias)
     if state == "missing":
         return [Warning("The full-text index of the chunks (FTS5 table and triggers) is missing or incomplete; "

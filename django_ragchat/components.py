@@ -25,12 +25,16 @@ class Component:
 
     ``__init__`` receives the profile and the options the profile gives this component
     (``PROFILES[name]["options"][component_name]``); override it to accept named options.
+    A component that sets ``uses_vocabulary`` also receives ``vocabulary``: the profile's
+    ``answerer.vocabulary.Vocabulary`` (its language's words and synonym table), handed in by
+    the turn runtime so that no component imports word lists of its own.
     """
 
     kind: ClassVar[str] = ""
     name: ClassVar[str] = ""
     order: ClassVar[int] = 100
     enabled_by_default: ClassVar[bool] = True
+    uses_vocabulary: ClassVar[bool] = False
 
     def __init__(self, profile: Profile, **options: Any):
         self.profile = profile

@@ -67,7 +67,7 @@ DEFAULTS: dict[str, Any] = {
     # runs tasks elsewhere; smaller ones, or every one on the immediate backend, answer at once.
     "BACKGROUND_INGEST_BYTES": 256 * 1024,
     # Threads a worker process spreads its websocket turns' database work over (one turn stays
-    # on one thread); 1 runs it all on asgiref's single thread. See django_ragchat.lanes.
+    # on one thread); 1 runs it all on asgiref's single thread. See django_ragchat.turn.lanes.
     "DATABASE_THREADS": 4,
 }
 

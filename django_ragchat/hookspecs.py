@@ -52,17 +52,17 @@ hookspec = pluggy.HookspecMarker("django_ragchat")
 
 @hookspec
 def register_memory_strategies(register):
-    """Register ``django_ragchat.memory.MemoryStrategy`` subclasses.
+    """Register ``django_ragchat.stages.memory.MemoryStrategy`` subclasses.
 
     A memory strategy chooses which earlier messages of the conversation the model sees, within
     a token budget. Built in: ``message_window``, ``token_window``, ``summary`` (rolling
-    summary, ``django_ragchat.summary_memory``).
+    summary, ``django_ragchat.stages.summary_memory``).
     """
 
 
 @hookspec
 def register_guardrails(register):
-    """Register ``django_ragchat.guardrails.Guardrail`` subclasses.
+    """Register ``django_ragchat.stages.guardrails.Guardrail`` subclasses.
 
     A guardrail checks the user's input before retrieval (``check_input``) and the answer before
     it is saved (``check_output``); returning a ``Refusal`` ends the turn, and an output
@@ -75,19 +75,19 @@ def register_guardrails(register):
 
 @hookspec
 def register_query_transformers(register):
-    """Register ``django_ragchat.transformers.QueryTransformer`` subclasses.
+    """Register ``django_ragchat.stages.transformers.QueryTransformer`` subclasses.
 
     A transformer returns a new ``Query`` (rewritten, compressed, translated, enriched with the
     history), ``SkipRetrieval`` or an ``EndTurn``. All enabled transformers run in order, each
     seeing the previous one's output. Built in: ``followup`` (offline history-aware
     enrichment); ``rewrite``, ``compress``, ``translate`` (LLM, off by default,
-    ``django_ragchat.llm_transformers``).
+    ``django_ragchat.stages.llm_transformers``).
     """
 
 
 @hookspec
 def register_query_expanders(register):
-    """Register ``django_ragchat.expanders.QueryExpander`` subclasses.
+    """Register ``django_ragchat.stages.expanders.QueryExpander`` subclasses.
 
     An expander turns one query into several (the original plus variants); every (query,
     retriever) pair is then retrieved concurrently. Built in: ``multi_query`` (LLM, off by
@@ -97,7 +97,7 @@ def register_query_expanders(register):
 
 @hookspec
 def register_retrievers(register):
-    """Register ``django_ragchat.retrievers.Retriever`` subclasses.
+    """Register ``django_ragchat.stages.retrievers.Retriever`` subclasses.
 
     A retriever returns ``RetrievedChunk`` objects for a query, best first. Built in: ``vector``;
     ``fulltext`` and ``hybrid`` (off by default; PostgreSQL full text or SQLite FTS5).
@@ -106,7 +106,7 @@ def register_retrievers(register):
 
 @hookspec
 def register_joiners(register):
-    """Register ``django_ragchat.joiners.Joiner`` subclasses.
+    """Register ``django_ragchat.stages.joiners.Joiner`` subclasses.
 
     The profile's one joiner merges the result lists of all (query, retriever) pairs into one
     list, without duplicate chunks. Built in: ``rrf`` (reciprocal rank fusion), ``concat``.
@@ -115,7 +115,7 @@ def register_joiners(register):
 
 @hookspec
 def register_document_postprocessors(register):
-    """Register ``django_ragchat.postprocessors.DocumentPostProcessor`` subclasses.
+    """Register ``django_ragchat.stages.postprocessors.DocumentPostProcessor`` subclasses.
 
     Post-processors filter, re-rank or cut the joined list, in order. Built in:
     ``similarity_threshold``, ``top_k``.
@@ -124,7 +124,7 @@ def register_document_postprocessors(register):
 
 @hookspec
 def register_prompt_augmenters(register):
-    """Register ``django_ragchat.prompts.PromptAugmenter`` subclasses.
+    """Register ``django_ragchat.stages.prompts.PromptAugmenter`` subclasses.
 
     The profile's one prompt augmenter builds the ``Prompt`` from the system prompt, the
     history and the documents, within the token budget, and applies the no-context policy.
@@ -134,7 +134,7 @@ def register_prompt_augmenters(register):
 
 @hookspec
 def register_llm_backends(register):
-    """Register ``django_ragchat.llms.LLMBackend`` subclasses.
+    """Register ``django_ragchat.stages.llms.LLMBackend`` subclasses.
 
     A backend answers a ``Prompt`` whole (``complete``) or as an async stream of ``LLMDelta``
     (``stream``). Built in: ``extractive`` (offline, no model), ``openai`` (any OpenAI-compatible server).
@@ -143,7 +143,7 @@ def register_llm_backends(register):
 
 @hookspec
 def register_embedders(register):
-    """Register ``django_ragchat.embedders.Embedder`` subclasses.
+    """Register ``django_ragchat.stages.embedders.Embedder`` subclasses.
 
     An embedder turns texts into vectors of one embedding *space* (model and dimension). Built
     in: ``hashing`` (offline feature hashing), ``openai``.
@@ -152,20 +152,20 @@ def register_embedders(register):
 
 @hookspec
 def register_response_augmenters(register):
-    """Register ``django_ragchat.responses.ResponseAugmenter`` subclasses.
+    """Register ``django_ragchat.stages.responses.ResponseAugmenter`` subclasses.
 
     Response augmenters see the answer after the LLM: ``augment`` for a whole answer,
     ``on_delta`` for each streamed piece (it must not block), ``finish`` after the model's last
     piece (text it returns is streamed as more deltas: a footer, a sources line),
     ``on_complete`` when a stream ends. Built in: ``citations`` (the answer builder,
-    ``django_ragchat.answers.build_answer``: references, answer extraction, XML tags) and
+    ``django_ragchat.stages.answers.build_answer``: references, answer extraction, XML tags) and
     ``sources_filter`` (off unless listed: keeps the sources similar to the answer).
     """
 
 
 @hookspec
 def register_advisors(register):
-    """Register ``django_ragchat.advisors.Advisor`` subclasses.
+    """Register ``django_ragchat.turn.advisors.Advisor`` subclasses.
 
     An advisor is around-advice: ``around_turn(turn, call_next)`` wraps everything after the
     user's message is saved (it may short-circuit with its own answer),

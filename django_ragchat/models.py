@@ -18,6 +18,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from django_ragchat.conf import ragchat_settings
 from django_ragchat.fields import EmbeddingField
 
 
@@ -254,7 +255,6 @@ class MemoryRecord(models.Model):
 
 def expired_conversations(now=None):
     """Conversations past their retention period (see ANONYMOUS/USER_RETENTION_DAYS)."""
-    from django_ragchat.conf import ragchat_settings
 
     now = now or timezone.now()
     condition = Q(pk__in=[])

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import uuid
 
+from asgiref.sync import sync_to_async
 from django.utils.module_loading import import_string
 
 from django_ragchat.conf import ragchat_settings
+from django_ragchat.models import Conversation
+from django_ragchat.profiles import get_profile
 
 
 def is_owner_or_staff(user, conversation, session_key: str | None = None) -> bool:
@@ -67,7 +70,6 @@ def visible_conversations(user, session_key: str | None = None):
 
     Staff may *open* anyone's conversation by id, but their own list stays their own.
     """
-    from django_ragchat.models import Conversation
 
     if user is not None and user.is_authenticated:
         return Conversation.objects.filter(owner=user)
@@ -81,7 +83,6 @@ def get_conversation_for(user, conversation_id, session_key: str | None = None):
 
     An unknown id, a malformed id and another user's id are indistinguishable to the caller.
     """
-    from django_ragchat.models import Conversation
 
     try:
         conversation_id = uuid.UUID(str(conversation_id))
@@ -96,8 +97,6 @@ def get_conversation_for(user, conversation_id, session_key: str | None = None):
 
 
 async def aget_conversation_for(user, conversation_id, session_key: str | None = None):
-    from asgiref.sync import sync_to_async
-
     return await sync_to_async(get_conversation_for)(user, conversation_id, session_key)
 
 
@@ -105,8 +104,6 @@ def create_conversation(user, session_key: str | None = None, *, profile: str | 
                         title: str = "", metadata: dict | None = None):
     """A new conversation owned by ``user``, or bound to ``session_key`` when anonymous use is
     allowed. Raises ``PermissionError`` for an anonymous caller when it is not."""
-    from django_ragchat.models import Conversation
-    from django_ragchat.profiles import get_profile
 
     profile_name = get_profile(profile).name  # raises UnknownProfile for a bad name
     if user is not None and user.is_authenticated:

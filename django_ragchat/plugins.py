@@ -20,33 +20,34 @@ from importlib import import_module
 from typing import Any
 
 import pluggy
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
-from django_ragchat import hookimpl, hookspecs  # noqa: F401  (hookimpl: importable from here too, as in pluggy projects)
+from django_ragchat import hookspecs
 from django_ragchat.components import Component, ComponentRegistry
 from django_ragchat.conf import ragchat_settings
+from django_ragchat.profiles import Profile, get_profile
 
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "django_ragchat"
 
 DEFAULT_PLUGINS: tuple[str, ...] = (
-    "django_ragchat.memory",
-    "django_ragchat.guardrails",
-    "django_ragchat.transformers",
-    "django_ragchat.expanders",
-    "django_ragchat.retrievers",
-    "django_ragchat.joiners",
-    "django_ragchat.postprocessors",
-    "django_ragchat.prompts",
-    "django_ragchat.llms",
-    "django_ragchat.embedders",
-    "django_ragchat.responses",
-    "django_ragchat.openai_backend",
-    "django_ragchat.llm_transformers",
-    "django_ragchat.summary_memory",
+    "django_ragchat.stages.memory",
+    "django_ragchat.stages.guardrails",
+    "django_ragchat.stages.transformers",
+    "django_ragchat.stages.expanders",
+    "django_ragchat.stages.retrievers",
+    "django_ragchat.stages.joiners",
+    "django_ragchat.stages.postprocessors",
+    "django_ragchat.stages.prompts",
+    "django_ragchat.stages.llms",
+    "django_ragchat.stages.embedders",
+    "django_ragchat.stages.responses",
+    "django_ragchat.stages.llm_transformers",
+    "django_ragchat.stages.summary_memory",
 )
 
 # register_* hook name -> the component kind it registers.
@@ -163,9 +164,7 @@ def reset() -> None:
     """Forget the plugin manager and every built component (settings changed)."""
     with _lock:
         _state.clear()
-        from django_ragchat import profiles
-
-        profiles.get_profile.cache_clear()
+        get_profile.cache_clear()
 
 
 @receiver(setting_changed)
@@ -178,6 +177,27 @@ def _reset_on_settings_change(*, setting: str, **kwargs: Any) -> None:
 def instance_cache() -> dict:
     """Components built for profiles live here, so ``reset()`` drops them too."""
     return _ensure_loaded()["instances"]
+
+
+def build_component(profile: Profile, kind: str, name: str, *, vocabulary: Any = None) -> Component:
+    """The instance of the ``kind`` component ``name`` that ``profile`` runs, built once per
+    process and profile with the options the profile gives it (and ``vocabulary`` when its class
+    sets ``uses_vocabulary``)."""
+    cache = instance_cache()
+    key = (profile.name, kind, name)
+    if key not in cache:
+        cls = get_registry().get(kind, name).cls
+        handed = {"vocabulary": vocabulary} if cls.uses_vocabulary else {}
+        if cls.uses_vocabulary and vocabulary is None:
+            raise ImproperlyConfigured(f"The {kind} {name!r} reads a vocabulary; build it with the profile's "
+                                       f"components (django_ragchat.turn.context.components_for).")
+        cache[key] = cls(profile, **profile.options_for(name), **handed)
+    return cache[key]
+
+
+def embedder_for(profile: Profile) -> Component:
+    """``profile``'s embedder (the same instance its turns use): for ingestion, search and checks."""
+    return build_component(profile, "embedder", profile.embedder)
 
 
 async def await_me_maybe(value: Any) -> Any:

@@ -32,6 +32,8 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from django_ragchat.conf import ragchat_settings
+
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant. Answer the user's question using the numbered context "
     "passages given with it, and cite the passages you use as [1], [2]. If the context does not "
@@ -58,7 +60,7 @@ class Profile:
     retrievers: list[str] | None = None
     document_postprocessors: list[str] | None = None
     response_augmenters: list[str] | None = None
-    # Around-advice (django_ragchat.advisors), the first outermost.
+    # Around-advice (django_ragchat.turn.advisors), the first outermost.
     advisors: list[str] | None = None
     # Per-component options: {"component name": {option: value}}.
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -84,6 +86,12 @@ class Profile:
     # Stream answers token by token where the transport allows it.
     stream: bool = True
     metadata: dict[str, Any] = field(default_factory=dict)
+    # The words the offline components read text with (django_ragchat.language): "language"
+    # ("en"), or a "directory" of the site's own language files; "synonyms" added to the
+    # language's table ("replace_synonyms": True replaces it); "query_synonyms": whether the
+    # query components (followup, synonyms) read the table too (None: only when llm is
+    # "extractive"). See docs/answerer.md.
+    vocabulary: dict[str, Any] = field(default_factory=dict)
 
     @property
     def prompt_budget(self) -> int:
@@ -92,6 +100,15 @@ class Profile:
 
     def options_for(self, component_name: str) -> dict[str, Any]:
         return dict(self.options.get(component_name, {}))
+
+    def vocabulary_settings(self) -> dict[str, Any]:
+        """``vocabulary`` with every key and its default filled in."""
+        settings = {**VOCABULARY_DEFAULTS, **self.vocabulary}
+        if settings["query_synonyms"] is None:
+            # A model reads a question itself: its retrieval does not run on the offline
+            # answerer's word lists unless the site says so.
+            settings["query_synonyms"] = self.llm == "extractive"
+        return settings
 
 
 PROFILE_FIELDS = {f.name for f in dataclasses.fields(Profile)}
@@ -112,6 +129,9 @@ LIST_STAGES = {
     "advisors": "advisor",
 }
 EMPTY_CONTEXT_POLICIES = ("decline", "answer")
+VOCABULARY_DEFAULTS: dict[str, Any] = {
+    "language": "en", "directory": None, "synonyms": {}, "replace_synonyms": False, "query_synonyms": None,
+}
 
 
 class UnknownProfile(ImproperlyConfigured):
@@ -175,6 +195,28 @@ def profile_problems(profile: Profile) -> list[str]:
         problems.append(f"similarity_threshold must be None or a number from -1 to 1, not {threshold!r}")
     if not isinstance(profile.stream, bool):
         problems.append(f"stream must be True or False, not {profile.stream!r}")
+    return problems + vocabulary_problems(profile.vocabulary)
+
+
+def vocabulary_problems(vocabulary: Any) -> list[str]:
+    """What is wrong with a profile's ``vocabulary`` setting (its values, not its files)."""
+    if not isinstance(vocabulary, dict):
+        return [f"vocabulary must be a dict, not {vocabulary!r}"]
+    problems = []
+    unknown = sorted(set(vocabulary) - set(VOCABULARY_DEFAULTS))
+    if unknown:
+        problems.append(f"vocabulary has unknown key(s) {unknown}; valid keys are {sorted(VOCABULARY_DEFAULTS)}")
+    if not isinstance(vocabulary.get("language", "en"), str):
+        problems.append("vocabulary language must be a language code such as 'en'")
+    if not isinstance(vocabulary.get("directory") or "", str):
+        problems.append("vocabulary directory must be a path (a string) or None")
+    synonyms = vocabulary.get("synonyms", {})
+    if not isinstance(synonyms, dict) or not all(
+            isinstance(words, (list, tuple)) and all(isinstance(w, str) for w in words) for words in synonyms.values()):
+        problems.append('vocabulary synonyms must be a dict of group name -> list of words, e.g. {"volume": ["roomy"]}')
+    for key in ("replace_synonyms", "query_synonyms"):
+        if key in vocabulary and not isinstance(vocabulary[key], bool) and vocabulary[key] is not None:
+            problems.append(f"vocabulary {key} must be True or False, not {vocabulary[key]!r}")
     return problems
 
 
@@ -199,7 +241,6 @@ def build_profile(name: str, config: dict[str, Any]) -> Profile:
 @functools.lru_cache(maxsize=None)
 def get_profile(name: str | None = None) -> Profile:
     """The profile called ``name`` (the default profile when ``None``)."""
-    from django_ragchat.conf import ragchat_settings
 
     name = name or ragchat_settings.DEFAULT_PROFILE
     configs = ragchat_settings.PROFILES
@@ -211,6 +252,4 @@ def get_profile(name: str | None = None) -> Profile:
 
 
 def profile_names() -> list[str]:
-    from django_ragchat.conf import ragchat_settings
-
     return list(ragchat_settings.PROFILES)

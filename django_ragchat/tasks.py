@@ -26,7 +26,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.db import connection
+
 from django_ragchat.conf import ragchat_settings
+from django_ragchat.ingestion.pipeline import ingest_text, reembed
+from django_ragchat.plugins import build_component, embedder_for
+from django_ragchat.profiles import get_profile
+from django_ragchat.search import postgres
 
 try:  # Django 6.0 and later
     from django.tasks import TaskResult, TaskResultStatus, task, task_backends
@@ -80,10 +86,9 @@ def result_of(task_, result_id: str) -> TaskResult | None:
 @task
 def fold_summary(profile_name: str, conversation_id: str, budget_tokens: int, until_seq: int) -> dict | None:
     """Fold a conversation's older turns into its summary (``SummaryMemory.fold``)."""
-    from django_ragchat.context import components_for
-    from django_ragchat.profiles import get_profile
 
-    memory = components_for(get_profile(profile_name)).memory
+    profile = get_profile(profile_name)
+    memory = build_component(profile, "memory", profile.memory)
     # Not isinstance(memory, SummaryMemory): summary_memory imports this module (no cycles).
     if not callable(getattr(memory, "fold", None)):  # the profile changed since the turn
         return None
@@ -94,7 +99,6 @@ def fold_summary(profile_name: str, conversation_id: str, budget_tokens: int, un
 @task
 def ingest_upload(source: str, text: str, title: str, content_type: str, profile: str | None) -> dict:
     """Ingest a document uploaded through the API (``ingestion.pipeline.ingest_text``)."""
-    from django_ragchat.ingestion.pipeline import ingest_text
 
     result = ingest_text(source, text, title=title, content_type=content_type, profile=profile)
     return {"document_id": result.document_id, "outcome": result.status}
@@ -103,19 +107,12 @@ def ingest_upload(source: str, text: str, title: str, content_type: str, profile
 @task
 def reembed_space(profile: str | None = None, batch_size: int = 64, build_index: bool = True) -> dict:
     """Embed the stored chunks into a profile's embedder's space (``ragchat_reembed``)."""
-    from django.db import connection
 
-    from django_ragchat.context import components_for
-    from django_ragchat.ingestion.pipeline import reembed
-    from django_ragchat.profiles import get_profile
-
-    embedder = components_for(get_profile(profile)).embedder
+    embedder = embedder_for(get_profile(profile))
     report = reembed(embedder, batch_size=batch_size)
     result = {"space": embedder.space, "summary": report.summary(),
               "failed": [{"source": r.source, "reason": r.reason} for r in report.failed]}
     if build_index and connection.vendor == "postgresql" and not report.failed:
-        from django_ragchat.search import postgres
-
         status, created = postgres.create_hnsw_index(embedder.space)
         result["index"] = status.name
     return result

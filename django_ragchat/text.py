@@ -1,5 +1,6 @@
 """Small text utilities shared by the offline components (embedder, follow-up transformer,
-extractive answerer): tokenising, stop words, sentence splitting. Deliberately simple and
+extractive answerer): tokenising, stop words (data: ``lang/<code>/stopwords.txt``), sentence
+splitting. Deliberately simple and
 language-light: they serve the embedded defaults, not a linguistics pipeline."""
 
 from __future__ import annotations
@@ -8,28 +9,15 @@ import re
 import unicodedata
 from functools import lru_cache
 
+from django_ragchat.language import DEFAULT_LANGUAGE, load_language
+
 _WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*", re.UNICODE)
 # Sentence ends: . ! ? followed by space and an upper-case letter, digit or quote; or newlines.
 _SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n{2,}|\n(?=\s*[-*•]\s)")
 
-STOPWORDS = frozenset(
-    """
-    a about above after again against all also am an and any are aren't as at be because been
-    before being below between both but by can can't cannot could couldn't did didn't do does
-    doesn't doing don't down during each else even ever every few for from further get gets got
-    had hadn't has hasn't have haven't having he he'd he'll he's her here here's hers herself him
-    himself his how how's however i i'd i'll i'm i've if in into is isn't it it's its itself just
-    let's like made make many may me might more most much must mustn't my myself no nor not now
-    of off on once only or other ought our ours ourselves out over own per please same shall
-    shan't she she'd she'll she's should shouldn't since so some such tell than that that's the
-    their theirs them themselves then there there's these they they'd they'll they're they've
-    this those though through thus to too under until up upon us use used using very via was
-    wasn't we we'd we'll we're we've well were weren't what what's when when's where where's
-    whether which while who who's whom whose why why's will with within without won't would
-    wouldn't yes yet you you'd you'll you're you've your yours yourself yourselves
-    one two also know want need tell give say said
-    """.split()
-)
+#: The default language's stop words (``lang/en/stopwords.txt``): what the offline embedder and
+#: the corpus's subject names leave out.
+STOPWORDS = load_language(DEFAULT_LANGUAGE).stopwords
 
 
 def normalize(text: str) -> str:

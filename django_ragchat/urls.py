@@ -3,12 +3,12 @@
     path("chat/", include("django_ragchat.urls")),
 
 The page also needs the REST API (``django_ragchat.api.urls``) and, under ASGI, may use the
-websocket routes of ``django_ragchat.routing``.
+websocket routes of ``django_ragchat.transport.routing``.
 """
 
 from django.urls import path
 
-from django_ragchat import sse, views
+from django_ragchat.transport import sse, views
 
 app_name = "ragchat"
 

@@ -17,8 +17,8 @@ django_asgi_app = get_asgi_application()  # first: it sets Django up before the 
 from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
 
-from django_ragchat.origins import SameOriginValidator
-from django_ragchat.routing import websocket_urlpatterns
+from django_ragchat.transport.origins import SameOriginValidator
+from django_ragchat.transport.routing import websocket_urlpatterns
 
 application = ProtocolTypeRouter({
     "http": django_asgi_app,

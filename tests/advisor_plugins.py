@@ -5,7 +5,7 @@ a pluggy wrapper on a lifecycle hook. Each is loaded only by the tests that list
 from __future__ import annotations
 
 from django_ragchat import hookimpl
-from django_ragchat.responses import ResponseAugmenter
+from django_ragchat.stages.responses import ResponseAugmenter
 
 
 class Footer(ResponseAugmenter):
@@ -48,8 +48,8 @@ streamed = Streamed()
 
 # --- Advisors ----------------------------------------------------------------------------------
 
-from django_ragchat.advisors import Advisor  # noqa: E402
-from django_ragchat.guardrails import Guardrail  # noqa: E402
+from django_ragchat.stages.guardrails import Guardrail  # noqa: E402
+from django_ragchat.turn.advisors import Advisor  # noqa: E402
 from django_ragchat.types import Answer, CannedAnswer, LLMDelta, Refusal, Reprompt  # noqa: E402
 
 

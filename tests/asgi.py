@@ -13,8 +13,8 @@ from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
-from django_ragchat.origins import SameOriginValidator
-from django_ragchat.routing import websocket_urlpatterns
+from django_ragchat.transport.origins import SameOriginValidator
+from django_ragchat.transport.routing import websocket_urlpatterns
 
 application = ProtocolTypeRouter({
     # The page's script and styles are served from the app, as runserver would (the servers

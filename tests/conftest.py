@@ -8,7 +8,7 @@ import pytest
 from django.test import override_settings
 
 from django_ragchat import plugins
-from django_ragchat.vectorindex import vector_index
+from django_ragchat.search.vectorindex import vector_index
 
 # The loopback OpenAI-compatible server fixtures (openai_server, openai_server_session), and
 # the server processes of the streaming tests (asgi, wsgi, redis_workers).
@@ -118,11 +118,11 @@ def conversation(user):
 
 @pytest.fixture(scope="session", autouse=True)
 def lane_connections_closed(django_db_setup, django_db_blocker):
-    """Close the database lanes' connections (``django_ragchat.lanes``) at the end of the
+    """Close the database lanes' connections (``django_ragchat.turn.lanes``) at the end of the
     session, before the test database is dropped: PostgreSQL refuses to drop a database that
     a lane thread is still connected to."""
     yield
-    from django_ragchat import lanes
+    from django_ragchat.turn import lanes
 
     with django_db_blocker.unblock():
         lanes.close_connections()

@@ -1,7 +1,7 @@
 """A plugin listed in RAGCHAT["PLUGINS"] by the plugin tests."""
 
 from django_ragchat import hookimpl
-from django_ragchat.transformers import QueryTransformer
+from django_ragchat.stages.transformers import QueryTransformer
 
 
 class SettingsMarker(QueryTransformer):

@@ -4,7 +4,7 @@ augmenters run on each delta before it is relayed; and a footer streamed after t
 last token (the ``fake_cited`` profile, for the chat widget's browser tests)."""
 
 from django_ragchat import hookimpl
-from django_ragchat.responses import ResponseAugmenter
+from django_ragchat.stages.responses import ResponseAugmenter
 
 
 class Shout(ResponseAugmenter):

@@ -19,7 +19,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from django_ragchat import admin_views
+from django_ragchat.admin import views as admin_views
 from django_ragchat.models import (
     Chunk,
     Conversation,
@@ -30,7 +30,7 @@ from django_ragchat.models import (
     MessageSource,
     TurnTrace,
 )
-from django_ragchat.pipeline import run_turn_sync
+from django_ragchat.turn.pipeline import run_turn_sync
 
 pytestmark = pytest.mark.django_db
 

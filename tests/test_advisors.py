@@ -10,11 +10,11 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 
-from django_ragchat.context import components_for
 from django_ragchat.events import Delta
 from django_ragchat.models import Conversation, Message, TurnTrace
-from django_ragchat.pipeline import run_turn_sync, stream_turn
 from django_ragchat.profiles import get_profile
+from django_ragchat.turn.context import components_for
+from django_ragchat.turn.pipeline import run_turn_sync, stream_turn
 from tests.live_servers import caller_for
 
 pytestmark = pytest.mark.django_db
@@ -330,7 +330,7 @@ class _Broken:
     @staticmethod
     @_hookimpl
     def register_advisors(register):
-        from django_ragchat.advisors import Advisor
+        from django_ragchat.turn.advisors import Advisor
 
         class Broken(Advisor):
             name = "broken"

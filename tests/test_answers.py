@@ -1,4 +1,4 @@
-"""The answer builder (``django_ragchat.answers.build_answer``): every rule, as a pure function."""
+"""The answer builder (``django_ragchat.stages.answers.build_answer``): every rule, as a pure function."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from django_ragchat.answers import TagStreamFilter, build_answer
+from django_ragchat.stages.answers import TagStreamFilter, build_answer
 from django_ragchat.types import RetrievedChunk
 
 
@@ -52,7 +52,7 @@ def test_documents_come_back_in_prompt_order_whatever_the_order_of_references():
 
 @pytest.mark.parametrize("reply, bad", [("Zero [0].", 0), ("Too far [4].", 4), ("Far [99] and [2].", 99)])
 def test_out_of_range_references_are_ignored_with_a_warning(reply, bad, caplog):
-    with caplog.at_level(logging.WARNING, logger="django_ragchat.answers"):
+    with caplog.at_level(logging.WARNING, logger="django_ragchat.stages.answers"):
         built = build_answer(reply, DOCS, reference_pattern="default")
     assert bad not in indices(built)
     assert built.invalid_references == (bad,)

@@ -10,12 +10,12 @@ from asgiref.sync import async_to_sync
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
-from django_ragchat import plugins
-from django_ragchat.answers import build_answer
+from django_ragchat import hookimpl
 from django_ragchat.checks import check_profiles
-from django_ragchat.llms import LLMBackend
 from django_ragchat.models import MessageSource, TurnTrace
-from django_ragchat.pipeline import run_turn_sync, stream_turn
+from django_ragchat.stages.answers import build_answer
+from django_ragchat.stages.llms import LLMBackend
+from django_ragchat.turn.pipeline import run_turn_sync, stream_turn
 from django_ragchat.types import LLMDelta
 
 pytestmark = pytest.mark.django_db
@@ -42,7 +42,7 @@ class ScriptedBackend(LLMBackend):
 
 class ScriptedPlugin:
     @staticmethod
-    @plugins.hookimpl
+    @hookimpl
     def register_llm_backends(register):
         register(ScriptedBackend)
 

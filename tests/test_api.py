@@ -17,9 +17,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils.crypto import get_random_string
 from rest_framework.test import APIClient
 
-from django_ragchat import limits, plugins
+from django_ragchat import hookimpl
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.llms import LLMBackend, LLMError
+from django_ragchat.exceptions import LLMError
 from django_ragchat.models import (
     Chunk,
     Conversation,
@@ -29,6 +29,8 @@ from django_ragchat.models import (
     Message,
     MessageSource,
 )
+from django_ragchat.stages.llms import LLMBackend
+from django_ragchat.turn import limits
 from django_ragchat.types import LLMDelta
 
 pytestmark = pytest.mark.django_db
@@ -289,7 +291,7 @@ class FailingBackend(LLMBackend):
 
 class _FailingPlugin:
     @staticmethod
-    @plugins.hookimpl
+    @hookimpl
     def register_llm_backends(register):
         register(FailingBackend)
 
@@ -518,11 +520,11 @@ def test_an_upload_over_the_size_limit_is_a_413(staff_user, monkeypatch):
 def test_staff_see_the_plugins_and_components(staff_user):
     body = client_for(staff_user).get(f"{API}/plugins/").json()
     names = {p["name"]: p for p in body["plugins"]}
-    assert names["django_ragchat.llms"]["builtin"] is True
-    assert "register_llm_backends" in names["django_ragchat.llms"]["hooks"]
+    assert names["django_ragchat.stages.llms"]["builtin"] is True
+    assert "register_llm_backends" in names["django_ragchat.stages.llms"]["hooks"]
     extractive = next(c for c in body["components"] if c["kind"] == "llm" and c["name"] == "extractive")
-    assert extractive["path"] == "django_ragchat.llms.ExtractiveAnswerer"
-    assert extractive["plugin"] == "django_ragchat.llms"
+    assert extractive["path"] == "django_ragchat.stages.llms.ExtractiveAnswerer"
+    assert extractive["plugin"] == "django_ragchat.stages.llms"
     assert body["errors"] == []
 
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from django_ragchat import jsonbody
 from django_ragchat.models import Conversation, Feedback, Message
+from django_ragchat.transport import jsonbody
 from tests.live_servers import caller_for, open_socket, receive, send
 
 NESTED = "[" * 5_000 + "]" * 5_000  # past the parser's recursion limit, under the size limits

@@ -8,7 +8,7 @@ import pytest
 
 from bench import bench_answers, bench_canard, bench_pipeline, bench_vector_sqlite
 from bench._setup import percentile, table
-from django_ragchat.vectorindex import vector_index
+from django_ragchat.search.vectorindex import vector_index
 
 pytestmark = pytest.mark.django_db
 

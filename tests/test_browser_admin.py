@@ -18,7 +18,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from django_ragchat.models import Conversation, MessageSource
-from django_ragchat.pipeline import run_turn_sync
+from django_ragchat.turn.pipeline import run_turn_sync
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -1,16 +1,58 @@
-"""The package's import graph has no cycles, function-level imports included: the pipeline
-imports the stages, the stages import ``context``, ``types`` and ``components``, and nothing
-goes back up. Imports under ``if TYPE_CHECKING:`` are not run, so they do not count."""
+"""The package's shape, asserted: its rooms and which may import which, no import cycles
+(function-level imports included), and functions that fit on a screen.
+
+Rooms, lowest first (docs/architecture.md draws them). A module imports only from its own room
+or a lower one, so the file list reads as the architecture and nothing imports upward:
+
+* **core** (modules at the top: settings, models, types, events, errors, hooks, plugins,
+  components, profiles, permissions, language data, text utilities);
+* **services** (``search/``, ``ingestion/``, ``backends/``, ``tasks.py``): storage, search,
+  model servers, background work;
+* **answerer** (``answerer/``): the offline extractive answerer;
+* **stages** (``stages/``): one module per kind of pipeline component;
+* **turn** (``turn/``): the turn runtime (pipeline, context, advisors, persistence, limits...);
+* **transport** (``transport/``): websockets, server-sent events, the chat page;
+* **edges** (``api/``, ``admin/``, ``management/``, ``templatetags/``, ``testing/``, and the
+  faces Django and Channels look for: ``apps``, ``checks``, ``urls``).
+
+Imports under ``if TYPE_CHECKING:`` are not run, so they do not count."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
+import re
 from pathlib import Path
 
 import django_ragchat
 
 PACKAGE = Path(django_ragchat.__file__).parent
 
+ROOMS = ("core", "services", "answerer", "stages", "turn", "transport", "edges")
+# The top of a module's dotted name (after "django_ragchat.") -> its room.
+ROOM_OF = {
+    **dict.fromkeys(("", "conf", "types", "events", "exceptions", "hookspecs", "components", "plugins", "profiles",
+                     "models", "fields", "permissions", "language", "text", "tokens"), "core"),
+    **dict.fromkeys(("search", "ingestion", "backends", "tasks"), "services"),
+    "answerer": "answerer",
+    "stages": "stages",
+    "turn": "turn",
+    "transport": "transport",
+    **dict.fromkeys(("api", "admin", "management", "templatetags", "testing", "apps", "checks", "urls"), "edges"),
+}
+#: Functions allowed over MAX_FUNCTION_LINES, each with the reason.
+MAX_FUNCTION_LINES = 60
+LONG_FUNCTIONS: dict[str, str] = {}
+
+
+# A set or tuple of words written in code: frozenset("a b c".split()), {"a", "b", "c", ...}.
+WORD_LIST_LITERAL = re.compile(r"""(["'])[a-z' ]+\1\.split\(\)|\(\s*(?:"[a-z' -]+",\s*){4,}|\{\s*(?:"[a-z' -]+",\s*){4,}""")
+
+
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    return ROOM_OF[parts[1] if len(parts) > 1 else ""]
 
 def module_names() -> dict[str, Path]:
     found = {}
@@ -51,8 +93,10 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module
-            found.add(module)
-            found.update(f"{module}.{alias.name}" for alias in node.names)  # "from pkg import module"
+            submodules = {f"{module}.{alias.name}" for alias in node.names} & known  # "from pkg import module"
+            found.update(submodules)
+            if len(submodules) < len(node.names):  # names from the module itself, not only its submodules
+                found.add(module)
 
     Visitor().visit(ast.parse(path.read_text(encoding="utf-8")))
     return {m for m in found if m in known and m != name}
@@ -102,13 +146,57 @@ def test_the_package_has_no_import_cycles():
     assert find_cycles(import_graph()) == []
 
 
-def test_stages_do_not_import_the_pipeline():
+def test_every_module_lives_in_a_room():
+    assert [name for name in module_names() if name.split(".")[1:2] and name.split(".")[1] not in ROOM_OF] == []
+
+
+def test_nothing_imports_from_a_higher_room():
+    upward = [
+        f"{name} ({room_of(name)}) imports {other} ({room_of(other)})"
+        for name, imports in sorted(import_graph().items()) for other in sorted(imports)
+        if ROOMS.index(room_of(other)) > ROOMS.index(room_of(name))
+    ]
+    assert upward == []
+
+
+def test_only_the_edges_run_the_pipeline_and_the_stages_import_no_vocabulary():
     graph = import_graph()
-    importers = sorted(name for name, imports in graph.items() if "django_ragchat.pipeline" in imports)
+    importers = sorted(name for name, imports in graph.items() if "django_ragchat.turn.pipeline" in imports)
     # Only the edges (transports, the API, the terminal) call the pipeline.
-    assert set(importers) <= {"django_ragchat.transport", "django_ragchat.api.views",
+    assert set(importers) <= {"django_ragchat.transport.turns", "django_ragchat.api.views",
                               "django_ragchat.management.commands.ragchat_chat"}, importers
-    assert "django_ragchat.pipeline" not in graph["django_ragchat.context"]
+    assert "django_ragchat.turn.pipeline" not in graph["django_ragchat.turn.context"]
+    # The answerer's vocabulary is handed to the components that read it, never imported by them.
+    for stage in ("transformers", "expanders"):
+        assert not {m for m in graph[f"django_ragchat.stages.{stage}"] if m.startswith("django_ragchat.answerer")}
+        assert "django_ragchat.language" not in graph[f"django_ragchat.stages.{stage}"]
+
+
+def _functions(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def test_functions_fit_on_a_screen():
+    """No function (docstring included) is longer than MAX_FUNCTION_LINES, except those listed
+    with a reason in LONG_FUNCTIONS."""
+    long = {}
+    for name, path in module_names().items():
+        for node in _functions(ast.parse(path.read_text(encoding="utf-8"))):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES:
+                long[f"{name}:{node.name}"] = lines
+    assert set(long) == set(LONG_FUNCTIONS), long
+
+
+def test_the_language_data_holds_the_word_lists_not_the_code():
+    """The offline components' vocabulary is data (``django_ragchat/lang/``): no module of the
+    answerer or the followup transformer builds a set of words from a literal."""
+    for module in ("answerer.vocabulary", "answerer.passages", "answerer.question", "answerer.selector",
+                   "stages.transformers", "stages.expanders", "search.subjects"):
+        source = inspect.getsource(importlib.import_module(f"django_ragchat.{module}"))
+        assert not WORD_LIST_LITERAL.search(source), (module, WORD_LIST_LITERAL.search(source))
 
 
 def test_the_cycle_finder_sees_function_level_imports_and_ignores_type_checking_ones(tmp_path):
@@ -116,14 +204,14 @@ def test_the_cycle_finder_sees_function_level_imports_and_ignores_type_checking_
     module.write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
-        "    from django_ragchat.pipeline import TurnContext\n"
+        "    from django_ragchat.turn.pipeline import TurnContext\n"
         "def later():\n"
-        "    from django_ragchat import pipeline\n"
+        "    from django_ragchat.turn import pipeline\n"
         "    from . import types\n"
     )
-    known = {"django_ragchat.pipeline", "django_ragchat.types", "django_ragchat.stage"}
-    assert imports_of("django_ragchat.stage", module, known) == {"django_ragchat.pipeline", "django_ragchat.types"}
-    module.write_text("if TYPE_CHECKING:\n    from django_ragchat.pipeline import TurnContext\n")
+    known = {"django_ragchat.turn", "django_ragchat.turn.pipeline", "django_ragchat.types", "django_ragchat.stage"}
+    assert imports_of("django_ragchat.stage", module, known) == {"django_ragchat.turn.pipeline", "django_ragchat.types"}
+    module.write_text("if TYPE_CHECKING:\n    from django_ragchat.turn.pipeline import TurnContext\n")
     assert imports_of("django_ragchat.stage", module, known) == set()
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -131,8 +219,8 @@ def test_the_cycle_finder_sees_function_level_imports_and_ignores_type_checking_
 def test_every_user_facing_error_shares_one_base_with_a_stable_code_and_a_safe_message():
     from django_ragchat.api.views import APIError
     from django_ragchat.exceptions import InvalidMessage, LLMError, RagchatError, TurnInProgress
-    from django_ragchat.pipeline import describe_error
-    from django_ragchat.transport import TurnRefused
+    from django_ragchat.transport.turns import TurnRefused
+    from django_ragchat.turn.pipeline import describe_error
 
     errors = [
         InvalidMessage("too_long", "The message is too long."),

@@ -21,8 +21,8 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from django_ragchat import hookimpl, plugins
-from django_ragchat.llms import LLMBackend
 from django_ragchat.models import Conversation, Document, MemoryRecord, Message, MessageSource, TurnTrace
+from django_ragchat.stages.llms import LLMBackend
 from django_ragchat.types import LLMDelta
 
 pytestmark = pytest.mark.django_db
@@ -282,15 +282,15 @@ def test_plugins_lists_builtins_components_in_call_order_and_profiles():
     names = [p["name"] for p in data["plugins"]]
     assert names == list(plugins.DEFAULT_PLUGINS)  # load order
     assert all(p["origin"] == "built-in" for p in data["plugins"])
-    memory = next(p for p in data["plugins"] if p["name"] == "django_ragchat.memory")
+    memory = next(p for p in data["plugins"] if p["name"] == "django_ragchat.stages.memory")
     assert memory["hooks"] == ["register_memory_strategies"] and memory["builtin"] is True
-    assert data["hooks"]["register_embedders"][0] == "django_ragchat.embedders"
+    assert data["hooks"]["register_embedders"][0] == "django_ragchat.stages.embedders"
     postprocessors = data["components"]["document_postprocessor"]
     assert [c["name"] for c in postprocessors] == ["similarity_threshold", "top_k"]
     assert [c["order"] for c in postprocessors] == sorted(c["order"] for c in postprocessors)
     assert data["components"]["llm"][0] == {
         "name": "extractive", "order": 100, "index": data["components"]["llm"][0]["index"],
-        "plugin": "django_ragchat.llms", "class": "django_ragchat.llms.ExtractiveAnswerer",
+        "plugin": "django_ragchat.stages.llms", "class": "django_ragchat.stages.llms.ExtractiveAnswerer",
         "enabled_by_default": True,
     }
     default = data["profiles"]["default"]
@@ -300,7 +300,7 @@ def test_plugins_lists_builtins_components_in_call_order_and_profiles():
     assert data["errors"] == []
 
     text, _ = run("ragchat_plugins")
-    assert "django_ragchat.memory (built-in): register_memory_strategies" in text
+    assert "django_ragchat.stages.memory (built-in): register_memory_strategies" in text
     assert "    extractive  order=100" in text and "Profiles:\n  default:\n" in text
 
 
@@ -311,7 +311,7 @@ def test_plugins_shows_a_settings_plugin_and_broken_profiles(ragchat_settings_ov
     plugin = next(p for p in data["plugins"] if p["name"] == "tests.test_commands")
     assert plugin["origin"] == "settings" and plugin["hooks"] == ["register_llm_backends"]
     # Settings plugins load after the built-in ones: called after them, registered after them.
-    assert data["hooks"]["register_llm_backends"][0] == "django_ragchat.llms"
+    assert data["hooks"]["register_llm_backends"][0] == "django_ragchat.stages.llms"
     assert data["hooks"]["register_llm_backends"][-1] == "tests.test_commands"
     llms = {c["name"]: c for c in data["components"]["llm"]}
     assert llms["slow"]["plugin"] == "tests.test_commands"

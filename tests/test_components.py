@@ -5,19 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from django_ragchat.embedders import HashingEmbedder
-from django_ragchat.joiners import ConcatJoiner, ReciprocalRankFusion
-from django_ragchat.llms import ExtractiveAnswerer
-from django_ragchat.memory import newest_turns_within, split_turns
-from django_ragchat.postprocessors import SimilarityThreshold, TopK
+from django_ragchat.answerer.vocabulary import default_vocabulary
 from django_ragchat.profiles import Profile
-from django_ragchat.responses import parse_references
+from django_ragchat.stages.answers import parse_default_references
+from django_ragchat.stages.embedders import HashingEmbedder
+from django_ragchat.stages.joiners import ConcatJoiner, ReciprocalRankFusion
+from django_ragchat.stages.llms import ExtractiveAnswerer
+from django_ragchat.stages.memory import newest_turns_within, split_turns
+from django_ragchat.stages.postprocessors import SimilarityThreshold, TopK
+from django_ragchat.stages.transformers import FollowUpEnricher
 from django_ragchat.text import content_terms, sentences, stem
 from django_ragchat.tokens import count_tokens, estimate_tokens
-from django_ragchat.transformers import FollowUpEnricher
 from django_ragchat.types import HistoryMessage, Prompt, Query, RetrievedChunk
 
 PROFILE = Profile()
+VOCABULARY = default_vocabulary()
 
 
 def msg(role, content, seq, tokens=10):
@@ -69,11 +71,11 @@ def history(*pairs):
     ("What is the price of the Nimbus Tab tablet?", False),
 ])
 def test_dependent_follow_ups_are_detected(question, dependent):
-    assert FollowUpEnricher(PROFILE).is_dependent(question) is dependent
+    assert FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).is_dependent(question) is dependent
 
 
 def test_follow_up_gets_names_from_the_history_newest_first():
-    enricher = FollowUpEnricher(PROFILE)
+    enricher = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY)
     query = Query(text="How much does it cost?", original="How much does it cost?", history=history(
         ("Tell me about the Nimbus Tab", "The Nimbus Tab is a tablet."),
         ("Tell me about the Aurora X2 phone", "The Aurora X2 is a 6.1-inch phone with a 48 MP camera."),
@@ -92,7 +94,7 @@ def test_the_conversations_subject_outranks_a_name_mentioned_once():
         msg("user", "Did they tour with Captain Beefheart?", 4),
         msg("assistant", "Zappa produced his album Trout Mask Replica.", 5),
     ))
-    terms = FollowUpEnricher(PROFILE).salient_terms(query)
+    terms = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).salient_terms(query)
     # "Frank" opens a sentence but is followed by a name: it is a name too. Zappa, mentioned
     # by the user and twice in answers, leads; the answers' own names are not added.
     assert terms[0] == "Zappa" and "Frank" in terms and "Beefheart" in terms
@@ -103,21 +105,21 @@ def test_names_from_the_latest_answer_stand_in_when_the_user_named_nothing():
     query = Query(text="How much is it?", original="How much is it?", history=history(
         ("Which phone has the best camera?", "The Aurora X2 has a 48 MP camera."),
     ))
-    assert FollowUpEnricher(PROFILE).salient_terms(query) == ["Aurora", "X2"]
-    assert FollowUpEnricher(PROFILE, use_answers=False).salient_terms(query) == ["phone", "best", "camera"]
+    assert FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).salient_terms(query) == ["Aurora", "X2"]
+    assert FollowUpEnricher(PROFILE, vocabulary=VOCABULARY, use_answers=False).salient_terms(query) == ["phone", "best", "camera"]
 
 
 def test_topic_words_of_the_last_question_are_the_last_resort():
     query = Query(text="And the ports?", original="And the ports?", history=history(
         ("How do I configure the firewall?", "Open the settings page and add a rule."),
     ))
-    result = FollowUpEnricher(PROFILE).transform(query, None)
+    result = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).transform(query, None)
     assert result.text == "And the ports? configure firewall"
 
 
 def test_no_history_leaves_the_query_alone():
     query = Query(text="How much does it cost?", original="How much does it cost?")
-    result = FollowUpEnricher(PROFILE).transform(query, None)
+    result = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).transform(query, None)
     assert result.text == query.text and result.metadata["transform_note"] == "no history"
 
 
@@ -197,7 +199,7 @@ def test_threshold_uses_the_retrievers_own_score_and_top_k_cuts():
     ("None here, [a] or [].", [], []),
 ])
 def test_reference_parsing(text, refs, bad):
-    assert parse_references(text) == (refs, bad)
+    assert parse_default_references(text) == (refs, bad)
 
 
 def test_extractive_answer_cites_the_best_sentences():
@@ -206,7 +208,7 @@ def test_extractive_answer_cites_the_best_sentences():
         RetrievedChunk(chunk_id=2, text="The Aurora X2 costs $699. It has a titanium frame.", score=1, document_id=2, source="a"),
     )
     prompt = Prompt(messages=(), question="How much does it cost?", search_query="How much does it cost? Aurora X2", documents=docs)
-    answer = ExtractiveAnswerer(PROFILE).answer(prompt)
+    answer = ExtractiveAnswerer(PROFILE, vocabulary=VOCABULARY).answer(prompt)
     assert "The Aurora X2 costs $699 [2]." in answer
     assert "titanium" not in answer
 
@@ -215,9 +217,9 @@ def test_extractive_answer_says_plainly_when_nothing_is_relevant():
     docs = (RetrievedChunk(chunk_id=1, text="Zephyr Buds have a warranty.", score=1, document_id=1, source="z"),)
     prompt = Prompt(messages=(), question="Who painted the Mona Lisa?", search_query="Who painted the Mona Lisa?", documents=docs)
     # The question names something no passage knows: a plain decline that says so, citing nothing.
-    answer = ExtractiveAnswerer(PROFILE).answer(prompt)
+    answer = ExtractiveAnswerer(PROFILE, vocabulary=VOCABULARY).answer(prompt)
     assert answer == "The documents don't mention Mona Lisa, so I can't answer that from them."
-    assert ExtractiveAnswerer(PROFILE).answer(Prompt(messages=(), question="hi", search_query="hi")) == (
+    assert ExtractiveAnswerer(PROFILE, vocabulary=VOCABULARY).answer(Prompt(messages=(), question="hi", search_query="hi")) == (
         "I can't answer that from the documents I have.")
 
 
@@ -228,4 +230,4 @@ def test_extractive_answer_never_quotes_code_or_json():
         RetrievedChunk(chunk_id=3, text="The Aurora X2 costs $699.", score=1, document_id=2, source="a"),
     )
     prompt = Prompt(messages=(), question="How much does the Aurora X2 cost?", search_query="Aurora X2 cost", documents=docs)
-    assert ExtractiveAnswerer(PROFILE).answer(prompt) == "The Aurora X2 costs $699 [3]."
+    assert ExtractiveAnswerer(PROFILE, vocabulary=VOCABULARY).answer(prompt) == "The Aurora X2 costs $699 [3]."

@@ -8,8 +8,8 @@ import pytest
 from django.db import close_old_connections
 
 from django_ragchat.models import Conversation, Message
-from django_ragchat.persistence import TurnInProgress
-from django_ragchat.pipeline import run_turn_sync
+from django_ragchat.turn.persistence import TurnInProgress
+from django_ragchat.turn.pipeline import run_turn_sync
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

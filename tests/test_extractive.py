@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from django_ragchat.extractive import AnswerSelector, SynonymTable
+from django_ragchat.answerer.question import derived, one_typo
+from django_ragchat.answerer.selector import AnswerSelector
+from django_ragchat.answerer.vocabulary import Vocabulary, default_vocabulary
 from django_ragchat.ingestion.pipeline import ingest_paths
+from django_ragchat.language import load_language
 from django_ragchat.models import Conversation
-from django_ragchat.pipeline import run_turn_sync
+from django_ragchat.turn.pipeline import run_turn_sync
 from django_ragchat.types import Prompt, RetrievedChunk
 
 REPO = Path(__file__).resolve().parent.parent
@@ -122,18 +125,26 @@ PACK = chunk(1, "Ridge Backpack > Overview", "The Ridge Backpack holds 30 litres
 def test_a_profile_extends_the_synonym_table():
     question = prompt("How roomy is the Ridge Backpack?", PACK)
     assert AnswerSelector().answer(question).startswith("The documents don't say anything about roomy")
-    extended = AnswerSelector(synonyms={"volume": ["roomy", "litres", "capacity"]})
+    extended = AnswerSelector(vocabulary=Vocabulary(load_language(), {"volume": ["roomy", "litres", "capacity"]}))
     assert extended.answer(question) == "The Ridge Backpack holds 30 litres [1]."
 
 
 def test_bad_synonyms_are_rejected_with_a_clear_message():
     with pytest.raises(ValueError, match=r"synonyms\['volume'\] must be a list of words"):
-        SynonymTable.build({"volume": "roomy"})
+        Vocabulary(load_language(), {"volume": "roomy"})
+
+
+@pytest.mark.parametrize("synonyms", ["roomy", {"volume": 3}])
+def test_bad_synonyms_in_a_profile_fail_the_system_check(synonyms, ragchat_settings_override):
+    from django.core import checks
+
+    ragchat_settings_override(PROFILES={"default": {}, "shop": {"vocabulary": {"synonyms": synonyms}}})
+    errors = [e for e in checks.run_checks() if e.id == "ragchat.E002"]
+    assert [e.msg for e in errors] == [
+        "Profile 'shop': vocabulary synonyms must be a dict of group name -> list of words, e.g. {\"volume\": [\"roomy\"]}"]
 
 
 @pytest.mark.parametrize(("options", "problem"), [
-    ({"synonyms": "roomy"}, "synonyms must be a dict of group name -> list of words, not 'roomy'"),
-    ({"synonyms": {"volume": 3}}, "synonyms['volume'] must be a list of words, not 3"),
     ({"min_coverage": 2}, "min_coverage must be a number from 0 to 1, not 2"),
     ({"max_sentences": 0}, "max_sentences must be a whole number of at least 1, not 0"),
 ])
@@ -327,13 +338,13 @@ def test_the_synonyms_expander_finds_the_passage_a_phrase_means(sample_docs):
 
 
 def test_the_synonyms_expander_adds_no_price_or_duration_for_single_words():
-    from django_ragchat.extractive import group_names
-
+    group_names = default_vocabulary().group_names
     assert group_names("What is your shipping cost?") == ()  # "cost" finds pricing itself
     assert group_names("Can I pay for it monthly?") == ()  # "pay", "months": words of every section
     assert group_names("Will you fix it?") == ("repair",)
     assert group_names("can I get my money back?") == ("return",)
-    assert group_names("Do you hire out tents?", SynonymTable.build({"rental": ["hire out"]})) == ("rental",)  # a profile's group
+    rental = Vocabulary(load_language(), {"rental": ["hire out"]})
+    assert rental.group_names("Do you hire out tents?") == ("rental",)  # a profile's group
 
 
 def test_a_single_word_finds_the_section_its_group_names(sample_docs):
@@ -355,11 +366,9 @@ def test_a_generic_stem_asks_nothing():
 
 
 def test_a_derived_word_meets_its_base():
-    from django_ragchat.extractive import _derived, default_table
-
-    assert _derived("gloss" + "y", frozenset({"gloss"}), default_table()) == "gloss"
-    assert _derived("sunny", frozenset(), default_table()).startswith("sun=")
-    assert _derived("squishy", frozenset(), default_table()) == "squishy"  # nothing meets "squish"
+    assert derived("gloss" + "y", frozenset({"gloss"}), default_vocabulary()) == "gloss"
+    assert derived("sunny", frozenset(), default_vocabulary()).startswith("sun=")
+    assert derived("squishy", frozenset(), default_vocabulary()) == "squishy"  # nothing meets "squish"
     tips = chunk(1, "Zephyr Buds > Ear tips", "The soft ear tips squish to fit any ear.")
     answer = AnswerSelector().answer(prompt("Are the Zephyr Buds squishy?", tips))
     assert answer.startswith("The soft ear tips squish"), answer
@@ -457,9 +466,7 @@ def test_a_typo_is_read_as_the_known_word_one_slip_away(sample_docs):
     assert "480 grams" in ask("nimbus tab weigth")
     assert "30 days" in ask("retrun policy?")
     assert "15 W wireless charging" in ask("Does the Auroa X2 have wireless charging?")
-    from django_ragchat.extractive import _one_typo
-
-    assert _one_typo("zepyhr", "zephyr") and _one_typo("auroa", "aurora") and not _one_typo("store", "stow")
+    assert one_typo("zepyhr", "zephyr") and one_typo("auroa", "aurora") and not one_typo("store", "stow")
 
 
 def test_the_shops_policy_after_a_product_is_the_shops(sample_docs):

@@ -265,7 +265,7 @@ def test_the_sweep_closes_leases_nobody_will_renew(db, conversation):
 def test_stream_slots_are_leases(db, user, ragchat_settings_override):
     from django.core.cache import cache
 
-    from django_ragchat import limits
+    from django_ragchat.turn import limits
 
     ragchat_settings_override(MAX_CONCURRENT_STREAMS=2, STREAM_LEASE_SECONDS=20)
     first, second = limits.StreamSlot(user).acquire(), limits.StreamSlot(user).acquire()

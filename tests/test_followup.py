@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from django_ragchat.pipeline import run_turn_sync
+from django_ragchat.answerer.vocabulary import Vocabulary, default_vocabulary
 from django_ragchat.profiles import Profile
-from django_ragchat.subjects import SubjectIndex, clear_cache, subject_index
-from django_ragchat.transformers import FollowUpEnricher, read_message
+from django_ragchat.search.subjects import SubjectIndex, clear_cache, subject_index
+from django_ragchat.stages.transformers import FollowUpEnricher, Grammar, read_message
+from django_ragchat.turn.pipeline import run_turn_sync
 from django_ragchat.types import HistoryMessage, Query
 
 SAMPLE_DOCS = Path(__file__).resolve().parent.parent / "example_project" / "sample_docs"
 PROFILE = Profile()
+VOCABULARY = default_vocabulary()
 
 
 @pytest.fixture(autouse=True)
@@ -155,8 +157,8 @@ def test_a_fresh_start_carries_nothing(sample_docs, conversation):
 
 def test_subjects_come_from_ingested_titles_and_are_reloaded_when_the_corpus_changes(shop):
     from django_ragchat.ingestion.pipeline import ingest_text
-    from django_ragchat.pipeline import components_for
     from django_ragchat.profiles import get_profile
+    from django_ragchat.turn.context import components_for
 
     space = components_for(get_profile()).embedder.space
     assert {s.name for s in subject_index(space).subjects} == {"Trail 500", "Trail 700"}
@@ -192,7 +194,7 @@ def history(*user_turns: str) -> tuple[HistoryMessage, ...]:
 
 def resolve(question: str, *earlier: str, **options) -> Query:
     query = Query(text=question, original=question, history=history(*earlier))
-    return FollowUpEnricher(PROFILE, **options).resolve(query, None, INDEX)
+    return FollowUpEnricher(PROFILE, vocabulary=VOCABULARY, **options).resolve(query, None, INDEX)
 
 
 def test_titles_and_name_like_unique_headings_are_subjects_section_headings_are_not():
@@ -271,7 +273,7 @@ def test_a_fresh_start_carries_nothing_now_or_later():
 def test_without_subjects_in_the_corpus_the_transformer_is_subject_blind():
     query = Query(text="What about the Nimbus Tab?", original="What about the Nimbus Tab?",
                   history=history("What is the battery life of the Zephyr Buds?"))
-    result = FollowUpEnricher(PROFILE).resolve(query, None, SubjectIndex([]))
+    result = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).resolve(query, None, SubjectIndex([]))
     assert result.text == "What about the Nimbus Tab? Zephyr Buds"
 
 
@@ -285,14 +287,14 @@ def test_without_subjects_in_the_corpus_the_transformer_is_subject_blind():
     ("Thanks.", (), False, False),
 ])
 def test_reading_a_message(text, attribute, elliptical, fresh):
-    reading = read_message(text, INDEX)
+    reading = read_message(text, INDEX, Grammar.of(VOCABULARY))
     assert (reading.attribute, reading.elliptical, reading.fresh) == (attribute, elliptical, fresh)
 
 
 def test_a_title_case_heading_is_a_subject_only_when_its_text_writes_it_as_a_name(db):
     from django_ragchat.ingestion.pipeline import ingest_text
-    from django_ragchat.pipeline import components_for
     from django_ragchat.profiles import get_profile
+    from django_ragchat.turn.context import components_for
 
     ingest_text("shop/plans.md", "# Coffee subscriptions\n\n## Basic Plan\n\nThe Basic Plan costs $14 a month.\n\n"
                 "## Return Policy\n\nOur return policy gives you 60 days.\n", content_type="markdown")
@@ -315,7 +317,7 @@ KIND_ROWS = [(1, "Zephyr Buds", ["Zephyr Buds", "Overview"]), (2, "Nimbus Tab", 
 
 
 def test_a_documents_defining_sentence_gives_its_subjects_kind():
-    from django_ragchat.subjects import kind_of
+    from django_ragchat.search.subjects import kind_of
 
     assert kind_of("Nimbus Tab", OPENINGS[2]) == "tablet"
     assert kind_of("Aurora X2", OPENINGS[3]) == "phone"  # "6.1" does not end the sentence
@@ -334,7 +336,7 @@ def test_the_kind_names_its_subject_only_when_one_subject_has_it():
 def test_a_follow_up_naming_a_kind_switches_to_that_subject_and_inherits_the_attribute():
     index = SubjectIndex.from_rows(KIND_ROWS, openings=OPENINGS)
     query = Query(text="And the tablet?", original="And the tablet?", history=history("How much do the Zephyr Buds cost?"))
-    result = FollowUpEnricher(PROFILE).resolve(query, None, index)
+    result = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).resolve(query, None, index)
     assert result.text.startswith("And the tablet? Nimbus Tab"), result.text
     assert "cost" in result.text.split("Nimbus Tab")[1], result.text
 
@@ -359,31 +361,32 @@ def test_a_possessive_names_its_subject():
 def test_a_first_message_naming_a_kind_searches_its_subject():
     index = SubjectIndex.from_rows(KIND_ROWS, openings=OPENINGS)
     query = Query(text="How much is the tablet?", original="How much is the tablet?", history=())
-    assert FollowUpEnricher(PROFILE).resolve(query, None, index).text == "How much is the tablet? Nimbus Tab"
+    assert FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).resolve(query, None, index).text == "How much is the tablet? Nimbus Tab"
     named = Query(text="Do the Zephyr Buds work with the phone?", original="", history=())
-    assert FollowUpEnricher(PROFILE).resolve(named, None, index).text == named.text  # it names its subject
+    assert FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).resolve(named, None, index).text == named.text  # it names its subject
 
 
 def test_one_or_too_points_back_at_the_attribute_asked_before():
     index = SubjectIndex.from_rows(KIND_ROWS, openings=OPENINGS)
     query = Query(text="Does the phone have one too?", original="", history=history("What's the warranty on the Zephyr Buds?"))
-    result = FollowUpEnricher(PROFILE).resolve(query, None, index)
+    result = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).resolve(query, None, index)
     assert result.text == "Does the phone have one too? Aurora X2 warranty", result.text
 
 
 def test_a_shop_policy_question_about_a_product_carries_no_product():
     index = SubjectIndex.from_rows(KIND_ROWS, openings=OPENINGS)
     query = Query(text="Will I get my money back?", original="", history=history("I'd like to return my Zephyr Buds"))
-    result = FollowUpEnricher(PROFILE).resolve(query, None, index)
+    result = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).resolve(query, None, index)
     assert result.text == "Will I get my money back?", result.text
     assert "asks a shop policy" in result.metadata["transform_note"]
     warranty = Query(text="How long is the warranty?", original="", history=history("Tell me about the Zephyr Buds"))
-    assert "Zephyr Buds" in FollowUpEnricher(PROFILE).resolve(warranty, None, index).text  # its own
+    assert "Zephyr Buds" in FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).resolve(warranty, None, index).text  # its own
 
 
 def test_the_shop_policy_rule_reads_the_profiles_own_synonyms():
     index = SubjectIndex.from_rows(KIND_ROWS, openings=OPENINGS)
     query = Query(text="Can I hand it back?", original="", history=history("I'd like to return my Zephyr Buds"))
-    assert "Zephyr Buds" in FollowUpEnricher(PROFILE).resolve(query, None, index).text  # no group knows "hand it back"
-    shop = Profile(options={"extractive": {"synonyms": {"return": ["hand it back"]}}})
-    assert FollowUpEnricher(shop).resolve(query, None, index).text == "Can I hand it back?"
+    assert "Zephyr Buds" in FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).resolve(query, None, index).text  # no group knows "hand it back"
+    shop = Profile(vocabulary={"synonyms": {"return": ["hand it back"]}})
+    enricher = FollowUpEnricher(shop, vocabulary=Vocabulary.for_profile(shop))
+    assert enricher.resolve(query, None, index).text == "Can I hand it back?"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from django_ragchat.llm_transformers import REWRITE_EXAMPLES, RewriteTransformer
-from django_ragchat.pipeline import run_turn_sync
+from django_ragchat.stages.llm_transformers import REWRITE_EXAMPLES, RewriteTransformer
+from django_ragchat.turn.pipeline import run_turn_sync
 from tests.test_openai_backend import use_openai
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""Database lanes (django_ragchat.lanes): concurrent blocks get different threads, one block
+"""Database lanes (django_ragchat.turn.lanes): concurrent blocks get different threads, one block
 keeps one thread, and an outer ``async_to_sync`` (a test's transaction, WSGI) keeps its own."""
 
 import asyncio
@@ -7,8 +7,8 @@ import threading
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
-from django_ragchat import lanes
-from django_ragchat.lanes import database_lane
+from django_ragchat.turn import lanes
+from django_ragchat.turn.lanes import database_lane
 
 pytestmark = pytest.mark.skipif(not lanes.SUPPORTED, reason="asgiref < 3.13: lanes are off by design")
 

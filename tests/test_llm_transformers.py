@@ -7,9 +7,10 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from django_ragchat.checks import check_profiles
-from django_ragchat.llm_transformers import MultiQueryExpander, check_reply
-from django_ragchat.pipeline import components_for, run_turn_sync
 from django_ragchat.profiles import get_profile
+from django_ragchat.stages.llm_transformers import MultiQueryExpander, check_reply
+from django_ragchat.turn.context import components_for
+from django_ragchat.turn.pipeline import run_turn_sync
 from django_ragchat.types import Query
 from tests.test_openai_backend import use_openai
 

@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 from asgiref.sync import async_to_sync
 
+from django_ragchat.backends.openai import OpenAIConnection
 from django_ragchat.checks import check_openai_keys
 from django_ragchat.events import Accepted, Completed, Delta, Failed
 from django_ragchat.models import Message, TurnTrace
-from django_ragchat.openai_backend import OpenAIConnection
-from django_ragchat.pipeline import components_for, run_turn_sync, stream_turn
 from django_ragchat.profiles import get_profile
 from django_ragchat.testing.openai_server import embed
+from django_ragchat.turn.context import components_for
+from django_ragchat.turn.pipeline import run_turn_sync, stream_turn
 from tests.conftest import PRODUCT_DOCS
 
 pytestmark = pytest.mark.django_db
@@ -194,7 +195,7 @@ def test_every_model_fault_ends_in_a_clear_error_and_loses_nothing(
     trace = TurnTrace.objects.get(message=assistant).data
     assert trace["error"]["code"] == code
     # The detail (exception, status, cause) reaches the log, not the user.
-    logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "django_ragchat.openai_backend")
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "django_ragchat.backends.openai")
     assert f"failed with {code}" in logged
     assert openai_server.count("chat/completions") == 1  # max_retries=0: one request, no loop of ours
 
@@ -364,7 +365,7 @@ def test_a_model_without_a_known_size_sends_no_dimensions(openai_server, ragchat
 
 
 def test_a_model_of_unknown_size_learns_it_from_the_first_reply(openai_server, ragchat_settings_override):
-    from django_ragchat.openai_backend import OpenAIEmbedder
+    from django_ragchat.stages.embedders import OpenAIEmbedder
 
     OpenAIEmbedder.learnt_dimensions.clear()
     ragchat_settings_override(PROFILES={"default": openai_profile(
@@ -389,7 +390,7 @@ def test_a_model_of_unknown_size_learns_it_from_the_first_reply(openai_server, r
 
 
 def test_vectors_of_the_wrong_size_are_a_bad_response(openai_server, ragchat_settings_override):
-    from django_ragchat.llms import LLMError
+    from django_ragchat.exceptions import LLMError
 
     # The server answers 64 dimensions; the profile claims 32 and does not ask for them.
     ragchat_settings_override(PROFILES={"default": openai_profile(

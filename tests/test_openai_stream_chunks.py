@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from django_ragchat.llms import LLMError
-from django_ragchat.openai_backend import ChatModel, OpenAIConnection
+from django_ragchat.backends.openai import ChatModel, OpenAIConnection
+from django_ragchat.exceptions import LLMError
 
 
 @contextlib.contextmanager

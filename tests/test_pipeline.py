@@ -12,11 +12,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_ragchat import plugins
-from django_ragchat.llms import LLMBackend, LLMError
+from django_ragchat import hookimpl
+from django_ragchat.exceptions import InvalidMessage, LLMError
 from django_ragchat.models import Conversation, Message, MessageSource, TurnTrace
-from django_ragchat.persistence import TurnInProgress
-from django_ragchat.pipeline import InvalidMessage, run_turn_sync, stream_turn
+from django_ragchat.stages.llms import LLMBackend
+from django_ragchat.turn.persistence import TurnInProgress
+from django_ragchat.turn.pipeline import run_turn_sync, stream_turn
 from django_ragchat.types import LLMDelta
 
 pytestmark = pytest.mark.django_db
@@ -215,7 +216,7 @@ class FlakyBackend(LLMBackend):
 
 class _FlakyPlugin:
     @staticmethod
-    @plugins.hookimpl
+    @hookimpl
     def register_llm_backends(register):
         register(FlakyBackend)
 

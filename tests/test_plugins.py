@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from django_ragchat import checks, plugins
+from django_ragchat import checks, hookimpl, plugins
 from django_ragchat.models import Conversation
-from django_ragchat.pipeline import components_for, run_turn_sync
 from django_ragchat.profiles import get_profile
-from django_ragchat.transformers import QueryTransformer
+from django_ragchat.stages.transformers import QueryTransformer
+from django_ragchat.turn.context import components_for
+from django_ragchat.turn.pipeline import run_turn_sync
 
 PLUGIN_DIST = Path(__file__).parent / "plugin_dist"
 
@@ -47,9 +48,9 @@ def test_builtin_components_register_through_the_public_hooks():
     registry = plugins.get_registry()
     assert registry.errors == []
     by_kind = {(r.kind, r.name): r.plugin for r in registry.all()}
-    assert by_kind[("retriever", "vector")] == "django_ragchat.retrievers"
-    assert by_kind[("llm", "extractive")] == "django_ragchat.llms"
-    assert by_kind[("query_transformer", "followup")] == "django_ragchat.transformers"
+    assert by_kind[("retriever", "vector")] == "django_ragchat.stages.retrievers"
+    assert by_kind[("llm", "extractive")] == "django_ragchat.stages.llms"
+    assert by_kind[("query_transformer", "followup")] == "django_ragchat.stages.transformers"
     # Every built-in module is an ordinary pluggy plugin.
     names = {name for name, _ in plugins.get_plugin_manager().list_name_plugin()}
     assert set(plugins.DEFAULT_PLUGINS) <= names
@@ -65,7 +66,7 @@ def test_entry_point_and_settings_plugins_take_part_in_a_turn_in_documented_orde
     registrations = plugins.get_registry().ordered("query_transformer")
     assert [(r.name, r.plugin) for r in registrations] == [
         ("entrypoint_early", "example"),                      # order 10
-        ("followup", "django_ragchat.transformers"),          # order 50
+        ("followup", "django_ragchat.stages.transformers"),          # order 50
         ("settings_marker", "tests.settings_plugin"),         # order 100, loaded before entry points
         ("entrypoint_late", "example"),                       # order 100, loaded last
     ]
@@ -154,7 +155,7 @@ async def test_await_me_maybe_resolves_values_awaitables_and_callables():
 
 class _Boom:
     @staticmethod
-    @plugins.hookimpl
+    @hookimpl
     def on_stage_completed(turn, stage, elapsed_ms):
         raise RuntimeError("observer bug")
 
@@ -184,7 +185,7 @@ def test_unknown_component_option_is_a_profile_check_error(ragchat_settings_over
 
 PLUGIN_MODULE = '''
 from django_ragchat import hookimpl
-from django_ragchat.advisors import Advisor
+from django_ragchat.turn.advisors import Advisor
 
 
 class Hello(Advisor):

@@ -54,7 +54,7 @@ def test_the_defaults_are_valid():
 @pytest.mark.django_db
 def test_a_turn_on_a_wrong_profile_is_refused_before_anything_is_saved(ragchat_settings_override, user):
     from django_ragchat.models import Conversation
-    from django_ragchat.pipeline import run_turn_sync
+    from django_ragchat.turn.pipeline import run_turn_sync
 
     ragchat_settings_override(PROFILES={"default": {}, "shop": {"history_share": 5}})
     conversation = Conversation.objects.create(owner=user, profile="shop")

@@ -19,11 +19,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django_ragchat import hookimpl, search
 from django_ragchat.checks import check_profiles
 from django_ragchat.models import Chunk, Conversation, Document
-from django_ragchat.pipeline import components_for, run_turn_sync
 from django_ragchat.profiles import get_profile
-from django_ragchat.retrievers import FullTextRetriever, HybridRetriever, VectorRetriever
 from django_ragchat.search import InvalidFilters, SearchFilters, store_chunks
-from django_ragchat.transformers import QueryTransformer
+from django_ragchat.stages.retrievers import FullTextRetriever, HybridRetriever, VectorRetriever
+from django_ragchat.stages.transformers import QueryTransformer
+from django_ragchat.turn.context import components_for
+from django_ragchat.turn.pipeline import run_turn_sync
 
 pytestmark = pytest.mark.django_db
 
@@ -364,7 +365,7 @@ def test_retriever_options_are_read(ragchat_settings_override):
 
 
 def test_a_space_mismatch_is_reported_by_every_retriever(corpus):
-    from django_ragchat.retrievers import EmbeddingSpaceMismatch
+    from django_ragchat.stages.retrievers import EmbeddingSpaceMismatch
 
     for retriever in (VectorRetriever(get_profile()), HybridRetriever(get_profile())):
         with pytest.raises(EmbeddingSpaceMismatch):

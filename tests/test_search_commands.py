@@ -13,7 +13,7 @@ from django.db import connection
 from django_ragchat import search
 from django_ragchat.checks import check_search_indexes, check_vector_indexes, pgvector_problem
 from django_ragchat.models import Chunk, Conversation, MessageSource
-from django_ragchat.pipeline import run_turn_sync
+from django_ragchat.turn.pipeline import run_turn_sync
 
 pytestmark = pytest.mark.django_db
 

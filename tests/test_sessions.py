@@ -21,8 +21,9 @@ from django.contrib.sessions.backends.db import SessionStore
 from django.test import Client
 from websockets.exceptions import InvalidStatus
 
-from django_ragchat import origins, persistence
 from django_ragchat.models import Conversation, Message
+from django_ragchat.transport import origins
+from django_ragchat.turn import persistence
 from tests.live_servers import (
     REDIS_URL,
     caller_for,

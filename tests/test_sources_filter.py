@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from asgiref.sync import async_to_sync
 
-from django_ragchat import plugins
+from django_ragchat import hookimpl
 from django_ragchat.checks import check_component_warnings
-from django_ragchat.embedders import Embedder
-from django_ragchat.llms import LLMBackend
 from django_ragchat.models import MessageSource, TurnTrace
-from django_ragchat.pipeline import run_turn_sync, stream_turn
+from django_ragchat.stages.embedders import Embedder
+from django_ragchat.stages.llms import LLMBackend
+from django_ragchat.turn.pipeline import run_turn_sync, stream_turn
 from django_ragchat.types import LLMDelta
 
 pytestmark = pytest.mark.django_db
@@ -62,12 +62,12 @@ class ScriptedBackend(LLMBackend):
 
 class TestPlugin:
     @staticmethod
-    @plugins.hookimpl
+    @hookimpl
     def register_embedders(register):
         register(ConceptEmbedder)
 
     @staticmethod
-    @plugins.hookimpl
+    @hookimpl
     def register_llm_backends(register):
         register(ScriptedBackend)
 
@@ -239,7 +239,7 @@ def test_with_a_holding_redactor_the_sources_line_still_comes_last(ragchat_setti
 
 def test_the_sources_line_keeps_document_names_on_one_line():
     from django_ragchat.profiles import Profile
-    from django_ragchat.responses import SourcesFilter
+    from django_ragchat.stages.responses import SourcesFilter
     from django_ragchat.types import RetrievedChunk
 
     component = SourcesFilter(Profile(), append=True)

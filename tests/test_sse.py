@@ -15,8 +15,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 
 from django_ragchat.events import StageChanged
 from django_ragchat.models import Conversation, Message
-from django_ragchat.sse import _AsyncBody
-from django_ragchat.sync_stream import ThreadedStream
+from django_ragchat.transport.sse import _AsyncBody
+from django_ragchat.turn.sync_bridge import ThreadedStream
 from tests.live_servers import (
     anonymous_caller,
     caller_for,

@@ -17,10 +17,11 @@ from django.test.utils import CaptureQueriesContext
 
 from django_ragchat import hookimpl
 from django_ragchat.models import Conversation, MemoryRecord, Message
-from django_ragchat.pipeline import components_for, run_turn_sync
 from django_ragchat.profiles import get_profile
-from django_ragchat.summary_memory import SummaryMemory
+from django_ragchat.stages.summary_memory import SummaryMemory
 from django_ragchat.tokens import count_tokens
+from django_ragchat.turn.context import components_for
+from django_ragchat.turn.pipeline import run_turn_sync
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -132,7 +133,7 @@ def test_while_no_summary_lands_the_oldest_turns_are_left_out_and_the_trace_says
     summary_site.when(contains="running summary of a conversation", any_message=True,
                       reply="I'm sorry, but I can't summarise this conversation.")
     profile = get_profile()
-    with caplog.at_level(logging.WARNING, logger="django_ragchat.summary_memory"):
+    with caplog.at_level(logging.WARNING, logger="django_ragchat.stages.summary_memory"):
         for i in range(30):
             result = run_turn_sync(conversation, question(i))
             assert result.trace["prompt"]["tokens"] <= profile.prompt_budget

@@ -8,8 +8,9 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from django_ragchat.conf import ragchat_settings
 from django_ragchat.models import Conversation, Document, Feedback, MemoryRecord, Message, MessageSource
-from django_ragchat.profiles import UnknownProfile, get_profile
+from django_ragchat.profiles import UnknownProfile, get_profile, profile_names
 
 
 class StrictCharField(serializers.CharField):
@@ -61,7 +62,6 @@ class ConversationCreateSerializer(serializers.Serializer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # The schema lists the site's profiles (they are settings, known when it is generated).
-        from django_ragchat.profiles import profile_names
 
         self.fields["profile"] = ProfileNameField(choices=profile_names(), required=False, allow_null=True,
                                                   default=None, help_text=self.fields["profile"].help_text)
@@ -155,8 +155,6 @@ class MessageCreateSerializer(serializers.Serializer):
                   "messages instead of a new turn (409 while its answer is still being written).")
 
     def __init__(self, *args, **kwargs):
-        from django_ragchat.conf import ragchat_settings
-
         super().__init__(*args, **kwargs)
         self.fields["content"].max_length = ragchat_settings.MAX_MESSAGE_CHARS
 

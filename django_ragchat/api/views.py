@@ -31,18 +31,20 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from django_ragchat import limits, persistence, tasks, transport
 from django_ragchat import permissions as rules
+from django_ragchat import tasks
 from django_ragchat.api import permissions as access
 from django_ragchat.api import serializers as s
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.exceptions import RagchatError
+from django_ragchat.exceptions import RagchatError, TurnInProgress
 from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
 from django_ragchat.ingestion.pipeline import CREATED, ingest_text
-from django_ragchat.jsonbody import LimitedJSONParser
 from django_ragchat.models import Conversation, Document, Feedback, Message, MessageSource
-from django_ragchat.pipeline import TurnInProgress, run_turn_sync
 from django_ragchat.plugins import get_registry, plugin_listing
+from django_ragchat.transport import turns as transport
+from django_ragchat.transport.jsonbody import LimitedJSONParser
+from django_ragchat.turn import limits, persistence
+from django_ragchat.turn.pipeline import run_turn_sync
 
 logger = logging.getLogger(__name__)
 

@@ -46,6 +46,8 @@ from django_ragchat.ingestion.loaders import (
     load_text,
 )
 from django_ragchat.models import Chunk, Document
+from django_ragchat.plugins import embedder_for
+from django_ragchat.profiles import get_profile
 from django_ragchat.search import store_chunks
 from django_ragchat.tokens import count_tokens
 
@@ -394,10 +396,7 @@ class _Ingestion(_Run):
 
 
 def _embedder_for(profile: str | None):
-    from django_ragchat.context import components_for
-    from django_ragchat.profiles import get_profile
-
-    return components_for(get_profile(profile)).embedder
+    return embedder_for(get_profile(profile))
 
 
 def _check_metadata(metadata: dict | None) -> dict:

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import migrations, models
 
 import django_ragchat.fields
-import django_ragchat.migration_operations
+import django_ragchat.search.migration_operations
 
 
 class Migration(migrations.Migration):
@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        django_ragchat.migration_operations.CreateVectorExtension(),
+        django_ragchat.search.migration_operations.CreateVectorExtension(),
         migrations.CreateModel(
             name='Document',
             fields=[

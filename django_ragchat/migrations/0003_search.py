@@ -10,7 +10,7 @@ HNSW indexes are per embedding space, so they are made by ``manage.py ragchat_in
 
 from django.db import migrations
 
-from django_ragchat.migration_operations import CreateSQLiteFullText, RunSQLOnPostgreSQL
+from django_ragchat.search.migration_operations import CreateSQLiteFullText, RunSQLOnPostgreSQL
 
 
 class Migration(migrations.Migration):

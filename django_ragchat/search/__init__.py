@@ -1,7 +1,7 @@
 """Searching stored chunks: vector, full-text and hybrid search, with filters, on every database.
 
 This package is the one place that knows how chunks are searched and bulk-stored; the
-retrievers in ``django_ragchat.retrievers`` are thin components over it, and work the same
+retrievers in ``django_ragchat.stages.retrievers`` are thin components over it, and work the same
 whichever database the site runs:
 
 =================  ===========================================  ===================================
@@ -28,7 +28,14 @@ from typing import Any
 import numpy as np
 from django.db import connections
 
+from django_ragchat.models import Chunk
+from django_ragchat.plugins import build_component, embedder_for, get_registry
+from django_ragchat.profiles import get_profile, profile_names
+from django_ragchat.search import postgres, sqlite
 from django_ragchat.search.filters import FILTER_KEYS, InvalidFilters, SearchFilters
+from django_ragchat.search.postgres import decode_metadata
+from django_ragchat.search.vectorindex import vector_index
+from django_ragchat.text import STOPWORDS
 from django_ragchat.types import RetrievedChunk
 
 __all__ = [
@@ -53,7 +60,6 @@ def query_terms(text: str, config: str = "english") -> list[str]:
     words are dropped here, so SQLite's FTS5 (which has no stop words) searches for the same
     words PostgreSQL does. Each database then applies its own stemming.
     """
-    from django_ragchat.text import STOPWORDS
 
     terms = dict.fromkeys(w.lower() for w in _WORD.findall(text or ""))
     terms.pop("or", None)
@@ -63,8 +69,6 @@ def query_terms(text: str, config: str = "english") -> list[str]:
 
 
 def _hit(row: Sequence, score: float, retriever: str, raw_scores: dict[str, float]) -> RetrievedChunk:
-    from django_ragchat.search.postgres import decode_metadata
-
     chunk_id, text, heading, ordinal, metadata, document_id, source, title = row[:8]
     return RetrievedChunk(
         chunk_id=int(chunk_id), text=text, score=float(score), document_id=int(document_id), source=source,
@@ -79,7 +83,6 @@ def fetch_chunks(scored: list[tuple[int, float]], retriever: str, using: str = "
 
     Each hit's ``raw_scores`` is ``raw_scores[chunk id]`` when given, else ``{retriever: score}``.
     """
-    from django_ragchat.models import Chunk
 
     if not scored:
         return []
@@ -111,11 +114,7 @@ def vector_ids(space: str, vector, k: int, *, filters: Any = None, ef_search: in
     if k <= 0 or _zero(vector):
         return []
     if _is_postgres(using):
-        from django_ragchat.search import postgres
-
         return postgres.vector_ids(space, vector, k, filters=filters, ef_search=ef_search, exact=exact, using=using)
-    from django_ragchat.search import sqlite
-    from django_ragchat.vectorindex import vector_index
 
     allowed = sqlite.allowed_ids(space, filters, using) if filters else None
     if allowed is not None and allowed.size == 0:
@@ -133,8 +132,6 @@ def vector_search(space: str, vector, k: int, *, filters: Any = None, ef_search:
     if k <= 0 or _zero(vector):
         return []
     if _is_postgres(using):
-        from django_ragchat.search import postgres
-
         rows = postgres.vector_search(space, vector, k, filters=filters, ef_search=ef_search, exact=exact,
                                       using=using)
         return [_hit(row, row[8], retriever, {retriever: float(row[8])}) for row in rows]
@@ -149,7 +146,6 @@ def fulltext_search(space: str, text: str, k: int, *, filters: Any = None, confi
     FTS5 index always uses the Porter stemmer. Raises ``sqlite.FullTextUnavailable`` on a SQLite
     without FTS5 or without the index.
     """
-    from django_ragchat.search import postgres
 
     filters = SearchFilters.parse(filters)
     postgres.check_config(config)
@@ -159,7 +155,6 @@ def fulltext_search(space: str, text: str, k: int, *, filters: Any = None, confi
     if _is_postgres(using):
         rows = postgres.fulltext_search(space, terms, k, filters=filters, config=config, using=using)
         return [_hit(row, row[8], retriever, {retriever: float(row[8])}) for row in rows]
-    from django_ragchat.search import sqlite
 
     return fetch_chunks(sqlite.fulltext_ids(space, terms, k, filters=filters, using=using), retriever, using)
 
@@ -185,7 +180,6 @@ def hybrid_search(space: str, vector, text: str, k: int, *, filters: Any = None,
     holds the fused score under ``retriever`` and, where found, ``"vector"`` (the similarity)
     and ``"fulltext"`` (the text rank). One query on PostgreSQL.
     """
-    from django_ragchat.search import postgres
 
     filters = SearchFilters.parse(filters)
     postgres.check_config(config)
@@ -208,7 +202,6 @@ def hybrid_search(space: str, vector, text: str, k: int, *, filters: Any = None,
                 raw["fulltext"] = float(row[10])
             hits.append(_hit(row, row[8], retriever, raw))
         return hits
-    from django_ragchat.search import sqlite
 
     by_vector = vector_ids(space, vector, candidates, filters=filters, using=using) if vector is not None else []
     by_text = sqlite.fulltext_ids(space, terms, candidates, filters=filters, using=using) if terms else []
@@ -228,21 +221,15 @@ def store_chunks(chunks: Iterable, *, using: str = "default", batch_size: int = 
     ``bulk_create`` in batches of ``batch_size``. Runs inside the caller's transaction, if any.
     """
     if _is_postgres(using):
-        from django_ragchat.search import postgres
-
         return postgres.copy_chunks(chunks, using)
-    from django_ragchat.models import Chunk
 
     return len(Chunk.objects.using(using).bulk_create(list(chunks), batch_size=batch_size))
 
 
-def _profile_components():
-    from django_ragchat.context import components_for
-    from django_ragchat.profiles import get_profile, profile_names
-
+def _profiles():
     for name in profile_names():
         try:
-            yield name, components_for(get_profile(name))
+            yield name, get_profile(name)
         except Exception:  # noqa: BLE001 - a broken profile is reported by the check ragchat.E002
             continue
 
@@ -250,16 +237,22 @@ def _profile_components():
 def configured_spaces() -> dict[str, list[str]]:
     """The embedding space of every profile's embedder: {space: [profile names]}."""
     found: dict[str, list[str]] = {}
-    for name, components in _profile_components():
-        found.setdefault(components.embedder.space, []).append(name)
+    for name, profile in _profiles():
+        try:
+            found.setdefault(embedder_for(profile).space, []).append(name)
+        except Exception:  # noqa: BLE001 - an embedder that does not build is reported by ragchat.E002
+            continue
     return found
 
 
 def configured_text_configs() -> set[str]:
     """The text search configurations the profiles' retrievers use (their ``config`` option)."""
-    return {
-        retriever.config
-        for _, components in _profile_components()
-        for retriever in components.retrievers
-        if isinstance(getattr(retriever, "config", None), str)
-    }
+    found = set()
+    for _, profile in _profiles():
+        try:
+            retrievers = [build_component(profile, "retriever", reg.name)
+                          for reg in get_registry().ordered("retriever", profile.retrievers)]
+        except Exception:  # noqa: BLE001 - reported by the check ragchat.E002
+            continue
+        found.update(r.config for r in retrievers if isinstance(getattr(r, "config", None), str))
+    return found

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from django.db import connections, transaction
 
 from django_ragchat.fields import vector_binary, vector_literal
+from django_ragchat.models import Chunk, Document
 from django_ragchat.search.filters import SearchFilters
 
 #: The text search configuration of the stored ``search_vector`` column.
@@ -52,8 +53,6 @@ _CONFIG_NAME = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$")
 
 
 def _tables(connection) -> tuple[str, str]:
-    from django_ragchat.models import Chunk, Document
-
     qn = connection.ops.quote_name
     return qn(Chunk._meta.db_table), qn(Document._meta.db_table)
 

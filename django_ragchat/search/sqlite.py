@@ -8,7 +8,7 @@ creates both. Rebuilding the chunk table in a later migration (SQLite's ALTER TA
 drops the triggers: the system check ``ragchat.W012`` notices and ``manage.py ragchat_index``
 puts them back and rebuilds the index.
 
-Vector search stays in process (``django_ragchat.vectorindex``); filters are resolved first by
+Vector search stays in process (``django_ragchat.search.vectorindex``); filters are resolved first by
 one query to the ids of the chunks that pass them.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from django.db import OperationalError, connections
 
+from django_ragchat.models import Chunk, Document
 from django_ragchat.search.filters import SearchFilters
 
 TOKENIZER = "porter unicode61 remove_diacritics 2"
@@ -24,7 +25,6 @@ TOKENIZER = "porter unicode61 remove_diacritics 2"
 
 def _names(connection) -> tuple[str, str, str, str]:
     """(chunk table, document table, FTS table, trigger prefix), quoted except the prefix."""
-    from django_ragchat.models import Chunk, Document
 
     qn = connection.ops.quote_name
     table = Chunk._meta.db_table

@@ -16,6 +16,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.shortcuts import resolve_url
 
+from django_ragchat.transport.views import may_chat, page_config  # views import the API's URLs
+
 register = template.Library()
 
 
@@ -30,7 +32,6 @@ def ragchat_widget(context, label: str = "Chat", compact: bool = False, notice: 
     Needs ``django.template.context_processors.request``. A visitor who may not chat (anonymous,
     with ``RAGCHAT["ALLOW_ANONYMOUS"]`` off) sees a link to ``settings.LOGIN_URL`` instead.
     """
-    from django_ragchat.views import may_chat, page_config  # views import the API's URLs
 
     request = context.get("request")
     if request is None:

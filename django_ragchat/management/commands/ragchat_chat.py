@@ -2,7 +2,7 @@
 
 Interactive by default (``you> `` prompt, answers streamed word by word, then the numbered
 sources); ``--message TEXT`` answers one message; ``--json`` prints one JSON object for scripts.
-Turns run through ``django_ragchat.pipeline`` exactly as they do on the site, so what you see
+Turns run through ``django_ragchat.turn.pipeline`` exactly as they do on the site, so what you see
 here (and in ``--json``'s trace) is what a visitor gets.
 
 The command line is a trusted, staff-level context: conversations it creates have no owner
@@ -26,10 +26,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from django_ragchat.events import Completed, Delta, Failed, Retry
+from django_ragchat.exceptions import InvalidMessage, TurnInProgress
 from django_ragchat.models import Conversation
 from django_ragchat.permissions import get_conversation_for
-from django_ragchat.pipeline import InvalidMessage, TurnInProgress, run_turn_sync, stream_turn, validate_user_message
 from django_ragchat.profiles import get_profile
+from django_ragchat.turn.pipeline import run_turn_sync, stream_turn, validate_user_message
 
 QUIT_COMMANDS = {"/quit", "/exit"}
 TITLE_CHARS = 80

@@ -14,7 +14,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from django_ragchat.search import configured_text_configs
+from django_ragchat.search import configured_text_configs, postgres, sqlite
 
 
 class Command(BaseCommand):
@@ -45,8 +45,6 @@ class Command(BaseCommand):
                                f"without --check to create them.")
 
     def _postgres(self, using, options) -> int:
-        from django_ragchat.search import postgres
-
         counts = postgres.spaces(using)
         wanted = options["space"] or list(counts)
         unknown = sorted(set(wanted) - set(counts))
@@ -84,8 +82,6 @@ class Command(BaseCommand):
         return problems
 
     def _sqlite(self, using, options) -> int:
-        from django_ragchat.search import sqlite
-
         self.stdout.write("Vector search runs in process on this database: no vector index to build.")
         if connections[using].vendor != "sqlite":
             return 0

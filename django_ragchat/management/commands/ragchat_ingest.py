@@ -16,9 +16,12 @@ import time
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections, router
 
 from django_ragchat.ingestion.loaders import SUPPORTED_SUFFIXES
 from django_ragchat.ingestion.pipeline import FAILED, ingest_paths
+from django_ragchat.models import Chunk
+from django_ragchat.search import postgres
 
 
 class Command(BaseCommand):
@@ -87,14 +90,9 @@ class Command(BaseCommand):
             raise CommandError("Every document failed to ingest.")
 
     def _build_missing_indexes(self) -> None:
-        from django.db import connections, router
-
-        from django_ragchat.models import Chunk
-
         using = router.db_for_write(Chunk)
         if connections[using].vendor != "postgresql":
             return  # SQLite searches in process; nothing to build
-        from django_ragchat.search import postgres
 
         for space in postgres.spaces(using):
             status = postgres.hnsw_index_status(space, using=using)

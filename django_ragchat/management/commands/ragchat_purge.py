@@ -24,7 +24,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from django_ragchat.models import Conversation, MemoryRecord, Message, expired_conversations
-from django_ragchat.persistence import close_expired_leases
+from django_ragchat.turn.persistence import close_expired_leases
 
 COUNTED = (
     ("conversations", Conversation._meta.label),

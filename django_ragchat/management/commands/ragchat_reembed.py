@@ -23,10 +23,14 @@ import json
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
+from django.db.models import Count
 
+from django_ragchat import plugins, tasks
 from django_ragchat.ingestion.pipeline import reembed
 from django_ragchat.models import Chunk
-from django_ragchat.search import configured_spaces
+from django_ragchat.plugins import embedder_for
+from django_ragchat.profiles import get_profile
+from django_ragchat.search import configured_spaces, postgres
 
 DELETE_BATCH_SIZE = 2000
 
@@ -71,8 +75,6 @@ class Command(BaseCommand):
         if report.failed:
             raise CommandError(f"{len(report.failed)} document(s) failed; run the command again to retry them.")
         if connection.vendor == "postgresql" and not options["no_index"] and self._counts().get(space):
-            from django_ragchat.search import postgres
-
             status, created = postgres.create_hnsw_index(space)
             self.stdout.write(f"HNSW index {status.name} {'built' if created else status.state}")
         users = configured_spaces().get(space, [])
@@ -83,8 +85,6 @@ class Command(BaseCommand):
                               f"settings and deploy, then `manage.py ragchat_reembed --drop-space OLD_SPACE`.")
 
     def _enqueue(self, options):
-        from django_ragchat import tasks
-
         if options["embedder"]:
             raise CommandError("--background re-embeds into a profile's space: use --profile.")
         self._embedder(options)  # a wrong profile fails here, not in the worker
@@ -98,10 +98,6 @@ class Command(BaseCommand):
             raise CommandError("The re-embedding task failed: " + (result.errors[-1].traceback if result.errors else ""))
 
     def _embedder(self, options):
-        from django_ragchat import plugins
-        from django_ragchat.context import components_for
-        from django_ragchat.profiles import get_profile
-
         try:
             embedder_options = json.loads(options["options"]) if options["options"] else {}
         except json.JSONDecodeError as exc:
@@ -114,13 +110,11 @@ class Command(BaseCommand):
                 return registration.cls(get_profile(None), **embedder_options)
             if options["options"] is not None:
                 raise CommandError("--options goes with --embedder (a profile's embedder takes the profile's options).")
-            return components_for(get_profile(options["profile"])).embedder
+            return embedder_for(get_profile(options["profile"]))
         except (ImproperlyConfigured, TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from None
 
     def _counts(self) -> dict[str, int]:
-        from django.db.models import Count
-
         return dict(Chunk.objects.order_by().values_list("space").annotate(n=Count("id")).values_list("space", "n"))
 
     def _progress(self, options):
@@ -145,8 +139,6 @@ class Command(BaseCommand):
         for space in sorted(set(counts) | set(users)):
             line = f"{space}: {counts.get(space, 0):,} chunks"
             if connection.vendor == "postgresql" and counts.get(space):
-                from django_ragchat.search import postgres
-
                 status = postgres.hnsw_index_status(space)
                 line += f", {status.dimensions} dimensions, HNSW index {status.state}"
             line += f"; used by {', '.join(users[space])}" if space in users else "; used by no profile"
@@ -167,8 +159,6 @@ class Command(BaseCommand):
                 Chunk.objects.filter(id__in=ids).only("id").delete()
             deleted += len(ids)
         if connection.vendor == "postgresql":
-            from django_ragchat.search import postgres
-
             postgres.drop_hnsw_index(space)
         index = " and its HNSW index" if connection.vendor == "postgresql" else ""
         self.stdout.write(f"Deleted {deleted:,} chunks of space {space}{index}.")

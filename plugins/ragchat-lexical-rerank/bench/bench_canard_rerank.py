@@ -34,9 +34,9 @@ DEFAULT_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 def rerank_all(items, weights, candidates: int) -> dict[float, dict]:
     """{weight: {id(item): {variant: ranked chunk ids}}}: every item's candidates re-ranked."""
     from django_ragchat.models import Conversation
-    from django_ragchat.pipeline import TurnContext, components_for
     from django_ragchat.profiles import get_profile
-    from django_ragchat.retrievers import fetch_chunks, search_vectors
+    from django_ragchat.stages.retrievers import fetch_chunks, search_vectors
+    from django_ragchat.turn.context import TurnContext, components_for
     from django_ragchat.types import Query
 
     from ragchat_lexical_rerank import LexicalRerank

@@ -4,7 +4,7 @@
 import pytest
 
 from django_ragchat import plugins
-from django_ragchat.vectorindex import vector_index
+from django_ragchat.search.vectorindex import vector_index
 
 
 @pytest.fixture(autouse=True)

@@ -13,9 +13,10 @@ from django.test import override_settings
 
 from django_ragchat import checks, plugins
 from django_ragchat.models import Chunk, Conversation
-from django_ragchat.pipeline import TurnContext, components_for, run_turn_sync
 from django_ragchat.profiles import get_profile
 from django_ragchat.text import content_terms
+from django_ragchat.turn.context import TurnContext, components_for
+from django_ragchat.turn.pipeline import run_turn_sync
 from django_ragchat.types import Query, RetrievedChunk
 
 import ragchat_lexical_rerank

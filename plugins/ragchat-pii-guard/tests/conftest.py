@@ -4,7 +4,7 @@
 import pytest
 
 from django_ragchat import plugins
-from django_ragchat.vectorindex import vector_index
+from django_ragchat.search.vectorindex import vector_index
 
 # openai_server: a real OpenAI-compatible server on loopback, to stream model output over HTTP.
 pytest_plugins = ["django_ragchat.testing.pytest_plugin"]

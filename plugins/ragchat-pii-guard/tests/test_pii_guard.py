@@ -15,8 +15,9 @@ from django.test import override_settings
 from django_ragchat import checks, plugins
 from django_ragchat.events import Completed, Delta
 from django_ragchat.models import Conversation, Message
-from django_ragchat.pipeline import TurnContext, components_for, run_turn_sync, stream_turn
 from django_ragchat.profiles import get_profile
+from django_ragchat.turn.context import TurnContext, components_for
+from django_ragchat.turn.pipeline import run_turn_sync, stream_turn
 from django_ragchat.types import Answer, Citation, Refusal
 
 import ragchat_pii_guard

@@ -39,7 +39,7 @@ problems = [f"{m.id}: {m.msg}" for m in checks.run_checks() if m.level >= checks
 from django_ragchat.management.commands.ragchat_plugins import describe
 from django_ragchat.ingestion.pipeline import ingest_text
 from django_ragchat.models import Conversation
-from django_ragchat.pipeline import run_turn_sync
+from django_ragchat.turn.pipeline import run_turn_sync
 ingest_text("aurora.md", "# Aurora X2\n\n## Pricing\nThe Aurora X2 costs $699. Call +1 (555) 123-4567.\n")
 conversation = Conversation.objects.create(owner=get_user_model().objects.create_user("child"))
 result = run_turn_sync(conversation, "How much does the Aurora X2 cost?")

@@ -10,10 +10,10 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_ragchat import checks, plugins
-from django_ragchat.context import components_for
 from django_ragchat.models import Conversation, TurnTrace
-from django_ragchat.pipeline import run_turn_sync
 from django_ragchat.profiles import get_profile
+from django_ragchat.turn.context import components_for
+from django_ragchat.turn.pipeline import run_turn_sync
 
 import ragchat_prompt_guard
 from ragchat_prompt_guard import PromptGuard, assess

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from django_ragchat.postprocessors import DocumentPostProcessor
+from django_ragchat.stages.postprocessors import DocumentPostProcessor
 from django_ragchat.text import content_terms
 from django_ragchat.types import Query, RetrievedChunk
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
+    from django_ragchat.turn.context import TurnContext
 
 
 def bm25_scores(query_terms: Sequence[str], documents: Sequence[Sequence[str]], *,

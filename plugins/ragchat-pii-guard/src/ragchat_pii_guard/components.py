@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from django_ragchat.guardrails import Guardrail
-from django_ragchat.responses import ResponseAugmenter
+from django_ragchat.stages.guardrails import Guardrail
+from django_ragchat.stages.responses import ResponseAugmenter
 from django_ragchat.types import Answer, Refusal
 
 from ragchat_pii_guard.detect import DEFAULT_PLACEHOLDER, KINDS, StreamRedactor, check_kinds, find_pii, redact
 
 if TYPE_CHECKING:
-    from django_ragchat.pipeline import TurnContext
+    from django_ragchat.turn.context import TurnContext
 
 LABELS = {"card": "a payment card number", "email": "an e-mail address", "phone": "a phone number"}
 

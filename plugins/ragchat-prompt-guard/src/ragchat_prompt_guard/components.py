@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from django_ragchat.guardrails import Guardrail
+from django_ragchat.stages.guardrails import Guardrail
 from django_ragchat.types import Refusal
 
 from ragchat_prompt_guard.detect import DEFAULT_THRESHOLD, assess
 
 if TYPE_CHECKING:
-    from django_ragchat.context import TurnContext
+    from django_ragchat.turn.context import TurnContext
 
 DEFAULT_REFUSAL = ("Your message looks like an attempt to change how I work rather than a question, so I "
                    "won't act on it. Please ask your question directly.")

@@ -6,7 +6,7 @@ load after settings plugins), runs after it.
 """
 
 from django_ragchat import hookimpl
-from django_ragchat.transformers import QueryTransformer
+from django_ragchat.stages.transformers import QueryTransformer
 
 COMPLETED_TURNS = []
 

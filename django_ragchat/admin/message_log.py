@@ -1,0 +1,221 @@
+"""The message log, read-only: messages, their sources, turn traces and feedback."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.db.models import OuterRef, Subquery
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
+
+from django_ragchat.admin import views as admin_views
+from django_ragchat.admin.base import ReadOnlyAdmin, admin_link, short
+from django_ragchat.models import (
+    Feedback,
+    Message,
+    MessageSource,
+    TurnTrace,
+)
+
+
+class SourceInline(admin.TabularInline):
+    model = MessageSource
+    extra = 0
+    can_delete = False
+    fields = ("rank", "document", "heading", "fusion_score", "cited")
+    readonly_fields = fields
+    verbose_name_plural = "documents the model saw"
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("chunk").defer("chunk__embedding")
+
+    @admin.display(description="document")
+    def document(self, obj):
+        return obj.title or obj.source
+
+    @admin.display(description="heading")
+    def heading(self, obj):
+        return obj.chunk.heading if obj.chunk else "(chunk replaced since)"
+
+    @admin.display(description="score")
+    def fusion_score(self, obj):
+        return f"{obj.score:.4f}"
+
+
+@admin.register(Message)
+class MessageAdmin(ReadOnlyAdmin):
+    list_display = ("__str__", "conversation_link", "seq", "role", "status", "created_at", "trace_link")
+    list_filter = ("role", "status", ("created_at", admin.DateFieldListFilter))
+    search_fields = ("content", "conversation__title")
+    fields = ("conversation_link", "seq", "role", "status", "text", "searched_query", "token_count", "prompt_tokens",
+              "completion_tokens", "error", "feedback_given", "trace_link", "created_at")
+    readonly_fields = fields
+    inlines = [SourceInline]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("conversation").annotate(
+            _trace=Subquery(TurnTrace.objects.filter(message=OuterRef("pk")).values("pk")[:1]))
+
+    @admin.display(description="conversation", ordering="conversation")
+    def conversation_link(self, obj):
+        return admin_link(obj.conversation)
+
+    @admin.display(description="content")
+    def text(self, obj):
+        return format_html('<div class="ragchat-text">{}</div>', obj.content)
+
+    @admin.display(description="query searched")
+    def searched_query(self, obj):
+        """The question as retrieval saw it (rewritten for a follow-up), from the answer's trace."""
+        data = TurnTrace.objects.filter(message=obj).values_list("data", flat=True).first()
+        queries = data.get("queries") if isinstance(data, dict) else None
+        return (queries.get("final") or "—") if isinstance(queries, dict) else "—"
+
+    @admin.display(description="error")
+    def error(self, obj):
+        error = obj.metadata.get("error") if isinstance(obj.metadata, dict) else None
+        return admin_views.pretty_json(error) if error else "—"
+
+    @admin.display(description="feedback")
+    def feedback_given(self, obj):
+        rows = obj.feedback.select_related("user")
+        return format_html_join(mark_safe("<br>"), "{} — {} {}", (
+            (f.rating, f.user or "anonymous", f.comment) for f in rows)) or "—"
+
+    @admin.display(description="trace")
+    def trace_link(self, obj):
+        if not obj._trace:
+            return "—"
+        url = reverse("admin:django_ragchat_turntrace_change", args=[obj._trace])
+        return format_html('<a href="{}">trace</a>', url)
+
+
+@admin.register(MessageSource)
+class MessageSourceAdmin(ReadOnlyAdmin):
+    list_display = ("message_link", "rank", "document", "heading", "fusion_score", "cited")
+    list_filter = ("cited",)
+    search_fields = ("title", "source")
+    fields = ("message_link", "rank", "document", "source", "heading", "fusion_score", "cited", "chunk_text")
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("message", "chunk").defer("chunk__embedding")
+
+    @admin.display(description="message", ordering="message")
+    def message_link(self, obj):
+        return admin_link(obj.message)
+
+    @admin.display(description="document", ordering="title")
+    def document(self, obj):
+        return obj.title or obj.source
+
+    @admin.display(description="heading")
+    def heading(self, obj):
+        return obj.chunk.heading if obj.chunk else "(chunk replaced since)"
+
+    @admin.display(description="score", ordering="score")
+    def fusion_score(self, obj):
+        return f"{obj.score:.4f}"
+
+    @admin.display(description="text")
+    def chunk_text(self, obj):
+        if obj.chunk is None:
+            return "(chunk replaced since)"
+        return format_html('<div class="ragchat-text">{}</div>', obj.chunk.text)
+
+
+@admin.register(TurnTrace)
+class TurnTraceAdmin(ReadOnlyAdmin):
+    list_display = ("message_link", "conversation_link", "profile", "ended_by", "total_ms", "created_at")
+    list_filter = ("profile", "ended_by", ("created_at", admin.DateFieldListFilter))
+    search_fields = ("message__content", "message__conversation__title")
+    fields = ("message_link", "conversation_link", "profile", "ended_by", "total_ms", "created_at")
+
+    def get_search_fields(self, request):
+        return (*self.search_fields, f"message__conversation__owner__{get_user_model().USERNAME_FIELD}")
+
+    def get_search_results(self, request, queryset, search_term):
+        # A conversation's full id finds its traces (within the filters already applied).
+        filtered = queryset
+        queryset, duplicates = super().get_search_results(request, queryset, search_term)
+        if search_term.strip():
+            try:
+                queryset |= filtered.filter(message__conversation_id=search_term.strip())
+            except ValidationError:
+                pass
+        return queryset, duplicates
+    readonly_fields = fields
+    change_form_template = "admin/django_ragchat/turntrace/change_form.html"
+
+    def get_queryset(self, request):
+        # The list never loads the (large) trace data.
+        return super().get_queryset(request).select_related("message__conversation").defer("data")
+
+    @admin.display(description="answer", ordering="message")
+    def message_link(self, obj):
+        return admin_link(obj.message)
+
+    @admin.display(description="conversation")
+    def conversation_link(self, obj):
+        return admin_link(obj.message.conversation)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        trace = self.get_object(request, object_id)
+        extra_context = dict(extra_context or {})
+        if trace is not None and self.has_view_permission(request, trace):
+            sources = list(trace.message.sources.all())
+            chunks = admin_views.load_chunks(admin_views.trace_chunk_ids(trace.data or {}))
+            extra_context.update(
+                trace_view=admin_views.build_trace_view(trace.data, chunks, sources),
+                raw_json=admin_views.pretty_json(trace.data),
+                feedback=list(trace.message.feedback.select_related("user")),
+            )
+        return super().change_view(request, object_id, form_url, extra_context)
+
+
+@admin.register(Feedback)
+class FeedbackAdmin(ReadOnlyAdmin):
+    """Ratings users gave answers: read-only, filterable by thumbs up or down."""
+
+    list_display = ("rating", "message_link", "conversation_link", "rater", "short_comment", "updated_at")
+    list_filter = ("rating", ("updated_at", admin.DateFieldListFilter))
+    search_fields = ("comment", "message__content")
+    fields = ("rating", "message_link", "conversation_link", "rater", "comment_text", "created_at", "updated_at")
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("message__conversation", "user")
+
+    def get_search_fields(self, request):
+        return (*self.search_fields, f"user__{get_user_model().USERNAME_FIELD}")
+
+    @admin.display(description="answer", ordering="message")
+    def message_link(self, obj):
+        return admin_link(obj.message)
+
+    @admin.display(description="conversation")
+    def conversation_link(self, obj):
+        return admin_link(obj.message.conversation)
+
+    @admin.display(description="by", ordering="user")
+    def rater(self, obj):
+        return admin_link(obj.user) if obj.user_id else "anonymous visitor"
+
+    @admin.display(description="comment")
+    def short_comment(self, obj):
+        return short(obj.comment)
+
+    @admin.display(description="comment")
+    def comment_text(self, obj):
+        return format_html('<div class="ragchat-text">{}</div>', obj.comment)
+
+
+# --- Memory -----------------------------------------------------------------------------------

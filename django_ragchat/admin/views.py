@@ -1,0 +1,441 @@
+"""What the admin shows beyond Django's defaults: transcripts with turn traces, and one user's chat data.
+
+* ``transcript(conversation, page_number)`` loads one page of a conversation's messages with
+  their sources, traces, feedback and the chunks the traces mention, in a fixed number of
+  queries whatever the page's length, and turns each trace into a ``TraceView`` a template can
+  render for people (labels, titles, headings and snippets instead of ids).
+* ``UserChatData`` counts, exports (JSON) and erases everything one user left in the chat:
+  conversations, messages, sources, traces, memory records and feedback.
+
+Everything here is data for templates; all text (questions, answers, document text, comments)
+is untrusted and left to the templates' autoescaping.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.paginator import Paginator
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
+from django.db.models import Prefetch, Q
+
+from django_ragchat.models import Chunk, Conversation, Feedback, MemoryRecord, Message, MessageSource, TurnTrace
+
+#: Messages per page of a conversation's transcript in the admin.
+TRANSCRIPT_PAGE_SIZE = 200
+#: Characters of a chunk's text shown as a snippet (cut back to a word boundary).
+SNIPPET_CHARS = 240
+#: Trace keys ``TraceView`` renders itself; any other key is shown under "Other details".
+KNOWN_TRACE_KEYS = frozenset({
+    "profile", "question", "queries", "retrieval", "documents", "prompt", "timings", "model",
+    "usage", "ended_by", "tokenizer", "history", "warnings", "error", "cancelled", "components",
+})
+
+
+def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
+    """``text`` on one line, cut at a word boundary near ``limit`` characters, with "…" when cut."""
+    text = " ".join((text or "").split())
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    space = cut.rfind(" ")
+    if space > limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:.") + "…"
+
+
+def short_heading(heading: str, title: str) -> str:
+    """A chunk's heading without its document's title in front ("Aurora X2 > Pricing" -> "Pricing")."""
+    heading = heading or ""
+    if title and heading.startswith(title + " > "):
+        return heading[len(title) + 3:]
+    return "" if heading == title else heading
+
+
+def chunk_snippet(chunk: Chunk) -> str:
+    """The chunk's text without the heading line it starts with, as a snippet."""
+    text = chunk.text or ""
+    if chunk.heading and text.startswith(chunk.heading):
+        text = text[len(chunk.heading):]
+    return snippet(text)
+
+
+def _as_dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def pretty_json(value: Any) -> str:
+    """Indented JSON for a ``<pre>`` (escaped by the template like any other text)."""
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, cls=DjangoJSONEncoder, default=str)
+
+
+@dataclass
+class Hit:
+    """One retrieved chunk, as a person reads it."""
+
+    chunk_id: Any
+    score: float | None
+    title: str = ""
+    heading: str = ""
+    snippet: str = ""
+    source: str = ""
+    seen: bool = False  # the model was given it
+    cited: bool = False  # the answer cited it
+    missing: bool = False  # the chunk is gone (re-ingested or deleted since)
+
+
+@dataclass
+class Timing:
+    stage: str
+    ms: float
+    percent: float
+    slowest: bool = False
+
+
+@dataclass
+class TraceView:
+    """A turn trace prepared for the admin's template. ``data`` keeps the raw dictionary."""
+
+    data: dict
+    question: str = ""
+    steps: list[dict] = field(default_factory=list)
+    final_query: str = ""
+    expanded: list[str] = field(default_factory=list)
+    retrieval: list[dict] = field(default_factory=list)
+    documents: list[Hit] = field(default_factory=list)
+    timings: list[Timing] = field(default_factory=list)
+    total_ms: float | None = None
+    model: str = ""
+    usage: dict = field(default_factory=dict)
+    prompt: dict = field(default_factory=dict)
+    history: dict = field(default_factory=dict)
+    ended_by: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    error: dict = field(default_factory=dict)
+    cancelled: bool = False
+    components: list[dict] = field(default_factory=list)  # {"stage", "name", "plugin"} per component run
+    other: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def rewritten(self) -> bool:
+        return bool(self.final_query) and self.final_query != self.question
+
+    @property
+    def summary(self) -> str:
+        """One line: how the turn went, for the collapsed trace."""
+        parts = []
+        if self.rewritten:
+            parts.append("query rewritten")
+        hits = sum(len(r["hits"]) for r in self.retrieval)
+        if self.retrieval:
+            parts.append(f"{hits} hit{'s' if hits != 1 else ''} from {len(self.retrieval)} search"
+                         f"{'es' if len(self.retrieval) != 1 else ''}")
+        parts.append(f"{len(self.documents)} document{'s' if len(self.documents) != 1 else ''} given")
+        cited = sum(1 for d in self.documents if d.cited)
+        if cited:
+            parts.append(f"{cited} cited")
+        if self.ended_by:
+            parts.append(f"ended by {self.ended_by.get('stage') or '?'}")
+        if self.error:
+            parts.append(f"error {self.error.get('code', '')}".strip())
+        if self.warnings:
+            parts.append(f"{len(self.warnings)} warning{'s' if len(self.warnings) != 1 else ''}")
+        if self.total_ms is not None:
+            parts.append(f"{self.total_ms:,.0f} ms")
+        return " · ".join(parts)
+
+
+def trace_chunk_ids(data: dict) -> set:
+    """Every chunk id a trace mentions (retrieval hits and documents given)."""
+    ids = set()
+    for search in _as_list(data.get("retrieval")):
+        for hit in _as_list(_as_dict(search).get("hits")):
+            chunk_id = _as_dict(hit).get("chunk_id")
+            if isinstance(chunk_id, int) and not isinstance(chunk_id, bool):
+                ids.add(chunk_id)
+    for document in _as_list(data.get("documents")):
+        chunk_id = _as_dict(document).get("chunk_id")
+        if isinstance(chunk_id, int) and not isinstance(chunk_id, bool):
+            ids.add(chunk_id)
+    return ids
+
+
+def load_chunks(ids) -> dict[int, Chunk]:
+    """The chunks with these ids and their documents' titles, in one query (no embeddings)."""
+    if not ids:
+        return {}
+    chunks = (Chunk.objects.filter(pk__in=list(ids)).select_related("document")
+              .only("id", "heading", "text", "document__id", "document__title", "document__source"))
+    return {c.pk: c for c in chunks}
+
+
+@dataclass
+class _Hits:
+    """Makes the ``Hit`` of a chunk id, with what the message's sources say about it."""
+
+    chunks: dict[int, Chunk]
+    sources: tuple
+
+    def __post_init__(self) -> None:
+        self.by_rank = {s.rank: s for s in self.sources}
+        self.seen = {s.chunk_id for s in self.sources if s.chunk_id is not None}
+        self.cited = {s.chunk_id for s in self.sources if s.cited and s.chunk_id is not None}
+
+    def hit(self, chunk_id, score) -> Hit:
+        chunk = self.chunks.get(chunk_id)
+        hit = Hit(chunk_id=chunk_id, score=_number(score), seen=chunk_id in self.seen,
+                  cited=chunk_id in self.cited, missing=chunk is None)
+        if chunk is not None:
+            hit.title = chunk.document.title or chunk.document.source
+            hit.source = chunk.document.source
+            hit.heading = short_heading(chunk.heading, chunk.document.title)
+            hit.snippet = chunk_snippet(chunk)
+        return hit
+
+
+def _read_queries(view: TraceView, data: dict) -> None:
+    queries = _as_dict(data.get("queries"))
+    view.question = str(data.get("question") or queries.get("original") or "")
+    for step in _as_list(queries.get("transformed")):
+        step = _as_dict(step)
+        view.steps.append({
+            "by": str(step.get("by", "")), "text": step.get("text"), "note": step.get("note", ""),
+            "skip_retrieval": step.get("skip_retrieval"),
+        })
+    view.final_query = str(queries.get("final") or "")
+    view.expanded = [str(q) for q in _as_list(queries.get("expanded")) if str(q) != view.final_query]
+
+
+def _read_retrieval(view: TraceView, data: dict, hits: _Hits) -> None:
+    for search in _as_list(data.get("retrieval")):
+        search = _as_dict(search)
+        view.retrieval.append({
+            "retriever": str(search.get("retriever", "")), "query": str(search.get("query", "")),
+            "ms": _number(search.get("ms")),
+            "hits": [hits.hit(_as_dict(h).get("chunk_id"), _as_dict(h).get("score"))
+                     for h in _as_list(search.get("hits"))],
+        })
+    for document in _as_list(data.get("documents")):
+        document = _as_dict(document)
+        hit = hits.hit(document.get("chunk_id"), document.get("score"))
+        hit.seen = True
+        source = hits.by_rank.get(document.get("index"))
+        if source is not None:
+            hit.cited = source.cited
+            hit.title = hit.title or source.title or source.source
+            hit.source = hit.source or source.source
+        elif not hit.title:
+            hit.title = str(document.get("source", ""))
+        view.documents.append(hit)
+    if not view.documents and hits.sources:  # an older trace without "documents": the sources say it
+        for source in hits.sources:
+            hit = hits.hit(source.chunk_id, source.score)
+            hit.seen, hit.cited = True, source.cited
+            hit.title = hit.title or source.title or source.source
+            view.documents.append(hit)
+
+
+def _read_timings(view: TraceView, data: dict) -> None:
+    timings = {str(k): _number(v) for k, v in _as_dict(data.get("timings")).items()}
+    view.total_ms = timings.pop("total", None)
+    stages = [(k, v) for k, v in timings.items() if v is not None]
+    scale = view.total_ms or max((v for _, v in stages), default=0) or 1
+    slowest = max(stages, key=lambda kv: kv[1])[0] if stages else None
+    view.timings = [Timing(stage=k, ms=v, percent=min(100.0, round(100 * v / scale, 1)), slowest=k == slowest)
+                    for k, v in stages]
+
+
+def _read_outcome(view: TraceView, data: dict) -> None:
+    view.model = str(data.get("model") or "")
+    view.usage = _as_dict(data.get("usage"))
+    view.prompt = _as_dict(data.get("prompt"))
+    view.history = _as_dict(data.get("history"))
+    ended_by = data.get("ended_by")
+    view.ended_by = ended_by if isinstance(ended_by, dict) else ({"stage": str(ended_by)} if ended_by else {})
+    warnings = data.get("warnings")
+    view.warnings = [w if isinstance(w, str) else pretty_json(w)
+                     for w in (warnings if isinstance(warnings, list) else [warnings] if warnings else [])]
+    error = data.get("error")
+    view.error = error if isinstance(error, dict) else ({"detail": str(error)} if error else {})
+    view.cancelled = bool(data.get("cancelled"))
+    components = data.get("components")
+    view.components = [{key: str(row.get(key) or "") for key in ("stage", "name", "plugin")}
+                       for row in (components if isinstance(components, list) else []) if isinstance(row, dict)]
+
+
+def build_trace_view(data: Any, chunks: dict[int, Chunk], sources=()) -> TraceView:
+    """A ``TraceView`` of one trace dictionary.
+
+    ``chunks`` maps chunk ids to loaded chunks (see ``load_chunks``); ``sources`` are the
+    message's ``MessageSource`` rows, which say what the model saw and cited even when the
+    chunk has since been replaced. Keys this function does not know (added by plugins or later
+    versions) are listed under ``other``; values of an unexpected shape are shown raw, never an
+    error.
+    """
+    data = _as_dict(data)
+    view = TraceView(data=data)
+    _read_queries(view, data)
+    _read_retrieval(view, data, _Hits(chunks, tuple(sources)))
+    _read_timings(view, data)
+    _read_outcome(view, data)
+    view.other = [(str(k), pretty_json(v)) for k, v in data.items() if k not in KNOWN_TRACE_KEYS]
+    return view
+
+
+@dataclass
+class Turn:
+    """One message of a transcript with what the admin shows beside it."""
+
+    message: Message
+    sources: list[MessageSource]
+    feedback: list[Feedback]
+    trace: TraceView | None
+    trace_id: int | None
+
+
+def transcript(conversation: Conversation, page_number: Any = 1, per_page: int = TRANSCRIPT_PAGE_SIZE):
+    """(page, turns) of ``conversation``'s messages in order: five queries whatever the page's size.
+
+    The queries: the count, the page of messages with their traces, their sources (with their
+    chunks' headings), their feedback (with the raters), and the chunks the traces mention.
+    """
+    messages = (Message.objects.filter(conversation=conversation).order_by("seq")
+                .select_related("trace")
+                .prefetch_related(
+                    Prefetch("sources", queryset=MessageSource.objects.order_by("rank")
+                             .select_related("chunk").defer("chunk__embedding", "chunk__metadata")),
+                    Prefetch("feedback", queryset=Feedback.objects.select_related("user").order_by("created_at")),
+                ))
+    page = Paginator(messages, per_page).get_page(page_number)
+    rows = list(page.object_list)
+    traces = {}
+    for message in rows:
+        trace = getattr(message, "trace", None) if _has_trace(message) else None
+        if trace is not None:
+            traces[message.pk] = trace
+    chunks = load_chunks(set().union(*(trace_chunk_ids(_as_dict(t.data)) for t in traces.values())))
+    turns = []
+    for message in rows:
+        sources = list(message.sources.all())
+        for source in sources:  # what the template shows beside the title
+            source.display_heading = short_heading(source.chunk.heading, source.title) if source.chunk else ""
+        trace = traces.get(message.pk)
+        turns.append(Turn(
+            message=message, sources=sources, feedback=list(message.feedback.all()),
+            trace=build_trace_view(trace.data, chunks, sources) if trace else None,
+            trace_id=trace.pk if trace else None,
+        ))
+    return page, turns
+
+
+def _has_trace(message: Message) -> bool:
+    try:
+        message.trace  # noqa: B018 - loaded by select_related; raises when there is none
+    except TurnTrace.DoesNotExist:
+        return False
+    return True
+
+
+# --- One user's chat data -------------------------------------------------------------------
+
+
+class UserChatData:
+    """Everything the chat stored about one user: counted, exported and erased together.
+
+    What belongs to the user: their conversations and, through them, the messages, the
+    messages' sources and traces, the memory records of those conversations and the feedback
+    anyone gave on those messages; plus memory records about the user and feedback the user
+    gave elsewhere.
+    """
+
+    def __init__(self, user):
+        self.user = user
+
+    def conversations(self):
+        return Conversation.objects.filter(owner=self.user)
+
+    def messages(self):
+        return Message.objects.filter(conversation__owner=self.user)
+
+    def sources(self):
+        return MessageSource.objects.filter(message__conversation__owner=self.user)
+
+    def traces(self):
+        return TurnTrace.objects.filter(message__conversation__owner=self.user)
+
+    def memories(self):
+        return MemoryRecord.objects.filter(Q(user=self.user) | Q(conversation__owner=self.user))
+
+    def feedback(self):
+        return Feedback.objects.filter(Q(user=self.user) | Q(message__conversation__owner=self.user))
+
+    def counts(self) -> dict[str, int]:
+        """How many rows of each kind would be erased (six queries)."""
+        return {
+            "conversations": self.conversations().count(),
+            "messages": self.messages().count(),
+            "sources": self.sources().count(),
+            "traces": self.traces().count(),
+            "memory records": self.memories().count(),
+            "feedback": self.feedback().count(),
+        }
+
+    def export(self) -> dict[str, Any]:
+        """The user's chat data as a JSON-ready dictionary (six queries)."""
+        messages: dict[Any, list] = {}
+        by_id = {}
+        for row in self.messages().order_by("conversation_id", "seq").values(
+                "id", "conversation_id", "seq", "role", "status", "content", "prompt_tokens",
+                "completion_tokens", "metadata", "created_at"):
+            row["sources"], row["trace"] = [], None
+            messages.setdefault(row["conversation_id"], []).append(row)
+            by_id[row["id"]] = row
+        for source in self.sources().order_by("message_id", "rank").values(
+                "message_id", "rank", "score", "cited", "source", "title", "chunk_id"):
+            by_id[source.pop("message_id")]["sources"].append(source)
+        for message_id, data in self.traces().values_list("message_id", "data"):
+            by_id[message_id]["trace"] = data
+        conversations = []
+        for conversation in self.conversations().order_by("created_at").values(
+                "id", "profile", "title", "metadata", "created_at", "updated_at"):
+            conversation["messages"] = [
+                {k: v for k, v in m.items() if k != "conversation_id"}
+                for m in messages.get(conversation["id"], [])
+            ]
+            conversations.append(conversation)
+        user = self.user
+        return {
+            "user": {"id": user.pk, "username": user.get_username()},
+            "conversations": conversations,
+            "memory": list(self.memories().order_by("created_at").values(
+                "id", "kind", "content", "conversation_id", "covers_until_seq", "metadata",
+                "created_at", "updated_at")),
+            "feedback": [
+                {**row, "given_by_this_user": row["user_id"] == user.pk}
+                for row in self.feedback().order_by("created_at").values(
+                    "id", "message_id", "user_id", "rating", "comment", "created_at", "updated_at")
+            ],
+        }
+
+    def export_json(self) -> str:
+        return json.dumps(self.export(), cls=DjangoJSONEncoder, ensure_ascii=False, indent=2)
+
+    def erase(self) -> dict[str, int]:
+        """Delete all of it in one transaction; returns what was there (as ``counts``)."""
+        with transaction.atomic():
+            counts = self.counts()
+            self.feedback().delete()
+            self.memories().delete()
+            self.conversations().delete()  # cascades to messages, sources and traces
+        return counts

@@ -1,0 +1,413 @@
+"""What a question asks: its subject (the names it points at) and its attribute (the synonym
+groups of the words that ask), read through the profile's ``Vocabulary``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from django_ragchat.answerer.passages import Passage, name_sequences
+from django_ragchat.answerer.vocabulary import Vocabulary, fold, labels, stem, stems, word_of, words
+from django_ragchat.text import sentences
+
+#: A word this long or longer that neither the passages nor the table know is read as the one
+#: known word (of this length or longer) a single typo away: a letter missing, extra, wrong or
+#: two letters swapped ("weigth", "retrun", "Auroa").
+TYPO_MIN_LENGTH = 5
+
+_WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*", re.UNICODE)  # as text.words
+# Where a question's context clause ends: "I sketch by a window - will the screen glare?".
+_CLAUSE_SEPARATOR_RE = re.compile(r",\s+|\s+[-–—]+\s+|;\s+")
+
+Entity = tuple[str, ...]
+
+
+@dataclass
+class Need:
+    """What the question asks: attribute groups with weights, and the subject entities."""
+
+    groups: dict[str, float] = field(default_factory=dict)  # group key -> weight (own 1, inherited 0.5)
+    own: set[str] = field(default_factory=set)  # group keys from the user's own words
+    labels: dict[str, str] = field(default_factory=dict)  # group key -> words for a decline
+    subjects: set[Entity] = field(default_factory=set)
+    unknown: list[str] = field(default_factory=list)  # names in the question no passage knows
+    wants_amount: bool = False  # an amount scores higher
+    must_amount: bool = False  # only an amount answers ("How much is it?")
+    asked: str = ""  # the words that ask (the question's asking clauses, or one part of them)
+    wants_number: bool = False
+    # Asked keys written next to each other ("charge wirelessly", "return postage"): a sentence
+    # states them together only where they stand close (see selector.PROXIMITY_WINDOW).
+    adjacent: list[tuple[str, str]] = field(default_factory=list)
+    # Asked comparatives and superlatives ("bigger", "priciest"): which value, beside what it is of.
+    comparatives: set[str] = field(default_factory=set)
+    # The attribute came from the context or the transformer, not the asking clause: its words
+    # describe a situation ("I go running in all weather. Will they cope?"), none is the point.
+    promoted: bool = False
+    # Entities the user's own words point at that no passage is about, only names in passing.
+    mentioned: set[Entity] = field(default_factory=set)
+
+    def ask(self, key: str, label: str) -> None:
+        """Add ``key`` to what the user's own words ask, labelled ``label`` in a decline."""
+        self.groups[key] = 1.0
+        self.labels[key] = label
+        self.own.add(key)
+
+    def forget(self, keys: list[str], asked_at: dict[str, int]) -> None:
+        """Take ``keys`` out of what is asked: a word that only says how something is asked."""
+        for key in keys:
+            self.own.discard(key)
+            self.groups.pop(key, None)
+            asked_at.pop(key, None)
+
+
+# --- The question's words ---------------------------------------------------------------------
+
+
+def question_parts(question: str, vocabulary: Vocabulary) -> list[str]:
+    """The separate questions in ``question``: its question sentences, each split before
+    "and how/what/does..." ("How many watts, and how long till it's half full?"). Alternatives
+    ("..., or is it free?") ask one thing and stay whole."""
+    split = vocabulary.pattern("part_split")
+    parts = [part.strip() for q in asked_clauses(question, vocabulary) for part in split.split(q)]
+    return [part for part in parts if words(part)]
+
+
+def asked_clauses(question: str, vocabulary: Vocabulary) -> list[str]:
+    """The asking clause of each question sentence; without a "?", of the last sentence
+    ("hi, quick question - how much is the aurora x2")."""
+    found = sentences(question)
+    asked = [asked_clause(q, vocabulary) for q in found if q.endswith("?")]
+    return asked or [asked_clause(found[-1] if found else question, vocabulary)]
+
+
+def _opens_a_question(text: str, vocabulary: Vocabulary) -> bool:
+    tokens = words(text)
+    opener = next(iter(tokens), "")
+    if opener in vocabulary.word_class("clause_conjunctions"):
+        opener = next(iter(tokens[1:]), "")
+    return opener in vocabulary.wh or opener in vocabulary.polar
+
+
+def asked_clause(question: str, vocabulary: Vocabulary) -> str:
+    """The part of a question sentence that asks: "I read in bed for hours, is it heavy?" asks
+    "is it heavy?"; "If I top them up from the case, how much listening...?" asks from "how".
+    The clauses before it are context (they still count, at half weight, via the search query)."""
+    head = next(iter(words(question)), "")
+    if head in vocabulary.wh or head in vocabulary.polar:
+        return question
+    for separator in _CLAUSE_SEPARATOR_RE.finditer(question):
+        if _opens_a_question(question[separator.end():], vocabulary):
+            return question[separator.end():]
+    # "I'd like to know how long the warranty on the Aurora X2 lasts; my Zephyr Buds came with
+    # two years": a question put as a statement asks from its embedded question word to the end
+    # of that clause; the rest is context.
+    embedded = vocabulary.pattern("embedded_question").search(question)
+    if embedded:
+        rest = question[embedded.start(1):]
+        end = _CLAUSE_SEPARATOR_RE.search(rest)
+        return rest[:end.start()] if end and words(rest[:end.start()])[1:] else rest
+    return question
+
+
+def asks_charging_time(asked: str, vocabulary: Vocabulary) -> bool:
+    """Whether the asking words ask how long something takes ("how long ... take", "how fast");
+    the answerer applies it only when a charging word is asked too."""
+    return bool(vocabulary.pattern("charging_time_question").search(asked))
+
+
+def states_charging_time(sentence: str, vocabulary: Vocabulary) -> bool:
+    """Whether ``sentence`` states a charging time ("reaching 50% in 20 minutes")."""
+    return bool(vocabulary.pattern("charging_verb").search(sentence)
+                and vocabulary.pattern("time_span").search(sentence))
+
+
+def capacities(text: str, vocabulary: Vocabulary) -> set[tuple[str, str]]:
+    """The storage capacities ``text`` names ("128 GB" -> ("128", "gb"))."""
+    return {(number, unit.lower()) for number, unit in vocabulary.pattern("capacity").findall(text)}
+
+
+# --- Typos and derived words ----------------------------------------------------------------------
+
+
+def one_typo(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` differ by one insertion, deletion, substitution or swap of two
+    neighbouring letters (Damerau-Levenshtein distance 1)."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                  and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+    short, long_ = (a, b) if len(a) < len(b) else (b, a)
+    i = next((i for i in range(len(short)) if short[i] != long_[i]), len(short))
+    return short[i:] == long_[i + 1:]
+
+
+@dataclass(frozen=True)
+class _Corrector:
+    """Reads an unknown word as the one known word a typo away (see ``corrected``)."""
+
+    known_stems: frozenset[str]  # the passages' stems
+    vocabulary: Vocabulary
+
+    def known(self, word: str) -> bool:
+        stemmed, v = stem(word), self.vocabulary
+        return (stemmed in self.known_stems or stemmed in v.of_stem or stemmed in v.phrases_from
+                or stemmed in v.generic_stems or word in v.phrases_from)
+
+    def fix(self, match: re.Match) -> str:
+        word, v = fold(match.group(0)), self.vocabulary
+        if "-" in word and not self.known(word) and any(self.known(p) for p in word.split("-") if len(p) > 2):
+            return match.group(0).replace("-", " ")  # "top-capacity" is "top capacity"; "front-facing" stays
+        if (len(word) < TYPO_MIN_LENGTH or not word.isalpha() or word in v.stopwords or word in v.generic
+                or self.known(word)):
+            return match.group(0)
+        stemmed = stem(word)
+        found = {c for c in (*self.known_stems, *v.of_stem) if len(c) >= TYPO_MIN_LENGTH and c[0] == word[0]
+                 and (one_typo(word, c) or one_typo(stemmed, c))}
+        if len(found) > 1 and len({v.of_stem.get(c) for c in found}) == 1 and v.of_stem.get(next(iter(found))):
+            found = {min(found)}  # "weigth": "weight" or "weigh", the same group either way
+        return next(iter(found)) if len(found) == 1 else match.group(0)
+
+
+def corrected(text: str, known_stems: frozenset[str], vocabulary: Vocabulary) -> str:
+    """``text`` with each unknown word of ``TYPO_MIN_LENGTH`` letters or more replaced by the one
+    known stem a single typo away, when there is exactly one (same first letter), and a number
+    written against its unit set apart from it ("128gb" is "128 gb")."""
+    text = vocabulary.pattern("joined_unit").sub(r"\1 \2", text)
+    return _WORD_RE.sub(_Corrector(known_stems, vocabulary).fix, text)
+
+
+def _derived_by_suffix(word: str, known_stems: frozenset[str], vocabulary: Vocabulary) -> str:
+    ordered = vocabulary.language.ordered
+    for suffix in ordered["y_comparative_suffixes"]:  # "heavier" is "heavy"
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            base = word[:-len(suffix)] + "y"
+            if base in vocabulary.of_stem:
+                return base + "=" + "|".join(vocabulary.of_stem[base])
+            if base in known_stems:
+                return base
+    for suffix in ordered["derivational_suffixes"]:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            base = word[:-len(suffix)]
+            for candidate in (base, base[:-1] if base[-1] == base[-2] else base):
+                if candidate in vocabulary.of_stem:
+                    return candidate + "=" + "|".join(vocabulary.of_stem[candidate])
+                if candidate in known_stems:
+                    return candidate
+    return word
+
+
+def derived(word: str, known_stems: frozenset[str], vocabulary: Vocabulary) -> str:
+    """The need key of a question word (a stem) that neither the passages nor the table know,
+    read through a derivational suffix when that meets them: "sweaty" is "sweat", "sunny" is
+    "sun", "readable" is "read", "lighter" is "light", "old" is the passages' "older";
+    otherwise the word itself."""
+    for longer in (word + suffix for suffix in vocabulary.language.ordered["comparative_suffixes"]):
+        # "old" meets "older"
+        if longer in known_stems:
+            return longer
+    if word.isalpha() and len(word) >= 2:  # "What IPX rating?" meets the code "IPX4"
+        codes = [v for v in known_stems if v.startswith(word) and v[len(word):len(word) + 1].isdigit()
+                 and "-" not in v]
+        if len(codes) == 1:
+            return codes[0]
+    return _derived_by_suffix(word, known_stems, vocabulary)
+
+
+# --- The subject ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Entities:
+    """The entities the passages know about: their subjects and the names in their sentences."""
+
+    known: frozenset[Entity]
+    vocabulary: Vocabulary
+
+    @classmethod
+    def of(cls, passages: list[Passage], vocabulary: Vocabulary) -> _Entities:
+        known: set[Entity] = set()
+        for p in passages:
+            if p.subject:
+                known.add(p.subject)
+            for s in p.sentences:
+                known.update(tuple(n.split()) for n in s.names)
+        return cls(frozenset(known), vocabulary)
+
+    def named(self, query_words: set[str], type_words: bool = True) -> set[Entity]:
+        """The entities ``query_words`` name. "Zephyr" alone names the Zephyr Buds; a full name
+        ("Nimbus Pen") beats a shared word. Without ``type_words`` the shared word must be the
+        name's first word or a model code: "the pen" is not the Nimbus Pen when the conversation
+        is about the Nimbus Tab."""
+        query_words = query_words | {stem(w) for w in query_words}  # "my Zephyrs"
+        light = self.vocabulary.stopwords | self.vocabulary.generic
+        full = {e for e in self.known if set(e) <= query_words}
+        partial = {e for e in self.known if any(
+            type_words or w == e[0] or any(c.isdigit() for c in w)
+            for w in set(e) & query_words - light)} if not full else set()
+        # "Zappa" also means the "Frank Zappa" a heading names: add the longer names containing it.
+        return (full or partial) | {e for e in self.known if any(set(f) < set(e) for f in full)}
+
+
+def _subject_by_kind(question: str, passages: list[Passage], vocabulary: Vocabulary) -> set[Entity]:
+    """"My tablet stopped working", "Is the phone waterproof?": the one subject the passages
+    define as one of that kind (``Passage.kind``), when the question points at it ("the", "my",
+    not "a tablet") and no other subject is of that kind; else none."""
+    kinds: dict[str, set[Entity]] = {}
+    for p in passages:
+        if p.kind:
+            kinds.setdefault(stem(p.kind), set()).add(p.subject)
+    tokens = words(question)
+    pointed = {stem(w) for before, w in zip(tokens, tokens[1:]) if before in vocabulary.pointing}
+    asked_kinds = pointed & {k for k, subjects in kinds.items() if len(subjects) == 1}
+    return {next(iter(kinds[k])) for k in asked_kinds} if len(asked_kinds) == 1 else set()
+
+
+def _find_subjects(need: Need, question: str, search_query: str, asked: str | None, passages: list[Passage],
+                   entities: _Entities) -> set[str]:
+    """Set ``need``'s subjects, the entities it mentions and the names no passage knows; return
+    the words of every name in play (names are subjects, not attributes)."""
+    v = entities.vocabulary
+    light = v.stopwords | v.generic
+    own_words = set(words(question))
+    everything = entities.named(own_words | set(words(search_query)))
+    # The user's own words name the subject when they name one: in "And the Aurora X2?" after
+    # the Nimbus Tab, the transformer's inherited "Nimbus Tab" is context, not the subject.
+    inherited = {e for e in entities.known if set(e) <= set(words(search_query))}
+    # Of the names the question holds, those of its asking clauses: "How long is the Aurora X2's
+    # warranty? My Zephyr Buds came with two years." asks about the Aurora X2 alone.
+    asking_words = set(words(" ".join(asked_clauses(question, v)) if asked is None else asked))
+    in_asking = {e for e in entities.known if set(e) <= asking_words | {stem(w) for w in asking_words}}
+    need.subjects = in_asking or entities.named(own_words, type_words=not inherited) or everything
+    # "And the pen?" in a conversation about the Nimbus Tab: the Nimbus Pen its sentences name.
+    headed = {p.subject for p in passages if p.subject}
+    need.mentioned = {e for e in everything if e not in headed and set(e) & (own_words - light)}
+    if not need.subjects:
+        need.subjects = _subject_by_kind(question, passages, v)
+    for display, folded in name_sequences(question, v.stopwords):
+        tokens = set(folded.split())
+        if not any((tokens | {stem(t) for t in tokens}) & set(e) for e in entities.known) and not tokens <= light:
+            need.unknown.append(display)
+    return {w for e in everything | need.subjects for w in e}
+
+
+# --- The attribute --------------------------------------------------------------------------------
+
+
+def _read_attribute(need: Need, asked: str, search_query: str, names: set[str], known_stems: frozenset[str],
+                    vocabulary: Vocabulary) -> dict[str, int]:
+    """Fill ``need``'s groups from the asking words (weight 1) and the search query (0.5);
+    return where each asked key first stands in the asking words."""
+    asked_at: dict[str, int] = {}
+    for text, weight in ((asked, 1.0), (search_query, 0.5)):
+        positions: dict[str, int] = {}
+        for key, label in vocabulary.group_keys(text, names, positions):
+            at = positions[key]
+            comparative = word_of(key) in vocabulary.comparatives
+            if "=" not in key and key not in known_stems:
+                key = derived(key, known_stems, vocabulary)
+            if weight == 1.0:
+                if comparative:
+                    need.comparatives.add(word_of(key))
+                asked_at.setdefault(key, at)
+                need.own.add(key)
+            if key not in need.groups:
+                need.groups[key] = weight
+                need.labels[key] = label
+    return asked_at
+
+
+def _drop_words_that_say_how(need: Need, asked: str, asked_at: dict[str, int], vocabulary: Vocabulary) -> None:
+    """Words that only say how something is asked are no attribute of their own."""
+    lasting = [k for k in need.own if k.split("=")[0] == "last"]
+    if lasting and vocabulary.pattern("how_long").search(asked) and any(
+            not k.startswith("~") and k not in lasting for k in need.own):
+        need.forget(lasting, asked_at)  # "How long does the warranty last?" asks a duration
+    lengths = [k for k in need.own if k.split("=")[0] == "length"]
+    if lengths and any(set(labels(k)) & vocabulary.group_class("time_bearing") for k in need.own):
+        need.forget(lengths, asked_at)  # "zephyr buds warranty length": how long it runs, not cm
+    coming = [k for k in need.own if k == "=included" and need.labels.get(k, "").startswith(("come", "came"))]
+    if coming and vocabulary.pattern("quantity_question").search(asked) and len(need.own) > 1:
+        need.forget(coming, asked_at)  # "How much storage does it come with?" asks the storage
+
+
+def _take_carried_attribute(need: Need, question: str, asked: str, typed_keys: set[str], names: set[str],
+                            vocabulary: Vocabulary) -> None:
+    """Make the words the search query carried (the transformer's, or the question's context)
+    the asked attribute where the asking clause alone does not say what it is about."""
+    def promote(keys: set[str]) -> None:
+        need.own |= keys
+        need.groups.update(dict.fromkeys(keys, 1.0))
+
+    carried = {key for key in need.groups if key not in typed_keys and not key.startswith("~")}
+    if (need.own and not need.subjects and set(words(asked)) & vocabulary.word_class("topic_pointers")
+            and all(key.startswith("~") or labels(key) == ["price"] for key in need.own)):
+        # "How much does that cost?" after "How fast do you ship?": it asks a price, and with no
+        # product in play the words the transformer carried ("fast ship") are what "that" is.
+        promote(carried - need.own)
+    if need.own and all(key.startswith("~") for key in need.own):
+        # "How long is it?" asks only the kind of value: what it is about came with the search
+        # query ("... Zephyr Buds warranty").
+        promote({key for key in carried if need.groups[key] == 0.5})
+    if not need.own and need.groups and not vocabulary.pattern("purpose").search(asked):
+        # "What about the Nimbus Tab?": the attribute is the one the transformer carried over, or
+        # the context's ("I lost one of my Zephyr Buds, what now?"); but "hi, quick question -
+        # how much is it?" asks a price, not the context's words.
+        typed = ({key for key, _ in vocabulary.group_keys(question, names)}
+                 if vocabulary.pattern("price_question").search(asked) else set())
+        promoted = {key for key in need.groups if key not in typed}
+        if promoted:
+            need.promoted = True
+            promote(promoted)
+
+
+def _value_asked(need: Need, asked: str, vocabulary: Vocabulary) -> None:
+    """What kind of value answers (an amount, a number) and the groups that kind implies."""
+    own_groups = {label for k in need.own if word_of(k) not in need.comparatives for label in labels(k)}
+    all_groups = {label for k in need.groups for label in labels(k)}
+    if ("shipping" in own_groups and "return" in all_groups and "return shipping" not in own_groups
+            and ("price" in own_groups or "postag" in stems(asked))):
+        # "If I send it back, am I on the hook for the postage?" asks who pays return shipping.
+        need.ask("=return shipping", "return shipping")
+    # "How much is the biggest one?" asks a price: a comparative says which, not what is measured.
+    price_question = bool(vocabulary.pattern("price_question").search(asked))
+    measured = bool(own_groups & vocabulary.group_class("measure"))
+    need.wants_amount = "price" in own_groups or (price_question and not measured)
+    need.must_amount = price_question and not measured
+    if "pay" in words(asked) and not price_question:
+        need.wants_amount = False  # "Do I have to pay for..." is answered by "free" as well as by "$15"
+    need.wants_number = bool(vocabulary.pattern("quantity_question").search(asked))
+    if vocabulary.pattern("where_placed").search(asked) and not any("attachment" in labels(k) for k in need.own):
+        # "Where does the pen go when I'm not drawing?": where a thing is kept is how it attaches.
+        need.ask("=attachment", vocabulary.messages["where_it_goes"])
+    if need.wants_amount and not any("price" in labels(k) for k in need.own):
+        need.ask("=price", "price")  # "How much are Zephyr Buds?" asks the price
+
+
+def analyse_query(question: str, search_query: str, passages: list[Passage], vocabulary: Vocabulary,
+                  asked: str | None = None) -> Need:
+    """Split the user's ``question`` and the transformed ``search_query`` into subject and attribute
+    (the attribute of ``asked``, one part of the question, when given)."""
+    need = Need()
+    known_stems = frozenset().union(*(s.stems for p in passages for s in p.sentences),
+                                    *(p.heading_stems for p in passages))
+    # "nimbus tab weigth", "retrun policy?", "Zepyhr Buds": one slip of the keys from a word the
+    # passages or the table know is that word.
+    question = corrected(question, known_stems, vocabulary)
+    search_query = corrected(search_query, known_stems, vocabulary)
+    if asked is not None:
+        asked = corrected(asked, known_stems, vocabulary)
+    names = _find_subjects(need, question, search_query, asked, passages, _Entities.of(passages, vocabulary))
+    # In "I have an Aurora X2. How long does the battery last?" (or a pasted "Ignore all previous
+    # instructions. How much...?") the attribute is what the question sentence asks.
+    part = asked is not None  # one part of the question: the search query holds the other parts' words
+    need.asked = asked = " ".join(asked_clauses(question, vocabulary)) if asked is None else asked
+    asked_at = _read_attribute(need, asked, search_query, names, known_stems, vocabulary)
+    _drop_words_that_say_how(need, asked, asked_at, vocabulary)
+    by_place = sorted((at, key) for key, at in asked_at.items() if not key.startswith("~"))
+    need.adjacent = [(a, b) for (i, a), (j, b) in zip(by_place, by_place[1:]) if j - i <= 2]
+    if not part:
+        _take_carried_attribute(need, question, asked, set(asked_at), names, vocabulary)
+    _value_asked(need, asked, vocabulary)
+    return need

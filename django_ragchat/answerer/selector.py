@@ -1,0 +1,460 @@
+"""Choosing the answer: the on-subject sentences that state what was asked, or a plain decline."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+
+from django_ragchat.answerer.passages import Passage, Sentence, build_passages, cite
+from django_ragchat.answerer.question import (
+    Entity,
+    Need,
+    analyse_query,
+    asks_charging_time,
+    capacities,
+    question_parts,
+    states_charging_time,
+)
+from django_ragchat.answerer.vocabulary import (
+    SYNONYM_EVIDENCE,
+    Vocabulary,
+    default_vocabulary,
+    fold,
+    labels,
+    stem,
+    word_of,
+    words,
+)
+from django_ragchat.types import Prompt
+
+#: The share of the asked attribute a sentence must state to be an answer (docs/answerer.md).
+DEFAULT_MIN_COVERAGE = 0.5
+#: A question word that no passage and no synonym group knows ("internationally", or a
+#: paraphrase the table misses) weighs this much of a known word as rare.
+UNKNOWN_WORD_WEIGHT = 0.3
+#: ... except in a question that asks at most this many words: there every word is the point
+#: ("Do you ship internationally?", "Can I pay monthly?").
+SHORT_QUESTION_WORDS = 2
+#: An answer-type phrase ("how long") or a comparative beside another asked word weighs this much.
+ANSWER_TYPE_WEIGHT = 0.35
+#: A comparison answered per subject needs each subject's sentence to state this much of it.
+COMPARED_COVERAGE = 0.75
+#: The sentence before the best one joins the answer when its share of the asked attribute is
+#: at most this much lower.
+PRECEDING_MARGIN = 0.25
+#: Two asked words written side by side count as stated together only when the sentence has
+#: them at most this many words apart; otherwise PROXIMITY_PENALTY of the rarer one's weight
+#: is taken off ("Can the case charge wirelessly?" against "wireless earbuds with ... eight
+#: hours on one charge").
+PROXIMITY_WINDOW = 4
+PROXIMITY_PENALTY = 0.5
+#: What an asked word is worth where a sentence only names a fault of it ("battery failure",
+#: "screen repair") and the question asked about neither warranty nor repairs.
+FAULT_QUALIFIER_EVIDENCE = 0.5
+#: A sentence opening with the asked subject's name is about it: its score rises this much
+#: (more than one retrieval rank), so "Zephyr Buds cost $149." answers their price before
+#: "...a single replacement bud costs $39." of a passage ranked above.
+SUBJECT_OPENING_BONUS = 0.15
+
+_WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*", re.UNICODE)
+_MARKUP_RE = re.compile(r"<(script|style)\b[^>]*>.*?</\1\s*>|<[^<>]{0,200}>", re.IGNORECASE | re.DOTALL)
+
+
+def without_markup(text: str) -> str:
+    """``text`` without HTML tags, and without what a script or style element holds."""
+    return _MARKUP_RE.sub(" ", text) if "<" in text else text
+
+
+def span_of(text: str, keys: list[str], longest: int = 6) -> str:
+    """The words of ``text`` from the first to the last of ``keys`` ("ship to Canada" for the
+    keys ship and canada), as the user wrote them; "" when they are not all found close together."""
+    tokens = list(_WORD_RE.finditer(text))
+    token_stems = [stem(folded[0]) if (folded := words(t.group(0))) else "" for t in tokens]
+    places = []
+    for key in keys:
+        word = word_of(key)
+        if not word or word not in token_stems:
+            return ""
+        places.append(token_stems.index(word))
+    first, last = min(places), max(places)
+    if last - first >= longest:
+        return ""
+    return text[tokens[first].start():tokens[last].end()]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A candidate sentence with its score and the share of the asked attribute it states."""
+
+    passage: Passage
+    sentence: Sentence
+    score: float
+    coverage: float
+
+
+def _places(key: str, sentence: Sentence, vocabulary: Vocabulary) -> list[int]:
+    """Where ``sentence`` states ``key``: the asked word's places, else its group's."""
+    word = word_of(key)
+    own = [i for i, found in enumerate(sentence.sequence) if word and word in found]
+    return own or [i for i, found in enumerate(sentence.sequence) if vocabulary.covers(key, found)]
+
+
+def _apart(a: str, b: str, sentence: Sentence, vocabulary: Vocabulary) -> bool:
+    """Whether ``sentence`` states keys ``a`` and ``b`` but never within PROXIMITY_WINDOW words."""
+    at_a, at_b = _places(a, sentence, vocabulary), _places(b, sentence, vocabulary)
+    if not at_a or not at_b:
+        return False
+    return min((abs(i - j) for i in at_a for j in at_b if i != j), default=0) > PROXIMITY_WINDOW
+
+
+def _qualifies_a_fault(key: str, sentence: Sentence, asked: set[str], vocabulary: Vocabulary) -> bool:
+    """Whether every place ``sentence`` states ``key`` is right before a word of the ``fault``
+    groups (warranty, repair), when the question asked about none ("covers battery failure")."""
+    faults = vocabulary.group_class("fault")
+    if asked & faults:
+        return False
+    places = _places(key, sentence, vocabulary)
+    for i in places:
+        following = sentence.sequence[i + 1] if i + 1 < len(sentence.sequence) else frozenset()
+        if not any(set(vocabulary.of_stem.get(st, ())) & faults for st in following):
+            return False
+    return bool(places)
+
+
+def _has_other_topic(sentence: Sentence, need: Need, vocabulary: Vocabulary) -> bool:
+    """A sentence about a discount or trade-in is not a continuation of a price list."""
+    return bool(vocabulary.covers("=discount", sentence.stems)) and not any(
+        "discount" in labels(k) for k in need.own)
+
+
+def _weights(need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]],
+             vocabulary: Vocabulary) -> dict[str, float]:
+    """The IDF of each asked group over the candidate sentences: rare evidence weighs more."""
+    all_sentences = [s for p in passages for s in p.sentences]
+    n = len(all_sentences)
+    idf = {}
+    for key in need.groups:
+        df = sum(vocabulary.covers(key, s.stems) for s in all_sentences)
+        idf[key] = math.log(1 + (n + 1) / (1 + df))
+        # A word the subject's passages never use, and no synonym group knows, is as likely
+        # a paraphrase ("patches against hackers") as the point; it weighs less.
+        if "=" not in key and (len(need.own) > SHORT_QUESTION_WORDS or need.promoted) and not any(
+                key in s.stems or key in p.heading_stems for p, s in eligible):
+            idf[key] *= UNKNOWN_WORD_WEIGHT
+        if (key.startswith("~") or word_of(key) in need.comparatives) and len(need.own) > 1:
+            idf[key] *= ANSWER_TYPE_WEIGHT  # "how long", or "bigger" in "bigger storage options"
+    return idf
+
+
+@dataclass
+class _Scoring:
+    """Scores the sentences for one need (``AnswerSelector.select``)."""
+
+    need: Need
+    idf: dict[str, float]
+    vocabulary: Vocabulary
+    rank_prior: float
+
+    def __post_init__(self) -> None:
+        need, v = self.need, self.vocabulary
+        self.own_total = sum(self.idf[k] for k in need.own) or 1.0
+        self.all_total = sum(self.idf[k] * w for k, w in need.groups.items()) or 1.0
+        self.asked_labels = {label for k in need.own for label in labels(k)}
+        self.openings = tuple(f"{article}{' '.join(subject)}" for subject in need.subjects
+                              for article in ("", v.messages["article"]))
+        self.decisive = [k for k in need.own if set(labels(k)) & v.group_class("decisive")]
+        self.charging_time = asks_charging_time(need.asked, v) and "charging" in self.asked_labels
+        self.capacities = capacities(need.asked, v)
+
+    def excluded(self, p: Passage, s: Sentence) -> bool:
+        """Sentences that cannot answer, whatever their words."""
+        v = self.vocabulary
+        if any(not v.covers(k, s.stems) and not v.covers(k, p.heading_stems) for k in self.decisive):
+            return True  # "Is there a student discount?" is not answered by "$200 off" for a trade-in
+        if self.charging_time and not states_charging_time(s.text, v):
+            return True  # "How long does it take to recharge?" is not "eight hours ... on one charge"
+        # "Is there a 128 GB Nimbus Tab?" is not answered by "$449 with 64 GB"
+        return bool(self.capacities) and not self.capacities <= capacities(s.text, v)
+
+    def coverage(self, p: Passage, s: Sentence) -> tuple[float, float]:
+        """(share of the user's own asked words stated, share of everything asked, weighted)."""
+        need, v = self.need, self.vocabulary
+        own_cov = all_cov = 0.0
+        for key, weight in need.groups.items():
+            evidence = v.covers(key, s.stems)
+            if s.has_money and "price" in labels(key):
+                evidence = max(evidence, SYNONYM_EVIDENCE)  # "$200" states a price
+            if evidence and key in need.own and _qualifies_a_fault(key, s, self.asked_labels, v):
+                evidence *= FAULT_QUALIFIER_EVIDENCE  # "covers battery failure" is no battery life
+            evidence = evidence or 0.6 * v.covers(key, p.heading_stems)
+            if evidence:
+                all_cov += evidence * weight * self.idf[key]
+                if key in need.own:
+                    own_cov += evidence * self.idf[key]
+        for a, b in need.adjacent:  # "wireless earbuds ... one charge" is no wireless charging
+            if _apart(a, b, s, v):
+                own_cov -= PROXIMITY_PENALTY * min(self.idf[a], self.idf[b])
+        return own_cov / self.own_total, all_cov / self.all_total
+
+    def choice(self, p: Passage, s: Sentence) -> Choice:
+        need = self.need
+        own_cov, all_cov = self.coverage(p, s)
+        score = own_cov + 0.3 * all_cov - self.rank_prior * (p.index - 1)
+        if need.wants_amount and s.has_currency:
+            score += 0.25
+        elif need.wants_number and s.has_number:
+            score += 0.15
+        score -= 0.002 * max(0, len(s.stems) - 30)
+        if _has_other_topic(s, need, self.vocabulary):  # "10% off the price" is not the price
+            score -= 0.3
+        if self.openings and fold(s.text).startswith(self.openings):
+            score += SUBJECT_OPENING_BONUS  # "Zephyr Buds cost $149", not "a replacement bud costs"
+        return Choice(p, s, score, own_cov)
+
+
+class AnswerSelector:
+    """The engine, independent of Django and the pipeline: ``answer(prompt) -> str``."""
+
+    def __init__(self, *, vocabulary: Vocabulary | None = None, min_coverage: float = DEFAULT_MIN_COVERAGE,
+                 max_sentences: int = 4, rank_prior: float = 0.1, no_answer: str | None = None):
+        if isinstance(min_coverage, bool) or not isinstance(min_coverage, (int, float)) or not 0 <= min_coverage <= 1:
+            raise ValueError(f"min_coverage must be a number from 0 to 1, not {min_coverage!r}")
+        if isinstance(max_sentences, bool) or not isinstance(max_sentences, int) or max_sentences < 1:
+            raise ValueError(f"max_sentences must be a whole number of at least 1, not {max_sentences!r}")
+        self.vocabulary = vocabulary or default_vocabulary()
+        self.messages = self.vocabulary.messages
+        self.min_coverage = min_coverage
+        self.max_sentences = max_sentences
+        self.rank_prior = rank_prior
+        self.no_answer = self.messages["no_answer"] if no_answer is None else no_answer
+
+    # The subject guard ------------------------------------------------------------------------
+    def on_subject(self, passage: Passage, sentence: Sentence, subjects: set[Entity],
+                   known: set[Entity], heads: frozenset[Entity] = frozenset()) -> bool:
+        """A sentence naming a subject is on it; otherwise it must come from a passage about a
+        subject (its heading's, or one its sentences name: "It senses 4,096 levels" under
+        Nimbus Tab > Stylus is about the Nimbus Pen named before it) and not be about an entity
+        foreign to that passage: one that heads another passage ("Zephyr Buds" of "Zephyr Buds
+        > Warranty"), or that the sentence opens with. Other names in passing (people, places in
+        an encyclopedia article) do not make a sentence off-subject."""
+        names = {tuple(n.split()) for n in sentence.names} & known
+        if names & subjects:
+            return True
+        if passage.subject not in subjects and not any(
+                {tuple(n.split()) for n in other.names} & subjects for other in passage.sentences):
+            return False
+        own = set(passage.subject)
+        opening = fold(sentence.text)
+        article = self.messages["article"]
+        for name in names:
+            if set(name) & own:
+                continue
+            folded = " ".join(name)
+            if name in heads or opening.startswith((folded, article + folded)):
+                return False
+        return True
+
+    def answer(self, prompt: Prompt) -> str:
+        passages = build_passages(prompt.documents, self.vocabulary)
+        if not any(p.sentences for p in passages):
+            return self.no_answer
+        # Markup in a message is no part of what it asks ("<script>...</script> How much is it?").
+        question = without_markup(prompt.question)
+        search_query = without_markup(prompt.search_query or prompt.question)
+        need = analyse_query(question, search_query, passages, self.vocabulary)
+        if need.unknown and not need.subjects:
+            # "Does the Galaxy S9 have a warranty?": another product's warranty is no answer.
+            names = self.messages["names_joiner"].join(dict.fromkeys(need.unknown))
+            return self.messages["unknown_subject"].format(names=names)
+        if self.vocabulary.pattern("comparison").search(question) and (not need.subjects or len(need.subjects) > 1):
+            compared = self.compare(need, passages)
+            if compared:
+                return compared
+        eligible = self.eligible(need, passages)
+        parts = question_parts(question, self.vocabulary)
+        if len(parts) < 2:
+            picked = self.pick(need, passages, eligible)
+            return self.cited(picked) if picked else self.decline(need, passages, eligible)
+        return self.answer_parts(parts, need, (question, search_query), passages, eligible)
+
+    def answer_parts(self, parts: list[str], need: Need, texts: tuple[str, str], passages: list[Passage],
+                     eligible: list[tuple[Passage, Sentence]]) -> str:
+        """"How many watts does it take, and how long till it's half full?": each part is answered
+        on its own (one part's words would dilute the other's), the subject (and so the eligible
+        sentences) from the whole; a part not answered is said to be missing."""
+        answered: list[Choice] = []
+        unanswered: list[Need] = []
+        for part in parts:
+            part_need = analyse_query(*texts, passages, self.vocabulary, asked=part)
+            picked = self.pick(part_need, passages, eligible) if part_need.own else []
+            if picked:
+                answered += [c for c in picked if all(c.sentence is not a.sentence for a in answered)]
+            elif part_need.own:
+                unanswered.append(part_need)
+        if not answered:
+            return self.decline(need, passages, eligible)
+        text = self.cited(answered[:self.max_sentences + 1])
+        stated = frozenset().union(*(c.sentence.stems | c.passage.heading_stems for c in answered))
+        unanswered = [n for n in unanswered if not any(self.vocabulary.covers(k, stated) for k in n.own)]
+        for part_need in unanswered:  # say what is missing, without the list of what was found
+            text += " " + self.decline(part_need, passages, eligible).split(". ")[0]
+            text = text if text.endswith(".") else text + "."
+        return text
+
+    def compare(self, need: Need, passages: list[Passage]) -> str:
+        """"Which product is the cheapest?": each subject's own answer (of the subjects the question
+        names, when it names several), for the reader to compare (the answerer quotes, it does
+        not rank), or "" when fewer than two subjects state it."""
+        found = []
+        for subject in dict.fromkeys(p.subject for p in passages if p.subject):
+            if need.subjects and subject not in need.subjects:
+                continue  # "Which lasts longer, the Nimbus Tab or the Zephyr Buds?": those two
+            one = replace(need, subjects={subject})
+            picked = self.select(one, passages, self.eligible(one, passages))
+            if picked and picked[0].coverage >= COMPARED_COVERAGE:
+                found.append(picked[0])
+        return self.cited(found[:self.max_sentences]) if len(found) > 1 else ""
+
+    def pick(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> list[Choice]:
+        """The answer to ``need`` from the on-subject sentences, else from the shop's policy ones."""
+        return self.select(need, passages, eligible) or self.select(need, passages, self.policy(need, passages))
+
+    def policy(self, need: Need, passages: list[Passage]) -> list[tuple[Passage, Sentence]]:
+        """The shop's own policy sentences, for a question about a product that its passages do
+        not answer ("How long do I have to return them?" after the Zephyr Buds): sentences of a
+        passage about another subject, when the question asks a ``policy`` class attribute, the
+        passage's heading names it ("Returns") and no sentence of it names another catalogue
+        subject. Empty otherwise (a product's warranty is never another product's)."""
+        asked = {label for k in need.own for label in labels(k)} & self.vocabulary.group_class("policy")
+        if not need.subjects or not asked:
+            return []
+        heads = {p.subject for p in passages if p.subject}
+        found = []
+        for p in passages:
+            if p.subject in need.subjects or not {label for st in p.heading_stems
+                                                  for label in self.vocabulary.of_stem.get(st, ())} & asked:
+                continue
+            names = {tuple(n.split()) for s in p.sentences for n in s.names}
+            if any(name in heads and name != p.subject and not set(name) <= set(p.subject) for name in names):
+                continue
+            found += [(p, s) for s in p.sentences]
+        return found
+
+    def eligible(self, need: Need, passages: list[Passage]) -> list[tuple[Passage, Sentence]]:
+        """The (passage, sentence) pairs on the question's subject."""
+        known = {p.subject for p in passages if p.subject} | {
+            tuple(n.split()) for p in passages for s in p.sentences for n in s.names}
+        heads = frozenset(p.subject for p in passages if p.subject)
+        return [(p, s) for p in passages for s in p.sentences
+                if not need.subjects or self.on_subject(p, s, need.subjects, known, heads)]
+
+    @staticmethod
+    def cited(picked: list[Choice]) -> str:
+        return " ".join(cite(c.sentence.text, c.passage.index) for c in picked)
+
+    def describe(self, need: Need, eligible: list[tuple[Passage, Sentence]]) -> list[Choice]:
+        """No attribute asked ("Tell me about the Aurora X2"): the subject's description, which
+        a document gives first: the on-subject passage earliest in its document (the retrieval
+        rank breaks ties), not whichever section was ranked first."""
+        naming = [(p, s) for p, s in eligible if {tuple(n.split()) for n in s.names} & need.mentioned]
+        if naming:  # "And the pen?": what the passages say of the Nimbus Pen, from where they name it
+            # A sentence opening with the name is about it ("The Nimbus Pen attaches..."), one
+            # naming it in passing is about something else ("the bundle with the Nimbus Pen").
+            article = self.messages["article"]
+            p, first = min(naming, key=lambda ps: (not any(
+                fold(ps[1].text).startswith((" ".join(e), article + " ".join(e))) for e in need.mentioned),
+                ps[0].index, ps[1].position))
+            return [Choice(p, s, 0.0, 0.0) for q, s in eligible if q is p and s.position >= first.position][:2]
+        opening = min({id(p): p for p, _ in eligible}.values(), key=lambda p: (p.ordinal, p.index))
+        return [Choice(p, s, 0.0, 0.0) for p, s in eligible if p is opening][:2]
+
+    def select(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> list[Choice]:
+        """The sentences of ``eligible`` (``self.eligible(need, passages)``) that answer ``need``,
+        in order; empty when none states enough of it."""
+        if not eligible:
+            return []
+        if not need.own:
+            return self.describe(need, eligible)
+        scoring = _Scoring(need, _weights(need, passages, eligible, self.vocabulary), self.vocabulary,
+                           self.rank_prior)
+        choices = [scoring.choice(p, s) for p, s in eligible if not scoring.excluded(p, s)]
+        if need.must_amount:  # "how much" is answered by an amount, not by a description
+            choices = [c for c in choices if c.sentence.has_currency]
+        if need.wants_number:  # "how long / how many / how heavy" is answered by a quantity
+            choices = [c for c in choices if c.sentence.has_number or c.sentence.has_currency]
+        if not choices:
+            return []
+        best = max(choices, key=lambda c: (c.score, -c.passage.index, -c.sentence.position))
+        if best.coverage < self.min_coverage:
+            return []
+        return self.compose(best, choices, need)
+
+    def compose(self, best: Choice, choices: list[Choice], need: Need) -> list[Choice]:
+        """The best sentence, then the sentences that continue its attribute in its passage; the
+        sentence just before it too when that one states as much of what was asked ("Orders ship
+        within two business days." before "...express delivery arrives the next business day")."""
+        v = self.vocabulary
+        stated = {k for k in need.own if v.covers(k, best.sentence.stems)}
+        if not stated:  # stated only by the heading ("Pricing" over "$449"): continue on numbers
+            stated = {k for k in need.own if v.covers(k, best.passage.heading_stems)}
+        picked = [best]
+        in_passage = sorted((c for c in choices if c.passage is best.passage), key=lambda c: c.sentence.position)
+        before = [c for c in in_passage if c.sentence.position == best.sentence.position - 1]
+        if before and before[0].coverage >= max(self.min_coverage, best.coverage - PRECEDING_MARGIN) and (
+                not need.must_amount or before[0].sentence.has_currency):
+            picked.insert(0, before[0])
+        expected = best.sentence.position + 1
+        for c in (c for c in in_passage if c.sentence.position > best.sentence.position):
+            if len(picked) >= self.max_sentences or c.sentence.position != expected:
+                break
+            own_words = any(v.covers(k, c.sentence.stems) for k in stated)
+            same_kind = (need.wants_amount and c.sentence.has_currency and best.sentence.has_currency
+                         and not _has_other_topic(c.sentence, need, v))
+            if not (own_words or same_kind):
+                break
+            picked.append(c)
+            expected += 1
+        return picked
+
+    def _topic(self, need: Need, eligible: list[tuple[Passage, Sentence]]) -> str:
+        """The words a decline names as missing."""
+        v = self.vocabulary
+        # Name what is lacking: "Do you ship to Canada?" lacks Canada, not shipping; "how long"
+        # beside another word only says what kind of value was asked.
+        asked = [k for k in need.groups if k in need.own and not (k.startswith("~") and len(need.own) > 1)]
+        lacking = [k for k in asked if not any(
+            v.covers(k, s.stems) or v.covers(k, p.heading_stems) for p, s in eligible)]
+        # Lacking words that a question word parts ("...for staff what is the warranty on them") are
+        # not one topic: the attributes the table knows say what was asked ("warranty").
+        span = words(span_of(need.asked, lacking)) if len(lacking) > 1 else []
+        if any(w in v.wh or w in v.polar for w in span[1:-1]):
+            lacking = [k for k in lacking if "=" in k] or lacking
+        # A narrow group lacking is named as the group: "wireless charging", not "charge wirelessly".
+        narrow = [label for k in lacking for label in labels(k) if label in v.group_class("decisive")]
+        missing = [need.labels[k] for k in (lacking or asked)] or [self.messages["nothing_named"]]
+        topic = narrow[0] if narrow else span_of(need.asked, lacking) if len(lacking) > 1 else ""
+        return topic or " ".join(dict.fromkeys(missing[:3]))
+
+    def decline(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> str:
+        """Say plainly that the documents don't state it, naming what they do describe."""
+        m = self.messages
+        topic = self._topic(need, eligible)
+        passage_of = {id(p): p for p, _ in eligible}
+        on_subject = [p for p in passages if id(p) in passage_of]
+        subject = next((p for p in on_subject if p.subject in need.subjects), None) if need.subjects else None
+        if subject is not None:
+            name = (m["article"] if subject.mentions_the else "") + subject.subject_name
+            text = m["decline_for_subject"].format(topic=topic, subject=name)
+            on_subject = [p for p in on_subject if p.subject == subject.subject]
+        else:
+            text = m["decline"].format(topic=topic)
+        leaves = list(dict.fromkeys(p.heading_leaf.lower() for p in on_subject if p.heading_leaf))
+        if leaves and (subject is not None or not need.subjects):
+            described = leaves[0] if len(leaves) == 1 else ", ".join(leaves[:-1]) + m["and_joiner"] + leaves[-1]
+            if subject is not None:
+                owner = (m["possessive_after_s"] if name.endswith("s") else m["possessive"]).format(name=name)
+                text += m["they_describe"].format(owner=owner, described=described)
+            else:
+                text += m["passages_are_about"].format(described=described)
+        return text

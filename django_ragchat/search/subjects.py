@@ -1,0 +1,284 @@
+"""What the corpus is about: the subject names a follow-up can switch to.
+
+The offline ``followup`` transformer (``transformers.py``) needs to know that "the Nimbus Tab"
+in "What about the Nimbus Tab?" names a new subject and is not a detail of the old one. Those
+names come from the corpus itself, as ingestion recorded it (``Document.title`` and each chunk's
+``metadata["heading_path"]``), never from a hand-made list, so a site's own catalogue works with
+no configuration:
+
+* every document title is a subject ("Zephyr Buds", "Crema One");
+* a heading below the title is a subject when it is written as a name, every word capitalised
+  ("Basic Plan", "Trail 700"), the text under it writes it so too ("The Basic Plan delivers..."),
+  and it does not recur in several documents. A heading that many documents share ("Pricing",
+  "Early Life") names a kind of section, an attribute, not a thing; a title-case section heading
+  ("Personal Life", "Return Policy") is written in lower case in prose.
+
+``subject_index(space)`` returns the names of one embedding space, cached per process and
+reloaded when the documents change: one cheap aggregate query over the documents table per call
+(row count, highest id, newest update), like the in-process vector index's freshness stamp.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+
+from django.db.models import Count, Max
+
+from django_ragchat.ingestion.chunking import HEADING_SEPARATOR
+from django_ragchat.language import Language, load_language
+from django_ragchat.models import Chunk, Document
+from django_ragchat.text import STOPWORDS, normalize, stem, words
+
+_NAME_WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*")
+
+
+def name_key(word: str) -> str:
+    """The matching key of one word of a name or a question: folded, without a possessive
+    ("Tab's"), and stemmed."""
+    folded = normalize(word)
+    if folded.endswith(("'s", "’s")):
+        folded = folded[:-2]
+    return stem(folded)
+
+
+def _identifies(word: str) -> bool:
+    # Stop words say nothing, but a single letter or a code is what tells "Product A" from
+    # "Product B" ("a" is also a stop word).
+    return word not in STOPWORDS or len(word) == 1 or any(c.isdigit() for c in word)
+
+
+def name_tokens(name: str) -> tuple[str, ...]:
+    """The keys of the words of ``name`` that identify it: stop words dropped, single letters
+    and codes kept."""
+    return tuple(dict.fromkeys(stem(w) for w in words(name) if _identifies(w)))
+
+
+def _written_as_name(heading: str) -> bool:
+    """Every word capitalised (or a code such as "X2"), at least two words: "Basic Plan"."""
+    tokens = _NAME_WORD_RE.findall(heading)
+    content = [t for t in tokens if normalize(t) not in STOPWORDS]
+    return len(tokens) >= 2 and bool(content) and all(t[0].isupper() or t[0].isdigit() for t in content)
+
+
+@dataclass(frozen=True)
+class Subject:
+    """One subject name: how the corpus writes it, its matching keys, the documents it names."""
+
+    name: str
+    tokens: tuple[str, ...]
+    documents: frozenset[int]
+
+
+_SENTENCE_END_RE = re.compile(r"[.;:!?](?=\s|$)")
+
+
+def kind_of(name: str, text: str, language: Language | None = None) -> str:
+    """The kind ``text`` defines ``name`` as ("tablet" for "The Nimbus Tab is an 11-inch tablet
+    for drawing and reading"), folded, or "" when no sentence of the form "<name> is a/an ..." or
+    "<name> are ..." (the language's ``defines_kind`` pattern) opens the text's first 600
+    characters. The kind is the last word before a preposition, clause or stop (the language's
+    ``kind_stop_words``: "tablet" in "an 11-inch tablet for drawing")."""
+    language = language or load_language()
+    defines = language.sources["defines_kind"]
+    match = re.search(rf"\b{re.escape(name)}{defines}(.{{1,80}})", text[:600], re.IGNORECASE | re.DOTALL)
+    if not match:
+        return ""
+    kind = ""
+    for token in _NAME_WORD_RE.findall(_SENTENCE_END_RE.split(match.group(1))[0])[:6]:
+        folded = normalize(token)
+        if folded in language.word_class("kind_stop_words") or token[:1].isupper():
+            break
+        kind = folded
+    return kind if len(kind) > 2 and kind.isalpha() and kind not in language.stopwords else ""
+
+
+class SubjectIndex:
+    """The subject names of a corpus and how to find them in a message."""
+
+    def __init__(self, subjects: list[Subject], kinds: dict[str, str] | None = None,
+                 language: Language | None = None):
+        self.subjects = subjects
+        self.language = language or load_language()
+        self._by_token: dict[str, list[Subject]] = {}
+        # "the tablet" names the one subject the corpus defines as a tablet ({subject name: kind}).
+        by_kind: dict[str, list[Subject]] = {}
+        for subject in subjects:
+            for token in subject.tokens:
+                self._by_token.setdefault(token, []).append(subject)
+            if kinds and kinds.get(subject.name):
+                by_kind.setdefault(name_key(kinds[subject.name]), []).append(subject)
+        self._by_kind = {key: found[0] for key, found in by_kind.items() if len(found) == 1}
+        self.kind_keys = {subject: key for key, subject in self._by_kind.items()}
+
+    def __len__(self) -> int:
+        return len(self.subjects)
+
+    @classmethod
+    def from_rows(cls, rows, *, named_in_text=None, openings: dict[int, str] | None = None,
+                  language: Language | None = None) -> SubjectIndex:
+        """Build from (document id, title, heading path) rows, e.g. one per distinct chunk
+        heading. ``named_in_text({heading: document id})``, when given, returns the headings
+        whose document writes them, capitalised, in its prose ("The Basic Plan delivers..."):
+        a title-case section heading ("Personal Life", "Return Policy") is not written so.
+        ``openings`` ({document id: its first chunk's text}) gives each title's kind
+        (``kind_of``), so "the tablet" names the Nimbus Tab."""
+        titles, headings = _titles_and_headings(rows)
+        named: dict[tuple[str, ...], Subject] = {}
+        for name, documents in titles.items():
+            tokens = name_tokens(name)
+            if not tokens:
+                continue
+            previous = named.get(tokens)  # two titles that differ only in case or stop words
+            named[tokens] = Subject(previous.name if previous else name, tokens,
+                                    frozenset(documents) | (previous.documents if previous else frozenset()))
+        candidates = {}
+        for name, documents in headings.items():
+            tokens = name_tokens(name)
+            if tokens and tokens not in named and len(documents) == 1 and _written_as_name(name):
+                candidates[name] = next(iter(documents))
+        confirmed = set(candidates) if named_in_text is None else named_in_text(candidates)
+        for name, document_id in candidates.items():
+            if name in confirmed:
+                named[name_tokens(name)] = Subject(name, name_tokens(name), frozenset({document_id}))
+        language = language or load_language()
+        kinds = _kinds(named.values(), openings or {}, language)
+        return cls(sorted(named.values(), key=lambda s: (-len(s.tokens), s.name)), kinds, language)
+
+    def kind_named(self, text: str) -> list[tuple[Subject, int]]:
+        """(subject, character offset) for each "the/this/that <kind>" in ``text`` whose kind is
+        one subject's alone ("What about the tablet?"). "my phone" is the user's own."""
+        found = []
+        for match in self.language.pattern("kind_pointer").finditer(text):
+            subject = self._by_kind.get(name_key(match.group(1)))
+            if subject is not None:
+                found.append((subject, match.start(1)))
+        return found
+
+    def find(self, text: str, kinds: bool = True) -> list[Subject]:
+        """The subjects ``text`` names, in the order it names them.
+
+        A subject is named when all its keys are in the text and the text writes it as a name:
+        one of its words capitalised or with a digit ("the Nimbus tab", "product B"), or all
+        its words in a row ("the nimbus tab"). Common words that happen to make up a title
+        elsewhere in the question ("that show ... daily") do not name it, nor does one word of a
+        longer name ("Suns" is not "Sun Ra"). A name inside a longer one found too is dropped.
+        With ``kinds``, "the tablet" also names the one subject of that kind (``kind_named``).
+        """
+        matches = list(_NAME_WORD_RE.finditer(text))
+        keys = [name_key(m.group(0)) for m in matches]
+        positions: dict[str, list[int]] = {}
+        for position, (match, key) in enumerate(zip(matches, keys, strict=True)):
+            # A single letter names something only in upper case: "product B", not "a product".
+            if len(key) == 1 and key.isalpha() and not match.group(0).isupper():
+                continue
+            positions.setdefault(key, []).append(position)
+        found: dict[Subject, int] = {}
+        for key in list(positions):
+            for subject in self._by_token.get(key, ()):
+                if subject in found or not all(t in positions for t in subject.tokens):
+                    continue
+                used = [p for t in subject.tokens for p in positions[t]]
+                written = any(matches[p].group(0)[0].isupper() or any(c.isdigit() for c in matches[p].group(0))
+                              for p in used)
+                if written or self._in_a_row(subject, keys, positions):
+                    found[subject] = min(used)
+        chosen = [s for s in found if not any(
+            other is not s and set(s.tokens) < set(other.tokens) for other in found)]
+        order = {s: matches[found[s]].start() for s in chosen}
+        for subject, offset in self.kind_named(text) if kinds else ():
+            order.setdefault(subject, offset)
+        return sorted(order, key=lambda s: order[s])
+
+    @staticmethod
+    def _in_a_row(subject: Subject, keys: list[str], positions: dict[str, list[int]]) -> bool:
+        n = len(subject.tokens)
+        if n < 2:
+            return False
+        return any(keys[start:start + n] == list(subject.tokens) for start in positions[subject.tokens[0]])
+
+
+def _titles_and_headings(rows) -> tuple[dict[str, set[int]], dict[str, set[int]]]:
+    """The documents of each title, and of each heading below a title."""
+    titles: dict[str, set[int]] = {}
+    headings: dict[str, set[int]] = {}
+    for document_id, title, path in rows:
+        title = (title or "").strip()
+        if title:
+            titles.setdefault(title, set()).add(document_id)
+        for heading in (path or [])[1:] if isinstance(path, list) else ():
+            if isinstance(heading, str) and heading.strip() and heading.strip() != title:
+                headings.setdefault(heading.strip(), set()).add(document_id)
+    return titles, headings
+
+
+def _kinds(subjects, openings: dict[int, str], language: Language) -> dict[str, str]:
+    """{subject name: the kind its document's opening defines it as}."""
+    kinds = {}
+    for subject in subjects:
+        for document_id in sorted(subject.documents):
+            kind = kind_of(subject.name, openings.get(document_id, ""), language)
+            if kind and name_key(kind) not in subject.tokens:
+                kinds[subject.name] = kind
+                break
+    return kinds
+
+
+_cache: dict[tuple[str, str, str], tuple[tuple, SubjectIndex]] = {}
+_lock = threading.Lock()
+
+
+def subject_index(space: str, using: str = "default", language: Language | None = None) -> SubjectIndex:
+    """The subjects of the documents stored in embedding space ``space`` (cached, see module
+    docstring), read with ``language``'s words (the default language when not given). Call from
+    synchronous code (it queries the database)."""
+    language = language or load_language()
+    # Ingestion saves the Document row whenever it replaces its chunks (a new updated_at), and
+    # ids are never reused, so this stamp changes with every change to titles or headings. The
+    # documents table is far smaller than the chunks table: the check stays cheap per turn.
+    stamp = tuple(Document.objects.using(using).aggregate(
+        n=Count("id"), top=Max("id"), changed=Max("updated_at")).values())
+    key = (using, space, str(language.directory))
+    cached = _cache.get(key)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    with _lock:
+        cached = _cache.get(key)
+        if cached is None or cached[0] != stamp:
+            titles = dict(Document.objects.using(using).filter(chunks__space=space)
+                          .values_list("id", "title").distinct())
+            headings = (Chunk.objects.using(using).filter(space=space)
+                        .values_list("document_id", "heading").distinct())
+            rows = [(document_id, titles.get(document_id, ""), heading.split(HEADING_SEPARATOR))
+                    for document_id, heading in headings]
+            rows += [(document_id, title, []) for document_id, title in titles.items()]
+
+            def named_in_text(candidates: dict[str, int]) -> set[str]:
+                # Only the few headings written as names are checked, in one query: the prose of
+                # their documents' chunks (after the heading line) must write the name too.
+                if not candidates:
+                    return set()
+                by_document: dict[int, list[str]] = {}
+                for name, document_id in candidates.items():
+                    by_document.setdefault(document_id, []).append(name)
+                found = set()
+                texts = Chunk.objects.using(using).filter(space=space, document_id__in=list(by_document))
+                for document_id, heading, text in texts.values_list("document_id", "heading", "text").iterator():
+                    prose = text[len(heading):] if heading and text.startswith(heading) else text
+                    found.update(name for name in by_document[document_id] if name in prose)
+                return found
+
+            # Each document's first chunk defines what it is about ("... is an 11-inch tablet").
+            openings = dict(Chunk.objects.using(using).filter(space=space, ordinal=0, document_id__in=list(titles))
+                            .values_list("document_id", "text"))
+            cached = (stamp, SubjectIndex.from_rows(rows, named_in_text=named_in_text, openings=openings,
+                                                    language=language))
+            _cache[key] = cached
+    return cached[1]
+
+
+def clear_cache() -> None:
+    """Forget every cached index (tests; the stamp makes this unnecessary in production)."""
+    with _lock:
+        _cache.clear()

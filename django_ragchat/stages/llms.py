@@ -1,0 +1,145 @@
+"""LLM backends: answer a ``Prompt``, whole or streamed.
+
+Built in: ``extractive``, an offline answerer for the embedded default (no model, no server,
+no key). It answers with the sentences of the retrieved passages that state what was asked about
+the subject asked about, cites each as ``[n]``, streams the answer word by word, and says plainly
+when the documents don't say (the engine is ``django_ragchat.answerer``; docs/answerer.md).
+``openai``: any OpenAI-compatible server, through ``django_ragchat.backends.openai``
+(docs/openai.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from django_ragchat import hookimpl
+from django_ragchat.answerer.selector import DEFAULT_MIN_COVERAGE, AnswerSelector
+from django_ragchat.backends.openai import (
+    CHAT_OPTIONS,
+    CONNECTION_OPTIONS,
+    DEFAULT_CHAT_MODEL,
+    EMBEDDING_OPTIONS,
+    ChatModel,
+    OpenAIConnection,
+    check_options,
+)
+from django_ragchat.components import Component
+from django_ragchat.tokens import count_tokens
+from django_ragchat.types import LLMDelta, LLMResponse, Prompt, Usage
+
+if TYPE_CHECKING:
+    from django_ragchat.answerer.vocabulary import Vocabulary
+    from django_ragchat.turn.context import TurnContext
+
+
+class LLMBackend(Component):
+    """Base class. Implement ``complete`` or ``stream`` (or both); each has a default in terms
+    of the other. ``model`` names the model for traces."""
+
+    kind = "llm"
+    model: str = ""
+
+    async def complete(self, prompt: Prompt, turn: TurnContext) -> LLMResponse:
+        parts, usage, model = [], None, self.model
+        async for delta in self.stream(prompt, turn):
+            parts.append(delta.text)
+            usage = delta.usage or usage
+            model = delta.model or model
+        return LLMResponse(text="".join(parts), model=model, usage=usage)
+
+    async def stream(self, prompt: Prompt, turn: TurnContext) -> AsyncIterator[LLMDelta]:
+        response = await self.complete(prompt, turn)
+        yield LLMDelta(text=response.text, model=response.model, usage=response.usage,
+                       finish_reason=response.finish_reason)
+
+
+
+class ExtractiveAnswerer(LLMBackend):
+    """The offline answerer: the sentences that state what was asked about the subject asked
+    about, each cited as ``[n]``; a plain decline naming what the documents do describe when
+    none does. Options: ``min_coverage`` (0.5), ``max_sentences`` (4), ``no_answer`` (used when
+    no passage was given; default: the language's). It reads with the profile's vocabulary
+    (``vocabulary`` setting: language, synonym groups). The engine is
+    ``django_ragchat.answerer.selector.AnswerSelector``; docs/answerer.md. It calls no tools.
+    """
+
+    name = "extractive"
+    model = "extractive"
+    uses_vocabulary = True
+
+    def __init__(self, profile, *, vocabulary: Vocabulary, min_coverage: float = DEFAULT_MIN_COVERAGE,
+                 max_sentences: int = 4, no_answer: str | None = None, **options: Any):
+        super().__init__(profile, **options)
+        self.selector = AnswerSelector(vocabulary=vocabulary, min_coverage=min_coverage,
+                                       max_sentences=max_sentences, no_answer=no_answer)
+
+    def answer(self, prompt: Prompt) -> str:
+        return self.selector.answer(prompt)
+
+    async def complete(self, prompt, turn):
+        text = self.answer(prompt)
+        return LLMResponse(text=text, model=self.model,
+                           usage=Usage(prompt.token_count, count_tokens(text)))
+
+    async def stream(self, prompt, turn):
+        text = self.answer(prompt)
+        for piece in re.findall(r"\S+\s*", text):
+            yield LLMDelta(text=piece)
+            await asyncio.sleep(0)  # let other turns on this event loop run between words
+        yield LLMDelta(model=self.model, usage=Usage(prompt.token_count, count_tokens(text)),
+                       finish_reason="stop")
+
+
+class OpenAIChatBackend(LLMBackend):
+    """Answers through the chat completions API of an OpenAI-compatible server.
+
+    Options (in ``options["openai"]``, shared with the ``openai`` embedder): the connection's
+    (``base_url``, ``api_key_env``, ``timeout``, ``max_retries``, ``headers``) and
+    ``model`` (default ``gpt-4o-mini``), ``temperature`` (server default), ``max_tokens``
+    (default: the profile's ``max_answer_tokens``), ``max_tokens_param``, ``stream_usage``
+    (True), ``extra_body``.
+    """
+
+    name = "openai"
+
+    def __init__(self, profile, **options: Any):
+        check_options("The openai LLM backend", options, (*CONNECTION_OPTIONS, *CHAT_OPTIONS, *EMBEDDING_OPTIONS))
+        super().__init__(profile)
+        self.chat = ChatModel(
+            OpenAIConnection.from_options(options),
+            model=options.get("model") or DEFAULT_CHAT_MODEL,
+            temperature=options.get("temperature"),
+            max_tokens=options.get("max_tokens") or profile.max_answer_tokens,
+            max_tokens_param=options.get("max_tokens_param", "max_tokens"),
+            stream_usage=options.get("stream_usage", True),
+            extra_body=options.get("extra_body"),
+        )
+        self.model = self.chat.model
+        self.connection = self.chat.connection
+
+    def _note_finish(self, turn: TurnContext, finish_reason: str | None) -> None:
+        if finish_reason == "length":
+            turn.warn(f"the answer was cut at {self.chat.max_tokens} tokens (max_tokens)")
+
+    async def complete(self, prompt, turn):
+        response = await self.chat.complete(list(prompt.messages))
+        self._note_finish(turn, response.finish_reason)
+        return response
+
+    async def stream(self, prompt, turn):
+        # aclosing: a turn stopped mid-answer closes the HTTP response now, not at garbage collection.
+        async with contextlib.aclosing(self.chat.stream(list(prompt.messages))) as deltas:
+            async for delta in deltas:
+                if delta.finish_reason:
+                    self._note_finish(turn, delta.finish_reason)
+                yield delta
+
+
+@hookimpl
+def register_llm_backends(register):
+    register(ExtractiveAnswerer)
+    register(OpenAIChatBackend)

@@ -1,0 +1,447 @@
+"""The websocket consumer: chat over one socket, with the JSON protocol of docs/protocol.md.
+
+The client sends ``message``, ``cancel`` and ``ping`` frames; the server relays the events of
+each turn (``transport.turn_events``, the same path as server-sent events) and answers
+malformed frames with an ``error`` event, keeping the connection open.
+
+Several workers: a socket joins one channel-layer group per conversation it opens. The worker
+that runs a turn sends every event to its own socket directly and ``group_send``s it to the
+conversation's group (``GroupRelay``), so every other socket open on that conversation receives
+the same events in the same order, whichever worker process it is connected to
+(``channels_redis``). A ``cancel`` reaches the turn the same way.
+
+The channel layer is optional. Without one (no ``CHANNEL_LAYERS``) the socket chats on its
+own: its turns, its cancels and its own answers work; only the sharing between sockets (a
+second tab watching live, a cancel from another tab) is off (``ragchat.W030`` says so). A
+layer that fails (Redis down) is treated the same way while it fails: it is logged, never
+lets an exception close the user's socket, and never stops a turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from importlib import import_module
+from typing import Any, ClassVar
+
+from asgiref.sync import sync_to_async
+from channels.exceptions import StopConsumer
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
+from channels.utils import await_many_dispatch
+from django.conf import settings
+from django.contrib.auth import SESSION_KEY
+
+from django_ragchat import permissions
+from django_ragchat.events import PROTOCOL_VERSION, Accepted, Completed, Failed
+from django_ragchat.models import Conversation, Message
+from django_ragchat.transport import jsonbody
+from django_ragchat.transport import turns as transport
+from django_ragchat.transport.turns import TurnRefused
+from django_ragchat.turn import persistence
+from django_ragchat.turn.lanes import database_lane
+
+logger = logging.getLogger(__name__)
+
+# Close code when the conversation named in the URL cannot be opened (4000-4999: application).
+CLOSE_NOT_FOUND = 4404
+# Close code when the socket's session ended (logout, expiry, flushed) since it connected.
+CLOSE_SESSION_ENDED = 4401
+
+
+def group_name(conversation_id) -> str:
+    """The channel-layer group of a conversation's open sockets."""
+    return f"ragchat.conversation.{uuid.UUID(str(conversation_id)).hex}"
+
+
+def _stopped_payload(message_id: int) -> dict[str, Any] | None:
+    message = Message.objects.filter(pk=message_id).first()
+    return persistence.message_payload(message) if message is not None else None
+
+
+def session_is_current(user, session) -> bool:
+    """Whether the session the socket connected with still stands for the same caller: it
+    still exists in the session store and, for a signed-in user, still names that user. A
+    logout (which flushes the session) or an expiry makes it false."""
+
+    key = getattr(session, "session_key", None)
+    if not key:
+        return not (user is not None and user.is_authenticated)  # nothing to re-check
+    store = import_module(settings.SESSION_ENGINE).SessionStore(key)  # a fresh read, not the scope's copy
+    data = store.load()
+    if not data and store.session_key is None:  # gone from the store
+        return False
+    if user is not None and user.is_authenticated:
+        return str(data.get(SESSION_KEY)) == str(user.pk)
+    return True
+
+
+class GroupRelay:
+    """Publishes one turn's frames to its conversation's group, in order, in batches.
+
+    The socket that sent the message gets each frame directly, at once; the group (the other
+    sockets on the conversation, and this one's own channel, which ignores it) gets what
+    accumulated over ``window`` seconds in one message,
+    ``{"type": "ragchat.events", "origin": ..., "frames": [...]}``, one ``group_send`` at a
+    time. A model writing thousands of tokens a second then costs the channel layer tens of
+    messages a second, not thousands, at the price of ``window`` seconds of delay for the
+    watching tabs.
+    """
+
+    window = 0.02
+
+    def __init__(self, channel_layer, group: str, origin: str):
+        self.channel_layer, self.group, self.origin = channel_layer, group, origin
+        self.pending: list[dict] = []
+        self.sending: asyncio.Task | None = None
+
+    def publish(self, frame: dict) -> None:
+        if self.channel_layer is None:
+            return  # no layer: no other socket to tell
+        self.pending.append(frame)
+        if self.sending is None:
+            self.sending = asyncio.create_task(self._send())
+
+    async def _send(self) -> None:
+        try:
+            while self.pending:
+                await asyncio.sleep(self.window)  # let the batch fill
+                frames, self.pending = self.pending, []
+                await self.channel_layer.group_send(
+                    self.group, {"type": "ragchat.events", "origin": self.origin, "frames": frames})
+        except Exception:
+            logger.exception("ragchat: could not publish to %s", self.group)
+        finally:
+            self.sending = None  # no await since the loop's test: publish() starts a new one
+
+    async def flush(self) -> None:
+        """Wait until every frame published so far has been sent."""
+        while self.sending is not None:
+            await asyncio.shield(self.sending)
+
+
+class ChatConsumer(AsyncJsonWebsocketConsumer):
+    """One chat socket. Routed at ``ws/ragchat/`` (messages name their conversation, or start
+    one) and ``ws/ragchat/conversations/<uuid>/`` (bound to, and watching, that conversation).
+
+    Authentication is the Django session (``AuthMiddlewareStack``). The handshake is refused
+    for an anonymous caller unless ``ALLOW_ANONYMOUS`` is on and they have a session.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.user = None
+        self.session_key: str | None = None
+        self.conversation_id: str | None = None  # where a message without conversation_id goes
+        self.watching: dict[str, bool] = {}  # conversation id -> may this socket send to it
+        self.turns: dict[str, asyncio.Task] = {}  # conversation id -> turn run by this socket
+        self.closed = False
+        self.layer_groups: list[str] = []  # joined here, not in self.groups: see disconnect()
+        self.channel_name: str | None = None  # set by __call__ when there is a channel layer
+
+    # --- the channel layer: optional, and never fatal -----------------------------------
+
+    async def __call__(self, scope, receive, send):
+        # channels' AsyncConsumer.__call__, except that a channel layer that is missing or
+        # fails leaves the socket working on its own instead of raising out of the consumer
+        # (which would close the user's socket and stop the turn being written).
+        self.scope = scope
+        self.base_send = send
+        self.channel_layer = get_channel_layer(self.channel_layer_alias)
+        if self.channel_layer is not None:
+            try:
+                self.channel_name = await self.channel_layer.new_channel()
+            except Exception:
+                logger.exception("ragchat: the channel layer failed; this socket works on its own")
+                self.channel_layer = None
+        receivers = [receive] if self.channel_layer is None else [receive, self._receive_from_layer]
+        try:
+            await await_many_dispatch(receivers, self.dispatch)
+        except StopConsumer:
+            pass
+
+    async def _receive_from_layer(self):
+        """The next message for this socket's channel; waits out a failing layer (logged)."""
+        delay = 0.5
+        while True:
+            try:
+                return await self.channel_layer.receive(self.channel_name)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("ragchat: receiving from the channel layer failed; retrying in %.1f s", delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def _layer_call(self, method: str, *args) -> bool:
+        """``channel_layer.<method>(*args)``, logged instead of raised; False if it did not happen."""
+        if self.channel_layer is None:
+            return False
+        try:
+            await getattr(self.channel_layer, method)(*args)
+        except Exception:
+            logger.exception("ragchat: channel layer %s failed", method)
+            return False
+        return True
+
+    # --- connection ---------------------------------------------------------------------
+
+    async def connect(self):
+        self.user = self.scope.get("user")
+        self.session_key = transport.caller_session_key(self.user, self.scope.get("session"))
+        if not (self.user is not None and self.user.is_authenticated) and not self.session_key:
+            await self.close()  # before accept(): the handshake is answered 403
+            return
+        await self.accept()
+        bound = self.scope.get("url_route", {}).get("kwargs", {}).get("conversation_id")
+        if bound is not None:
+            try:
+                conversation, may_send = await transport.open_conversation(
+                    self.user, bound, self.session_key, for_sending=False
+                )
+            except TurnRefused as refusal:
+                await self.send_json(refusal.to_event().to_dict())
+                await self.close(code=CLOSE_NOT_FOUND)
+                return
+            await self._watch(conversation, may_send)
+            self.conversation_id = str(conversation.pk)
+        await self.send_json({"type": "ready", "protocol": PROTOCOL_VERSION,
+                              "conversation_id": self.conversation_id})
+
+    async def disconnect(self, code):
+        self.closed = True
+        for group in self.layer_groups:
+            await self._layer_call("group_discard", group, self.channel_name)
+        # Stop this socket's turns: each saves its partial answer as "incomplete" and tells the
+        # conversation's other sockets.
+        running = [task for task in self.turns.values() if not task.done()]
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def dispatch(self, message):
+        if message["type"] == "ragchat.events":
+            # Turn events relayed through the channel layer: no database work, so the base
+            # class's per-message connection cleanup (a thread hop) is skipped.
+            if message["origin"] != self.channel_name:  # our own turns were sent directly
+                for frame in message["frames"]:
+                    await self._send_frame(frame)
+            return
+        await super().dispatch(message)
+
+    # --- client frames ------------------------------------------------------------------
+
+    async def receive(self, text_data=None, bytes_data=None):
+        if text_data is None:
+            return await self._error("invalid_frame", "Send JSON in text frames.")
+        if len(text_data) > transport.max_request_chars():
+            return await self._error("too_large", f"Frames are limited to {transport.max_request_chars():,} characters.")
+        try:
+            frame = jsonbody.loads(text_data)
+        except jsonbody.JSONRefused:
+            return await self._error("parse_error", "The frame is not valid JSON.")
+        if not isinstance(frame, dict):
+            return await self._error("invalid_frame", 'A frame is a JSON object with a "type".')
+        client_id = frame.get("client_id")
+        try:
+            transport.check_client_id(client_id)  # it is stored (the idempotency key): no NUL either
+        except TurnRefused as refusal:
+            return await self._error("invalid_frame", refusal.message)
+        handler = self.frame_handlers.get(frame.get("type")) if isinstance(frame.get("type"), str) else None
+        if handler is None:
+            return await self._error("unknown_type", 'Unknown frame type; send "message", "cancel" or "ping".',
+                                     client_id)
+        await handler(self, frame, client_id)
+
+    async def on_message(self, frame: dict, client_id: str | None) -> None:
+        """``{"type": "message", "content": ..., "conversation_id"?: ...}``: run a turn.
+
+        The session is checked again first: after a logout the socket is closed with code
+        4401. Without a conversation, a new one is created only once the turn is admitted
+        (a refused message creates nothing), unless ``client_id`` names a message this caller
+        already sent: then that message's conversation answers the resend.
+        """
+        if not await sync_to_async(session_is_current)(self.user, self.scope.get("session")):
+            await self._error("session_ended", "Your session has ended; sign in again and reconnect.", client_id)
+            self.closed = True
+            await self.close(code=CLOSE_SESSION_ENDED)
+            return
+        content = frame.get("content")
+        conversation_id = frame.get("conversation_id", self.conversation_id)
+        try:
+            transport.validate(content)
+            async with database_lane():
+                if conversation_id is None and client_id:
+                    conversation_id = await sync_to_async(self._sent_with)(client_id)
+                conversation = None
+                if conversation_id is not None:
+                    conversation = await self._conversation_for_message(conversation_id)
+                elif not (self.user is not None and self.user.is_authenticated) and not self.session_key:
+                    raise TurnRefused("forbidden", "Sign in to start a conversation.", 403)
+        except TurnRefused as refusal:
+            return await self._send_frame(self._frame(refusal.to_event().to_dict(), None, client_id))
+        if conversation is None:
+            key = f"new:{uuid.uuid4().hex}"  # re-keyed once the conversation exists
+        else:
+            key = str(conversation.pk)
+            running = self.turns.get(key)
+            if running is not None and not running.done():
+                refusal = TurnRefused("turn_in_progress", "An answer is still being written in this conversation; "
+                                      "wait for it to finish or cancel it.", 409)
+                return await self._send_frame(self._frame(refusal.to_event().to_dict(), key, client_id))
+            self.conversation_id = key
+        self.turns[key] = asyncio.create_task(self._run_turn_in_lane(conversation, content, client_id, key))
+
+    def _sent_with(self, client_id: str) -> str | None:
+        """The conversation of this caller's message sent with ``client_id`` (a resend after a
+        reconnect, when the first attempt started the conversation), or ``None``."""
+        found = (permissions.visible_conversations(self.user, self.session_key)
+                 .filter(messages__client_id=client_id, messages__role=Message.Role.USER)
+                 .values_list("pk", flat=True).first())
+        return str(found) if found is not None else None
+
+    async def on_cancel(self, frame: dict, client_id: str | None) -> None:
+        """``{"type": "cancel", "conversation_id"?: ...}``: stop the turn being written there,
+        on this socket or, through the group, on any other."""
+        key = frame.get("conversation_id", self.conversation_id)
+        if not isinstance(key, str) or key not in self.watching:
+            return await self._send_frame(self._frame(TurnRefused.not_found().to_event().to_dict(), None, client_id))
+        if not self.watching[key]:
+            return await self._error("forbidden", "You may read this conversation but not change it.", client_id)
+        task = self.turns.get(key)
+        if task is not None and not task.done():
+            task.cancel()
+        else:  # the turn runs on another socket (without a layer: none this one could reach)
+            await self._layer_call("group_send", group_name(key), {"type": "ragchat.cancel", "conversation_id": key})
+
+    async def on_ping(self, frame: dict, client_id: str | None) -> None:
+        await self._send_frame(self._frame({"type": "pong"}, None, client_id))
+
+    frame_handlers: ClassVar[dict] = {"message": on_message, "cancel": on_cancel, "ping": on_ping}
+
+    # --- channel-layer messages ---------------------------------------------------------
+
+    async def ragchat_cancel(self, message):
+        task = self.turns.get(message["conversation_id"])
+        if task is not None and not task.done():
+            task.cancel()
+
+    # --- turns --------------------------------------------------------------------------
+
+    async def _conversation_for_message(self, conversation_id) -> Conversation:
+        conversation, _ = await transport.open_conversation(
+            self.user, conversation_id, self.session_key, for_sending=True
+        )
+        await self._watch(conversation, may_send=True)
+        return conversation
+
+    async def _create_conversation(self, key: str) -> Conversation:
+        """Create the conversation of a turn started without one (once it is admitted)."""
+        try:
+            conversation = await sync_to_async(permissions.create_conversation)(self.user, self.session_key)
+        except PermissionError as exc:
+            raise TurnRefused("forbidden", str(exc), 403) from None
+        new_key = str(conversation.pk)
+        if self.turns.get(key) is asyncio.current_task():
+            self.turns[new_key] = self.turns.pop(key)
+        self.conversation_id = new_key
+        await self._watch(conversation, may_send=True)
+        return conversation
+
+    async def _watch(self, conversation: Conversation, may_send: bool) -> None:
+        key = str(conversation.pk)
+        if key not in self.watching:
+            group = group_name(key)
+            if await self._layer_call("group_add", group, self.channel_name):
+                self.layer_groups.append(group)  # left in disconnect()
+        self.watching[key] = may_send
+
+    async def _run_turn_in_lane(self, conversation: Conversation | None, content: Any, client_id: str | None,
+                                key: str) -> None:
+        # The turn's database work on a thread of its own (one of a few), not the thread every
+        # turn of the worker shares: a burst of turns then does not queue behind each other's
+        # I/O waits (django_ragchat.turn.lanes).
+        async with database_lane():
+            await self._run_turn(conversation, content, client_id, key)
+
+    async def _run_turn(self, conversation: Conversation | None, content: Any, client_id: str | None,
+                        key: str) -> None:
+        group: GroupRelay | None = None
+        accepted: Accepted | None = None
+        ended = False
+
+        async def create() -> Conversation:
+            nonlocal key
+            created = await self._create_conversation(key)
+            key = str(created.pk)
+            return created
+
+        try:
+            async with contextlib.aclosing(transport.turn_events(
+                conversation if conversation is not None else create, content, user=self.user,
+                session_key=self.session_key, client_id=client_id or "",
+            )) as events:
+                async for event in events:
+                    if group is None:
+                        group = GroupRelay(self.channel_layer, group_name(key), self.channel_name)
+                    if isinstance(event, Accepted):
+                        accepted = event
+                    ended = isinstance(event, (Completed, Failed))
+                    if ended:
+                        self._forget(key)  # the answer is saved: the next message may start
+                    await self._relay(group, self._frame(event.to_dict(), key, client_id))
+        except TurnRefused as refusal:
+            known = None if key.startswith("new:") else key
+            await self._send_frame(self._frame(refusal.to_event().to_dict(), known, client_id))
+        except asyncio.CancelledError:
+            # A cancel frame or a disconnect: the turn saved its partial answer. This task is
+            # ours and goes on to say so.
+            asyncio.current_task().uncancel()
+        except Exception:
+            logger.exception("ragchat websocket turn in conversation %s failed", key)
+            if accepted is None:
+                failed = Failed(code="internal_error", message="The assistant failed to answer; the error has been logged.")
+                await self._send_frame(self._frame(failed.to_dict(), key, client_id))
+        finally:
+            self._forget(key)
+        if accepted is not None and not ended:
+            # Stopped before its end: tell every socket on the conversation, with what was saved
+            # (the saved error says why: a cancel, a disconnect, the server shutting down).
+            payload = await sync_to_async(_stopped_payload)(accepted.assistant_message_id)
+            error = (payload or {}).get("error") or {}
+            code = error.get("code", "cancelled")
+            stopped = Failed(code=code, message=error.get("message", "The answer was stopped."),
+                             assistant_message=payload, retry_after=1 if code == "server_shutdown" else None)
+            await self._relay(group, self._frame(stopped.to_dict(), key, client_id))
+        if group is not None:
+            await group.flush()
+
+    def _forget(self, key: str) -> None:
+        if self.turns.get(key) is asyncio.current_task():
+            del self.turns[key]
+
+    # --- sending ------------------------------------------------------------------------
+
+    @staticmethod
+    def _frame(data: dict, conversation_id: str | None, client_id: str | None) -> dict:
+        frame = dict(data)
+        if conversation_id is not None:
+            frame["conversation_id"] = conversation_id
+        if client_id is not None:
+            frame["client_id"] = client_id
+        return frame
+
+    async def _relay(self, group: GroupRelay, frame: dict) -> None:
+        """Send a turn's frame to this socket and to every other socket on the conversation."""
+        group.publish(frame)
+        await self._send_frame(frame)
+
+    async def _send_frame(self, frame: dict) -> None:
+        if not self.closed:
+            await self.send_json(frame)
+
+    async def _error(self, code: str, message: str, client_id: str | None = None) -> None:
+        await self._send_frame(self._frame(Failed(code=code, message=message).to_dict(), None, client_id))

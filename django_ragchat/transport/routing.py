@@ -1,0 +1,33 @@
+"""Websocket routes. A site serving ASGI includes them in its ``asgi.py``::
+
+    from channels.auth import AuthMiddlewareStack
+    from channels.routing import ProtocolTypeRouter, URLRouter
+    from django.core.asgi import get_asgi_application
+
+    django_asgi_app = get_asgi_application()  # first: it sets Django up
+
+    from django_ragchat.transport.origins import SameOriginValidator
+    from django_ragchat.transport.routing import websocket_urlpatterns
+
+    application = ProtocolTypeRouter({
+        "http": django_asgi_app,
+        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    })
+
+``SameOriginValidator`` (``origins.py``) checks the Origin's scheme, host and port, not only
+its host as Channels' ``AllowedHostsOriginValidator`` does.
+
+The chat page looks for the websocket at ``/ws/ragchat/`` and falls back to server-sent
+events when there is none (a WSGI site).
+"""
+
+from django.urls import path
+
+from django_ragchat.transport.consumers import ChatConsumer
+
+WEBSOCKET_PATH = "ws/ragchat/"
+
+websocket_urlpatterns = [
+    path(WEBSOCKET_PATH, ChatConsumer.as_asgi()),
+    path(f"{WEBSOCKET_PATH}conversations/<uuid:conversation_id>/", ChatConsumer.as_asgi()),
+]

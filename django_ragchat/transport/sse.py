@@ -1,0 +1,267 @@
+"""Server-sent events: a turn streamed over a plain HTTP response, for clients without
+websockets and for sites served by WSGI.
+
+``POST <prefix>/conversations/<uuid>/stream/`` (or ``POST <prefix>/stream/`` to start a new
+conversation, created only once the message is accepted) with ``{"content": "..."}`` answers
+``text/event-stream``; each event of the turn (the websocket's vocabulary, docs/protocol.md)
+is one SSE message::
+
+    event: delta
+    data: {"type": "delta", "text": "The ", "index": 0}
+
+A request that cannot start a turn is answered with an HTTP error status instead of a stream,
+its body the ``error`` event as JSON (404 unknown or foreign conversation, 400/413 invalid
+message, 403 not yours to change, 409 turn in progress, 429 limits with ``Retry-After``).
+Session authentication, so the request carries the CSRF token (``X-CSRFToken`` header).
+
+The same view serves both deployments: under ASGI the turn runs as a task on the server's
+event loop; under WSGI it runs the turn in a ``ThreadedStream`` (Django would otherwise buffer an
+async body whole). Either way a client that goes away stops the model and the partial answer
+is saved as "incomplete".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from asgiref.sync import async_to_sync, sync_to_async
+from django.core.exceptions import RequestDataTooBig
+from django.core.handlers.asgi import ASGIRequest
+from django.http import JsonResponse, StreamingHttpResponse
+from django.views.decorators.http import require_POST
+
+from django_ragchat import permissions
+from django_ragchat.conf import ragchat_settings
+from django_ragchat.events import PROTOCOL_VERSION, TurnEvent
+from django_ragchat.transport import jsonbody
+from django_ragchat.transport import turns as transport
+from django_ragchat.transport.turns import TurnRefused
+from django_ragchat.turn.sync_bridge import ThreadedStream
+
+_ITEM, _ERROR, _END = "item", "error", "end"
+
+
+def encode_event(event: TurnEvent) -> bytes:
+    """One SSE message: ``event:`` the type, ``data:`` the event's JSON on one line."""
+    data = event.to_dict()
+    # json.dumps escapes newlines (and non-ASCII), so the data always fits on one line.
+    return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def refusal_response(refusal: TurnRefused) -> JsonResponse:
+    return JsonResponse(refusal.to_event().to_dict(), status=refusal.http_status, headers=refusal.http_headers())
+
+
+def _read_content(request) -> tuple[Any, str]:
+    """The ``content`` of the JSON body (validated later, with the turn) and its ``client_id``
+    (the idempotency key, "" for none); ``TurnRefused`` for a body that is too large or not a
+    JSON object, or a bad ``client_id``."""
+    too_large = TurnRefused("too_large", "The request body is too large.", 413)
+    try:
+        # Read even when too long (up to Django's DATA_UPLOAD_MAX_MEMORY_SIZE): a server that
+        # answers before the client finished sending resets the connection, and the client
+        # never reads the 413.
+        body = request.body
+    except RequestDataTooBig:
+        raise too_large from None
+    if len(body) > transport.max_request_chars():
+        raise too_large
+    try:
+        data = jsonbody.loads(body)
+    except jsonbody.JSONRefused:
+        raise TurnRefused("parse_error", 'The body must be JSON: {"content": "..."}.', 400) from None
+    if not isinstance(data, dict):
+        raise TurnRefused("invalid_type", 'The body must be a JSON object: {"content": "..."}.', 400)
+    return data.get("content"), transport.check_client_id(data.get("client_id"))
+
+
+async def turn_stream(user, session_key: str | None, conversation_id, content: Any,
+                      client_id: str = "") -> AsyncIterator[TurnEvent]:
+    """The events of one turn for this caller: the conversation is opened, then the turn runs
+    (``TurnRefused`` before the first event when either cannot happen).
+
+    ``conversation_id`` ``None`` starts a new conversation, created only once the turn is
+    admitted (``transport.turn_events`` calls ``create``) and removed again if the turn ends
+    before its ``ack``: a refused first message leaves nothing behind.
+    """
+    created: list = []  # the conversation create() made, if it ran
+
+    async def create():
+        try:
+            conversation = await sync_to_async(permissions.create_conversation)(user, session_key)
+        except PermissionError as exc:
+            raise TurnRefused("forbidden", str(exc), 403) from None
+        created.append(conversation)
+        return conversation
+
+    if conversation_id is None:
+        target = create
+    else:
+        target, _ = await transport.open_conversation(user, conversation_id, session_key, for_sending=True)
+    accepted = False
+    try:
+        async with contextlib.aclosing(
+            transport.turn_events(target, content, user=user, session_key=session_key, client_id=client_id)
+        ) as events:
+            async for event in events:
+                accepted = True
+                yield event
+    finally:
+        if created and not accepted:
+            await sync_to_async(created[0].delete)()
+
+
+def _event_stream_response(body) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(body, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each event on, don't buffer the response
+    response["X-Ragchat-Protocol"] = str(PROTOCOL_VERSION)
+    return response
+
+
+class _AsyncBody:
+    """The response body under ASGI: the turn runs in a task of its own, events pass through a
+    queue.
+
+    The task runs outside the request's context, so its database work goes to the thread that
+    serves the websockets' as well (as Channels does), not to a thread of this request's: an
+    answer being written does not hold a database connection (Django's per-request thread
+    keeps one until the response ends), and on SQLite concurrent answers do not queue for the
+    write lock.
+
+    Django cancels the response when the client disconnects: the turn is cancelled with it and
+    saves its partial answer (the ``CancelledError`` lands in ``__anext__``, or, when Django was
+    writing an event at the time, Django calls ``close()`` from a worker thread).
+    """
+
+    def __init__(self, make_events):
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._pump(make_events), context=contextvars.Context())
+
+    async def _pump(self, make_events) -> None:
+        try:
+            async with contextlib.aclosing(make_events()) as events:
+                async for event in events:
+                    self._queue.put_nowait((_ITEM, event))
+        except asyncio.CancelledError:
+            raise  # stopped by the response: nobody is reading any more
+        except BaseException as exc:  # noqa: BLE001  (handed to the response)
+            self._queue.put_nowait((_ERROR, exc))
+        else:
+            self._queue.put_nowait((_END, None))
+
+    async def next_event(self) -> TurnEvent:
+        """The next event; raises what the turn raised, ``StopAsyncIteration`` at the end."""
+        try:
+            kind, value = await self._queue.get()
+        except asyncio.CancelledError:
+            await self._stop()
+            raise
+        if kind == _ITEM:
+            return value
+        self._queue.put_nowait((kind, value))  # stays ended
+        if kind == _ERROR:
+            raise value
+        raise StopAsyncIteration
+
+    def __aiter__(self) -> _AsyncBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return encode_event(await self.next_event())
+
+    async def _stop(self) -> None:
+        if not self._task.done():
+            self._task.cancel()
+            await asyncio.wait([self._task])
+
+    def close(self) -> None:
+        if not self._task.done():
+            async_to_sync(self._stop)()
+
+
+class _prepend:
+    """``first``, then the rest of ``body`` (which ``close()`` stops)."""
+
+    def __init__(self, first: TurnEvent, body: _AsyncBody):
+        self._first: TurnEvent | None = first
+        self._body = body
+
+    def __aiter__(self) -> _prepend:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return encode_event(first)
+        return await self._body.__anext__()
+
+    def close(self) -> None:
+        self._body.close()
+
+
+class _SyncBody:
+    """The response body under WSGI. The server calls ``close()`` when the body was sent or the
+    client is gone (a write failed), which cancels the turn if it is still running."""
+
+    def __init__(self, first: TurnEvent, stream: ThreadedStream):
+        self._first: TurnEvent | None = first
+        self._stream = stream
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return encode_event(first)
+        return encode_event(next(self._stream))
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def _start_threaded(user, session_key, conversation_id, content, client_id):
+    stream = ThreadedStream(lambda: turn_stream(user, session_key, conversation_id, content, client_id))
+    try:
+        first = next(stream)
+    except BaseException:
+        stream.close()
+        raise
+    return first, stream
+
+
+@require_POST
+async def stream_view(request, conversation_id=None):
+    """Send a message to a conversation and stream the turn as server-sent events. Without a
+    ``conversation_id`` (``POST <prefix>/stream/``) the message starts a new conversation; its
+    id is in the ``ack`` event."""
+    user = await request.auser()
+    session_key = transport.caller_session_key(user, getattr(request, "session", None))
+    # The request's own database work (session, user) is done, but Django would keep its
+    # connection until the end of the stream: release it now, as Django's end-of-request
+    # handler would (a site with persistent connections, CONN_MAX_AGE, keeps it). The turn
+    # uses connections of its own.
+    await sync_to_async(transport.close_stale_connections)()
+    try:
+        if not getattr(user, "is_authenticated", False) and not ragchat_settings.ALLOW_ANONYMOUS:
+            # The REST API's answer to the same caller (docs/api.md), not a 404.
+            raise TurnRefused("not_authenticated", "Sign in to chat (anonymous conversations are not enabled).", 403)
+        content, client_id = _read_content(request)
+        if isinstance(request, ASGIRequest):
+            body = _AsyncBody(lambda: turn_stream(user, session_key, conversation_id, content, client_id))
+            first = await body.next_event()  # refusals are raised here, before any response
+            return _event_stream_response(_prepend(first, body))
+        # Served by WSGI: this coroutine runs in a short-lived loop of its own; the turn runs
+        # on the process's background loop (ThreadedStream), which outlives it.
+        first, stream = await sync_to_async(_start_threaded, thread_sensitive=False)(
+            user, session_key, conversation_id, content, client_id
+        )
+        return _event_stream_response(_SyncBody(first, stream))
+    except TurnRefused as refusal:
+        return refusal_response(refusal)

@@ -1,0 +1,266 @@
+"""What the streaming transports share: opening a conversation for a caller and running a turn
+with the per-user limits, as one async iterator of events.
+
+The websocket consumer (``consumers.py``) and the server-sent events view (``sse.py``, under
+ASGI and under WSGI) all call these two functions, so they refuse the same requests with the
+same codes and relay the same events of ``pipeline.stream_turn``.
+
+A request that cannot start a turn raises ``TurnRefused`` before the first event; nothing has
+been saved then. Its ``code`` is the ``error`` event's code, ``http_status`` what the HTTP
+transport answers instead of a stream (see docs/protocol.md for the table).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from django_ragchat import permissions
+from django_ragchat.conf import ragchat_settings
+from django_ragchat.events import Accepted, Completed, Failed, TurnEvent
+from django_ragchat.exceptions import InvalidMessage, RagchatError, TurnInProgress
+from django_ragchat.models import Conversation
+from django_ragchat.turn import limits, persistence, pipeline, shutdown
+from django_ragchat.turn.persistence import ConversationGone, DuplicateMessage
+
+
+class TurnRefused(RagchatError):
+    """The request cannot start a turn; nothing was saved.
+
+    ``code`` is short and stable, ``message`` safe to show, ``retry_after`` (seconds) set for
+    the limits.
+    """
+
+    def __init__(self, code: str, message: str, http_status: int, retry_after: float | None = None):
+        super().__init__(message, code=code, http_status=http_status, retry_after=retry_after)
+
+    @classmethod
+    def not_found(cls) -> TurnRefused:
+        # One answer for unknown, malformed and foreign ids: ids cannot be probed.
+        return cls("not_found", "No such conversation.", 404)
+
+    def to_event(self) -> Failed:
+        """The ``error`` event the websocket sends for this refusal."""
+        return Failed(code=self.code, message=self.message, retry_after=self.retry_after)
+
+    def http_headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+
+
+def caller_session_key(user, session) -> str | None:
+    """The session key that identifies an anonymous caller; ``None`` for signed-in users and
+    when anonymous chat is off (the same rule as the REST API's)."""
+    if (user is not None and user.is_authenticated) or not ragchat_settings.ALLOW_ANONYMOUS:
+        return None
+    return getattr(session, "session_key", None)
+
+
+def max_request_chars() -> int:
+    """The largest request body or websocket frame read: room for the longest valid message
+    even if every character arrives JSON-escaped (``\\uXXXX``)."""
+    return 6 * ragchat_settings.MAX_MESSAGE_CHARS + 1024
+
+
+def validate(content: Any) -> str:
+    """``content`` if it can be a user message; ``TurnRefused`` (400, 413 when too long) if not."""
+    try:
+        return pipeline.validate_user_message(content)
+    except InvalidMessage as exc:
+        raise TurnRefused(exc.code, exc.message, 413 if exc.code == "too_long" else 400) from None
+
+
+def close_stale_connections() -> None:
+    """Django's end-of-request connection cleanup, for this thread's connections: those past
+    ``CONN_MAX_AGE`` or broken are closed (connections inside a transaction, such as a test's,
+    are left alone). Turns run their database work on a thread shared by every answer of the
+    process, where no request ever ends; this runs there as each turn opens its conversation,
+    as Channels' ``database_sync_to_async`` does."""
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()
+
+
+def _open(user, conversation_id, session_key, for_sending: bool) -> tuple[Conversation, bool]:
+    close_stale_connections()
+    try:
+        conversation = permissions.get_conversation_for(user, conversation_id, session_key)
+    except Conversation.DoesNotExist:
+        raise TurnRefused.not_found() from None
+    may_send = permissions.can_change(user, conversation, session_key)
+    if for_sending and not may_send:
+        raise TurnRefused("forbidden", "You may read this conversation but not send messages to it.", 403)
+    return conversation, may_send
+
+
+async def open_conversation(user, conversation_id, session_key: str | None, *,
+                            for_sending: bool) -> tuple[Conversation, bool]:
+    """The conversation if the caller may read it, and whether they may send to it.
+
+    Raises ``TurnRefused``: ``not_found`` (404) for unknown, malformed and foreign ids alike;
+    with ``for_sending``, ``forbidden`` (403) when the caller may read but not send (staff in
+    someone else's conversation).
+    """
+    return await sync_to_async(_open)(user, conversation_id, session_key, for_sending)
+
+
+def _admit(user, session_key: str | None) -> limits.StreamSlot:
+    """Take one of the caller's stream slots and count the turn against their rate."""
+    try:
+        slot = limits.StreamSlot(user, session_key).acquire()
+        try:
+            limits.check_turn_rate(user, session_key)
+        except BaseException:
+            slot.release()
+            raise
+    except limits.LimitExceeded as exc:
+        raise TurnRefused(exc.code, exc.message, 429, exc.retry_after) from None
+    return slot
+
+
+def _release(slot: limits.StreamSlot) -> None:
+    slot.release()
+
+
+def check_client_id(client_id: Any) -> str:
+    """``client_id`` as stored ("" for none); ``TurnRefused`` (400 ``invalid_client_id``) when it
+    is not a string of at most 100 characters."""
+    if client_id is None:
+        return ""
+    if not isinstance(client_id, str) or len(client_id) > 100 or "\x00" in client_id:
+        raise TurnRefused("invalid_client_id", '"client_id" must be a string of at most 100 characters.', 400)
+    try:
+        client_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TurnRefused("invalid_client_id", '"client_id" contains invalid Unicode.', 400) from None
+    return client_id
+
+
+def shutdown_refusal() -> TurnRefused:
+    return TurnRefused("server_shutdown", "The server is restarting; send your message again in a moment.",
+                       503, retry_after=1)
+
+
+def _replay_payload(message_id: int) -> dict[str, Any] | None:
+    return persistence.saved_payload(message_id)
+
+
+async def replay(duplicate) -> AsyncIterator[TurnEvent]:
+    """The events that answer a resend (``persistence.DuplicateMessage``): the first attempt's
+    ``ack``, then its ``done`` or ``error``. ``TurnRefused`` (409 ``turn_in_progress``) while
+    its answer is still being written: sent again later, the resend gets the result."""
+    user, assistant = duplicate.user_message, duplicate.assistant_message
+    if assistant is None or assistant.status == assistant.Status.STREAMING:
+        raise TurnRefused("turn_in_progress", "The answer to this message is still being written; "
+                          "send it again (same client_id) to get it when it is done.", 409, retry_after=1)
+    payload = await sync_to_async(_replay_payload)(assistant.pk)
+    if payload is None:  # deleted meanwhile
+        raise TurnRefused.not_found()
+    yield Accepted(conversation_id=str(user.conversation_id), user_message_id=user.pk, user_seq=user.seq,
+                   assistant_message_id=assistant.pk, replayed=True)
+    if assistant.status == assistant.Status.COMPLETE:
+        yield Completed(message=payload)
+    else:
+        error = payload.get("error") or {}
+        yield Failed(code=error.get("code", assistant.status), message=error.get("message", ""),
+                     assistant_message=payload)
+
+
+async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conversation]], content: Any, *,
+                      user, session_key: str | None, client_id: str = "") -> AsyncIterator[TurnEvent]:
+    """Run one turn in ``conversation`` and yield its events (``pipeline.stream_turn``).
+
+    ``conversation`` may be an async callable that creates it: called once the turn is
+    admitted, so a refused turn creates no conversation.
+
+    Before the first event it may raise ``TurnRefused``: the message is invalid (400/413), the
+    caller is over a limit (``rate_limited`` or ``too_many_streams``, 429 with
+    ``retry_after``), another answer is being written in the conversation
+    (``turn_in_progress``, 409), or the server is shutting down (``server_shutdown``, 503).
+    The caller's stream slot is held (and renewed by the turn's heartbeat) until the iterator
+    ends. Closing the iterator early (cancel, disconnect) stops the model and saves the partial
+    answer as "incomplete".
+
+    A resend with the ``client_id`` of a message already in the conversation yields that
+    message's ``ack`` and its answer's ``done``/``error`` (``replay``); nothing is saved. A
+    conversation deleted during the turn ends it with ``error`` ``conversation_deleted``; a
+    server shutdown (SIGTERM) with ``error`` ``server_shutdown`` and the partial answer saved.
+    """
+
+    if shutdown.stopping():
+        raise shutdown_refusal()
+    text = validate(content)
+    # The limits live in Django's cache, which may be a network round trip: off the loop, but
+    # not on the thread that serialises database work.
+    slot = _HeldSlot(await sync_to_async(_admit, thread_sensitive=False)(user, session_key))
+    try:
+        with shutdown.running_turn():
+            if callable(conversation):
+                conversation = await conversation()
+            events = pipeline.stream_turn(conversation, text, client_id=client_id)
+            async with contextlib.aclosing(events):
+                try:
+                    first = await anext(events)
+                except DuplicateMessage as duplicate:
+                    async with contextlib.aclosing(replay(duplicate)) as replayed:
+                        async for event in replayed:
+                            yield event
+                    return
+                except (TurnInProgress, Conversation.DoesNotExist) as exc:
+                    raise _refusal(exc) from None
+                yield first
+                async with contextlib.aclosing(_after_the_ack(events, first, slot)) as rest:
+                    async for event in rest:
+                        yield event
+    finally:
+        await slot.release()
+
+
+def _refusal(exc: Exception) -> TurnRefused:
+    if isinstance(exc, TurnInProgress):
+        return TurnRefused("turn_in_progress", str(exc), 409)
+    return TurnRefused.not_found()  # deleted since it was opened
+
+
+class _HeldSlot:
+    """The caller's stream slot while its turn runs (the heartbeat renews it), released once."""
+
+    def __init__(self, slot: limits.StreamSlot):
+        self.slot = slot
+        self.held = True
+        limits.hold(slot)
+
+    async def release(self) -> None:
+        limits.unhold(self.slot)
+        if self.held:
+            self.held = False
+            await sync_to_async(_release, thread_sensitive=False)(self.slot)
+
+
+async def _after_the_ack(events: AsyncIterator[TurnEvent], accepted: Accepted,
+                         slot: _HeldSlot) -> AsyncIterator[TurnEvent]:
+    """The turn's events after its ``ack``, the slot freed once the answer is saved."""
+    try:
+        async for event in events:
+            if isinstance(event, (Completed, Failed)):
+                # The answer is saved: free the slot before the client hears it, so its next
+                # message is never refused for a turn that has ended.
+                await slot.release()
+            yield event
+    except ConversationGone as exc:
+        yield Failed(code=exc.code, message=exc.message)
+    except asyncio.CancelledError:
+        if not shutdown.stopping():
+            raise
+        # SIGTERM: the turn saved its partial answer ("incomplete", server_shutdown).
+        asyncio.current_task().uncancel()
+        payload = await sync_to_async(_replay_payload)(accepted.assistant_message_id)
+        error = shutdown.SERVER_SHUTDOWN_ERROR
+        yield Failed(code=error["code"], message=error["message"], assistant_message=payload, retry_after=1)

@@ -1,0 +1,84 @@
+"""The chat page: the chat widget (``{% ragchat_widget %}``, ``static/django_ragchat/widget.js``)
+on a page of its own. The widget is a dependency-free front end over the REST API and the
+streaming transports (the websocket under ASGI, server-sent events otherwise); docs/widget.md.
+
+Everything the widget shows that comes from the model or the documents is inserted as text
+(``textContent``), never as HTML: model output is untrusted.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import ImproperlyConfigured
+from django.core.handlers.asgi import ASGIRequest
+from django.middleware.csrf import get_token
+from django.shortcuts import render
+from django.urls import NoReverseMatch, get_script_prefix, reverse
+from django.views.decorators.http import require_safe
+
+from django_ragchat.conf import ragchat_settings
+from django_ragchat.events import PROTOCOL_VERSION
+from django_ragchat.profiles import get_profile
+from django_ragchat.transport.routing import WEBSOCKET_PATH
+
+# Stands for a conversation id in the URL templates handed to the page's script.
+ID_PLACEHOLDER = "00000000-0000-0000-0000-000000000000"
+
+
+def page_config(request) -> dict:
+    """The URLs and settings the page's script reads (``json_script``, never inline code)."""
+    try:
+        api = {
+            "conversations": reverse("ragchat_api:conversation-list"),
+            "conversation": reverse("ragchat_api:conversation-detail", args=[ID_PLACEHOLDER]),
+            "messages": reverse("ragchat_api:message-list", args=[ID_PLACEHOLDER]),
+            "feedback": reverse("ragchat_api:message-feedback", args=[ID_PLACEHOLDER]),
+            "feedbackList": reverse("ragchat_api:feedback-list"),
+        }
+    except NoReverseMatch:
+        raise ImproperlyConfigured(
+            'The chat page needs the REST API: add path("api/ragchat/", '
+            'include("django_ragchat.api.urls")) to your URLconf.'
+        ) from None
+    return {
+        "protocol": PROTOCOL_VERSION,
+        "idPlaceholder": ID_PLACEHOLDER,
+        "api": api,
+        "stream": reverse("ragchat:stream", args=[ID_PLACEHOLDER]),
+        "streamNew": reverse("ragchat:stream-new"),
+        # Only an ASGI server can have the websocket; the page falls back to server-sent
+        # events when it is absent or does not connect.
+        "websocket": get_script_prefix() + WEBSOCKET_PATH if isinstance(request, ASGIRequest) else None,
+        "csrfToken": get_token(request),
+        "maxMessageChars": ragchat_settings.MAX_MESSAGE_CHARS,
+    }
+
+
+def may_chat(request) -> bool:
+    """Whether the caller may chat: signed in, or anonymous chat is on (their session is started
+    here, so the API, the stream and the websocket all see the same one)."""
+    user = getattr(request, "user", None)  # absent without the auth middleware
+    if user is not None and user.is_authenticated:
+        return True
+    session = getattr(request, "session", None)
+    if not ragchat_settings.ALLOW_ANONYMOUS or session is None:
+        return False
+    if session.session_key is None:
+        # An anonymous visitor's conversations are bound to their session: start it now.
+        session.save()
+    return True
+
+
+@require_safe  # GET, and HEAD for uptime checks and link previews
+def chat_page(request):
+    """The chat page: your conversations, a new one, and the answer streaming with its sources."""
+    if not may_chat(request):
+        return redirect_to_login(request.get_full_path())
+    # Said on the page: until a model is configured, answers are quoted, not written (issue #9).
+    try:
+        extractive = get_profile().llm == "extractive"
+    except ImproperlyConfigured:  # a wrong profile is reported by the turn and the system check
+        extractive = False
+    notice = ("Answers are sentences quoted from the documents, with their sources, until a language "
+              "model is configured." if extractive else "")
+    return render(request, "django_ragchat/chat.html", {"notice": notice})

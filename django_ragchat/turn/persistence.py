@@ -1,0 +1,302 @@
+"""Reading and writing a turn's rows: the only place the pipeline touches the database
+besides memory and retrieval. Each function is synchronous (called through ``sync_to_async``)
+and issues a fixed number of queries, whatever the conversation's length."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import sync_to_async
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from django_ragchat.conf import ragchat_settings
+from django_ragchat.exceptions import RagchatError, TurnInProgress
+from django_ragchat.models import Conversation, Message, MessageSource, TurnTrace
+from django_ragchat.tokens import count_tokens
+from django_ragchat.turn import limits
+from django_ragchat.types import Answer
+
+if TYPE_CHECKING:
+    from django_ragchat.turn.context import TurnContext
+
+logger = logging.getLogger(__name__)
+
+
+class DuplicateMessage(Exception):
+    """A message with this ``client_id`` was already sent to the conversation: the resend is
+    answered with the first attempt's messages, nothing new is saved."""
+
+    code = "duplicate"
+
+    def __init__(self, user_message: Message, assistant_message: Message | None):
+        super().__init__(f"Message {user_message.pk} was already sent with this client_id.")
+        self.user_message = user_message
+        self.assistant_message = assistant_message
+
+
+class ConversationGone(RagchatError):
+    """The conversation (and so the answer being written) was deleted during the turn."""
+
+    code = "conversation_deleted"
+    http_status = 410
+    default_message = "This conversation was deleted while the answer was being written."
+
+
+INTERRUPTED_ERROR = {"code": "interrupted",
+                     "message": "The server writing this answer stopped; the text saved before it stopped is kept."}
+
+
+def lease_deadline(now=None):
+    """When a lease taken or renewed ``now`` expires."""
+    return (now or timezone.now()) + timedelta(seconds=ragchat_settings.STREAM_LEASE_SECONDS)
+
+
+def _live_streaming(conversation_id, now):
+    streaming = Message.objects.filter(conversation_id=conversation_id, status=Message.Status.STREAMING)
+    # Rows written before leases existed have no lease: their last write stands for it.
+    live = Q(lease_expires_at__gt=now) | Q(
+        lease_expires_at__isnull=True,
+        updated_at__gt=now - timedelta(seconds=ragchat_settings.STREAM_LEASE_SECONDS))
+    return streaming, streaming.filter(live)
+
+
+def _duplicate(conversation_id, client_id: str) -> DuplicateMessage | None:
+    user = Message.objects.filter(conversation_id=conversation_id, role=Message.Role.USER,
+                                  client_id=client_id).first()
+    if user is None:
+        return None
+    assistant = Message.objects.filter(conversation_id=conversation_id, seq=user.seq + 1,
+                                       role=Message.Role.ASSISTANT).first()
+    return DuplicateMessage(user, assistant)
+
+
+def begin_turn(conversation_id, text: str, client_id: str = "") -> tuple[Message, Message]:
+    """Save the user's message and an empty assistant message with status "streaming" and a
+    lease (``STREAM_LEASE_SECONDS``) that the turn's ``Heartbeat`` renews.
+
+    One transaction: the UPDATE of the conversation's sequence counter takes its row lock, so
+    the "no other turn is streaming" check and the two inserts cannot interleave with another
+    turn's. A streaming answer whose lease has expired belongs to a worker that died: it is
+    marked "interrupted" (keeping the text of its last heartbeat) instead of blocking the
+    conversation; one whose lease is alive raises ``TurnInProgress``.
+
+    With a ``client_id`` already used by a user message of this conversation, nothing is saved
+    and ``DuplicateMessage`` carries the first attempt's messages. Found through the unique
+    constraint, so a send without a duplicate costs no extra query.
+    """
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            updated = Conversation.objects.filter(pk=conversation_id).update(
+                last_seq=F("last_seq") + 2, updated_at=now
+            )
+            if not updated:
+                raise Conversation.DoesNotExist(f"No conversation {conversation_id}")
+            streaming, live = _live_streaming(conversation_id, now)
+            if live.exists():
+                duplicate = _duplicate(conversation_id, client_id) if client_id else None
+                if duplicate is not None:
+                    raise duplicate
+                raise TurnInProgress()
+            streaming.update(status=Message.Status.INTERRUPTED, lease_expires_at=None,
+                             metadata={"error": INTERRUPTED_ERROR}, updated_at=now)
+            last_seq = Conversation.objects.filter(pk=conversation_id).values_list("last_seq", flat=True).get()
+            user = Message(conversation_id=conversation_id, seq=last_seq - 1, role=Message.Role.USER,
+                           content=text, token_count=count_tokens(text), client_id=client_id or "")
+            assistant = Message(conversation_id=conversation_id, seq=last_seq, role=Message.Role.ASSISTANT,
+                                content="", status=Message.Status.STREAMING, lease_expires_at=lease_deadline(now))
+            Message.objects.bulk_create([user, assistant])
+    except IntegrityError:
+        duplicate = _duplicate(conversation_id, client_id) if client_id else None
+        if duplicate is None:
+            raise
+        raise duplicate from None
+    return user, assistant
+
+
+def renew_lease(message_id: int, text: str | None) -> bool:
+    """Extend a streaming answer's lease, saving its partial ``text`` (unless ``None``).
+    ``False`` when the answer is no longer streaming or no longer exists. One query."""
+    now = timezone.now()
+    fields: dict[str, Any] = {"lease_expires_at": lease_deadline(now), "updated_at": now}
+    if text is not None:
+        fields["content"] = text
+    return bool(Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(**fields))
+
+
+def close_expired_leases(now=None, exclude=()) -> int:
+    """Mark every "streaming" answer whose lease has expired "interrupted" (its text is that of
+    its last heartbeat); the number closed. The sweep: run by ``ragchat_purge`` and, at most
+    once per lease period, by each process writing answers (``exclude``: its own)."""
+    now = now or timezone.now()
+    stale = Message.objects.filter(status=Message.Status.STREAMING).exclude(pk__in=exclude).filter(
+        Q(lease_expires_at__lte=now) | Q(
+            lease_expires_at__isnull=True,
+            updated_at__lte=now - timedelta(seconds=ragchat_settings.STREAM_LEASE_SECONDS)))
+    return stale.update(status=Message.Status.INTERRUPTED, lease_expires_at=None,
+                        metadata={"error": INTERRUPTED_ERROR}, updated_at=now)
+
+
+_last_sweep = 0.0
+# The answers this process is writing (their heartbeats run here): never swept from here, even
+# when a busy moment delayed their heartbeat past their lease.
+_writing: set[int] = set()
+
+
+def _beat(message_id: int, text: str | None, writing: tuple[int, ...]) -> bool:
+    global _last_sweep
+    alive = renew_lease(message_id, text)
+    now = time.monotonic()
+    if now - _last_sweep >= ragchat_settings.STREAM_LEASE_SECONDS:
+        _last_sweep = now
+        close_expired_leases(exclude=writing)
+    return alive
+
+
+class Heartbeat:
+    """Renews a streaming answer's lease every ``STREAM_HEARTBEAT_SECONDS`` while its turn
+    runs, saving the partial text so far (``partial()``, the text the client was given) and
+    renewing the caller's stream slots (``limits.renew_held_slots``).
+
+    A worker killed mid-answer loses at most the text of one heartbeat interval, and its
+    answer stops blocking the conversation one lease after its last heartbeat. ``lost`` turns
+    true when the answer was deleted (with its conversation) or closed by someone else.
+    """
+
+    def __init__(self, message: Message, partial: Callable[[], str]):
+        self.message = message
+        self.partial = partial
+        self.lost = False
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> Heartbeat:
+        _writing.add(self.message.pk)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    async def stop(self) -> None:
+        _writing.discard(self.message.pk)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        saved = ""
+        while True:
+            await asyncio.sleep(ragchat_settings.STREAM_HEARTBEAT_SECONDS)
+            text = self.partial()
+            try:
+                alive = await sync_to_async(_beat)(self.message.pk, text if text != saved else None,
+                                                  tuple(_writing))
+                await sync_to_async(limits.renew_held_slots, thread_sensitive=False)()
+            except Exception:  # a database hiccup: the next beat tries again
+                logger.warning("ragchat: could not renew the lease of message %s", self.message.pk, exc_info=True)
+                continue
+            if not alive:
+                self.lost = True
+                return
+            saved = text
+
+
+def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str, Any] | None = None) -> Message:
+    """Save the assistant message's final text and status, its sources and the trace."""
+    message = turn.assistant_message
+    message.content = answer.text
+    message.status = status
+    message.token_count = count_tokens(answer.text)
+    usage = turn.usage
+    message.prompt_tokens = usage.prompt_tokens if usage else None
+    message.completion_tokens = usage.completion_tokens if usage else None
+    metadata = dict(message.metadata)
+    if error:
+        metadata["error"] = error
+    if answer.metadata:
+        metadata.update(answer.metadata)
+    message.metadata = metadata
+    cited = {c.chunk_id for c in answer.citations}
+    documents = stored_sources(answer, turn.prompt.documents if turn.prompt else ())
+    message.lease_expires_at = None
+    message.updated_at = timezone.now()
+    with transaction.atomic():
+        fields = ("content", "status", "token_count", "prompt_tokens", "completion_tokens", "metadata",
+                  "lease_expires_at", "updated_at")
+        if not Message.objects.filter(pk=message.pk).update(**{f: getattr(message, f) for f in fields}):
+            raise ConversationGone()
+        MessageSource.objects.bulk_create([
+            MessageSource(message=message, chunk_id=doc.chunk_id, rank=rank, score=doc.score,
+                          cited=doc.chunk_id in cited, source=doc.source[:1000], title=doc.title[:500])
+            for rank, doc in documents
+        ])
+        TurnTrace.objects.create(
+            message=message, profile=turn.profile.name,
+            ended_by=(turn.trace.get("ended_by") or {}).get("stage", ""),
+            total_ms=turn.trace["timings"].get("total", 0.0), data=turn.trace,
+        )
+    return message
+
+
+def stored_sources(answer: Answer | None, documents) -> list[tuple[int, Any]]:
+    """(prompt index, document) of the documents saved as the message's sources: all of the
+    prompt's, or the subset a response augmenter chose (``Answer.sources``)."""
+    indexed = list(enumerate(documents, start=1))
+    if answer is None or answer.sources is None:
+        return indexed
+    keep = {d.chunk_id for d in answer.sources}
+    return [(i, d) for i, d in indexed if d.chunk_id in keep]
+
+
+def message_payload(message: Message, answer: Answer | None = None, documents=()) -> dict[str, Any]:
+    """The JSON form of an assistant message that the ``done`` and ``error`` events carry."""
+    sources = stored_sources(answer, documents)
+    by_chunk = {d.chunk_id: (i, d) for i, d in sources}
+    citations = []
+    for citation in (answer.citations if answer else ()):
+        _, doc = by_chunk.get(citation.chunk_id, (None, None))
+        if doc is None:
+            continue  # not stored as a source, so the REST API will not list it either
+        citations.append({
+            "index": citation.index, "chunk_id": citation.chunk_id,
+            "source": doc.source if doc else "", "title": doc.title if doc else "",
+        })
+    return {
+        "id": message.pk,
+        "conversation_id": str(message.conversation_id),
+        "seq": message.seq,
+        "role": message.role,
+        "content": message.content,
+        "status": message.status,
+        "citations": citations,
+        "sources": [d.as_source(i) for i, d in sources],
+        "error": message.metadata.get("error"),
+    }
+
+
+def saved_payload(message_id: int) -> dict[str, Any] | None:
+    """``message_payload`` of a saved assistant message, its sources and citations read back
+    from its ``MessageSource`` rows (a resend's replay, a stopped turn's ``error``); ``None``
+    when the message no longer exists. Two queries."""
+    message = Message.objects.filter(pk=message_id).first()
+    if message is None:
+        return None
+    payload = message_payload(message)
+    rows = list(MessageSource.objects.filter(message_id=message_id).select_related("chunk").order_by("rank"))
+    payload["sources"] = [{
+        "index": row.rank, "chunk_id": row.chunk_id,
+        "document_id": row.chunk.document_id if row.chunk else None,
+        "source": row.source, "title": row.title,
+        "heading": row.chunk.heading if row.chunk else "",
+        "score": round(float(row.score), 6),
+        "snippet": row.chunk.text[:300] if row.chunk else "",
+    } for row in rows]
+    payload["citations"] = [{"index": row.rank, "chunk_id": row.chunk_id, "source": row.source, "title": row.title}
+                            for row in rows if row.cited]
+    return payload

@@ -1,0 +1,658 @@
+"""The turn pipeline: one user message in, one saved assistant message out.
+
+Read ``stream_turn`` top to bottom; it is the turn:
+
+1. validate the text and save it (with an empty assistant message marked "streaming");
+2. the advisors' ``around_turn``, wrapping everything below (``django_ragchat.turn.advisors``);
+3. input guardrails;
+4. memory: the history the model will see, within its share of the token budget;
+5. query transformers, each seeing the history (rewrite a follow-up, compress, translate);
+6. query expanders (the original query plus variants);
+7. every (query, retriever) pair retrieved concurrently;
+8. the joiner (dedupe, rank fusion), then the document post-processors (threshold, top-k);
+9. the prompt augmenter (context within the rest of the budget; the no-context policy);
+10. the LLM, whole or streamed, wrapped by the advisors' ``around_llm``/``around_llm_stream``,
+    with streamed response augmenters on each piece and their tails after the last;
+11. response augmenters (citations), output guardrails (which may reprompt the model);
+12. the assistant message saved with its sources and its trace.
+
+Each stage is a function of the turn listed in ``STAGES`` and run by ``run_stage``, which
+records its timing and fires ``on_stage_completed``, also when the stage ends the turn. Any
+stage may end the turn early by returning an ``EndTurn`` (a refusal, a canned answer); the
+trace's ``ended_by`` says which stage and component did (``"advisors"`` when an advisor
+answered without calling on). A failure keeps the partial answer, marked "error"; a
+cancellation keeps it marked "incomplete". The user's message is saved before anything can
+fail.
+
+The core is async. ``run_turn_sync`` is the facade for synchronous callers (views under
+WSGI, management commands); it drives the same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from asgiref.sync import SyncToAsync, async_to_sync, sync_to_async
+
+from django_ragchat.conf import ragchat_settings
+from django_ragchat.events import (
+    Accepted,
+    Completed,
+    Delta,
+    Failed,
+    Retry,
+    SourcesFound,
+    StageChanged,
+    TurnEvent,
+)
+from django_ragchat.exceptions import InvalidMessage, RagchatError
+from django_ragchat.models import Conversation, Message, TurnTrace
+from django_ragchat.plugins import await_me_maybe, get_registry, notify
+from django_ragchat.profiles import get_profile
+from django_ragchat.stages.retrievers import EmbeddingSpaceMismatch
+from django_ragchat.tokens import count_tokens, tokenizer_name
+from django_ragchat.turn import persistence, shutdown
+from django_ragchat.turn.advisors import ShortCircuit, run_llm_chain, run_stream_chain, run_turn_chain
+from django_ragchat.turn.context import ProfileComponents, TurnContext, components_for
+from django_ragchat.turn.sync_bridge import background_loop
+from django_ragchat.types import (
+    Answer,
+    EndTurn,
+    LLMResponse,
+    Prompt,
+    Query,
+    Reprompt,
+    RetrievedChunk,
+    SkipRetrieval,
+    Usage,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def validate_user_message(text: Any) -> str:
+    """Return ``text`` if it can be stored and answered; raise ``InvalidMessage`` otherwise.
+
+    Rejected: non-strings, empty or whitespace-only text, more than ``MAX_MESSAGE_CHARS``
+    characters, NUL bytes (PostgreSQL cannot store them) and lone surrogates (not encodable
+    as UTF-8).
+    """
+    if not isinstance(text, str):
+        raise InvalidMessage("invalid_type", "The message must be a string.")
+    limit = ragchat_settings.MAX_MESSAGE_CHARS
+    if len(text) > limit:
+        raise InvalidMessage("too_long", f"The message has {len(text):,} characters; the limit is {limit:,}.")
+    if not text.strip():
+        raise InvalidMessage("empty", "The message is empty.")
+    if "\x00" in text:
+        raise InvalidMessage("invalid_characters", "The message contains NUL characters.")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidMessage("invalid_characters", "The message contains invalid Unicode (lone surrogates).") from None
+    return text
+
+
+@dataclass
+class TurnResult:
+    """The outcome of ``run_turn``: the saved assistant message's payload and the trace."""
+
+    conversation_id: str
+    user_message_id: int
+    message: dict[str, Any]
+    trace: dict[str, Any]
+    error: Failed | None = None
+
+    @property
+    def answer(self) -> str:
+        return self.message["content"]
+
+    @property
+    def status(self) -> str:
+        return self.message["status"]
+
+
+# --- Stages -----------------------------------------------------------------------------------
+#
+# Each stage is ``async def stage(turn) -> EndTurn | None``; ``run_stage`` times it.
+
+
+def _end(turn: TurnContext, stage: str, component: Any, ending: EndTurn) -> EndTurn:
+    turn.trace["ended_by"] = {
+        "stage": stage, "component": getattr(component, "name", str(component)),
+        "kind": ending.kind, "reason": ending.reason,
+    }
+    return ending
+
+
+async def run_stage(turn: TurnContext, name: str, stage: Callable[[TurnContext], Awaitable[Any]]) -> Any:
+    """Run one stage, record its duration in the trace and fire ``on_stage_completed`` (also
+    when it ends the turn; not when it raises: the turn then fails)."""
+    started = time.perf_counter()
+    result = await stage(turn)
+    elapsed = (time.perf_counter() - started) * 1000
+    turn.trace["timings"][name] = round(elapsed, 3)
+    await notify("on_stage_completed", turn=turn, stage=name, elapsed_ms=elapsed)
+    return result
+
+
+async def check_input(turn: TurnContext) -> EndTurn | None:
+    for guardrail in turn.components.guardrails:
+        result = await await_me_maybe(guardrail.check_input(turn.question, turn))
+        if isinstance(result, EndTurn):
+            return _end(turn, "input_guardrails", guardrail, result)
+    return None
+
+
+async def select_history(turn: TurnContext) -> None:
+    profile = turn.profile
+    budget = max(0, profile.prompt_budget - count_tokens(profile.system_prompt)
+                 - count_tokens(turn.question) - 64)  # 64: template and message framing
+    history_budget = int(budget * profile.history_share)
+    turn.history = list(await await_me_maybe(turn.components.memory.select(turn, history_budget)))
+    history_tokens = sum(m.token_count for m in turn.history)
+    # The context gets what the history did not use: the history's share is reserved for it,
+    # never the other way round.
+    turn.context_budget = budget - history_tokens
+    turn.trace["prompt"].update(budget=budget, history_budget=history_budget,
+                                history_tokens=history_tokens, context_budget=turn.context_budget)
+    turn.trace["history"] = {"messages": len(turn.history),
+                             "seqs": [m.seq for m in turn.history[:1] + turn.history[-1:]]}
+
+
+async def transform_query(turn: TurnContext) -> EndTurn | None:
+    query = Query(text=turn.question, original=turn.question, history=tuple(turn.history))
+    steps = turn.trace["queries"]["transformed"]
+    for transformer in turn.components.query_transformers:
+        result = await await_me_maybe(transformer.transform(query, turn))
+        if isinstance(result, EndTurn):
+            return _end(turn, "query_transformers", transformer, result)
+        if isinstance(result, SkipRetrieval):
+            turn.retrieval_skipped = True
+            steps.append({"by": transformer.name, "skip_retrieval": result.reason})
+            break
+        note = result.metadata.get("transform_note", "")
+        steps.append({"by": transformer.name, "text": result.text, "note": note})
+        query = result.replace(metadata={k: v for k, v in result.metadata.items() if k != "transform_note"})
+    turn.query = query
+    turn.trace["queries"]["final"] = query.text
+    return None
+
+
+async def expand_query(turn: TurnContext) -> EndTurn | None:
+    queries = {turn.query.text: turn.query}
+    for expander in turn.components.query_expanders:
+        result = await await_me_maybe(expander.expand(turn.query, turn))
+        if isinstance(result, EndTurn):
+            return _end(turn, "query_expanders", expander, result)
+        if isinstance(result, SkipRetrieval):
+            turn.retrieval_skipped = True
+            break
+        for query in result:
+            queries.setdefault(query.text, query)
+    turn.queries = list(queries.values())
+    turn.trace["queries"]["expanded"] = [q.text for q in turn.queries]
+    return None
+
+
+async def retrieve(turn: TurnContext) -> None:
+    retrievers = turn.components.retrievers
+    if any(r.uses_embeddings for r in retrievers):
+        await turn.embed([q.text for q in turn.queries])  # one batch for every query
+    limit = asyncio.Semaphore(max(1, turn.profile.retrieval_concurrency))
+    k = turn.profile.retrieval_k
+
+    async def one(query: Query, retriever) -> tuple[Query, str, list[RetrievedChunk], float]:
+        async with limit:
+            t0 = time.perf_counter()
+            hits = list(await await_me_maybe(retriever.retrieve(query, turn, k)))
+            return query, retriever.name, hits, (time.perf_counter() - t0) * 1000
+
+    results = await asyncio.gather(*(one(q, r) for q in turn.queries for r in retrievers))
+    turn.trace["retrieval"] = [
+        {"query": q.text, "retriever": name, "ms": round(ms, 3),
+         "hits": [{"chunk_id": h.chunk_id, "score": round(h.score, 6)} for h in hits]}
+        for q, name, hits, ms in results
+    ]
+    turn.state["_retrieved"] = [(q, name, hits) for q, name, hits, _ in results]
+
+
+async def join(turn: TurnContext) -> None:
+    turn.documents = list(await await_me_maybe(
+        turn.components.joiner.join(turn.state.pop("_retrieved", []), turn)
+    ))
+
+
+async def postprocess(turn: TurnContext) -> None:
+    documents = turn.documents
+    for processor in turn.components.document_postprocessors:
+        documents = await await_me_maybe(processor.process(turn.query, list(documents), turn))
+    turn.documents = list(documents)
+
+
+async def augment_prompt(turn: TurnContext) -> EndTurn | None:
+    augmenter = turn.components.prompt_augmenter
+    result = await await_me_maybe(
+        augmenter.augment(turn, turn.query, turn.history, turn.documents, turn.context_budget)
+    )
+    if isinstance(result, EndTurn):
+        return _end(turn, "prompt", augmenter, result)
+    turn.prompt = result
+    turn.trace["prompt"]["tokens"] = result.token_count
+    turn.trace["documents"] = [
+        {"index": i, "chunk_id": d.chunk_id, "score": round(d.score, 6), "source": d.source,
+         "raw_scores": {k: round(v, 6) for k, v in d.raw_scores.items()}}
+        for i, d in enumerate(result.documents, start=1)
+    ]
+    return None
+
+
+# The stages before the model, in order; those in RETRIEVAL_STAGES are skipped when a
+# transformer returned SkipRetrieval.
+STAGES: tuple[tuple[str, Callable[[TurnContext], Awaitable[EndTurn | None]]], ...] = (
+    ("input_guardrails", check_input),
+    ("memory", select_history),
+    ("query_transformers", transform_query),
+    ("query_expanders", expand_query),
+    ("retrieval", retrieve),
+    ("join", join),
+    ("postprocess", postprocess),
+    ("prompt", augment_prompt),
+)
+RETRIEVAL_STAGES = frozenset({"query_expanders", "retrieval", "join", "postprocess"})
+
+
+# --- The model -------------------------------------------------------------------------------
+
+
+def _record_llm(turn: TurnContext, model: str, usage: Usage | None) -> None:
+    turn.model = model or turn.model
+    turn.usage = usage or turn.usage
+    turn.trace["model"] = turn.model
+    if turn.usage:
+        turn.trace["usage"] = {"prompt_tokens": turn.usage.prompt_tokens,
+                               "completion_tokens": turn.usage.completion_tokens}
+
+
+async def complete(turn: TurnContext, prompt: Prompt) -> LLMResponse:
+    """A whole answer from the model, through the advisors' ``around_llm``."""
+    llm = turn.components.llm
+    if turn.components.llm_advisors:
+        response = await run_llm_chain(turn.components.llm_advisors, prompt, turn,
+                                       lambda p: llm.complete(p, turn))
+    else:
+        response = await llm.complete(prompt, turn)
+    _record_llm(turn, response.model, response.usage)
+    return response
+
+
+@dataclass
+class _Answering:
+    """The answer being written: its pieces so far (saved if the turn stops) and the result."""
+
+    streaming: bool
+    parts: list[str] = field(default_factory=list)
+    answer: Answer | None = None
+    started: float = field(default_factory=time.perf_counter)
+    # Pieces the client has been given (advisors may run ahead of it by a few events).
+    delivered: int = 0
+
+    def delta(self, text: str) -> Delta:
+        self.parts.append(text)
+        return Delta(text=text, index=len(self.parts) - 1)
+
+    def sent(self, event: TurnEvent) -> None:
+        if isinstance(event, Delta):
+            self.delivered = event.index + 1
+        elif isinstance(event, Retry):
+            self.delivered = 0
+
+    def partial(self) -> str:
+        """The answer so far, as the client saw it (what a stopped or failed turn saves)."""
+        return "".join(self.parts[:self.delivered] if self.streaming else self.parts)
+
+
+async def _stream(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]:
+    """The streamed model call (through the advisors' ``around_llm_stream``), each piece
+    through the response augmenters' ``on_delta``, then their tails."""
+    augmenters = turn.components.response_augmenters
+    opened: list = []
+    llm = turn.components.llm
+    if turn.components.stream_advisors:
+        pieces = run_stream_chain(turn.components.stream_advisors, turn.prompt, turn,
+                                  lambda p: llm.stream(p, turn), opened)
+    else:
+        pieces = llm.stream(turn.prompt, turn)
+        opened.append(pieces)
+    try:
+        async for piece in pieces:
+            _record_llm(turn, piece.model, piece.usage)
+            chunk = piece.text
+            for augmenter in augmenters:
+                chunk = await await_me_maybe(augmenter.on_delta(chunk, turn))
+            if chunk:
+                yield run.delta(chunk)
+    finally:
+        # Outermost first: an advisor's generator closes before the stream it reads from, and
+        # the model's HTTP stream is closed even if an advisor stopped reading it early.
+        for stream in opened:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+    # After the model's last piece: each augmenter's tail, passed through the augmenters
+    # after it, streams like the model's text.
+    for position, augmenter in enumerate(augmenters):
+        chunk = await await_me_maybe(augmenter.finish(turn)) or ""
+        for later in augmenters[position + 1:]:
+            if chunk:
+                chunk = await await_me_maybe(later.on_delta(chunk, turn))
+        if chunk:
+            yield run.delta(chunk)
+
+
+async def augment_response(turn: TurnContext, text: str, *, streamed: bool) -> Answer:
+    answer = Answer(text=text)
+    for augmenter in turn.components.response_augmenters:
+        method = augmenter.on_complete if streamed else augmenter.augment
+        answer = await await_me_maybe(method(answer, turn))
+    return answer
+
+
+async def check_output(turn: TurnContext, answer: Answer, run: _Answering) -> AsyncIterator[TurnEvent]:
+    """Output guardrails: pass, fail (a refusal is the answer) or reprompt (the model answers
+    again, whole, with the guardrail's feedback; a ``retry`` event on a streamed turn).
+    Sets ``run.answer``."""
+    reprompts: dict[int, int] = {}
+    attempts = 0
+    restart = True
+    while restart:
+        restart = False
+        for position, guardrail in enumerate(turn.components.guardrails):
+            result = await await_me_maybe(guardrail.check_output(answer, turn))
+            if isinstance(result, Reprompt):
+                used = reprompts.get(position, 0)
+                if used >= guardrail.max_reprompts:
+                    turn.trace.setdefault("reprompts", []).append(
+                        {"guardrail": guardrail.name, "exhausted": True, "reason": result.reason})
+                    result = await await_me_maybe(guardrail.exhausted(answer, result, turn))
+                else:
+                    reprompts[position] = used + 1
+                    attempts += 1
+                    turn.trace.setdefault("reprompts", []).append(
+                        {"guardrail": guardrail.name, "attempt": attempts, "reason": result.reason,
+                         "feedback": result.feedback, "rejected": answer.text[:2000]})
+                    if run.streaming:
+                        yield Retry(attempt=attempts, guardrail=guardrail.name)
+                    prompt = dataclasses.replace(turn.prompt, messages=(
+                        *turn.prompt.messages,
+                        {"role": "assistant", "content": answer.text},
+                        {"role": "user", "content": result.feedback},
+                    ))
+                    response = await complete(turn, prompt)
+                    answer = await augment_response(turn, response.text, streamed=False)
+                    run.parts[:] = [answer.text]  # what a cancellation would save
+                    restart = True
+                    break
+            if isinstance(result, EndTurn):
+                _end(turn, "output_guardrails", guardrail, result)
+                run.answer = Answer(text=result.answer)
+                return
+            if isinstance(result, Answer):
+                answer = result
+    if run.streaming and attempts:
+        # The answer that passed after a retry, streamed as one piece from index 0.
+        run.parts.clear()
+        if answer.text:
+            yield run.delta(answer.text)
+    run.answer = answer
+
+
+async def answer_stages(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]:
+    """Every stage after the user's message is saved, as events; sets ``run.answer``."""
+    ending = None
+    for name, stage in STAGES:
+        if turn.retrieval_skipped and name in RETRIEVAL_STAGES:
+            continue
+        if name == "retrieval":
+            yield StageChanged(stage="retrieving")
+        ending = await run_stage(turn, name, stage)
+        if ending is not None:
+            run.answer = Answer(text=ending.answer)
+            return
+
+    yield SourcesFound(sources=[d.as_source(i) for i, d in enumerate(turn.prompt.documents, start=1)])
+    yield StageChanged(stage="generating")
+    started = time.perf_counter()
+    if run.streaming:
+        async for event in _stream(turn, run):
+            yield event
+    else:
+        run.parts.append((await complete(turn, turn.prompt)).text)
+    elapsed = (time.perf_counter() - started) * 1000
+    turn.trace["timings"]["llm"] = round(elapsed, 3)
+    await notify("on_stage_completed", turn=turn, stage="llm", elapsed_ms=elapsed)
+
+    text = "".join(run.parts)
+    answer = await run_stage(turn, "response_augmenters",
+                             lambda t: augment_response(t, text, streamed=run.streaming))
+    started = time.perf_counter()
+    async for event in check_output(turn, answer, run):
+        yield event
+    elapsed = (time.perf_counter() - started) * 1000
+    turn.trace["timings"]["output_guardrails"] = round(elapsed, 3)
+    await notify("on_stage_completed", turn=turn, stage="output_guardrails", elapsed_ms=elapsed)
+
+
+async def _advised(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]:
+    """``answer_stages`` wrapped by the advisors' ``around_turn``.
+
+    The advisors await an answer while the stages produce events, so the chain runs in a task
+    of its own that hands the events over through a small queue (which also keeps the
+    stream's back-pressure). Closing this iterator cancels the task.
+    """
+    queue: asyncio.Queue = asyncio.Queue(maxsize=8)
+
+    async def innermost() -> Answer:
+        async with contextlib.aclosing(answer_stages(turn, run)) as events:
+            async for event in events:
+                await queue.put(event)
+        return run.answer
+
+    short = ShortCircuit()
+    task = asyncio.ensure_future(run_turn_chain(turn.components.turn_advisors, turn, innermost, short))
+    getter = None
+    try:
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            await asyncio.wait((getter, task), return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                yield getter.result()
+                continue
+            getter.cancel()
+            while not queue.empty():
+                yield queue.get_nowait()
+            run.answer = task.result()
+            break
+    finally:
+        if getter is not None and not getter.done():
+            getter.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if short.advisor is not None:
+        ending = short.ending or EndTurn(run.answer.text, kind="advisor")
+        _end(turn, "advisors", short.advisor, ending)
+
+
+def describe_error(exc: BaseException) -> tuple[str, str, float | None]:
+    """(code, message safe to show, retry-after seconds) for an exception that ended a turn."""
+    if isinstance(exc, RagchatError):
+        return exc.code, exc.message, exc.retry_after
+    if isinstance(exc, EmbeddingSpaceMismatch):
+        return "embedding_space_mismatch", str(exc), None
+    return "internal_error", "The assistant failed to answer; the error has been logged.", None
+
+
+# --- The turn ---------------------------------------------------------------------------------
+
+
+def _components_trace(components: ProfileComponents) -> list[dict[str, str]]:
+    """Which component of which plugin runs at each stage: the trace shows what a turn ran."""
+    registry = get_registry()
+    rows = []
+    for component in components.each():
+        try:
+            plugin = registry.get(component.kind, component.name).plugin
+        except Exception:  # a component built outside the registry (tests, advisors)
+            plugin = ""
+        rows.append({"stage": component.kind, "name": component.name, "plugin": plugin})
+    return rows
+
+
+def _new_trace(turn: TurnContext) -> dict[str, Any]:
+    return {
+        "profile": turn.profile.name,
+        "components": _components_trace(turn.components),
+        "question": turn.question,
+        "queries": {"original": turn.question, "transformed": [], "expanded": [], "final": turn.question},
+        "retrieval": [],
+        "documents": [],
+        "prompt": {},
+        "timings": {},
+        "model": "",
+        "usage": None,
+        "ended_by": None,
+        "tokenizer": tokenizer_name(),
+    }
+
+
+async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | None = None,
+                      client_id: str = "") -> AsyncIterator[TurnEvent]:
+    """Run one turn, yielding its events (see ``django_ragchat.events``).
+
+    Raises ``InvalidMessage`` (nothing saved), ``TurnInProgress`` (nothing saved) or
+    ``Conversation.DoesNotExist`` before the first event; after the ``ack`` event every failure
+    becomes an ``error`` event with the partial answer saved. Closing the iterator early (the
+    client cancelled or went away) saves the partial answer as "incomplete".
+    ``stream=False`` asks the model for a whole answer (no ``delta`` events).
+    ``client_id`` is the sender's idempotency key: a resend raises ``persistence.DuplicateMessage``
+    (nothing saved). While the answer is written a ``persistence.Heartbeat`` renews its lease
+    and saves the partial text (see docs/architecture.md, "Crash safety").
+    """
+    turn, run = await _begin(conversation, text, stream, client_id)
+    finished = False
+    heartbeat = persistence.Heartbeat(turn.assistant_message, run.partial).start()
+    try:
+        # Inside the try: a client that goes away right after the ack still gets its (empty)
+        # answer saved as "incomplete" instead of leaving the conversation blocked.
+        yield Accepted(conversation_id=str(conversation.pk), user_message_id=turn.user_message.pk,
+                       user_seq=turn.user_message.seq, assistant_message_id=turn.assistant_message.pk)
+        await notify("on_turn_started", turn=turn)
+        stages = _advised(turn, run) if turn.components.turn_advisors else answer_stages(turn, run)
+        async with contextlib.aclosing(stages):
+            async for event in stages:
+                run.sent(event)
+                yield event
+        payload = await _save(turn, run, run.answer, Message.Status.COMPLETE)
+        finished = True
+        await notify("on_turn_completed", turn=turn, message=turn.assistant_message)
+        yield Completed(message=payload)
+    except (asyncio.CancelledError, GeneratorExit):
+        if not finished:
+            turn.trace["cancelled"] = True
+            # Shielded: the partial answer must be saved even though this task is cancelled.
+            await asyncio.shield(_save(turn, run, Answer(text=run.partial()), Message.Status.INCOMPLETE,
+                                       shutdown.stopped_error()))
+        raise
+    except Exception as exc:
+        if finished:
+            raise
+        yield await _failed(turn, run, exc)
+    finally:
+        await heartbeat.stop()
+
+
+async def _begin(conversation: Conversation, text: Any, stream: bool | None,
+                 client_id: str) -> tuple[TurnContext, _Answering]:
+    """Validate the message, save it with an empty answer, and make the turn's context."""
+    text = validate_user_message(text)
+    profile = get_profile(conversation.profile)
+    components = components_for(profile)
+    run = _Answering(streaming=profile.stream if stream is None else stream)
+    turn = TurnContext(conversation=conversation, profile=profile, components=components, question=text,
+                       streaming=run.streaming)
+    turn.trace = _new_trace(turn)
+    turn.user_message, turn.assistant_message = await sync_to_async(persistence.begin_turn)(
+        conversation.pk, text, client_id)
+    return turn, run
+
+
+async def _save(turn: TurnContext, run: _Answering, answer: Answer, status: str,
+                error: dict | None = None) -> dict[str, Any]:
+    """Save the answer with its sources and trace; its payload for the ``done`` event."""
+    turn.trace["timings"]["total"] = round((time.perf_counter() - run.started) * 1000, 3)
+    message = await sync_to_async(persistence.finish_turn)(turn, answer, status, error)
+    return persistence.message_payload(message, answer, turn.prompt.documents if turn.prompt else ())
+
+
+async def _failed(turn: TurnContext, run: _Answering, exc: Exception) -> Failed:
+    """Save the partial answer of a failed turn; the ``error`` event that says so."""
+    code, message, retry_after = describe_error(exc)
+    logger.exception("ragchat turn in conversation %s failed (%s)", turn.conversation.pk, code)
+    turn.trace["error"] = {"code": code, "detail": repr(exc)[:2000]}
+    payload = await _save(turn, run, Answer(text=run.partial()), Message.Status.ERROR,
+                          {"code": code, "message": message})
+    await notify("on_turn_failed", turn=turn, error=exc)
+    return Failed(code=code, message=message, assistant_message=payload, retry_after=retry_after)
+
+
+async def run_turn(conversation: Conversation, text: Any, *, stream: bool = False,
+                   client_id: str = "") -> TurnResult:
+    """Run one turn to the end and return its result (see ``stream_turn`` for the errors)."""
+    accepted = final = None
+    async with contextlib.aclosing(stream_turn(conversation, text, stream=stream, client_id=client_id)) as events:
+        async for event in events:
+            if isinstance(event, Accepted):
+                accepted = event
+            elif isinstance(event, (Completed, Failed)):
+                final = event
+    if isinstance(final, Completed):
+        message, error = final.message, None
+    else:
+        message, error = final.assistant_message, final
+    trace = await sync_to_async(_load_trace)(message["id"])
+    return TurnResult(conversation_id=accepted.conversation_id, user_message_id=accepted.user_message_id,
+                      message=message, trace=trace, error=error)
+
+
+def _load_trace(message_id: int) -> dict[str, Any]:
+    return TurnTrace.objects.filter(message_id=message_id).values_list("data", flat=True).first() or {}
+
+
+def run_turn_sync(conversation: Conversation, text: Any, *, stream: bool = False,
+                  client_id: str = "") -> TurnResult:
+    """``run_turn`` for synchronous callers (WSGI views, management commands, tests).
+
+    The turn runs on the process's one background event loop (the one WSGI streams use,
+    ``sync_stream.background_loop``), so its model clients and their connection pools are
+    made once per process, not per turn. Its database work still runs in the calling thread,
+    as with a plain ``async_to_sync``: asgiref hands a coroutine to a parent loop named in
+    ``SyncToAsync.threadlocal`` and serves the coroutine's thread-sensitive calls from this
+    thread meanwhile (the mechanism it uses for sync code called from async code)."""
+
+    threadlocal = SyncToAsync.threadlocal
+    saved = getattr(threadlocal, "main_event_loop", None), getattr(threadlocal, "main_event_loop_pid", None)
+    threadlocal.main_event_loop, threadlocal.main_event_loop_pid = background_loop(), os.getpid()
+    try:
+        return async_to_sync(run_turn)(conversation, text, stream=stream, client_id=client_id)
+    finally:
+        threadlocal.main_event_loop, threadlocal.main_event_loop_pid = saved
