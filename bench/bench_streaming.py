@@ -429,6 +429,21 @@ def read_arrivals(path: str) -> dict[str, float]:
     return arrivals
 
 
+def result_row(n: int, path: str, answers: list[Answer], rates: list[float], arrivals: dict[str, float]) -> list:
+    """One row of the table: TTFT, the model's and the app's share of it, throughput, losses."""
+    ttft = [a.ttft * 1000 for a in answers]
+    timed = [a for a in answers if a.marker in arrivals]
+    before = [(arrivals[a.marker] - a.sent) * 1000 for a in timed]
+    after = [(a.first - arrivals[a.marker]) * 1000 for a in timed]
+    return [
+        str(n), path, percentile(ttft, 50), percentile(ttft, 99),
+        *((percentile(before, 50), percentile(before, 99), percentile(after, 50),
+           percentile(after, 99)) if timed else ("", "", "", "")),
+        f"{median(rates):,.0f}", f"{sum(a.tokens for a in answers):,}",
+        f"{sum(not a.whole for a in answers)}/{sum(a.reordered for a in answers)}",
+    ]
+
+
 def run(clients: list[int], rounds: int, tokens: int, llm: str, stagger: float, paths: list[str],
         ws_deflate: bool = False, workers: int = 1) -> list[list]:
     expected = reply_text(tokens) if llm == "openai" else None
@@ -487,19 +502,7 @@ def run(clients: list[int], rounds: int, tokens: int, llm: str, stagger: float, 
                         results[path][0].extend(answers)
                         results[path][1].append(sum(a.tokens for a in answers) / elapsed)
                 arrivals = read_arrivals(arrivals_log) if llm == "openai" else {}
-                for path in paths:
-                    answers, rates = results[path]
-                    ttft = [a.ttft * 1000 for a in answers]
-                    timed = [a for a in answers if a.marker in arrivals]
-                    before = [(arrivals[a.marker] - a.sent) * 1000 for a in timed]
-                    after = [(a.first - arrivals[a.marker]) * 1000 for a in timed]
-                    rows.append([
-                        str(n), path, percentile(ttft, 50), percentile(ttft, 99),
-                        *((percentile(before, 50), percentile(before, 99), percentile(after, 50),
-                           percentile(after, 99)) if timed else ("", "", "", "")),
-                        f"{median(rates):,.0f}", f"{sum(a.tokens for a in answers):,}",
-                        f"{sum(not a.whole for a in answers)}/{sum(a.reordered for a in answers)}",
-                    ])
+                rows += [result_row(n, path, *results[path], arrivals) for path in paths]
     return rows
 
 

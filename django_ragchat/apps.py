@@ -7,12 +7,13 @@ class RagchatConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.contrib.auth.signals import user_logged_in
+        # Imported here, not at the top: these modules import the app's models, which Django
+        # loads only after every app's config (the ready() idiom of Django's own apps).
+        from django.contrib.auth.signals import user_logged_in  # noqa: PLC0415
 
-        # checks: imported to register the system checks.
-        from django_ragchat import checks  # noqa: F401
-        from django_ragchat.transport import sessions
-        from django_ragchat.turn import shutdown
+        from django_ragchat import checks  # noqa: F401, PLC0415  (registers the system checks)
+        from django_ragchat.transport import sessions  # noqa: PLC0415
+        from django_ragchat.turn import shutdown  # noqa: PLC0415
 
         user_logged_in.connect(sessions.move_anonymous_conversations, dispatch_uid="ragchat_move_anonymous")
         # Chained to the server's handlers: saves the answers being written on SIGTERM (see

@@ -26,6 +26,8 @@ ragchat.W012  the full-text index is missing (SQLite: its triggers were dropped)
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
@@ -126,13 +128,50 @@ def check_registration_wrappers(app_configs=None, **kwargs):
     return errors
 
 
+def _profile_error(name: str, problem: str) -> Error:
+    return Error(f"Profile {name!r}: {problem}", hint="See docs/profiles.md for the options.", id="ragchat.E002")
+
+
+def _component_problems(profile, registry) -> list[str]:
+    """Components ``profile`` names that no plugin registered, or that fail to build."""
+    problems = []
+    named = [(field, kind, getattr(profile, field)) for field, kind in CHOICE_STAGES.items()]
+    named += [(field, kind, component) for field, kind in LIST_STAGES.items()
+              for component in getattr(profile, field) or ()]
+    for field, kind, component in named:
+        try:
+            registry.get(kind, component)
+        except ImproperlyConfigured as exc:
+            problems.append(f"{field}: {exc}")
+    if not problems:
+        # Build the components once: options they do not accept fail here, not at the first turn.
+        try:
+            components_for(profile)
+        except (ImproperlyConfigured, TypeError, ValueError) as exc:
+            problems.append(f"building its components failed: {exc}")
+    return problems
+
+
+def _check_profile(name: str, config: Any, registry) -> list[Error]:
+    if not isinstance(config, (dict, type(None))):
+        return [_profile_error(name, f"its options must be a dict, not {config!r}")]
+    try:
+        profile = build_profile(name, config or {})
+    except InvalidProfile as exc:
+        # The same sentences a turn refuses to start with (profiles.profile_problems).
+        return [_profile_error(name, problem) for problem in exc.problems]
+    except (ImproperlyConfigured, TypeError) as exc:
+        return [Error(str(exc), hint="See docs/profiles.md for the options.", id="ragchat.E002")]
+    return [_profile_error(name, problem) for problem in _component_problems(profile, registry)]
+
+
 @register(Tags.compatibility)
 def check_profiles(app_configs=None, **kwargs):
-    errors = []
     profiles = ragchat_settings.PROFILES
     if not isinstance(profiles, dict) or not profiles:
         return [Error("RAGCHAT['PROFILES'] must be a non-empty dict of profile name -> options.",
                       hint='For example {"default": {}}.', id="ragchat.E002")]
+    errors = []
     if ragchat_settings.DEFAULT_PROFILE not in profiles:
         errors.append(Error(
             f"RAGCHAT['DEFAULT_PROFILE'] is {ragchat_settings.DEFAULT_PROFILE!r}, which is not in RAGCHAT['PROFILES'].",
@@ -140,45 +179,7 @@ def check_profiles(app_configs=None, **kwargs):
         ))
     registry = plugins.get_registry()
     for name, config in profiles.items():
-        if not isinstance(config, (dict, type(None))):
-            errors.append(Error(f"Profile {name!r}: its options must be a dict, not {config!r}",
-                                hint="See docs/profiles.md for the options.", id="ragchat.E002"))
-            continue
-        try:
-            profile = build_profile(name, config or {})
-        except InvalidProfile as exc:
-            # The same sentences a turn refuses to start with (profiles.profile_problems).
-            for problem in exc.problems:
-                errors.append(Error(f"Profile {name!r}: {problem}",
-                                    hint="See docs/profiles.md for the options.", id="ragchat.E002"))
-            continue
-        except (ImproperlyConfigured, TypeError) as exc:
-            errors.append(Error(str(exc), hint="See docs/profiles.md for the options.", id="ragchat.E002"))
-            continue
-        problems = []
-        for field, kind in CHOICE_STAGES.items():
-            try:
-                registry.get(kind, getattr(profile, field))
-            except ImproperlyConfigured as exc:
-                problems.append(f"{field}: {exc}")
-        for field, kind in LIST_STAGES.items():
-            names = getattr(profile, field)
-            if names is not None:
-                for component in names:
-                    try:
-                        registry.get(kind, component)
-                    except ImproperlyConfigured as exc:
-                        problems.append(f"{field}: {exc}")
-        if not problems:
-            # Build the components once: options they do not accept fail here, not at the first turn.
-
-            try:
-                components_for(profile)
-            except (ImproperlyConfigured, TypeError, ValueError) as exc:
-                problems.append(f"building its components failed: {exc}")
-        for problem in problems:
-            errors.append(Error(f"Profile {name!r}: {problem}",
-                                hint="See docs/profiles.md for the options.", id="ragchat.E002"))
+        errors += _check_profile(name, config, registry)
     return errors
 
 

@@ -156,11 +156,8 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def profile_problems(profile: Profile) -> list[str]:
-    """What is wrong with a profile's values, as sentences (empty when nothing is).
-
-    Component names are not looked up here (that needs the plugin registry, see
-    ``checks.check_profiles``); everything a profile says by value is."""
+def _shape_problems(profile: Profile) -> list[str]:
+    """Values of the wrong type: names, component lists, dicts."""
     problems = []
     for name in ("system_prompt", "llm", "embedder", "memory", "joiner", "prompt_augmenter", "no_context_answer"):
         if not isinstance(getattr(profile, name), str):
@@ -175,8 +172,14 @@ def profile_problems(profile: Profile) -> list[str]:
         problems.append('options must be a dict of component name -> dict of options, e.g. {"openai": {"model": "..."}}')
     if not isinstance(profile.metadata, dict):
         problems.append("metadata must be a dict")
-    if profile.empty_context not in EMPTY_CONTEXT_POLICIES:
-        problems.append(f"empty_context must be one of {EMPTY_CONTEXT_POLICIES}, not {profile.empty_context!r}")
+    if not isinstance(profile.stream, bool):
+        problems.append(f"stream must be True or False, not {profile.stream!r}")
+    return problems
+
+
+def _number_problems(profile: Profile) -> list[str]:
+    """Numbers out of range, and sizes that do not fit together."""
+    problems = []
     if not _is_number(profile.history_share) or not 0 <= profile.history_share <= 1:
         problems.append("history_share must be between 0 and 1")
     integers = ("top_k", "retrieval_k", "retrieval_concurrency", "context_window", "max_answer_tokens")
@@ -193,9 +196,18 @@ def profile_problems(profile: Profile) -> list[str]:
     threshold = profile.similarity_threshold
     if threshold is not None and (not _is_number(threshold) or not -1 <= threshold <= 1):
         problems.append(f"similarity_threshold must be None or a number from -1 to 1, not {threshold!r}")
-    if not isinstance(profile.stream, bool):
-        problems.append(f"stream must be True or False, not {profile.stream!r}")
-    return problems + vocabulary_problems(profile.vocabulary)
+    return problems
+
+
+def profile_problems(profile: Profile) -> list[str]:
+    """What is wrong with a profile's values, as sentences (empty when nothing is).
+
+    Component names are not looked up here (that needs the plugin registry, see
+    ``checks.check_profiles``); everything a profile says by value is."""
+    problems = _shape_problems(profile)
+    if profile.empty_context not in EMPTY_CONTEXT_POLICIES:
+        problems.append(f"empty_context must be one of {EMPTY_CONTEXT_POLICIES}, not {profile.empty_context!r}")
+    return problems + _number_problems(profile) + vocabulary_problems(profile.vocabulary)
 
 
 def vocabulary_problems(vocabulary: Any) -> list[str]:

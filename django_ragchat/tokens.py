@@ -10,10 +10,12 @@ scripts (it is used for budgets, where erring high is the safe side).
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import math
 import os
 import re
+import tempfile
 
 logger = logging.getLogger(__name__)
 
@@ -23,20 +25,16 @@ _WORD = re.compile(r"\S+")
 @functools.lru_cache(maxsize=1)
 def _local_tiktoken_encoding():
     """The cl100k_base encoding if tiktoken and a local copy of it exist, else None."""
-    try:
-        import tiktoken
-        import tiktoken_ext.openai_public  # noqa: F401  (registers the encoding names)
+    try:  # an optional dependency (the "tiktoken" extra)
+        import tiktoken  # noqa: PLC0415
+        import tiktoken_ext.openai_public  # noqa: F401, PLC0415  (registers the encoding names)
     except ImportError:
         return None
     cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
     if not cache_dir:
-        import tempfile
-
         cache_dir = os.path.join(tempfile.gettempdir(), "data-gym-cache")
     # tiktoken caches the encoding file under a hash of its URL; without it, loading would
     # download. Only load when that file is present.
-    import hashlib
-
     url = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
     if not os.path.exists(os.path.join(cache_dir, hashlib.sha1(url.encode()).hexdigest())):
         return None

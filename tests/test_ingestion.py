@@ -16,8 +16,8 @@ import pytest
 from django.db import connection
 
 from django_ragchat import hookimpl
-from django_ragchat.ingestion import IngestReport, ingest_paths, ingest_text, reembed
 from django_ragchat.ingestion.loaders import DocumentLoadError
+from django_ragchat.ingestion.pipeline import IngestReport, ingest_paths, ingest_text, reembed
 from django_ragchat.models import Chunk, Document
 from django_ragchat.profiles import get_profile
 from django_ragchat.stages.embedders import HashingEmbedder

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
@@ -13,11 +15,16 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from django_ragchat import tasks
 from django_ragchat.admin.base import RagchatAdmin, ReadOnlyAdmin, admin_link, count_subquery, deletion_summary, short
+from django_ragchat.conf import ragchat_settings
+from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
+from django_ragchat.ingestion.pipeline import ingest_paths, ingest_text
 from django_ragchat.models import (
     Chunk,
     Document,
 )
+from django_ragchat.profiles import UnknownProfile
 
 
 class DocumentChangeList(ChangeList):
@@ -52,10 +59,6 @@ class DocumentUploadForm(forms.Form):
     max_upload_bytes = 10 * 1024 * 1024
 
     def clean(self):
-        from pathlib import Path
-
-        from django_ragchat.ingestion.loaders import content_type_for
-
         cleaned = super().clean()
         upload = cleaned.get("file")
         if upload is None:
@@ -117,9 +120,6 @@ class DocumentAdmin(RagchatAdmin):
         """Upload a file and ingest it (parse, chunk, embed, store), like the documents API."""
         if not self.has_add_permission(request):
             raise PermissionDenied
-        from django_ragchat.ingestion.loaders import DocumentLoadError
-        from django_ragchat.ingestion.pipeline import ingest_text
-        from django_ragchat.profiles import UnknownProfile
 
         form = DocumentUploadForm(request.POST or None, request.FILES or None)
         if request.method == "POST" and form.is_valid():
@@ -155,13 +155,7 @@ class DocumentAdmin(RagchatAdmin):
         Only when the site runs tasks in a worker and the file is larger than
         ``RAGCHAT["BACKGROUND_INGEST_BYTES"]``; otherwise (the default) it is ingested right away.
         """
-        try:
-            from django_ragchat import tasks
-            from django_ragchat.conf import ragchat_settings
-
-            threshold = ragchat_settings.BACKGROUND_INGEST_BYTES
-        except (ImportError, AttributeError):  # a version without background tasks
-            return False
+        threshold = ragchat_settings.BACKGROUND_INGEST_BYTES
         if data["file"].size <= threshold or not tasks.runs_in_background():
             return False
         tasks.enqueue(tasks.ingest_upload, data["source"], data["text"], data["title"], data["content_type"],
@@ -177,9 +171,6 @@ class DocumentAdmin(RagchatAdmin):
         Unchanged files are left alone; uploaded documents (``upload/...``) have no file to read
         again: upload them again.
         """
-        from pathlib import Path
-
-        from django_ragchat.ingestion.pipeline import ingest_paths
 
         readable, unreadable = [], []
         for document in queryset.only("source"):

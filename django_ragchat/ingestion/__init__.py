@@ -8,19 +8,5 @@ Both are pure Python and import nothing from Django, so they can be used and
 tested without settings.
 
 ``pipeline`` embeds and stores them as ``Document`` and ``Chunk`` rows
-(``ingest_paths``, ``ingest_text``, ``reembed``; see docs/ingestion.md). Its
-names are importable from this package, lazily, so that importing
-``loaders`` or ``chunking`` still needs no Django settings.
+(``ingest_paths``, ``ingest_text``, ``reembed``; see docs/ingestion.md).
 """
-
-_PIPELINE_NAMES = frozenset({"IngestReport", "IngestResult", "ingest_paths", "ingest_text", "reembed"})
-
-__all__ = sorted(_PIPELINE_NAMES)
-
-
-def __getattr__(name: str):
-    if name in _PIPELINE_NAMES:
-        from django_ragchat.ingestion import pipeline
-
-        return getattr(pipeline, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,9 @@ Heading paths include the document's top-level heading in every format
 the formats consistent; for reStructuredText it means docutils' "promote the
 lone top section to document title" transform is switched off.
 
-This module has no Django dependency.
+This module has no Django dependency. Each parser (markdown-it, BeautifulSoup, docutils: about
+150 ms to import together) is imported when a file of its type is first read, so a process that
+never ingests does not pay for it.
 """
 
 from __future__ import annotations
@@ -406,7 +408,7 @@ _FRONT_MATTER_RE = re.compile(r"\A---[ \t]*\n.*?\n(?:---|\.\.\.)[ \t]*(?:\n|\Z)"
 
 
 def _markdown_parser():
-    from markdown_it import MarkdownIt
+    from markdown_it import MarkdownIt  # noqa: PLC0415 - a parser is imported when a file of its type is first read
 
     # CommonMark plus GFM tables/strikethrough, which are common in docs.
     # "gfm-like" is avoided because it needs the optional linkify-it-py.
@@ -435,58 +437,86 @@ def _md_inline_text(token) -> str:
     return "".join(parts)
 
 
+class _MarkdownWalker:
+    """Turns markdown-it's token stream into sections: headings, list items (with their
+    markers), tables (one row per line), code and HTML blocks."""
+
+    def __init__(self) -> None:
+        self.builder = _SectionBuilder()
+        self.lists: list[str] = []  # open lists: "ul" or "ol"
+        self.item_prefix: str | None = None  # marker for the next block in a list item
+        self.table_rows: list[str] | None = None
+        self.row_cells: list[str] | None = None
+
+    def walk(self, tokens) -> None:
+        i = 0
+        while i < len(tokens):
+            tok = tokens[i]
+            if tok.type == "heading_open":
+                self.builder.heading(int(tok.tag[1]), _md_inline_text(tokens[i + 1]))
+                i += 3  # heading_open, inline, heading_close
+                continue
+            handler = getattr(self, "on_" + tok.type, None)
+            if handler is not None:
+                handler(tok)
+            i += 1
+
+    def add(self, text: str) -> None:
+        _md_add(self.builder, text, self.lists, self.item_prefix)
+        self.item_prefix = None
+
+    def on_bullet_list_open(self, tok) -> None:
+        self.lists.append(tok.tag)
+
+    on_ordered_list_open = on_bullet_list_open
+
+    def on_bullet_list_close(self, tok) -> None:
+        self.lists.pop()
+
+    on_ordered_list_close = on_bullet_list_close
+
+    def on_list_item_open(self, tok) -> None:
+        indent = "  " * (len(self.lists) - 1)
+        marker = f"{tok.info}{tok.markup}" if self.lists and self.lists[-1] == "ol" else "-"
+        self.item_prefix = f"{indent}{marker} "
+
+    def on_table_open(self, tok) -> None:
+        self.table_rows = []
+
+    def on_tr_open(self, tok) -> None:
+        self.row_cells = []
+
+    def on_tr_close(self, tok) -> None:
+        if self.table_rows is not None and self.row_cells is not None:
+            self.table_rows.append(" | ".join(self.row_cells))
+            self.row_cells = None
+
+    def on_table_close(self, tok) -> None:
+        if self.table_rows is not None:
+            self.builder.add_block("\n".join(self.table_rows))
+            self.table_rows = None
+
+    def on_inline(self, tok) -> None:
+        content = _md_inline_text(tok)
+        if self.row_cells is not None:
+            self.row_cells.append(_collapse(content))
+        else:
+            self.add(content)
+
+    def on_fence(self, tok) -> None:
+        self.add(tok.content.rstrip("\n"))  # code is kept verbatim: identifiers in it are worth retrieving
+
+    on_code_block = on_fence
+
+    def on_html_block(self, tok) -> None:
+        self.add(_html_fragment_text(tok.content))
+
+
 def _parse_markdown(text: str) -> tuple[str, list[Section]]:
     text = _FRONT_MATTER_RE.sub("", text, count=1)
-    tokens = _markdown_parser().parse(text)
-    builder = _SectionBuilder()
-
-    lists: list[str] = []  # open lists: "ul" or "ol"
-    item_prefix: str | None = None  # marker for the next block in a list item
-    table_rows: list[str] | None = None
-    row_cells: list[str] | None = None
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        kind = tok.type
-        if kind == "heading_open":
-            inline = tokens[i + 1]
-            builder.heading(int(tok.tag[1]), _md_inline_text(inline))
-            i += 3  # heading_open, inline, heading_close
-            continue
-        if kind in ("bullet_list_open", "ordered_list_open"):
-            lists.append(tok.tag)
-        elif kind in ("bullet_list_close", "ordered_list_close"):
-            lists.pop()
-        elif kind == "list_item_open":
-            indent = "  " * (len(lists) - 1)
-            marker = f"{tok.info}{tok.markup}" if lists and lists[-1] == "ol" else "-"
-            item_prefix = f"{indent}{marker} "
-        elif kind == "table_open":
-            table_rows = []
-        elif kind == "tr_open":
-            row_cells = []
-        elif kind == "tr_close" and table_rows is not None and row_cells is not None:
-            table_rows.append(" | ".join(row_cells))
-            row_cells = None
-        elif kind == "table_close" and table_rows is not None:
-            builder.add_block("\n".join(table_rows))
-            table_rows = None
-        elif kind == "inline":
-            content = _md_inline_text(tok)
-            if row_cells is not None:
-                row_cells.append(_collapse(content))
-            else:
-                _md_add(builder, content, lists, item_prefix)
-                item_prefix = None
-        elif kind in ("fence", "code_block"):
-            # Code is kept verbatim: identifiers in it are worth retrieving.
-            _md_add(builder, tok.content.rstrip("\n"), lists, item_prefix)
-            item_prefix = None
-        elif kind == "html_block":
-            _md_add(builder, _html_fragment_text(tok.content), lists, item_prefix)
-            item_prefix = None
-        i += 1
-    return builder.title(), builder.finish()
+    walker = _MarkdownWalker()
+    walker.walk(_markdown_parser().parse(text))
+    return walker.builder.title(), walker.builder.finish()
 
 
 def _md_add(builder: _SectionBuilder, text: str, lists: list[str], prefix: str | None) -> None:
@@ -501,7 +531,7 @@ def _md_add(builder: _SectionBuilder, text: str, lists: list[str], prefix: str |
 
 
 def _html_fragment_text(fragment: str) -> str:
-    from bs4 import BeautifulSoup
+    from bs4 import BeautifulSoup  # noqa: PLC0415 - a parser is imported when a file of its type is first read
 
     # get_text() leaves out comments, so "<!-- toc -->" markers vanish.
     return BeautifulSoup(fragment, "html.parser").get_text(" ", strip=True)
@@ -536,8 +566,8 @@ _RST_SKIP: tuple[type, ...] = ()
 
 def _parse_rst(path: Path, text: str) -> tuple[str, list[Section]]:
     global _RST_SKIP
-    from docutils import nodes
-    from docutils.core import publish_doctree
+    from docutils import nodes  # noqa: PLC0415 - a parser is imported when a file of its type is first read
+    from docutils.core import publish_doctree  # noqa: PLC0415 - a parser is imported when a file of its type is first read
 
     if not _RST_SKIP:
         _RST_SKIP = (
@@ -615,7 +645,7 @@ class _HtmlWalker:
         self.item_prefix: str | None = None
 
     def walk(self, element) -> None:
-        from bs4 import CData, NavigableString
+        from bs4 import CData, NavigableString  # noqa: PLC0415 - a parser is imported when a file of its type is first read
 
         for child in element.children:
             if isinstance(child, NavigableString):
@@ -682,7 +712,7 @@ class _HtmlWalker:
 
 
 def _parse_html(text: str) -> tuple[str, list[Section]]:
-    from bs4 import BeautifulSoup
+    from bs4 import BeautifulSoup  # noqa: PLC0415 - a parser is imported when a file of its type is first read
 
     soup = BeautifulSoup(text, "html.parser")
     title = ""

@@ -307,7 +307,7 @@ def _execute(using: str, settings: list[str], sql: str, params: list) -> list[tu
             cursor.execute(sql, params)
             return cursor.fetchall()
         try:
-            from psycopg import ClientCursor
+            from psycopg import ClientCursor  # noqa: PLC0415 - the driver in use, psycopg 3 or 2
         except ImportError:  # psycopg2
             ClientCursor = ()
         if isinstance(cursor.cursor, ClientCursor):

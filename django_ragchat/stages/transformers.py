@@ -459,15 +459,10 @@ class FollowUpEnricher(QueryTransformer):
         """The transformed query, given the corpus's subjects (``index``; ``None``: the
         subject-blind behaviour of ``track_subjects: False``)."""
         if not query.history:
-            # "How much is the tablet?": the one subject the corpus defines as a tablet.
-            kinds = [s for s, _ in index.kind_named(query.text)] if index is not None and len(index) else []
-            if kinds and not index.find(query.text, kinds=False):
-                return _noted(query, f"no history; names a kind: added {[kinds[0].name]}",
-                              text=f"{query.text} {kinds[0].name}")
-            return _noted(query, "no history")
+            return self._first_message(query, index)
         if index is None or not len(index):
             return self.enrich(query)
-        before, after, reading = self.state_of(query, index)
+        _before, after, reading = self.state_of(query, index)
         if turn is not None and isinstance(getattr(turn, "trace", None), dict):
             turn.trace.setdefault("queries", {})["followup"] = after.describe()
         rules = (f"subject {after.subject_rule}"
@@ -483,27 +478,50 @@ class FollowUpEnricher(QueryTransformer):
             # passages above it.
             return _noted(query, f"asks a shop policy: nothing carried; {rules}")
         if reading.named and (after.subject_rule != "kept" or after.attribute_rule == "inherited"):
-            own = {stem(w) for w in words(query.text)}
-            added = []
-            if after.subject is not None and not set(after.subject.tokens) <= own:
-                added.append(after.subject.name)  # "And the tablet?": the one subject that is a tablet
-            if after.attribute_rule == "inherited":
-                added += [w for w in after.attribute if stem(normalize(w)) not in own]
-            if added:
-                return _noted(query, f"follow-up: {rules}: added {added}", text=f"{query.text} {' '.join(added)}")
-            return _noted(query, f"self-contained (names its subject); {rules}")
+            return self._named(query, after, rules)
         if not self.is_dependent(query.text):
             return _noted(query, f"self-contained; {rules}")
         if after.subject is not None and after.switched:
             # The conversation switched subjects: only the current one is carried, never the
             # names of the subjects it left (which the subject-blind ranking would add).
-            own = {stem(w) for w in words(query.text)}
-            if not set(after.subject.tokens) <= own:
-                added = [after.subject.name]
-                return _noted(query, f"follow-up: {rules}: added {added}", text=f"{query.text} {after.subject.name}")
-            return _noted(query, f"self-contained (names its subject); {rules}")
+            return self._added(query, [after.subject.name] if not self._names_it(query.text, after.subject) else [],
+                               rules)
+        return self._enriched(query, index, after, rules)
+
+    @staticmethod
+    def _first_message(query: Query, index: SubjectIndex | None) -> Query:
+        """"How much is the tablet?": the one subject the corpus defines as a tablet."""
+        kinds = [s for s, _ in index.kind_named(query.text)] if index is not None and len(index) else []
+        if kinds and not index.find(query.text, kinds=False):
+            return _noted(query, f"no history; names a kind: added {[kinds[0].name]}",
+                          text=f"{query.text} {kinds[0].name}")
+        return _noted(query, "no history")
+
+    @staticmethod
+    def _names_it(text: str, subject: Subject) -> bool:
+        return set(subject.tokens) <= {stem(w) for w in words(text)}
+
+    @staticmethod
+    def _added(query: Query, added: list[str], rules: str) -> Query:
+        if added:
+            return _noted(query, f"follow-up: {rules}: added {added}", text=f"{query.text} {' '.join(added)}")
+        return _noted(query, f"self-contained (names its subject); {rules}")
+
+    def _named(self, query: Query, after: ConversationState, rules: str) -> Query:
+        """A message naming a subject that moves the conversation, or inherits its attribute."""
+        own = {stem(w) for w in words(query.text)}
+        added = []
+        if after.subject is not None and not set(after.subject.tokens) <= own:
+            added.append(after.subject.name)  # "And the tablet?": the one subject that is a tablet
+        if after.attribute_rule == "inherited":
+            added += [w for w in after.attribute if stem(normalize(w)) not in own]
+        return self._added(query, added, rules)
+
+    def _enriched(self, query: Query, index: SubjectIndex, after: ConversationState, rules: str) -> Query:
+        """A dependent question in a conversation on one subject: ``enrich``, and the attribute
+        it inherits ("How long is it?" after the warranty: its length)."""
         result = self.enrich(self.since_fresh_start(query, index))
-        if after.attribute_rule == "inherited":  # "How long is it?" after the warranty: its length
+        if after.attribute_rule == "inherited":
             own = {stem(w) for w in words(result.text)}
             added = [w for w in after.attribute if stem(normalize(w)) not in own]
             if added:

@@ -411,29 +411,44 @@ class _Handler(BaseHTTPRequestHandler):
             body = None
         headers = {k.lower(): v for k, v in self.headers.items()}
         fault = fake._record(RecordedRequest(method, path, body, headers))
-        if fault and fault.kind == "latency":
+        route = path[3:] if path.startswith("/v1/") else path
+        streaming = route == "/chat/completions" and isinstance(body, dict) and bool(body.get("stream"))
+        if fault is not None and self._answer_fault(fault, streaming, raw):
+            return
+        if fault is not None and fault.kind == "latency":
+            fault = None  # waited, then answered as usual
+        self._route(method, route, path, body, fault)
+
+    def _answer_fault(self, fault: _Fault, streaming: bool, raw: bytes) -> bool:
+        """Answer (or drop) the request as ``fault`` says; False when it is still to be answered."""
+        fake = self.server.fake
+        if fault.kind == "latency":
             generation = fake._generation
             # A client that timed out, or a test that has moved on (reset), must not
             # have this late request consume replies scripted for what comes next.
             stopped = fake._stopping.wait(fault.opts.get("seconds", 1.0))
             if stopped or generation != fake._generation or self._client_gone():
-                return self._abort()
-            fault = None
-        if fault and fault.kind == "rate_limit":
+                self._abort()
+                return True
+            return False
+        if fault.kind == "rate_limit":
             wait = float(fault.opts.get("retry_after", 0.01))
             # The openai client prefers retry-after-ms; plain Retry-After must be an integer.
             extra = {"Retry-After": str(math.ceil(wait)), "retry-after-ms": str(int(wait * 1000))}
-            return self._error(429, "Rate limit reached (injected fault).", "requests", "rate_limit_exceeded", extra)
-        if fault and fault.kind == "server_error":
+            self._error(429, "Rate limit reached (injected fault).", "requests", "rate_limit_exceeded", extra)
+        elif fault.kind == "server_error":
             status = int(fault.opts.get("status", 500))
-            return self._error(status, "The server had an error (injected fault).", "server_error")
-        route = path[3:] if path.startswith("/v1/") else path
-        streaming = route == "/chat/completions" and isinstance(body, dict) and bool(body.get("stream"))
-        if fault and fault.kind == "cut_stream" and not streaming:
-            return self._abort()  # nothing streamed to cut: drop the request unanswered
-        if fault and fault.kind == "malformed_json" and not streaming:
-            return self._json(200, None, raw=b'{"object": "list", "data": [{"broken": ')
+            self._error(status, "The server had an error (injected fault).", "server_error")
+        elif fault.kind == "cut_stream" and not streaming:
+            self._abort()  # nothing streamed to cut: drop the request unanswered
+        elif fault.kind == "malformed_json" and not streaming:
+            self._json(200, None, raw=b'{"object": "list", "data": [{"broken": ')
+        else:
+            return False  # a streamed answer's fault: the stream applies it
+        return True
 
+    def _route(self, method: str, route: str, path: str, body: Any, fault: _Fault | None) -> None:
+        fake = self.server.fake
         if not isinstance(body, dict) and method == "POST":
             return self._error(400, "Request body must be a JSON object.", "invalid_request_error")
         if method == "GET" and route == "/models":

@@ -11,12 +11,14 @@ to date after that. ``ragchat_index`` remains for repairs and rebuilds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections, router
+from tqdm import tqdm
 
 from django_ragchat.ingestion.loaders import SUPPORTED_SUFFIXES
 from django_ragchat.ingestion.pipeline import FAILED, ingest_paths
@@ -40,41 +42,15 @@ class Command(BaseCommand):
         parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
 
     def handle(self, *args, **options):
-        metadata = None
-        if options["metadata"] is not None:
-            try:
-                metadata = json.loads(options["metadata"])
-            except json.JSONDecodeError as exc:
-                raise CommandError(f"--metadata is not valid JSON: {exc}") from None
-            if not isinstance(metadata, dict):
-                raise CommandError("--metadata must be a JSON object, e.g. '{\"product\": \"aurora\"}'.")
+        metadata = _metadata(options["metadata"])
         if options["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1.")
-
-        # The bar goes to the real stream: Django's OutputWrapper appends a newline to every
-        # write, which would break tqdm's in-place redraws.
-        stream = getattr(self.stderr, "_out", self.stderr)
-        show_bar = not options["no_progress"] and stream.isatty()
-        bar = None
-        if show_bar:
-            from tqdm import tqdm
-
-            bar = tqdm(file=stream, unit="doc", desc="Ingesting", leave=False, dynamic_ncols=True)
-
-        def progress(done: int, total: int, source: str) -> None:
-            if bar is not None:
-                bar.total = total
-                bar.set_postfix_str(source[-40:], refresh=False)
-                bar.update(done - bar.n)
-
-        try:
-            report = ingest_paths(options["paths"], profile=options["profile"], root=options["root"],
-                                  metadata=metadata, progress=progress, batch_size=options["batch_size"])
-        except (ValueError, ImproperlyConfigured) as exc:
-            raise CommandError(str(exc)) from None
-        finally:
-            if bar is not None:
-                bar.close()
+        with self._progress_bar(options["no_progress"]) as progress:
+            try:
+                report = ingest_paths(options["paths"], profile=options["profile"], root=options["root"],
+                                      metadata=metadata, progress=progress, batch_size=options["batch_size"])
+            except (ValueError, ImproperlyConfigured) as exc:
+                raise CommandError(str(exc)) from None
 
         for result in report.failed:
             self.stderr.write(f"{result.path or result.source}: {result.reason}")
@@ -89,6 +65,27 @@ class Command(BaseCommand):
         if report.count(FAILED) == len(report.results):
             raise CommandError("Every document failed to ingest.")
 
+    @contextlib.contextmanager
+    def _progress_bar(self, off: bool):
+        """A ``progress(done, total, source)`` callback drawing a bar on a terminal."""
+        # The bar goes to the real stream: Django's OutputWrapper appends a newline to every
+        # write, which would break tqdm's in-place redraws.
+        stream = getattr(self.stderr, "_out", self.stderr)
+        bar = tqdm(file=stream, unit="doc", desc="Ingesting", leave=False, dynamic_ncols=True) \
+            if not off and stream.isatty() else None
+
+        def progress(done: int, total: int, source: str) -> None:
+            if bar is not None:
+                bar.total = total
+                bar.set_postfix_str(source[-40:], refresh=False)
+                bar.update(done - bar.n)
+
+        try:
+            yield progress
+        finally:
+            if bar is not None:
+                bar.close()
+
     def _build_missing_indexes(self) -> None:
         using = router.db_for_write(Chunk)
         if connections[using].vendor != "postgresql":
@@ -101,3 +98,16 @@ class Command(BaseCommand):
             started = time.monotonic()
             postgres.create_hnsw_index(space, using=using)
             self.stdout.write(f"Built the HNSW index of space {space!r} in {time.monotonic() - started:.1f} s")
+
+
+def _metadata(given: str | None) -> dict | None:
+    """``--metadata``, read as a JSON object."""
+    if given is None:
+        return None
+    try:
+        metadata = json.loads(given)
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"--metadata is not valid JSON: {exc}") from None
+    if not isinstance(metadata, dict):
+        raise CommandError("--metadata must be a JSON object, e.g. '{\"product\": \"aurora\"}'.")
+    return metadata

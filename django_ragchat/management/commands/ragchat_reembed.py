@@ -24,6 +24,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 from django.db.models import Count
+from tqdm import tqdm
 
 from django_ragchat import plugins, tasks
 from django_ragchat.ingestion.pipeline import reembed
@@ -121,8 +122,6 @@ class Command(BaseCommand):
         stream = getattr(self.stderr, "_out", self.stderr)
         if options["no_progress"] or not stream.isatty():
             return None
-        from tqdm import tqdm
-
         bar = tqdm(file=stream, unit="doc", desc="Re-embedding", leave=False, dynamic_ncols=True)
 
         def progress(done: int, total: int, source: str) -> None:
