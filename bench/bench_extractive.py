@@ -1,16 +1,16 @@
 """Answer quality of the offline extractive answerer, new against the one it replaced.
 
     .venv/bin/python bench/bench_extractive.py              # labelled set, CANARD, cost (~1 min)
-    .venv/bin/python bench/bench_extractive.py --show tune  # also print every tune answer
+    .venv/bin/python bench/bench_extractive.py --show tuning  # also print every tuning answer
     .venv/bin/python bench/bench_extractive.py --no-canard
 
-1. **Labelled sets** (``bench/data/answers_sample_docs*.jsonl``, see ``bench/data/README.md``):
-   868 questions over ``example_project/sample_docs/`` in twelve sets, each written before it was
-   first run; a set's split says whether it was read and tuned on. The sample docs are
-   ingested with ``ingest_paths`` and each question runs through the whole default pipeline
-   (follow-ups after their ``history`` turns in the same conversation), once with the new
-   answerer and once with the old one (``bench/legacy_answerer.py``), each in its own
-   conversations. Reported per answerer and split:
+1. **Labelled sets** (``bench/data/sample_docs/tuning.jsonl`` and ``heldout.jsonl``, see
+   ``bench/data/README.md``): 1,048 questions over ``example_project/sample_docs/``, each written
+   before it was first run; the tuning set may be read and tuned on, the held-out set never.
+   The sample docs are ingested with ``ingest_paths`` and each question runs through the
+   whole default pipeline (follow-ups after their ``history`` turns in the same conversation),
+   once with the new answerer and once with the old one (``bench/legacy_answerer.py``), each in
+   its own conversations. Reported per answerer and split:
 
    - *fact stated*: of the answerable questions, the share whose answer contains every fact;
    - *false declines*: of the answerable, the share declined;
@@ -49,30 +49,10 @@ from django_ragchat.answerer.passages import build_passages
 from django_ragchat.answerer.vocabulary import Vocabulary
 from django_ragchat.stages.llms import ExtractiveAnswerer
 
-DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs.jsonl"
-# Written after the first held-out part had been read while tuning, by someone who had not seen
-# the answerer (bench/data/README.md). Reported as splits "fresh tune" and "fresh held out".
-FRESH_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh.jsonl"
-# Eight more sets written blind (bench/data/README.md): "tune 2" to tune against; "fresh2 tuned"
-# to "fresh5 tuned" and "fresh7 tuned", each held out for one run and read (and tuned on) after
-# it; "fresh6 held out", never read; "fresh8 tuned", held out for one run and read after it;
-# "fresh9 tuned" and "fresh10 tuned", held out for one run (stop 18) and read after it;
-# "fresh11 held out" and "fresh12 held out", never read.
-TUNE2_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_tune2.jsonl"
-FRESH2_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh2.jsonl"
-FRESH3_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh3.jsonl"
-FRESH4_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh4.jsonl"
-FRESH5_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh5.jsonl"
-FRESH6_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh6.jsonl"
-FRESH7_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh7.jsonl"
-FRESH8_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh8.jsonl"
-# Two more written blind on 2 December 2026, after fresh8 had been read: run once at stop 18, then read.
-FRESH9_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh9.jsonl"
-FRESH10_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh10.jsonl"
-# Two more written blind on 2 December 2026 (stop 19), after fresh9 and fresh10 had been read:
-# never read, run once at the end.
-FRESH11_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh11.jsonl"
-FRESH12_DATA = Path(__file__).resolve().parent / "data" / "answers_sample_docs_fresh12.jsonl"
+# One tuning set and one held-out set per document collection (bench/data/README.md): the
+# tuning set may be read and tuned on; the held-out set is run, never read.
+DATA_DIR = Path(__file__).resolve().parent / "data"
+SPLITS = ("tuning", "heldout")
 SAMPLE_DOCS = ROOT / "example_project" / "sample_docs"
 # A product is named when its distinctive word appears (the Nimbus Pen belongs to the Nimbus Tab).
 PRODUCT_PATTERNS = {"Aurora X2": r"\baurora\b", "Nimbus Tab": r"\bnimbus\b", "Zephyr Buds": r"\bzephyr\b"}
@@ -121,29 +101,13 @@ RAGCHAT = {
 }
 
 
-def load_set(path: Path = DATA, fresh: Path | None = FRESH_DATA) -> list[dict]:
-    """The labelled set; with ``fresh``, the later sets' questions too: the fresh set as splits
-    ``fresh tune`` (odd-numbered) and ``fresh held out`` (even-numbered), then ``tune 2``,
-    ``fresh2 tuned`` to ``fresh5 tuned``, ``fresh6 held out``, ``fresh7 tuned``, ``fresh8 tuned``,
-    ``fresh9 tuned``, ``fresh10 tuned``, ``fresh11 held out`` and ``fresh12 held out``
-    (bench/data/README.md)."""
-    with open(path, encoding="utf-8") as f:
-        items = [json.loads(line) for line in f if line.strip()]
-    if fresh is not None and fresh.exists():
-        with open(fresh, encoding="utf-8") as f:
-            fresh_items = [json.loads(line) for line in f if line.strip()]
-        # Its odd-numbered questions were read to tune against after its first run; the
-        # even-numbered ones never were ("fresh held out").
-        items += [{**i, "split": "fresh tune" if int(i["id"][1:]) % 2 else "fresh held out"} for i in fresh_items]
-    for extra, split in ((TUNE2_DATA, "tune 2"), (FRESH2_DATA, "fresh2 tuned"), (FRESH3_DATA, "fresh3 tuned"),
-                         (FRESH4_DATA, "fresh4 tuned"), (FRESH6_DATA, "fresh6 held out"),
-                         (FRESH5_DATA, "fresh5 tuned"), (FRESH7_DATA, "fresh7 tuned"),
-                         (FRESH8_DATA, "fresh8 tuned"), (FRESH9_DATA, "fresh9 tuned"),
-                         (FRESH10_DATA, "fresh10 tuned"), (FRESH11_DATA, "fresh11 held out"),
-                         (FRESH12_DATA, "fresh12 held out")):
-        if fresh is not None and extra.exists():
-            with open(extra, encoding="utf-8") as f:
-                items += [{**json.loads(line), "split": split} for line in f if line.strip()]
+def load_set(collection: str = "sample_docs", splits: tuple[str, ...] = SPLITS) -> list[dict]:
+    """The labelled questions of ``collection`` (``bench/data/<collection>/<split>.jsonl``);
+    each item's ``split`` says which file it came from and ``set`` which set it was written in."""
+    items = []
+    for split in splits:
+        with open(DATA_DIR / collection / f"{split}.jsonl", encoding="utf-8") as f:
+            items += [json.loads(line) for line in f if line.strip()]
     return items
 
 
@@ -227,9 +191,7 @@ def run_labelled(items: list[dict]) -> dict[str, dict[str, str]]:
 
 def labelled_report(items: list[dict], answers: dict[str, dict[str, str]]) -> str:
     rows = []
-    for split in ("tune", "heldout", "fresh tune", "tune 2", "fresh2 tuned", "fresh3 tuned", "fresh held out",
-                  "fresh4 tuned", "fresh5 tuned", "fresh6 held out", "fresh7 tuned", "fresh8 tuned", "fresh9 tuned",
-                  "fresh10 tuned", "fresh11 held out", "fresh12 held out", "all"):
+    for split in (*SPLITS, "all"):
         part = [i for i in items if split == "all" or i["split"] == split]
         if not part:
             continue
@@ -243,7 +205,7 @@ def labelled_report(items: list[dict], answers: dict[str, dict[str, str]]) -> st
 def show(items: list[dict], answers: dict[str, dict[str, str]], split: str) -> str:
     lines = []
     for item in items:
-        if split != "all" and item["split"] != split or "held out" in item["split"]:
+        if split != "all" and item["split"] != split or item["split"] == "heldout":
             continue  # a held-out split is never printed: reading it would spoil it
         new = answers["new"][item["id"]]
         j = judge(item, new)
@@ -375,10 +337,7 @@ def measure_cost(repeats: int = 20) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--show", choices=("tune", "heldout", "fresh tune", "tune 2", "fresh2 tuned", "fresh3 tuned",
-                                           "fresh4 tuned", "fresh5 tuned", "fresh7 tuned", "fresh8 tuned", "fresh9 tuned",
-                                           "fresh10 tuned", "all"),
-                        help="print the answers of a split (never of a held-out one)")
+    parser.add_argument("--show", choices=("tuning",), help="print the answers of the tuning set (never the held-out one)")
     parser.add_argument("--no-canard", action="store_true")
     parser.add_argument("--dialogs", type=int, default=None, help="CANARD dialogs to use (default all 150)")
     args = parser.parse_args(argv)

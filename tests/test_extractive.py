@@ -186,7 +186,7 @@ def test_answers_bench_runs_and_its_judge_can_fail(db, ragchat_settings_override
     items = [i for i in bench_extractive.load_set() if i["id"] in ("q01", "q15", "q21")]
     answers = bench_extractive.run_labelled(items)
     report = bench_extractive.labelled_report(items, answers)
-    assert "fact stated" in report and "heldout" in report
+    assert "fact stated" in report and "tuning (3)" in report
     judged = bench_extractive.judge(items[0], answers["new"]["q01"])
     assert judged["fact"] and not judged["off"] and not judged["declined"]
     # A wrong answer is scored wrong: another product's warranty for the Aurora X2.
@@ -257,7 +257,7 @@ def test_a_hyphenated_measure_states_its_unit(sample_docs):
     assert "Nimbus" not in answer and "Zephyr" not in answer
 
 
-# --- How a new person words a question (bench/data/answers_sample_docs_tune2.jsonl) ------------
+# --- How a new person words a question (the tune2 set of bench/data/sample_docs/tuning.jsonl) ------
 
 
 def test_a_two_part_question_is_answered_part_by_part(sample_docs):
