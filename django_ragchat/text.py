@@ -15,6 +15,9 @@ _WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*", re.UNICODE)
 # Sentence ends: . ! ? followed by space and an upper-case letter, digit or quote; or newlines.
 _SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n{2,}|\n(?=\s*[-*•]\s)")
 
+#: How a chunk's heading path is stored in one string ("Aurora X2 > Pricing").
+HEADING_SEPARATOR = " > "
+
 #: The default language's stop words (``lang/en/stopwords.txt``): what the offline embedder and
 #: the corpus's subject names leave out.
 STOPWORDS = load_language(DEFAULT_LANGUAGE).stopwords

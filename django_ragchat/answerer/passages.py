@@ -10,7 +10,7 @@ from functools import lru_cache
 
 from django_ragchat.answerer.vocabulary import Vocabulary, fold, stems, words
 from django_ragchat.search.subjects import kind_of
-from django_ragchat.text import normalize, sentences
+from django_ragchat.text import HEADING_SEPARATOR, normalize, sentences
 from django_ragchat.types import RetrievedChunk
 
 _CITE_BEFORE_STOP = re.compile(r"([.!?])$")
@@ -130,7 +130,7 @@ def _analyse_text(text: str, heading: str, title: str,
     if heading and body.startswith(heading):
         body = body[len(heading):]  # the heading line is a label, not a sentence
     found = _scorable(body, vocabulary)
-    parts = [p.strip() for p in heading.split(" > ")] if heading else []
+    parts = [p.strip() for p in heading.split(HEADING_SEPARATOR)] if heading else []
     top = parts[0] if parts else title
     subject = next((display for display, _ in name_sequences(top or "", vocabulary.stopwords)), "")
     if not subject and title:

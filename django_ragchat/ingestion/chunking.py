@@ -27,12 +27,12 @@ import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from .loaders import LoadedDocument
+from django_ragchat.ingestion.loaders import LoadedDocument
+from django_ragchat.text import HEADING_SEPARATOR
 
 __all__ = [
     "DEFAULT_MAX_CHARS",
     "DEFAULT_OVERLAP_CHARS",
-    "HEADING_SEPARATOR",
     "TextChunk",
     "chunk_document",
     "format_heading",
@@ -41,7 +41,6 @@ __all__ = [
 
 DEFAULT_MAX_CHARS = 1200
 DEFAULT_OVERLAP_CHARS = 200
-HEADING_SEPARATOR = " > "
 
 
 @dataclass

@@ -26,10 +26,9 @@ from dataclasses import dataclass
 
 from django.db.models import Count, Max
 
-from django_ragchat.ingestion.chunking import HEADING_SEPARATOR
 from django_ragchat.language import Language, load_language
 from django_ragchat.models import Chunk, Document
-from django_ragchat.text import STOPWORDS, normalize, stem, words
+from django_ragchat.text import HEADING_SEPARATOR, STOPWORDS, normalize, stem, words
 
 _NAME_WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*")
 

@@ -24,7 +24,7 @@ profiles are unchanged)::
 
 Only what is *searched* changes: the model still answers the user's own words
 (``Query.original``). Each component takes the model options of
-``openai_backend.chat_model_from_options`` (``model``, ``base_url``, ``api_key_env``,
+``backends.openai.chat_model_from_options`` (``model``, ``base_url``, ``api_key_env``,
 ``timeout``, ``max_retries``, ``headers``, ``temperature``, ``max_tokens``, ...; unset ones
 come from the profile's ``options["openai"]``), plus ``instructions`` (the system message) and
 ``prompt`` (the user message), both ``str.format`` templates (``{{``/``}}`` for literal braces).

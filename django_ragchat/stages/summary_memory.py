@@ -49,7 +49,7 @@ worth of conversation),
 ``max_facts`` (20), ``fetch_limit`` (200), the templates ``instructions`` and ``prompt`` (the
 summarising call: ``{max_words}``; ``{summary}``, ``{messages}``), ``summary_template``
 (``{summary}``), ``facts_template`` (``{facts}``), ``acknowledgement``, and the model options of
-``openai_backend.chat_model_from_options`` (the summarising model defaults to the profile's).
+``backends.openai.chat_model_from_options`` (the summarising model defaults to the profile's).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the streaming transports share: opening a conversation for a caller and running a turn
 with the per-user limits, as one async iterator of events.
 
-The websocket consumer (``consumers.py``) and the server-sent events view (``sse.py``, under
+The websocket consumer (``transport.consumers``) and the server-sent events view (``transport.sse``, under
 ASGI and under WSGI) all call these two functions, so they refuse the same requests with the
 same codes and relay the same events of ``pipeline.stream_turn``.
 

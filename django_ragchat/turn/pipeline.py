@@ -643,7 +643,7 @@ def run_turn_sync(conversation: Conversation, text: Any, *, stream: bool = False
     """``run_turn`` for synchronous callers (WSGI views, management commands, tests).
 
     The turn runs on the process's one background event loop (the one WSGI streams use,
-    ``sync_stream.background_loop``), so its model clients and their connection pools are
+    ``sync_bridge.background_loop``), so its model clients and their connection pools are
     made once per process, not per turn. Its database work still runs in the calling thread,
     as with a plain ``async_to_sync``: asgiref hands a coroutine to a parent loop named in
     ``SyncToAsync.threadlocal`` and serves the coroutine's thread-sensitive calls from this
