@@ -176,7 +176,8 @@ async def replay(duplicate) -> AsyncIterator[TurnEvent]:
 
 async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conversation]], content: Any, *,
                       user, session_key: str | None, client_id: str = "", stream: bool | None = None,
-                      history: list[HistoryMessage] | None = None) -> AsyncIterator[TurnEvent]:
+                      history: list[HistoryMessage] | None = None,
+                      origin: dict[str, Any] | None = None) -> AsyncIterator[TurnEvent]:
     """Run one turn in ``conversation`` and yield its events (``pipeline.stream_turn``).
 
     ``conversation`` may be an async callable that creates it: called once the turn is
@@ -194,8 +195,9 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
     message's ``ack`` and its answer's ``done``/``error`` (``replay``); nothing is saved. A
     conversation deleted during the turn ends it with ``error`` ``conversation_deleted``; a
     server shutdown (SIGTERM) with ``error`` ``server_shutdown`` and the partial answer saved.
-    ``stream`` and ``history`` are ``pipeline.stream_turn``'s (``False``: the model answers
-    whole; ``history``: the earlier messages as a stateless caller sent them).
+    ``stream``, ``history`` and ``origin`` are ``pipeline.stream_turn``'s (``False``: the model
+    answers whole; ``history``: the earlier messages as a stateless caller sent them;
+    ``origin``: kept in the trace).
     """
 
     if shutdown.stopping():
@@ -208,7 +210,8 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
         with shutdown.running_turn():
             if callable(conversation):
                 conversation = await conversation()
-            events = pipeline.stream_turn(conversation, text, client_id=client_id, stream=stream, history=history)
+            events = pipeline.stream_turn(conversation, text, client_id=client_id, stream=stream, history=history,
+                                          origin=origin)
             async with contextlib.aclosing(events):
                 try:
                     first = await anext(events)

@@ -542,7 +542,8 @@ def _new_trace(turn: TurnContext) -> dict[str, Any]:
 
 
 async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | None = None,
-                      client_id: str = "", history: list[HistoryMessage] | None = None) -> AsyncIterator[TurnEvent]:
+                      client_id: str = "", history: list[HistoryMessage] | None = None,
+                      origin: dict[str, Any] | None = None) -> AsyncIterator[TurnEvent]:
     """Run one turn, yielding its events (see ``django_ragchat.events``).
 
     Raises ``InvalidMessage`` (nothing saved), ``TurnInProgress`` (nothing saved) or
@@ -553,10 +554,14 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
     ``client_id`` is the sender's idempotency key: a resend raises ``persistence.DuplicateMessage``
     (nothing saved). ``history``: the earlier messages as the caller sent them, which memory
     reads instead of the conversation's log (``TurnContext.supplied_history``; a stateless
-    client's request); they are not saved, the trace keeps those the model was shown. While the answer is written a ``persistence.Heartbeat`` renews its lease
+    client's request); they are not saved, the trace keeps those the model was shown.
+    ``origin``: where the message came from, as the transport tells it (e.g. the API key's
+    name), kept in the trace as ``origin``. While the answer is written a ``persistence.Heartbeat`` renews its lease
     and saves the partial text (see docs/architecture.md, "Crash safety").
     """
     turn, run = await _begin(conversation, text, stream, client_id, history)
+    if origin:
+        turn.trace["origin"] = dict(origin)
     finished = False
     heartbeat = persistence.Heartbeat(turn.assistant_message, run.partial).start()
     try:
