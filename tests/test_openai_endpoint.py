@@ -98,7 +98,8 @@ def test_a_streamed_answer_arrives_in_openais_chunks(server, key, product_corpus
     assert first.choices[0].delta.role == "assistant" and first.choices[0].delta.content == ""
     assert first.model_extra["conversation"]
     text = "".join(c.choices[0].delta.content for c in pieces)
-    assert text == words(30) and len(pieces) == 30
+    # Pieces the model wrote before the client read them may share a chunk; the text is whole.
+    assert text == words(30) and 1 <= len(pieces) <= 30
     assert all(c.usage is None for c in chunks[:-1])
     assert finish.choices[0].finish_reason == "stop" and finish.choices[0].delta.content is None
     assert finish.model_extra["sources"] and finish.model_extra["sources"][0]["source"] == "products/aurora-x2.md"
@@ -129,17 +130,18 @@ def test_the_stream_is_openais_wire_format_and_ends_with_done(server, key, produ
 def test_tokens_reach_the_client_as_the_model_writes_them(server, key, product_corpus, openai_server):
     openai_server.script(words(20))
     openai_server.hold_streams(after_tokens=3)
-    received = []
+    received, seen_while_held = [], ""
     try:
         for chunk in client_for(server, key).chat.completions.create(model="fake", messages=ask(QUESTION),
                                                                      stream=True):
             if chunk.choices and chunk.choices[0].delta.content:
                 received.append(chunk.choices[0].delta.content)
-                if len(received) == 3:  # the model has not written the fourth token yet
+                if "".join(received) == words(3) + " ":  # the model has not written the fourth token yet
+                    seen_while_held = "".join(received)
                     openai_server.release_streams()
     finally:
         openai_server.release_streams()
-    assert "".join(received) == words(20)
+    assert seen_while_held == "word0 word1 word2 " and "".join(received) == words(20)
 
 
 def test_a_profile_with_output_guardrails_streams_the_answer_they_passed(server, key, product_corpus, openai_server):

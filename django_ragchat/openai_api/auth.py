@@ -63,22 +63,34 @@ def caller_for_key(key: str) -> Caller:
     return Caller(api_key.user, api_key)
 
 
-async def authenticate(request) -> Caller:
-    """The caller, or ``OpenAIError``: 401 without credentials or with a bad key, 403
-    for a session-authenticated write without the CSRF token."""
+async def session_user(request):
+    """The session's user when the request sends no ``Authorization`` header (``None`` when it
+    does: the key is checked by ``caller_of``, with the rest of the request's work)."""
+    return None if "Authorization" in request.headers else await request.auser()
+
+
+def caller_of(request, user=None) -> Caller:
+    """The caller: the key's (``Authorization: Bearer``), or the session's ``user`` (from
+    ``session_user``). ``OpenAIError``: 401 without credentials or with a bad key, 403 for a
+    session-authenticated write without the CSRF token. Synchronous (database)."""
     header = request.headers.get("Authorization")
     if header is not None:
         scheme, _, key = header.strip().partition(" ")
         key = key.strip()
         if scheme.lower() != "bearer" or not key:
             raise invalid_key("Send the API key as 'Authorization: Bearer <key>'.")
-        return await sync_to_async(caller_for_key)(key)
-    user = await request.auser()
-    if not user.is_authenticated:
+        return caller_for_key(key)
+    if user is None or not user.is_authenticated:
         raise OpenAIError(401, "not_authenticated", NO_CREDENTIALS)
     if request.method not in ("GET", "HEAD", "OPTIONS"):
-        reason = await sync_to_async(_csrf_failure)(request)
+        reason = _csrf_failure(request)
         if reason is not None:
             raise OpenAIError(403, "csrf_failed", f"CSRF check failed ({reason}): a request authenticated by the "
                               "session must carry the X-CSRFToken header; tools should use an API key instead.")
     return Caller(user, None)
+
+
+async def authenticate(request) -> Caller:
+    """``caller_of`` for async views."""
+    user = await session_user(request)
+    return await sync_to_async(caller_of)(request, user)

@@ -93,16 +93,21 @@ class ChunkEncoder:
         self.created = int(time.time())
         self.id = ""
         self.conversation_id = ""
-        self.sent = ""  # the answer's text as streamed so far
+        self.sent: list[str] = []  # the answer's pieces as streamed so far
+        self._around = (b"", b"")
 
     def __call__(self, event: TurnEvent) -> bytes:
         if isinstance(event, Delta):
             if self.hold:
                 return b""
-            self.sent += event.text
-            return self._chunk({"content": event.text})
+            self.sent.append(event.text)
+            # The one event per token: its chunk is the same bytes around the text each time.
+            before, after = self._around
+            return before + json.dumps(event.text).encode() + after
         if isinstance(event, Accepted):
             self.id, self.conversation_id = completion_id(event), event.conversation_id
+            before, _, after = self._chunk({"content": "\x00"}).partition(b'"\\u0000"')
+            self._around = (before, after)
             return self._chunk({"role": "assistant", "content": ""}, conversation=self.conversation_id)
         if isinstance(event, Completed):
             return self._end(event.message)
@@ -121,13 +126,13 @@ class ChunkEncoder:
 
     def _end(self, message: dict[str, Any]) -> bytes:
         parts = []
-        final = message["content"]
-        if final.startswith(self.sent) and final != self.sent:
+        final, sent = message["content"], "".join(self.sent)
+        if final.startswith(sent) and final != sent:
             # Held back (the guardrails' answer) or written after the stream (nothing else
             # appends to the saved text): sent before the end. A final text that is not a
             # continuation of what was streamed cannot be taken back; the saved one is kept.
-            parts.append(self._chunk({"content": final[len(self.sent):]}))
-            self.sent = final
+            parts.append(self._chunk({"content": final[len(sent):]}))
+            self.sent = [final]
         extra = {"conversation": self.conversation_id, "sources": sources_of(message)}
         parts.append(self._chunk({}, "stop", **extra))
         if self.include_usage:

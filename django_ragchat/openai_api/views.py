@@ -9,6 +9,7 @@ limits, refusals, saving and tracing apply.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -16,7 +17,7 @@ from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from django_ragchat.events import PROTOCOL_VERSION
-from django_ragchat.openai_api import completions, errors, parsing
+from django_ragchat.openai_api import auth, completions, errors, parsing
 from django_ragchat.openai_api.auth import Caller, authenticate
 from django_ragchat.openai_api.errors import OpenAIError
 from django_ragchat.permissions import can_use_profile, usable_profiles
@@ -79,15 +80,17 @@ async def chat_completions(request):
         return _not_allowed(request, "POST")
     conversation_id = None
     try:
-        caller = await authenticate(request)
-        chat = parsing.parse(parsing.read_body(request), request.headers)
-        conversation = await _conversation(caller, chat)
-        conversation_id = str(conversation.pk) if conversation is not None else None
-        await sse.release_request_connection()
-        make_events = _events(caller, chat, conversation)
-        if chat.stream:
-            return await _streamed(request, chat, make_events)
-        return await _whole(request, chat, make_events)
+        user = await auth.session_user(request)
+        try:
+            chat = parsing.parse(parsing.read_body(request), request.headers)
+        except OpenAIError as invalid:
+            chat = invalid  # answered after the credentials: a stranger learns nothing from a 400
+        # Everything before the turn in one trip off the event loop (each trip is a thread hop).
+        prepared = await sync_to_async(_prepare)(request, user, chat)
+        conversation_id = str(prepared.conversation.pk) if prepared.conversation is not None else None
+        if prepared.chat.stream:
+            return await _streamed(request, prepared)
+        return await _whole(request, prepared)
     except TurnRefused as refusal:
         param = "messages" if refusal.code in ("empty", "too_long", "invalid_characters", "invalid_type") else None
         error = OpenAIError.from_refusal(refusal, param)
@@ -96,23 +99,40 @@ async def chat_completions(request):
     return error.response(headers={CONVERSATION_HEADER: conversation_id} if conversation_id else None)
 
 
-async def _conversation(caller: Caller, chat: parsing.ChatRequest):
-    """Check the model (404 ``model_not_found``) and the message; the stored conversation the
-    request continues (404 ``not_found`` for unknown and foreign ids alike; 400
-    ``model_mismatch`` when it uses another profile), or ``None`` for a new one."""
-    if not await sync_to_async(can_use_profile)(caller.user, chat.model):
+@dataclass
+class _Prepared:
+    """A request ready to run its turn."""
+
+    caller: Caller
+    chat: parsing.ChatRequest
+    conversation: Any  # the stored conversation it continues, or None for a new one
+    hold: bool  # the stream holds the answer back until the guardrails passed it
+
+
+def _prepare(request, user, chat: parsing.ChatRequest | OpenAIError) -> _Prepared:
+    """Who calls (401/403), the body (400), the model (404 ``model_not_found``), the message
+    (400), the stored conversation the request continues (404 ``not_found`` for unknown and
+    foreign ids alike; 400 ``model_mismatch`` when it uses another profile). Synchronous."""
+    caller = auth.caller_of(request, user)
+    if isinstance(chat, OpenAIError):
+        raise chat
+    if not can_use_profile(caller.user, chat.model):
         raise errors.model_not_found(chat.model)
     transport.validate(chat.question)  # before anything is looked up or saved
-    if chat.conversation_id is None:
-        return None
-    try:
-        conversation, _ = await transport.open_conversation(caller.user, chat.conversation_id, None, for_sending=True)
-    except TurnRefused as refusal:
-        raise OpenAIError.from_refusal(refusal, "conversation") from None
-    if conversation.profile != chat.model:
-        raise errors.bad_request(f"This conversation uses the model {conversation.profile!r}: send that model, or "
-                                 "no conversation to start a new one.", param="model", code="model_mismatch")
-    return conversation
+    conversation = None
+    if chat.conversation_id is not None:
+        try:
+            conversation, _ = transport.open_conversation_sync(caller.user, chat.conversation_id, None, True)
+        except TurnRefused as refusal:
+            raise OpenAIError.from_refusal(refusal, "conversation") from None
+        if conversation.profile != chat.model:
+            raise errors.bad_request(f"This conversation uses the model {conversation.profile!r}: send that model, "
+                                     "or no conversation to start a new one.", param="model", code="model_mismatch")
+    hold = chat.stream and completions.holds_answer(get_profile(chat.model))
+    # The request's own database work is done, but Django would keep its connection until the
+    # end of the response: release it, as the end of a request would. The turn has its own.
+    transport.close_stale_connections()
+    return _Prepared(caller, chat, conversation, hold)
 
 
 def _origin(caller: Caller, chat: parsing.ChatRequest) -> dict[str, Any]:
@@ -125,8 +145,9 @@ def _origin(caller: Caller, chat: parsing.ChatRequest) -> dict[str, Any]:
     return origin
 
 
-def _events(caller: Caller, chat: parsing.ChatRequest, conversation):
+def _events(prepared: _Prepared):
     """The function that starts the turn's events (called where the turn runs)."""
+    caller, chat, conversation = prepared.caller, prepared.chat, prepared.conversation
     options = {"stream": chat.stream, "origin": _origin(caller, chat)}
     if conversation is not None:
         return lambda: transport.turn_events(conversation, chat.question, user=caller.user, session_key=None,
@@ -138,10 +159,12 @@ def _events(caller: Caller, chat: parsing.ChatRequest, conversation):
                                    history=chat.history, **options)
 
 
-async def _streamed(request, chat: parsing.ChatRequest, make_events) -> StreamingHttpResponse:
-    hold = await sync_to_async(completions.holds_answer)(get_profile(chat.model))
-    encoder = completions.ChunkEncoder(chat.model, include_usage=chat.include_usage, hold=hold)
-    first, body = await sse.start_events(request, make_events, encoder)
+async def _streamed(request, prepared: _Prepared) -> StreamingHttpResponse:
+    chat = prepared.chat
+    encoder = completions.ChunkEncoder(chat.model, include_usage=chat.include_usage, hold=prepared.hold)
+    # Pieces already written when the client reads are sent as one chunk: the same text, and
+    # less for a client that parses every chunk (the openai client) to fall behind on.
+    first, body = await sse.start_events(request, _events(prepared), encoder, merge_deltas=True)
     response = StreamingHttpResponse(body, content_type="text/event-stream; charset=utf-8")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each chunk on
@@ -150,12 +173,11 @@ async def _streamed(request, chat: parsing.ChatRequest, make_events) -> Streamin
     return response
 
 
-async def _whole(request, chat: parsing.ChatRequest, make_events) -> JsonResponse:
-    first, body = await sse.start_events(request, make_events)
+async def _whole(request, prepared: _Prepared) -> JsonResponse:
+    first, body = await sse.start_events(request, _events(prepared))
     events = [first, *await sse.remaining_events(body)]
     try:
-        completion = completions.whole_completion(chat.model, events)
+        completion = completions.whole_completion(prepared.chat.model, events)
     except OpenAIError as error:
         return error.response(headers={CONVERSATION_HEADER: first.conversation_id})
     return JsonResponse(completion, headers={CONVERSATION_HEADER: first.conversation_id})
-

@@ -37,7 +37,7 @@ from django.views.decorators.http import require_POST
 
 from django_ragchat import permissions
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.events import PROTOCOL_VERSION, TurnEvent
+from django_ragchat.events import PROTOCOL_VERSION, Delta, TurnEvent
 from django_ragchat.transport import jsonbody
 from django_ragchat.transport import turns as transport
 from django_ragchat.transport.turns import TurnRefused
@@ -145,9 +145,11 @@ class AsyncEventBody:
     writing an event at the time, Django calls ``close()`` from a worker thread).
     """
 
-    def __init__(self, make_events, encode: Callable[[TurnEvent], bytes] = encode_event):
+    def __init__(self, make_events, encode: Callable[[TurnEvent], bytes] = encode_event, *,
+                 merge_deltas: bool = False):
         self._queue: asyncio.Queue = asyncio.Queue()
         self._encode = encode
+        self._merge = merge_deltas
         self._first: TurnEvent | None = None
         self._task = asyncio.get_running_loop().create_task(self._pump(make_events), context=contextvars.Context())
 
@@ -194,12 +196,24 @@ class AsyncEventBody:
     def __aiter__(self) -> AsyncEventBody:
         return self
 
+    def _ready(self) -> TurnEvent | None:
+        try:
+            kind, value = self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+        if kind == _ITEM:
+            return value
+        self._queue.put_nowait((kind, value))  # the end stays last
+        return None
+
     async def __anext__(self) -> bytes:
         while True:
             if self._first is not None:
                 event, self._first = self._first, None
             else:
                 event = await self.next_event()
+            if self._merge:
+                event, self._first = merge_ready_deltas(event, self._ready)
             data = self._encode(event)
             if data:
                 return data
@@ -220,9 +234,11 @@ class ThreadedEventBody:
     ``close()`` when the body was sent or the client is gone (a write failed), which cancels
     the turn if it is still running."""
 
-    def __init__(self, make_events, encode: Callable[[TurnEvent], bytes] = encode_event):
+    def __init__(self, make_events, encode: Callable[[TurnEvent], bytes] = encode_event, *,
+                 merge_deltas: bool = False):
         self._stream = ThreadedStream(make_events)
         self._encode = encode
+        self._merge = merge_deltas
         self._first: TurnEvent | None = None
 
     def first_event(self) -> TurnEvent:
@@ -247,6 +263,8 @@ class ThreadedEventBody:
                 event, self._first = self._first, None
             else:
                 event = next(self._stream)
+            if self._merge:
+                event, self._first = merge_ready_deltas(event, self._stream.next_ready)
             data = self._encode(event)
             if data:
                 return data
@@ -255,17 +273,33 @@ class ThreadedEventBody:
         self._stream.close()
 
 
-async def start_events(request, make_events, encode: Callable[[TurnEvent], bytes] = encode_event
-                       ) -> tuple[TurnEvent, AsyncEventBody | ThreadedEventBody]:
+def merge_ready_deltas(event: TurnEvent, ready: Callable[[], TurnEvent | None]) -> tuple[TurnEvent, TurnEvent | None]:
+    """``event`` joined with the deltas after it that are already waiting (``ready()``), and
+    the first other event met (sent next). For bodies whose clients do not count pieces (the
+    OpenAI chunks): the client gets the same text in fewer, larger pieces when it reads slower
+    than the model writes, and nothing waits for a piece to be merged."""
+    if not isinstance(event, Delta):
+        return event, None
+    texts = [event.text]
+    while (following := ready()) is not None:
+        if not isinstance(following, Delta):
+            return Delta(text="".join(texts), index=event.index), following
+        texts.append(following.text)
+    return (Delta(text="".join(texts), index=event.index) if len(texts) > 1 else event), None
+
+
+async def start_events(request, make_events, encode: Callable[[TurnEvent], bytes] = encode_event, *,
+                       merge_deltas: bool = False) -> tuple[TurnEvent, AsyncEventBody | ThreadedEventBody]:
     """Start the events ``make_events()`` yields for this request, in the way its server needs:
     the first event (``TurnRefused`` is raised here, before any response exists) and the body
-    that sends it and the rest (``events()`` instead collects them, for a whole answer)."""
+    that sends it and the rest (``events()`` instead collects them, for a whole answer).
+    ``merge_deltas``: see ``merge_ready_deltas``."""
     if isinstance(request, ASGIRequest):
-        body = AsyncEventBody(make_events, encode)
+        body = AsyncEventBody(make_events, encode, merge_deltas=merge_deltas)
         return await body.first_event(), body
     # Served by WSGI: this coroutine runs in a short-lived loop of its own; the turn runs on
     # the process's background loop (ThreadedStream), which outlives it.
-    threaded = ThreadedEventBody(make_events, encode)
+    threaded = ThreadedEventBody(make_events, encode, merge_deltas=merge_deltas)
     return await sync_to_async(threaded.first_event, thread_sensitive=False)(), threaded
 
 

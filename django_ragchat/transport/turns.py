@@ -89,7 +89,8 @@ def close_stale_connections() -> None:
             connection.close_if_unusable_or_obsolete()
 
 
-def _open(user, conversation_id, session_key, for_sending: bool) -> tuple[Conversation, bool]:
+def open_conversation_sync(user, conversation_id, session_key, for_sending: bool) -> tuple[Conversation, bool]:
+    """``open_conversation`` for synchronous callers (a view's preparation, off the loop)."""
     close_stale_connections()
     try:
         conversation = permissions.get_conversation_for(user, conversation_id, session_key)
@@ -109,7 +110,7 @@ async def open_conversation(user, conversation_id, session_key: str | None, *,
     with ``for_sending``, ``forbidden`` (403) when the caller may read but not send (staff in
     someone else's conversation).
     """
-    return await sync_to_async(_open)(user, conversation_id, session_key, for_sending)
+    return await sync_to_async(open_conversation_sync)(user, conversation_id, session_key, for_sending)
 
 
 def _admit(user, session_key: str | None) -> limits.StreamSlot:
