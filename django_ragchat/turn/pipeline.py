@@ -614,18 +614,7 @@ async def _save(turn: TurnContext, run: _Answering, answer: Answer, status: str,
     """Save the answer with its sources and trace; its payload for the ``done`` event."""
     turn.trace["timings"]["total"] = round((time.perf_counter() - run.started) * 1000, 3)
     message = await sync_to_async(persistence.finish_turn)(turn, answer, status, error)
-    payload = persistence.message_payload(message, answer, turn.prompt.documents if turn.prompt else ())
-    payload["usage"] = _usage(turn, message)
-    return payload
-
-
-def _usage(turn: TurnContext, message: Message) -> dict[str, int]:
-    """The turn's token usage: as the model reported it, else as counted here (the offline
-    answerer, a turn that ended before the model)."""
-    if turn.usage is not None:
-        return {"prompt_tokens": turn.usage.prompt_tokens, "completion_tokens": turn.usage.completion_tokens}
-    prompt_tokens = turn.prompt.token_count if turn.prompt else 0
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": message.token_count}
+    return persistence.message_payload(message, answer, turn.prompt.documents if turn.prompt else ())
 
 
 async def _failed(turn: TurnContext, run: _Answering, exc: Exception) -> Failed:
