@@ -78,13 +78,28 @@ def check_settings(app_configs=None, **kwargs):
                                 hint="None keeps conversations forever.", id="ragchat.E007"))
     for key, signature in (("CONVERSATION_PERMISSION", "(user, conversation, session_key)"),
                            ("CONVERSATION_CHANGE_PERMISSION", "(user, conversation, session_key)"),
-                           ("DOCUMENT_PERMISSION", "(user)")):
+                           ("DOCUMENT_PERMISSION", "(user)"),
+                           ("PROFILE_PERMISSION", "(user, profile_name)")):
         try:
             import_string(getattr(ragchat_settings, key))
         except ImportError as exc:
             errors.append(Error(f"RAGCHAT[{key!r}] cannot be imported: {exc}",
                                 hint=f"Give the dotted path of a callable{signature} -> bool.",
                                 id="ragchat.E006"))
+    return errors + _choice_errors()
+
+
+#: Settings that take one of a few words.
+CHOICES = {"OPENAI_API_SYSTEM_MESSAGES": ("ignore", "refuse")}
+
+
+def _choice_errors() -> list[Error]:
+    errors = []
+    for key, choices in CHOICES.items():
+        value = getattr(ragchat_settings, key)
+        if value not in choices:
+            errors.append(Error(f"RAGCHAT[{key!r}] must be one of {', '.join(map(repr, choices))}, not {value!r}.",
+                                hint="Remove it to use the default.", id="ragchat.E007"))
     return errors
 
 

@@ -4,11 +4,14 @@ The message log is the source of truth: messages are appended (with a per-conver
 sequence number allocated under a row lock) and never rewritten by memory; what the model sees
 is computed over the log by a memory strategy. The user's original words are stored, never
 the prompt augmented with retrieved text: the chunks an answer used are referenced through
-``MessageSource`` rows.
+``MessageSource`` rows. ``ApiKey`` rows let a user's tools call the OpenAI-compatible endpoint
+as that user.
 """
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 import uuid
 from datetime import timedelta
 
@@ -300,3 +303,91 @@ class Feedback(models.Model):
 
     def __str__(self) -> str:
         return f"{self.rating} on message {self.message_id}"
+
+
+class ApiKeyQuerySet(models.QuerySet):
+    def usable(self, now=None):
+        """Keys that authenticate now: not revoked, not expired, their user active."""
+        now = now or timezone.now()
+        return self.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now), revoked_at__isnull=True,
+                           user__is_active=True)
+
+
+class ApiKey(models.Model):
+    """A user's key for the OpenAI-compatible endpoint (``Authorization: Bearer <key>``).
+
+    The key itself is shown once, when it is created (``ApiKey.create_key``, the admin's add
+    page, ``manage.py ragchat_apikey``), and never stored: the row keeps its SHA-256 digest
+    (keys are 256 random bits, so a fast digest is as safe as a slow password hash and costs
+    nothing per request) and its first characters, which identify it in lists. A request with
+    a key acts as the key's user: that user's conversations, permissions and limits.
+    """
+
+    #: Every key starts with this, so a leaked one is recognisable (secret scanners, logs).
+    PREFIX = "rck-"
+    #: How many characters of the key are kept to tell keys apart.
+    SHOWN_CHARS = 12
+    #: ``last_used_at`` is written at most this often per key (seconds): not a write per request.
+    LAST_USED_PRECISION = 60
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ragchat_api_keys")
+    name = models.CharField(max_length=100, blank=True, default="", help_text=_("What the key is for, e.g. the tool using it."))
+    prefix = models.CharField(max_length=16, editable=False, help_text=_("The key's first characters."))
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text=_("Empty: the key never expires."))
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = ApiKeyQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = _("API key")
+        verbose_name_plural = _("API keys")
+
+    def __str__(self) -> str:
+        return f"{self.name or _('API key')} ({self.prefix}…)"
+
+    @staticmethod
+    def digest_of(key: str) -> str:
+        return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+    @classmethod
+    def generate(cls) -> str:
+        """A new key: the prefix and 256 random bits, URL-safe."""
+        return cls.PREFIX + secrets.token_urlsafe(32)
+
+    def set_key(self, key: str) -> None:
+        self.digest = self.digest_of(key)
+        self.prefix = key[: self.SHOWN_CHARS]
+
+    @classmethod
+    def create_key(cls, user, name: str = "", *, expires_at=None) -> tuple[ApiKey, str]:
+        """Create a key for ``user``: the saved row and the key, which is never shown again."""
+        key = cls.generate()
+        api_key = cls(user=user, name=name, expires_at=expires_at)
+        api_key.set_key(key)
+        api_key.save()
+        return api_key, key
+
+    @property
+    def status(self) -> str:
+        """One of "active", "revoked" and "expired"."""
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= timezone.now():
+            return "expired"
+        return "active"
+
+    def revoke(self) -> None:
+        if self.revoked_at is None:
+            self.revoked_at = timezone.now()
+            ApiKey.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=self.revoked_at)
+
+    def touch(self, now=None) -> None:
+        """Record a use, at most once per ``LAST_USED_PRECISION`` seconds."""
+        now = now or timezone.now()
+        if self.last_used_at is None or (now - self.last_used_at).total_seconds() >= self.LAST_USED_PRECISION:
+            self.last_used_at = now
+            ApiKey.objects.filter(pk=self.pk).update(last_used_at=now)

@@ -32,6 +32,7 @@ SNIPPET_CHARS = 240
 KNOWN_TRACE_KEYS = frozenset({
     "profile", "question", "queries", "retrieval", "documents", "prompt", "timings", "model",
     "usage", "ended_by", "tokenizer", "history", "warnings", "error", "cancelled", "components",
+    "origin", "supplied_history",
 })
 
 
@@ -125,6 +126,11 @@ class TraceView:
     error: dict = field(default_factory=dict)
     cancelled: bool = False
     components: list[dict] = field(default_factory=list)  # {"stage", "name", "plugin"} per component run
+    # Where the message came from (the OpenAI-compatible endpoint: which API key, which model).
+    origin: list[tuple[str, str]] = field(default_factory=list)
+    # The earlier messages a stateless client sent with the message and the model was shown
+    # (not in the log): {"role", "content"}.
+    supplied_history: list[dict] = field(default_factory=list)
     other: list[tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -274,6 +280,13 @@ def _read_outcome(view: TraceView, data: dict) -> None:
                        for row in (components if isinstance(components, list) else []) if isinstance(row, dict)]
 
 
+def _read_request(view: TraceView, data: dict) -> None:
+    view.origin = [(str(k), v if isinstance(v, (str, int, float)) else pretty_json(v))
+                   for k, v in _as_dict(data.get("origin")).items()]
+    view.supplied_history = [{"role": str(m.get("role") or ""), "content": str(m.get("content") or "")}
+                             for m in _as_list(data.get("supplied_history")) if isinstance(m, dict)]
+
+
 def build_trace_view(data: Any, chunks: dict[int, Chunk], sources=()) -> TraceView:
     """A ``TraceView`` of one trace dictionary.
 
@@ -289,6 +302,7 @@ def build_trace_view(data: Any, chunks: dict[int, Chunk], sources=()) -> TraceVi
     _read_retrieval(view, data, _Hits(chunks, tuple(sources)))
     _read_timings(view, data)
     _read_outcome(view, data)
+    _read_request(view, data)
     view.other = [(str(k), pretty_json(v)) for k, v in data.items() if k not in KNOWN_TRACE_KEYS]
     return view
 

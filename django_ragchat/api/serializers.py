@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.models import Conversation, Document, Feedback, MemoryRecord, Message, MessageSource
+from django_ragchat.permissions import can_use_profile
 from django_ragchat.profiles import UnknownProfile, get_profile, profile_names
 
 
@@ -43,6 +44,14 @@ class ConversationSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "profile", "created_at", "updated_at"]
 
 
+def profile_name(value: str | None) -> str:
+    """The name of the profile ``value`` names (the default for ``None``), or a validation error."""
+    try:
+        return get_profile(value).name
+    except UnknownProfile:
+        raise serializers.ValidationError(f"There is no profile named {value!r}.", code="unknown_profile") from None
+
+
 class ProfileNameField(serializers.ChoiceField):
     """A profile name: refused with the same message and code as before it was a choice."""
 
@@ -67,10 +76,12 @@ class ConversationCreateSerializer(serializers.Serializer):
                                                   default=None, help_text=self.fields["profile"].help_text)
 
     def validate_profile(self, value: str | None) -> str:
-        try:
-            return get_profile(value).name
-        except UnknownProfile:
-            raise serializers.ValidationError(f"There is no profile named {value!r}.", code="unknown_profile") from None
+        name = profile_name(value)
+        request = self.context.get("request")
+        if request is not None and not can_use_profile(request.user, name):
+            # Answered as an unknown name: which profiles others may use is not the caller's business.
+            raise serializers.ValidationError(f"There is no profile named {value!r}.", code="unknown_profile")
+        return name
 
 
 class ConversationRenameSerializer(serializers.ModelSerializer):
@@ -218,7 +229,8 @@ class DocumentUploadSerializer(serializers.Serializer):
     profile = serializers.CharField(max_length=100, required=False, allow_null=True, default=None,
                                     help_text="Embed with this profile's embedder; the default profile if omitted.")
 
-    validate_profile = ConversationCreateSerializer.validate_profile
+    def validate_profile(self, value: str | None) -> str:
+        return profile_name(value)
 
 
 class IngestResultSerializer(serializers.Serializer):

@@ -206,7 +206,7 @@ class ConversationList(RagchatAPIView, generics.ListCreateAPIView):
         ).order_by("-updated_at", "-created_at", "pk")
 
     def create(self, request, *args, **kwargs):
-        form = s.ConversationCreateSerializer(data=request.data)
+        form = s.ConversationCreateSerializer(data=request.data, context={"request": request})
         form.is_valid(raise_exception=True)
         conversation = rules.create_conversation(
             request.user, access.caller_session_key(request, create=True), **form.validated_data

@@ -73,7 +73,9 @@ class MemoryStrategy(Component):
     """Base class: choose the history the model sees for this turn.
 
     ``select`` receives the turn and the history token budget and returns ``HistoryMessage``
-    objects, oldest first. ``fetch_limit`` bounds how many recent messages are read.
+    objects, oldest first. ``fetch_limit`` bounds how many recent messages are read. A strategy
+    that reads the log itself instead of through ``recent`` must use ``turn.supplied_history``
+    when it is set (see ``TurnContext``).
     """
 
     kind = "memory"
@@ -83,6 +85,11 @@ class MemoryStrategy(Component):
         self.fetch_limit = fetch_limit
 
     async def recent(self, turn: TurnContext) -> list[HistoryMessage]:
+        """The newest ``fetch_limit`` messages before this turn's, oldest first: from the log
+        (one query), or the ones the caller sent with the message (``turn.supplied_history``,
+        no query)."""
+        if turn.supplied_history is not None:
+            return turn.supplied_history[-self.fetch_limit:] if self.fetch_limit > 0 else []
         return await sync_to_async(load_recent_messages)(
             turn.conversation.pk, turn.user_message.seq, self.fetch_limit
         )

@@ -99,6 +99,11 @@ class TurnContext:
 
     ``state`` is free scratch space for plugins (keyed by plugin name, by convention).
     ``trace`` becomes the saved ``TurnTrace.data``.
+
+    ``supplied_history`` is set when the caller sent the earlier messages with this one (a
+    stateless client of the OpenAI-compatible endpoint): they stand for the conversation's log
+    before this message, and memory strategies read them instead of the database
+    (``MemoryStrategy.recent`` does). ``None`` (the usual case): the log is the history.
     """
 
     conversation: Conversation
@@ -108,6 +113,7 @@ class TurnContext:
     user_message: Message | None = None
     assistant_message: Message | None = None
     history: list[HistoryMessage] = field(default_factory=list)
+    supplied_history: list[HistoryMessage] | None = None
     query: Query | None = None
     queries: list[Query] = field(default_factory=list)
     documents: list[RetrievedChunk] = field(default_factory=list)

@@ -277,7 +277,15 @@ def message_payload(message: Message, answer: Answer | None = None, documents=()
         "citations": citations,
         "sources": [d.as_source(i) for i, d in sources],
         "error": message.metadata.get("error"),
+        "usage": usage_of(message),
     }
+
+
+def usage_of(message: Message) -> dict[str, int]:
+    """The tokens the answer cost, as the model reported them; when no model call reported any
+    (a turn ended before the model), no prompt tokens and the answer's own count."""
+    completion = message.completion_tokens if message.completion_tokens is not None else message.token_count
+    return {"prompt_tokens": message.prompt_tokens or 0, "completion_tokens": completion}
 
 
 def saved_payload(message_id: int) -> dict[str, Any] | None:

@@ -66,6 +66,7 @@ from django_ragchat.turn.sync_bridge import background_loop
 from django_ragchat.types import (
     Answer,
     EndTurn,
+    HistoryMessage,
     LLMResponse,
     Prompt,
     Query,
@@ -166,6 +167,11 @@ async def select_history(turn: TurnContext) -> None:
                                 history_tokens=history_tokens, context_budget=turn.context_budget)
     turn.trace["history"] = {"messages": len(turn.history),
                              "seqs": [m.seq for m in turn.history[:1] + turn.history[-1:]]}
+    if turn.supplied_history is not None:
+        # Not in the log: the trace is the only record of what the model was shown. Bounded
+        # by the history budget, so a long history sent with every request is not stored again.
+        turn.trace["history"]["supplied"] = len(turn.supplied_history)
+        turn.trace["supplied_history"] = [{"role": m.role, "content": m.content} for m in turn.history]
 
 
 async def transform_query(turn: TurnContext) -> EndTurn | None:
@@ -536,7 +542,8 @@ def _new_trace(turn: TurnContext) -> dict[str, Any]:
 
 
 async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | None = None,
-                      client_id: str = "") -> AsyncIterator[TurnEvent]:
+                      client_id: str = "", history: list[HistoryMessage] | None = None,
+                      origin: dict[str, Any] | None = None) -> AsyncIterator[TurnEvent]:
     """Run one turn, yielding its events (see ``django_ragchat.events``).
 
     Raises ``InvalidMessage`` (nothing saved), ``TurnInProgress`` (nothing saved) or
@@ -545,10 +552,16 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
     client cancelled or went away) saves the partial answer as "incomplete".
     ``stream=False`` asks the model for a whole answer (no ``delta`` events).
     ``client_id`` is the sender's idempotency key: a resend raises ``persistence.DuplicateMessage``
-    (nothing saved). While the answer is written a ``persistence.Heartbeat`` renews its lease
+    (nothing saved). ``history``: the earlier messages as the caller sent them, which memory
+    reads instead of the conversation's log (``TurnContext.supplied_history``; a stateless
+    client's request); they are not saved, the trace keeps those the model was shown.
+    ``origin``: where the message came from, as the transport tells it (e.g. the API key's
+    name), kept in the trace as ``origin``. While the answer is written a ``persistence.Heartbeat`` renews its lease
     and saves the partial text (see docs/architecture.md, "Crash safety").
     """
-    turn, run = await _begin(conversation, text, stream, client_id)
+    turn, run = await _begin(conversation, text, stream, client_id, history)
+    if origin:
+        turn.trace["origin"] = dict(origin)
     finished = False
     heartbeat = persistence.Heartbeat(turn.assistant_message, run.partial).start()
     try:
@@ -581,15 +594,15 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         await heartbeat.stop()
 
 
-async def _begin(conversation: Conversation, text: Any, stream: bool | None,
-                 client_id: str) -> tuple[TurnContext, _Answering]:
+async def _begin(conversation: Conversation, text: Any, stream: bool | None, client_id: str,
+                 history: list[HistoryMessage] | None) -> tuple[TurnContext, _Answering]:
     """Validate the message, save it with an empty answer, and make the turn's context."""
     text = validate_user_message(text)
     profile = get_profile(conversation.profile)
     components = components_for(profile)
     run = _Answering(streaming=profile.stream if stream is None else stream)
     turn = TurnContext(conversation=conversation, profile=profile, components=components, question=text,
-                       streaming=run.streaming)
+                       streaming=run.streaming, supplied_history=None if history is None else list(history))
     turn.trace = _new_trace(turn)
     turn.user_message, turn.assistant_message = await sync_to_async(persistence.begin_turn)(
         conversation.pk, text, client_id)
