@@ -15,6 +15,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from django_ragchat import search
+from django_ragchat.access import UNRESTRICTED
 from django_ragchat.checks import check_search_indexes, check_vector_indexes
 from django_ragchat.models import Chunk, Document
 from django_ragchat.search import postgres
@@ -106,8 +107,13 @@ def test_hnsw_results_agree_with_exact_search(indexed):
 def test_ef_search_is_set_for_the_query_alone_and_never_below_k(indexed):
     query = clustered(1, 64, seed=3)[0]
     with CaptureQueriesContext(connection) as captured:
+        search.vector_search("test-64", query, 10, ef_search=100, principals=UNRESTRICTED)
         search.vector_search("test-64", query, 10, ef_search=100)
     assert captured.captured_queries[0]["sql"].startswith("SET LOCAL hnsw.ef_search = 100; SELECT")
+    # A search that reads as someone (here, outside a turn, the public) keeps scanning the index
+    # until k rows they may read are found.
+    assert captured.captured_queries[1]["sql"].startswith(
+        "SET LOCAL hnsw.ef_search = 100; SET LOCAL hnsw.iterative_scan = relaxed_order; SELECT")
     # The index yields at most ef_search rows: asking for 60 raises it to 60.
     assert len(search.vector_search("test-64", query, 60, ef_search=20)) == 60
     assert len(search.vector_ids("test-64", query, 60)) == 60
