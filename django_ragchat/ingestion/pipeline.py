@@ -537,29 +537,33 @@ def ingest_paths(paths: Iterable[str | Path], *, profile: str | None = None, roo
     report.load_seconds += time.perf_counter() - started
 
     for start in range(0, len(pending), LOOKUP_BATCH_SIZE):
-        group = pending[start:start + LOOKUP_BATCH_SIZE]
-        existing = _existing_documents([r.source for r in group], run.space)
-        for result in group:
-            t0 = time.perf_counter()
-            path = Path(result.path)
-            stored = existing.get(result.source)
-            # Unchanged files are recognised from their bytes alone, without parsing them.
-            if stored is not None and _is_unchanged(stored, _file_checksum(path), metadata):
-                _keep_or_set_access(result, stored, access)
-                report.load_seconds += time.perf_counter() - t0
-                run.finalize(result)
-                continue
-            try:
-                loaded = load_document(path)
-            except DocumentLoadError as exc:
-                report.load_seconds += time.perf_counter() - t0
-                run.fail(result, exc.reason, exc)
-                continue
-            report.load_seconds += time.perf_counter() - t0
-            run.submit(result, loaded)
+        _ingest_files(run, pending[start:start + LOOKUP_BATCH_SIZE])
     run.finish()
     report.elapsed = time.perf_counter() - started
     return report
+
+
+def _ingest_files(run: _Ingestion, group: list[IngestResult]) -> None:
+    """Load and submit one lookup group of files (unchanged ones are only counted)."""
+    existing = _existing_documents([r.source for r in group], run.space)
+    for result in group:
+        t0 = time.perf_counter()
+        path = Path(result.path)
+        stored = existing.get(result.source)
+        # Unchanged files are recognised from their bytes alone, without parsing them.
+        if stored is not None and _is_unchanged(stored, _file_checksum(path), run.metadata):
+            _keep_or_set_access(result, stored, run.access)
+            run.report.load_seconds += time.perf_counter() - t0
+            run.finalize(result)
+            continue
+        try:
+            loaded = load_document(path)
+        except DocumentLoadError as exc:
+            run.report.load_seconds += time.perf_counter() - t0
+            run.fail(result, exc.reason, exc)
+            continue
+        run.report.load_seconds += time.perf_counter() - t0
+        run.submit(result, loaded)
 
 
 def ingest_text(source: str, text: str, *, title: str = "", content_type: str = "markdown",
