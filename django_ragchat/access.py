@@ -38,6 +38,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.db.models import Q
 
 PUBLIC = "public"
 AUTHENTICATED = "authenticated"
@@ -154,12 +155,47 @@ def principals_for(user: Any, *, refresh: bool = False) -> Principals:
     return Principals(frozenset(tokens))
 
 
+MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
+
+
+def _model_backend_only(user_model) -> bool:
+    """Whether permissions come from Django's ``ModelBackend`` alone, on a user model with its
+    usual fields: then two queries read a user's principals (``principals_of_user_id``)."""
+    names = {f.name for f in user_model._meta.get_fields()}
+    return (list(settings.AUTHENTICATION_BACKENDS) == [MODEL_BACKEND]
+            and {"is_active", "is_staff", "is_superuser", "groups", "user_permissions"} <= names)
+
+
 def principals_of_user_id(user_id: Any) -> Principals:
-    """The principals of the user with primary key ``user_id``, read now (``None``: anonymous)."""
+    """The principals of the user with primary key ``user_id``, read now (``None``, or a user
+    that no longer exists: ``PUBLIC_ONLY``).
+
+    With Django's ``ModelBackend`` alone (the default), two queries: the user's flags with their
+    groups, then the permissions ``ModelBackend`` would grant (the user's and their groups', or
+    all of them for a superuser). Otherwise the user is loaded and every backend asked
+    (``principals_for``)."""
     if user_id is None:
         return PUBLIC_ONLY
-    user = get_user_model()._default_manager.filter(pk=user_id).first()
-    return principals_for(user)
+    user_model = get_user_model()
+    if not _model_backend_only(user_model):
+        return principals_for(user_model._default_manager.filter(pk=user_id).first())
+    rows = list(user_model._default_manager.filter(pk=user_id).values_list(
+        "pk", "is_active", "is_staff", "is_superuser", "groups__pk"))
+    if not rows or not rows[0][1]:
+        return PUBLIC_ONLY
+    pk, _, is_staff, is_superuser = rows[0][:4]
+    groups = [row[4] for row in rows if row[4] is not None]
+    tokens = {PUBLIC, AUTHENTICATED, f"user:{pk}", *(f"group:{g}" for g in groups)}
+    if is_staff:
+        tokens.add(STAFF)
+    permission_model = user_model._meta.get_field("user_permissions").related_model
+    permissions = permission_model._default_manager.all()
+    if not is_superuser:
+        related = user_model._meta.get_field("groups").related_query_name()
+        permissions = permissions.filter(Q(**{"user": pk}) | Q(**{f"group__{related}": pk}))
+    tokens.update(f"perm:{app}.{codename}" for app, codename in
+                  permissions.values_list("content_type__app_label", "codename").distinct())
+    return Principals(frozenset(tokens))
 
 
 def access_sql(vendor: str, column: str, principals: Principals) -> tuple[str, list]:

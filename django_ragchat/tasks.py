@@ -97,10 +97,12 @@ def fold_summary(profile_name: str, conversation_id: str, budget_tokens: int, un
 
 
 @task
-def ingest_upload(source: str, text: str, title: str, content_type: str, profile: str | None) -> dict:
-    """Ingest a document uploaded through the API (``ingestion.pipeline.ingest_text``)."""
+def ingest_upload(source: str, text: str, title: str, content_type: str, profile: str | None,
+                  access: list[str] | None = None) -> dict:
+    """Ingest a document uploaded through the API or the admin (``ingestion.pipeline.ingest_text``);
+    ``access``: who may read it (tokens; ``None``: everyone)."""
 
-    result = ingest_text(source, text, title=title, content_type=content_type, profile=profile)
+    result = ingest_text(source, text, title=title, content_type=content_type, profile=profile, access=access)
     return {"document_id": result.document_id, "outcome": result.status}
 
 
