@@ -18,6 +18,18 @@ ragchat.W011  an embedding space with chunks has no valid HNSW index (PostgreSQL
 ragchat.W040  a component warns about its configuration (``check_warnings()``), e.g. the sources
               filter with an embedder whose similarities never reach its threshold
 
+Model sources (``register_sources``, docs/sources.md); a source with an error is not synced:
+
+ragchat.E050  a class registered in register_sources is not a ModelSource subclass
+ragchat.E051  a source's name is missing, malformed or taken by another source
+ragchat.E052  a source's model is not an installed model
+ragchat.E053  a source has no text: neither text() nor template_name
+ragchat.E054  a source's template_name does not exist
+ragchat.E055  a depends_on entry names no model, or no relation leading to the source's model
+ragchat.E056  a source's updated_field is not a date or date-time field of its model
+ragchat.E057  a source names a profile that does not exist
+ragchat.I050  a registered source, what it indexes and how it is kept in sync (``check`` lists them)
+
 Database checks (run by ``migrate`` and ``check --database default``):
 
 ragchat.E010  PostgreSQL without the pgvector extension available (or older than 0.8)
@@ -29,10 +41,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, Tags, Warning, register
+from django.core.checks import Error, Info, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.shortcuts import resolve_url
+from django.template import TemplateDoesNotExist
+from django.template.loader import get_template
 from django.urls import NoReverseMatch, Resolver404, resolve
 from django.utils.module_loading import import_string
 
@@ -43,6 +57,8 @@ from django_ragchat.models import Chunk
 from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, InvalidProfile, build_profile
 from django_ragchat.search import configured_text_configs, postgres, sqlite
 from django_ragchat.search.postgres import MIN_PGVECTOR_VERSION, parse_version
+from django_ragchat.sources import registry as source_registry
+from django_ragchat.sources.base import ModelSource
 from django_ragchat.turn.context import components_for
 
 
@@ -114,7 +130,7 @@ def check_registration_wrappers(app_configs=None, **kwargs):
 
     pm = plugins.get_plugin_manager()
     errors = []
-    for hook_name in plugins.REGISTRATION_HOOKS:
+    for hook_name in [*plugins.REGISTRATION_HOOKS, plugins.SOURCES_HOOK]:
         for impl in getattr(pm.hook, hook_name).get_hookimpls():
             if impl.wrapper or impl.hookwrapper:
                 option = "wrapper" if impl.wrapper else "hookwrapper"
@@ -363,3 +379,25 @@ def check_component_warnings(app_configs=None, **kwargs):
                 warnings.append(Warning(f"Profile {name!r}, {component.kind} {component.name!r}: {message}",
                                         hint="See docs/plugins.md.", id="ragchat.W040"))
     return warnings
+
+
+@register(Tags.compatibility)
+def check_sources(app_configs=None, **kwargs):
+    """The model sources: each registration left out (E050-E057), and each source (I050)."""
+    found = [Error(message, hint=hint, id=check_id) for check_id, message, hint in source_registry.problems()]
+    for name, source in source_registry.sources().items():
+        if type(source).text is ModelSource.text and source.template_name:
+            try:
+                get_template(source.template_name)
+            except TemplateDoesNotExist:
+                found.append(Error(f"Model source {name!r}: template {source.template_name!r} does not exist",
+                                   hint="Create it in an app's templates/ folder, or override text(self, obj).",
+                                   id="ragchat.E054"))
+                continue
+        how = "live sync" if source.live else "synced by ragchat_sync only"
+        dependencies = ", ".join(sorted(m._meta.label for m, watchers in source_registry.current().watching.items()
+                                        if any(s is source and f.kind != "self" for s, f in watchers)))
+        found.append(Info(f"Model source {name!r} indexes {source.get_model()._meta.label} ({how}"
+                          f"{'; follows ' + dependencies if dependencies else ''})",
+                          hint="manage.py ragchat_sync indexes it now; docs/sources.md", id="ragchat.I050"))
+    return found

@@ -89,7 +89,7 @@ class IngestResult:
     """What happened to one document.
 
     ``status`` is one of ``created``, ``updated``, ``unchanged`` or ``failed`` (then ``reason``
-    says why). ``chunks`` is the number of chunks the document has in the embedding space after
+    says why; an update of the access alone, with nothing embedded, has the reason ``access``). ``chunks`` is the number of chunks the document has in the embedding space after
     the run (0 when it failed). ``path`` is the file as found ("" for text and re-embedding).
     """
 
@@ -316,7 +316,7 @@ def _keep_or_set_access(result: IngestResult, stored: _Existing, access: list[st
         result.status = UNCHANGED
     else:
         set_access(stored.id, access)
-        result.status = UPDATED
+        result.status, result.reason = UPDATED, "access"
 
 
 class _Run:
