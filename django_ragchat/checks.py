@@ -28,7 +28,9 @@ ragchat.E054  a source's template_name does not exist
 ragchat.E055  a depends_on entry names no model, or no relation leading to the source's model
 ragchat.E056  a source's updated_field is not a date or date-time field of its model
 ragchat.E057  a source names a profile that does not exist
-ragchat.I050  a registered source, what it indexes and how it is kept in sync (``check`` lists them)
+ragchat.W050  a source has objects but nothing indexed yet: run ``ragchat_sync`` (two cheap queries
+              a source; nothing when the database cannot be reached). ``ragchat_plugins`` lists
+              the sources.
 
 Database checks (run by ``migrate`` and ``check --database default``):
 
@@ -41,7 +43,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, Info, Tags, Warning, register
+from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.shortcuts import resolve_url
@@ -53,7 +55,7 @@ from django.utils.module_loading import import_string
 from django_ragchat import plugins
 from django_ragchat.backends.openai import OpenAIConnection
 from django_ragchat.conf import DEFAULTS, ragchat_settings
-from django_ragchat.models import Chunk
+from django_ragchat.models import Chunk, Document
 from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, InvalidProfile, build_profile
 from django_ragchat.search import configured_text_configs, postgres, sqlite
 from django_ragchat.search.postgres import MIN_PGVECTOR_VERSION, parse_version
@@ -383,7 +385,8 @@ def check_component_warnings(app_configs=None, **kwargs):
 
 @register(Tags.compatibility)
 def check_sources(app_configs=None, **kwargs):
-    """The model sources: each registration left out (E050-E057), and each source (I050)."""
+    """The model sources: each registration left out (E050-E057), a template that does not exist
+    (E054), and a source with objects but nothing indexed (W050)."""
     found = [Error(message, hint=hint, id=check_id) for check_id, message, hint in source_registry.problems()]
     for name, source in source_registry.sources().items():
         if type(source).text is ModelSource.text and source.template_name:
@@ -394,10 +397,13 @@ def check_sources(app_configs=None, **kwargs):
                                    hint="Create it in an app's templates/ folder, or override text(self, obj).",
                                    id="ragchat.E054"))
                 continue
-        how = "live sync" if source.live else "synced by ragchat_sync only"
-        dependencies = ", ".join(sorted(m._meta.label for m, watchers in source_registry.current().watching.items()
-                                        if any(s is source and f.kind != "self" for s, f in watchers)))
-        found.append(Info(f"Model source {name!r} indexes {source.get_model()._meta.label} ({how}"
-                          f"{'; follows ' + dependencies if dependencies else ''})",
-                          hint="manage.py ragchat_sync indexes it now; docs/sources.md", id="ragchat.I050"))
+        try:
+            unsynced = not Document.objects.filter(origin=name).exists() and source.get_queryset().exists()
+        except DatabaseError:
+            continue  # not migrated yet, or no database: nothing to say
+        if unsynced:
+            found.append(Warning(f"Model source {name!r} ({source.get_model()._meta.label}) has objects but none "
+                                 f"is indexed: the assistant cannot answer from them yet",
+                                 hint="Run manage.py ragchat_sync (live sync then keeps it current).",
+                                 id="ragchat.W050"))
     return found
