@@ -47,8 +47,6 @@ from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.shortcuts import resolve_url
-from django.template import TemplateDoesNotExist
-from django.template.loader import get_template
 from django.urls import NoReverseMatch, Resolver404, resolve
 from django.utils.module_loading import import_string
 
@@ -60,7 +58,6 @@ from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, InvalidProfile, 
 from django_ragchat.search import configured_text_configs, postgres, sqlite
 from django_ragchat.search.postgres import MIN_PGVECTOR_VERSION, parse_version
 from django_ragchat.sources import registry as source_registry
-from django_ragchat.sources.base import ModelSource
 from django_ragchat.turn.context import components_for
 
 
@@ -385,18 +382,10 @@ def check_component_warnings(app_configs=None, **kwargs):
 
 @register(Tags.compatibility)
 def check_sources(app_configs=None, **kwargs):
-    """The model sources: each registration left out (E050-E057), a template that does not exist
-    (E054), and a source with objects but nothing indexed (W050)."""
+    """The model sources: each registration left out (E050-E057), and a source with objects but
+    nothing indexed (W050)."""
     found = [Error(message, hint=hint, id=check_id) for check_id, message, hint in source_registry.problems()]
     for name, source in source_registry.sources().items():
-        if type(source).text is ModelSource.text and source.template_name:
-            try:
-                get_template(source.template_name)
-            except TemplateDoesNotExist:
-                found.append(Error(f"Model source {name!r}: template {source.template_name!r} does not exist",
-                                   hint="Create it in an app's templates/ folder, or override text(self, obj).",
-                                   id="ragchat.E054"))
-                continue
         try:
             unsynced = not Document.objects.filter(origin=name).exists() and source.get_queryset().exists()
         except DatabaseError:

@@ -92,7 +92,8 @@ def pending(task_, first_argument: Any) -> int | None:
     alias = ragchat_settings.TASK_BACKEND
     if not apps.is_installed("django_tasks_db") or type(backend()).__module__.split(".")[0] != "django_tasks_db":
         return None
-    results = apps.get_model("django_tasks_db", "DBTaskResult")
+    config = next(c for c in apps.get_app_configs() if c.name == "django_tasks_db")  # its label differs
+    results = config.get_model("DBTaskResult")
     return results.objects.filter(
         task_path=task_.module_path, backend_name=alias, args_kwargs__args__0=first_argument,
         status__in=[TaskResultStatus.READY, TaskResultStatus.RUNNING]).count()

@@ -20,6 +20,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files (offline)
     "channels",
     "django_ragchat",
+    "tests.sources_app",  # models of the model-source tests (tests/sources_plugin.py)
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

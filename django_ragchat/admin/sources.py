@@ -23,9 +23,9 @@ from django_ragchat.sources import registry as source_registry
 
 @admin.register(SourceState)
 class SourceStateAdmin(RagchatAdmin):
-    list_display = ("name", "model", "objects", "indexed", "chunks", "last_sync", "last_live_sync_at",
+    list_display = ("name", "source_model", "objects", "indexed", "chunks", "last_sync", "last_live_sync_at",
                     "pending_changes", "error")
-    fields = ("name", "model", "objects", "indexed", "chunks", "last_sync", "last_sync_started_at",
+    fields = ("name", "source_model", "objects", "indexed", "chunks", "last_sync", "last_sync_started_at",
               "last_sync_finished_at", "last_live_sync_at", "pending_changes", "last_error")
     readonly_fields = fields
     actions = ["resync"]
@@ -55,7 +55,7 @@ class SourceStateAdmin(RagchatAdmin):
         return source_registry.sources().get(obj.name)
 
     @admin.display(description="model")
-    def model(self, obj):
+    def source_model(self, obj):
         source = self._source(obj)
         return source.get_model()._meta.label if source else "(no longer registered)"
 

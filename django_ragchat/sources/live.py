@@ -86,12 +86,10 @@ def schedule(source_name: str, pks: list, using: str) -> None:
     """Sync these objects of the source once the current transaction on ``using`` commits."""
     if not pks or _paused.get():
         return
-    pending = _pending(using)
-    known = pending.setdefault(source_name, set())
-    new = {str(pk) for pk in pks} - known
-    if not new:
-        return
-    known.update(new)
+    _pending(using).setdefault(source_name, set()).update(str(pk) for pk in pks)
+    # Registered on every call, not once: a rolled-back transaction drops its callbacks but not
+    # this buffer (the next commit's flush enqueues those keys too: a sync of an object that is
+    # not there removes nothing). The first flush empties the buffer; later ones find it empty.
     transaction.on_commit(lambda: flush(using), using=using)
 
 
@@ -113,9 +111,13 @@ def _watchers(sender: Any) -> list[tuple[Any, registry.Follow]]:
 
 
 def on_save(sender, instance, using=None, **kwargs) -> None:
+    using = using or router.db_for_write(sender)
     for source, follow in _watchers(sender):
         if source.live:
-            schedule(source.name, affected(follow, instance), using or router.db_for_write(sender))
+            schedule(source.name, affected(follow, instance), using)
+    for name, pks in getattr(instance, "_ragchat_left", {}).items():  # see before_save
+        schedule(name, pks, using)
+    instance.__dict__.pop("_ragchat_left", None)
 
 
 def on_delete(sender, instance, using=None, **kwargs) -> None:
@@ -123,17 +125,21 @@ def on_delete(sender, instance, using=None, **kwargs) -> None:
 
 
 def before_save(sender, instance, using=None, raw=False, **kwargs) -> None:
-    """A dependent moving to another object (its foreign key changes): the old one is synced too."""
+    """A dependent moving to another object (its foreign key changes): the object it leaves is
+    synced too, after the save (``on_save``; now, it would still hold the dependent)."""
     watchers = [(s, f) for s, f in _watchers(sender) if f.kind == "fk" and s.live]
-    if not watchers or instance._state.adding or instance.pk is None or raw:
+    if not watchers or instance._state.adding or instance.pk is None or raw or _paused.get():
         return
     using = using or router.db_for_write(sender)
     attributes = [f.attribute for _, f in watchers]
     old = sender._base_manager.using(using).filter(pk=instance.pk).values(*attributes).first()
+    left: dict[str, list] = {}
     for source, follow in watchers:
         previous = old and old[follow.attribute]
         if previous is not None and previous != getattr(instance, follow.attribute, None):
-            schedule(source.name, [previous], using)
+            left.setdefault(source.name, []).append(previous)
+    if left:
+        instance.__dict__["_ragchat_left"] = left
 
 
 def _through_pks(through, instance, model) -> list:
@@ -148,15 +154,23 @@ def _through_pks(through, instance, model) -> list:
 
 
 def on_m2m(sender, instance, action, model, pk_set, using=None, **kwargs) -> None:
-    """Either side of a many-to-many relation may be a source's model (or a dependency)."""
-    if action not in ("post_add", "post_remove", "pre_clear"):
+    """Either side of a many-to-many relation may be a source's model (or a dependency). The
+    objects a clear unlinks are read before it (``pre_clear``) and synced after (``post_clear``)."""
+    if action not in ("post_add", "post_remove", "pre_clear", "post_clear"):
+        return
+    watchers = _watchers(model)
+    if action == "pre_clear":
+        if watchers:
+            instance.__dict__.setdefault("_ragchat_cleared", {})[sender] = _through_pks(sender, instance, model)
         return
     using = using or router.db_for_write(type(instance))
     on_save(type(instance), instance, using=using)  # this side's objects
-    watchers = _watchers(model)
     if not watchers:
         return
-    pks = list(pk_set or ()) if action != "pre_clear" else _through_pks(sender, instance, model)
+    if action == "post_clear":
+        pks = instance.__dict__.get("_ragchat_cleared", {}).pop(sender, [])
+    else:
+        pks = list(pk_set or ())
     if not pks:
         return
     if any(follow.kind != "self" for _, follow in watchers):  # a dependency: follow each object

@@ -14,6 +14,8 @@ from typing import Any
 
 from django.core.exceptions import FieldDoesNotExist
 from django.db import models
+from django.template import TemplateDoesNotExist
+from django.template.loader import get_template
 
 from django_ragchat.plugins import instance_cache, registered_sources
 from django_ragchat.profiles import get_profile
@@ -87,6 +89,12 @@ def _check_source(source: ModelSource, names: set[str]) -> list[tuple[str, str, 
     problems = []
     if type(source).text is ModelSource.text and not source.template_name:
         problems.append(("ragchat.E053", f"{label} has no text", "Override text(self, obj) or set template_name."))
+    elif type(source).text is ModelSource.text:
+        try:
+            get_template(source.template_name)
+        except TemplateDoesNotExist:
+            problems.append(("ragchat.E054", f"{label}: template {source.template_name!r} does not exist",
+                             "Create it in an app's templates/ folder, or override text(self, obj)."))
     if source.updated_field is not None:
         try:
             updated = model._meta.get_field(source.updated_field)
