@@ -98,3 +98,10 @@ RAGCHAT = {
     # this on for itself.
     "LOAD_ENTRY_POINTS": False,
 }
+# The profile of the isolation tests (tests/test_isolation.py; tests/isolation_plugin.py): the
+# built-in retrievers, two plugin retrievers and query expansion, answered by the extractive
+# answerer (whose answers quote what it was given).
+ISOLATION_PROFILE = {
+    "retrievers": ["vector", "hybrid", "raw_words", "plugin_fulltext"],
+    "query_expanders": ["code_expander"],
+}
