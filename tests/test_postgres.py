@@ -274,3 +274,35 @@ def test_the_pgvector_benchmark_runs():
     text = bench_pgvector.report(results, "test db")
     assert "search.vector_search (retriever)" in text and "HNSW index build" in text
     assert not Chunk.objects.filter(space__startswith="scratch-").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_access_benchmark_runs():
+    """bench/bench_access_pgvector.py at a tiny size: every reader gets its k results."""
+    from bench import bench_access_pgvector
+
+    results = bench_access_pgvector.run(chunks=600, queries=6)
+    labels = [row[0] for row in results["rows"]]
+    assert labels == ["unfiltered (UNRESTRICTED)", "1% readable", "10% readable", "50% readable", "100% readable"]
+    assert all(row[6] == "100%" for row in results["rows"]), results["rows"]  # k results for every query
+    assert "recall@10" in bench_access_pgvector.report(results, "test db")
+
+
+def test_a_selective_reader_still_gets_k_results_in_order(indexed):
+    """A reader who may read 1 chunk in 16 gets 10 results, the right ones, whichever plan
+    PostgreSQL chooses (the HNSW index scanned iteratively, or the access index and a sort)."""
+    from django_ragchat.access import Principals
+
+    ids = list(Chunk.objects.filter(space="test-64").order_by("pk").values_list("pk", flat=True))
+    readable = set(ids[::16])
+    Chunk.objects.filter(space="test-64").exclude(pk__in=readable).update(access=["group:2"])
+    Chunk.objects.filter(pk__in=readable).update(access=["group:1"])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_ragchat_chunk")
+    reader = Principals(frozenset({"public", "group:1"}))
+    for query in clustered(5, 64, seed=21):
+        exact = search.vector_ids("test-64", query, 10, exact=True, principals=reader)
+        found = search.vector_ids("test-64", query, 10, principals=reader)
+        assert len(found) == 10 and {cid for cid, _ in found} <= readable
+        assert len({cid for cid, _ in found} & {cid for cid, _ in exact}) >= 8
+    assert search.vector_ids("test-64", query, 10, principals=Principals(frozenset({"public"}))) == []
