@@ -43,7 +43,6 @@ from bench.bench_pgvector import (
     configure,
     raw_connection,
     store_documents,
-    timed,
 )
 
 GROUPS = 100

@@ -174,10 +174,7 @@ def write_files(folder: Path) -> int:
     source = get_source("articles")
     count = 0
     for obj in source.get_queryset().iterator():
-        entry = source.entry(obj)
-        text = "\n\n".join(f"{'#' * len(s.heading_path)} {s.heading_path[-1]}\n\n{s.text}" if s.heading_path
-                           else s.text for s in entry.loaded.sections)
-        (folder / f"{obj.pk}.md").write_text(f"# {entry.title}\n\n{text}" if not text.startswith("# ") else text)
+        (folder / f"{obj.pk}.md").write_text(source.entry(obj).text)  # the very Markdown the source stores
         count += 1
     return count
 

@@ -440,3 +440,7 @@ def test_the_admin_shows_each_sources_state_and_resyncs(sources_on, client, djan
     assert "Atlas" in documents and "Private atlas" not in documents and "everyone" in documents
     chunk = Chunk.objects.filter(document__title="Atlas").first()
     assert "everyone" in client.get(f"/admin/django_ragchat/chunk/{chunk.pk}/change/").content.decode()
+    # "Re-ingest" of a model source's document syncs it from its object.
+    response = client.post("/admin/django_ragchat/document/", {
+        "action": "reingest", "_selected_action": [chunk.document_id]}, follow=True)
+    assert "Synced from their objects: articles (objects): 1 object(s)" in response.content.decode()

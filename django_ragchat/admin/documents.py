@@ -30,6 +30,7 @@ from django_ragchat.models import (
     Document,
 )
 from django_ragchat.profiles import UnknownProfile
+from django_ragchat.sources import get_source, sync
 
 
 def readers(access) -> str:
@@ -199,12 +200,17 @@ class DocumentAdmin(RagchatAdmin):
         """Ingest again each selected document whose source is a file the server can read.
 
         Unchanged files are left alone; uploaded documents (``upload/...``) have no file to read
-        again: upload them again.
+        again: upload them again. A document of a model source is synced from its object.
         """
 
-        readable, unreadable = [], []
-        for document in queryset.only("source"):
-            (readable if Path(document.source).is_file() else unreadable).append(document.source)
+        readable, unreadable, objects = [], [], {}
+        for document in queryset.only("source", "origin", "object_pk"):
+            if document.origin:
+                objects.setdefault(document.origin, []).append(document.object_pk)
+            else:
+                (readable if Path(document.source).is_file() else unreadable).append(document.source)
+        for origin, pks in objects.items():
+            self._sync_objects(request, origin, pks)
         if readable:
             report = ingest_paths(readable)
             by_status: dict[str, int] = {}
@@ -217,6 +223,17 @@ class DocumentAdmin(RagchatAdmin):
         if unreadable:
             self.message_user(request, "No file to read again for: " + ", ".join(unreadable[:10])
                               + ("…" if len(unreadable) > 10 else "") + " (upload these again).", messages.WARNING)
+
+
+    def _sync_objects(self, request, origin: str, pks: list[str]) -> None:
+        try:
+            source = get_source(origin)
+        except KeyError:
+            self.message_user(request, f"{origin} is no longer a registered model source.", messages.WARNING)
+            return
+        report = sync(source, pks=pks)
+        level = messages.ERROR if report.failures else messages.SUCCESS
+        self.message_user(request, "Synced from their objects: " + report.summary(), level)
 
 
 @admin.register(Chunk)

@@ -601,17 +601,26 @@ def ingest_text(source: str, text: str, *, title: str = "", content_type: str = 
 
 @dataclass
 class DocumentEntry:
-    """One document for ``store_documents``: its unique ``source``, its parsed text, and what is
-    stored with it. ``checksum`` defaults to the text's; ``access`` is a list of tokens."""
+    """One document for ``store_documents``: its unique ``source``, its text (``loaded``, or
+    ``text`` in ``content_type``, parsed only when the document changed), and what is stored
+    with it. ``checksum`` defaults to the parsed text's; ``access`` is a list of tokens."""
 
     source: str
-    loaded: LoadedDocument
+    loaded: LoadedDocument | None = None
     title: str = ""
     metadata: dict = field(default_factory=dict)
     access: list[str] = field(default_factory=public_access)
     origin: str = ""
     object_pk: str = ""
     checksum: str = ""
+    text: str = ""
+    content_type: str = "markdown"
+
+    def load(self) -> LoadedDocument:
+        """The parsed text (``DocumentLoadError`` when it cannot be)."""
+        if self.loaded is None:
+            self.loaded = load_text(self.text, self.content_type, source=self.source)
+        return self.loaded
 
 
 def store_documents(entries: Iterable[DocumentEntry], embedder, *, batch_size: int = 64,
@@ -631,14 +640,20 @@ def store_documents(entries: Iterable[DocumentEntry], embedder, *, batch_size: i
         for entry in group:
             result = IngestResult(source=entry.source)
             report.results.append(result)
-            checksum = entry.checksum or entry.loaded.checksum
-            title = (entry.title or entry.loaded.title)[:_TITLE_MAX]
+            checksum = entry.checksum or entry.load().checksum
             stored = existing.get(entry.source)
-            if _is_unchanged(stored, checksum, entry.metadata) and stored.title == title:
+            if (_is_unchanged(stored, checksum, entry.metadata)
+                    and stored.title == (entry.title or entry.load().title)[:_TITLE_MAX]):
                 _keep_or_set_access(result, stored, entry.access)
                 run.finalize(result)
                 continue
-            run.submit(result, entry.loaded, title, {
+            try:
+                loaded = entry.load()
+            except DocumentLoadError as exc:
+                run.fail(result, exc.reason, exc)
+                continue
+            title = (entry.title or loaded.title)[:_TITLE_MAX]
+            run.submit(result, loaded, title, {
                 "metadata": entry.metadata, "access": list(entry.access), "origin": entry.origin,
                 "object_pk": entry.object_pk, "checksum": checksum})
         group.clear()

@@ -34,7 +34,6 @@ from django.db import models
 from django.template.loader import render_to_string
 
 from django_ragchat.access import PUBLIC, access_tokens
-from django_ragchat.ingestion.loaders import load_text
 from django_ragchat.ingestion.pipeline import DocumentEntry
 from django_ragchat.models import Document
 
@@ -153,10 +152,12 @@ class ModelSource:
         except (TypeError, ValueError) as exc:
             raise SourceError(f"metadata must be JSON (strings, numbers, booleans, lists, objects): {exc}") from None
         text = body if body.lstrip().startswith("# ") or not title else f"# {title}\n\n{body}"
+        if "\x00" in text:
+            raise SourceError("the text holds NUL characters")
         checksum = hashlib.sha256(json.dumps([text, title, metadata], sort_keys=True).encode()).hexdigest()
-        return DocumentEntry(source=self.key(pk), loaded=load_text(text, "markdown", source=self.key(pk)),
-                             title=title, metadata=metadata, access=readers, origin=self.name, object_pk=pk,
-                             checksum=checksum)
+        # The text is parsed only if the document changed (ingestion.DocumentEntry.load).
+        return DocumentEntry(source=self.key(pk), text=text, content_type="markdown", title=title,
+                             metadata=metadata, access=readers, origin=self.name, object_pk=pk, checksum=checksum)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
