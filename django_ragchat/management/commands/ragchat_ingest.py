@@ -11,18 +11,17 @@ to date after that. ``ragchat_index`` remains for repairs and rebuilds.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections, router
-from tqdm import tqdm
 
 from django_ragchat.access import InvalidAccess, access_tokens
 from django_ragchat.ingestion.loaders import SUPPORTED_SUFFIXES
 from django_ragchat.ingestion.pipeline import FAILED, ingest_paths
+from django_ragchat.management.progress import progress_bar
 from django_ragchat.models import Chunk
 from django_ragchat.search import postgres
 
@@ -50,7 +49,7 @@ class Command(BaseCommand):
         access = _access(options["access"])
         if options["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1.")
-        with self._progress_bar(options["no_progress"]) as progress:
+        with progress_bar(self, off=options["no_progress"], unit="doc", desc="Ingesting") as progress:
             try:
                 report = ingest_paths(options["paths"], profile=options["profile"], root=options["root"],
                                       metadata=metadata, progress=progress, batch_size=options["batch_size"],
@@ -70,27 +69,6 @@ class Command(BaseCommand):
         self.stdout.write(f"Ingested {report.summary()}")  # the last line: the counts
         if report.count(FAILED) == len(report.results):
             raise CommandError("Every document failed to ingest.")
-
-    @contextlib.contextmanager
-    def _progress_bar(self, off: bool):
-        """A ``progress(done, total, source)`` callback drawing a bar on a terminal."""
-        # The bar goes to the real stream: Django's OutputWrapper appends a newline to every
-        # write, which would break tqdm's in-place redraws.
-        stream = getattr(self.stderr, "_out", self.stderr)
-        bar = tqdm(file=stream, unit="doc", desc="Ingesting", leave=False, dynamic_ncols=True) \
-            if not off and stream.isatty() else None
-
-        def progress(done: int, total: int, source: str) -> None:
-            if bar is not None:
-                bar.total = total
-                bar.set_postfix_str(source[-40:], refresh=False)
-                bar.update(done - bar.n)
-
-        try:
-            yield progress
-        finally:
-            if bar is not None:
-                bar.close()
 
 
 

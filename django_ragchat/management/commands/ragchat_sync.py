@@ -13,12 +13,10 @@ every object it looked at.
 
 from __future__ import annotations
 
-import contextlib
-
 from django.core.management.base import BaseCommand, CommandError
-from tqdm import tqdm
 
 from django_ragchat.management.commands.ragchat_ingest import build_missing_indexes
+from django_ragchat.management.progress import progress_bar
 from django_ragchat.sources import parse_since, sources, sync
 from django_ragchat.sources.sync import OUTCOMES
 
@@ -54,7 +52,7 @@ class Command(BaseCommand):
         for source in chosen:
             if since is not None and not source.updated_field:
                 self.stdout.write(f"{source.name} has no updated_field: every object is looked at.")
-            with self._progress_bar(options["no_progress"]) as progress:
+            with progress_bar(self, off=options["no_progress"], unit="obj", desc="Syncing") as progress:
                 report = sync(source, since=since, progress=progress)
             for pk, reason in report.failures:
                 self.stderr.write(f"{source.name}:{pk}: {reason}")
@@ -68,22 +66,3 @@ class Command(BaseCommand):
         self.stdout.write(f"Synced {len(chosen)} source(s): {counts}")  # the last line: the totals
         if hopeless:
             raise CommandError(f"Every object failed in: {', '.join(hopeless)}.")
-
-    @contextlib.contextmanager
-    def _progress_bar(self, off: bool):
-        """A ``progress(done, total, name)`` callback drawing a bar on a terminal (as ragchat_ingest)."""
-        stream = getattr(self.stderr, "_out", self.stderr)
-        bar = tqdm(file=stream, unit="obj", desc="Syncing", leave=False, dynamic_ncols=True) \
-            if not off and stream.isatty() else None
-
-        def progress(done: int, total: int, name: str) -> None:
-            if bar is not None:
-                bar.total = total
-                bar.set_postfix_str(name, refresh=False)
-                bar.update(done - bar.n)
-
-        try:
-            yield progress
-        finally:
-            if bar is not None:
-                bar.close()
