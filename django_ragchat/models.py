@@ -144,7 +144,7 @@ class Document(models.Model):
     metadata = models.JSONField(default=dict, blank=True)
     access = AccessField(blank=True, help_text="Principal tokens that may read it: public, authenticated, staff, "
                                                "user:<pk>, group:<pk>, perm:<app_label.codename>.")
-    origin = models.CharField(max_length=100, blank=True, default="",
+    origin = models.CharField(max_length=100, blank=True, default="", db_index=True,
                               help_text="The model source that indexed it (empty for files and uploads).")
     object_pk = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -87,16 +87,17 @@ def test_answers_bench_runs():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_sources_bench_runs(ragchat_settings_override):
+def test_sources_bench_runs(ragchat_settings_override, settings):
     """bench/bench_sources.py at a tiny size (live sync acts after commits: a committed database)."""
     from bench import bench_sources
 
     ragchat_settings_override(PLUGINS=["bench.bench_sources.plugin"], PROFILES={"default": {"embedder": "precomputed"}})
+    settings.ROOT_URLCONF = "bench.bench_sources"
     results = bench_sources.run(objects=30, saves=10)
     assert [row[1] for row in results["bulk"]] == [30, 30, 30, 1]
     assert results["bulk"][2][2] == 0  # the second sync writes nothing
     saves = {row[0].split(",")[1].strip(): row for row in results["save"]}
-    assert saves["live sync paused (the site without sources)"][2] == 1
+    assert saves["live sync paused (the site without sources)"][2] == 2  # the SELECT and the UPDATE
     # With a worker, the request that saves pays one query more: the enqueue.
-    assert saves["live sync on the database task backend (worker)"][2] == 2
+    assert saves["live sync on the database task backend (worker)"][2] == 3
     assert "objects/s" in bench_sources.report(results, "test db")

@@ -57,7 +57,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='document',
             name='origin',
-            field=models.CharField(blank=True, default='', help_text='The model source that indexed it (empty for files and uploads).', max_length=100),
+            field=models.CharField(blank=True, db_index=True, default='', help_text='The model source that indexed it (empty for files and uploads).', max_length=100),
         ),
         migrations.AlterField(
             model_name='document',
