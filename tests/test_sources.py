@@ -232,6 +232,9 @@ def test_many_to_many_changes_on_either_side_reach_the_metadata(sources_on):
     assert indexed(article).metadata["tags"] == []
     tag.articles.add(article)
     assert indexed(article).metadata["tags"] == ["weaving"]
+    tag.delete()  # the link goes with it: the article is indexed again without the tag
+    assert indexed(article).metadata["tags"] == []
+    article.tags.add(Tag.objects.create(name="looms"))
     from django_ragchat import search
     from django_ragchat.access import UNRESTRICTED
     from django_ragchat.plugins import embedder_for
@@ -239,6 +242,9 @@ def test_many_to_many_changes_on_either_side_reach_the_metadata(sources_on):
     embedder = embedder_for(get_profile("default"))
     hits = search.vector_search(embedder.space, embedder.embed(["loom"])[0], 5,
                                 filters={"metadata": {"tags": ["weaving"]}}, principals=UNRESTRICTED)
+    assert hits == []  # nothing is tagged "weaving" any more
+    hits = search.vector_search(embedder.space, embedder.embed(["loom"])[0], 5,
+                                filters={"metadata": {"tags": ["looms"]}}, principals=UNRESTRICTED)
     assert {h.document_id for h in hits} == {indexed(article).pk}
 
 

@@ -2,7 +2,7 @@
 text depends on) re-indexes the objects it touches, after the transaction commits.
 
 The receivers (``connect``, from the app's ``ready``) listen to every model's ``post_save``,
-``post_delete``, ``m2m_changed`` and ``pre_save`` and look the sender up in the registry (a
+``post_delete``, ``m2m_changed``, ``pre_save`` and ``pre_delete`` and look the sender up in the registry (a
 dictionary lookup: a model no source watches costs nothing more). What changed is collected per
 database connection and flushed by ``transaction.on_commit``: once the transaction commits (at
 once outside one), each source gets one task, ``tasks.sync_source_objects(name, pks)``, enqueued
@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.db import connections, router, transaction
-from django.db.models.signals import m2m_changed, post_delete, post_save, pre_save
+from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
 
 from django_ragchat import tasks
 from django_ragchat.sources import registry
@@ -124,6 +124,18 @@ def on_delete(sender, instance, using=None, **kwargs) -> None:
     on_save(sender, instance, using=using)
 
 
+def before_delete(sender, instance, using=None, **kwargs) -> None:
+    """A dependent reached through a relation (a tag's products): read whom it touches before
+    the delete unlinks them (synced after it, ``on_delete``)."""
+    watchers = [(s, f) for s, f in _watchers(sender) if f.kind in ("many", "one", "call") and s.live]
+    if not watchers or _paused.get():
+        return
+    left: dict[str, list] = {}
+    for source, follow in watchers:
+        left.setdefault(source.name, []).extend(affected(follow, instance))
+    instance.__dict__["_ragchat_left"] = left
+
+
 def before_save(sender, instance, using=None, raw=False, **kwargs) -> None:
     """A dependent moving to another object (its foreign key changes): the object it leaves is
     synced too, after the save (``on_save``; now, it would still hold the dependent)."""
@@ -187,4 +199,5 @@ def connect() -> None:
     post_save.connect(on_save, dispatch_uid="ragchat_sources_save")
     post_delete.connect(on_delete, dispatch_uid="ragchat_sources_delete")
     pre_save.connect(before_save, dispatch_uid="ragchat_sources_before_save")
+    pre_delete.connect(before_delete, dispatch_uid="ragchat_sources_before_delete")
     m2m_changed.connect(on_m2m, dispatch_uid="ragchat_sources_m2m")
