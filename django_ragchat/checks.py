@@ -18,6 +18,20 @@ ragchat.W011  an embedding space with chunks has no valid HNSW index (PostgreSQL
 ragchat.W040  a component warns about its configuration (``check_warnings()``), e.g. the sources
               filter with an embedder whose similarities never reach its threshold
 
+Model sources (``register_sources``, docs/sources.md); a source with an error is not synced:
+
+ragchat.E050  a class registered in register_sources is not a ModelSource subclass
+ragchat.E051  a source's name is missing, malformed or taken by another source
+ragchat.E052  a source's model is not an installed model
+ragchat.E053  a source has no text: neither text() nor template_name
+ragchat.E054  a source's template_name does not exist
+ragchat.E055  a depends_on entry names no model, or no relation leading to the source's model
+ragchat.E056  a source's updated_field is not a date or date-time field of its model
+ragchat.E057  a source names a profile that does not exist
+ragchat.W050  a source has objects but nothing indexed yet: run ``ragchat_sync`` (two cheap queries
+              a source; nothing when the database cannot be reached). ``ragchat_plugins`` lists
+              the sources.
+
 Database checks (run by ``migrate`` and ``check --database default``):
 
 ragchat.E010  PostgreSQL without the pgvector extension available (or older than 0.8)
@@ -39,10 +53,11 @@ from django.utils.module_loading import import_string
 from django_ragchat import plugins
 from django_ragchat.backends.openai import OpenAIConnection
 from django_ragchat.conf import DEFAULTS, ragchat_settings
-from django_ragchat.models import Chunk
+from django_ragchat.models import Chunk, Document
 from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, InvalidProfile, build_profile
 from django_ragchat.search import configured_text_configs, postgres, sqlite
 from django_ragchat.search.postgres import MIN_PGVECTOR_VERSION, parse_version
+from django_ragchat.sources import registry as source_registry
 from django_ragchat.turn.context import components_for
 
 
@@ -129,7 +144,7 @@ def check_registration_wrappers(app_configs=None, **kwargs):
 
     pm = plugins.get_plugin_manager()
     errors = []
-    for hook_name in plugins.REGISTRATION_HOOKS:
+    for hook_name in [*plugins.REGISTRATION_HOOKS, plugins.SOURCES_HOOK]:
         for impl in getattr(pm.hook, hook_name).get_hookimpls():
             if impl.wrapper or impl.hookwrapper:
                 option = "wrapper" if impl.wrapper else "hookwrapper"
@@ -378,3 +393,21 @@ def check_component_warnings(app_configs=None, **kwargs):
                 warnings.append(Warning(f"Profile {name!r}, {component.kind} {component.name!r}: {message}",
                                         hint="See docs/plugins.md.", id="ragchat.W040"))
     return warnings
+
+
+@register(Tags.compatibility)
+def check_sources(app_configs=None, **kwargs):
+    """The model sources: each registration left out (E050-E057), and a source with objects but
+    nothing indexed (W050)."""
+    found = [Error(message, hint=hint, id=check_id) for check_id, message, hint in source_registry.problems()]
+    for name, source in source_registry.sources().items():
+        try:
+            unsynced = not Document.objects.filter(origin=name).exists() and source.get_queryset().exists()
+        except DatabaseError:
+            continue  # not migrated yet, or no database: nothing to say
+        if unsynced:
+            found.append(Warning(f"Model source {name!r} ({source.get_model()._meta.label}) has objects but none "
+                                 f"is indexed: the assistant cannot answer from them yet",
+                                 hint="Run manage.py ragchat_sync (live sync then keeps it current).",
+                                 id="ragchat.W050"))
+    return found

@@ -176,6 +176,19 @@ def register_advisors(register):
     """
 
 
+@hookspec
+def register_sources(register):
+    """Register ``django_ragchat.sources.ModelSource`` subclasses: the site's own models as
+    knowledge (docs/sources.md).
+
+    A source names a model, what of it is indexed (``get_queryset``), the text of each object
+    (``text`` or ``template_name``), its title, URL, metadata and who may read it (``access``).
+    Sources are kept in sync live (signals, after the transaction commits, through the tasks
+    framework) and by ``manage.py ragchat_sync``. Each source's ``name`` must be unique. None
+    built in.
+    """
+
+
 # --- Lifecycle hooks -------------------------------------------------------------------------
 
 

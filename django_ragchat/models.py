@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.fields import EmbeddingField
+from django_ragchat.fields import AccessField, EmbeddingField
 
 
 class Conversation(models.Model):
@@ -131,18 +131,36 @@ def append_message(conversation_id, **fields) -> Message:
 
 
 class Document(models.Model):
-    """An ingested source (file path or URL); its text lives in its chunks."""
+    """An ingested source (a file path, an upload, or one object of a model source); its text
+    lives in its chunks.
+
+    ``origin`` names the model source (``django_ragchat.sources``) that indexed it, with the
+    object's primary key in ``object_pk``; both are empty for files and uploads. ``access`` is
+    who may read it (``django_ragchat.access``); its chunks carry the same list.
+    """
 
     source = models.CharField(max_length=1000, unique=True)
     title = models.CharField(max_length=500, blank=True, default="")
-    checksum = models.CharField(max_length=64, help_text="sha256 of the source's bytes")
+    checksum = models.CharField(max_length=64, help_text="sha256 of the source's bytes (of a model object: of its "
+                                                         "text, title, URL and metadata)")
     content_type = models.CharField(max_length=32, blank=True, default="")
     metadata = models.JSONField(default=dict, blank=True)
+    access = AccessField(blank=True, help_text="Principal tokens that may read it: public, authenticated, staff, "
+                                               "user:<pk>, group:<pk>, perm:<app_label.codename>.")
+    origin = models.CharField(max_length=100, blank=True, default="", db_index=True,
+                              help_text="The model source that indexed it (empty for files and uploads).")
+    object_pk = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    # Indexed: the in-process vector index and the subject index watch its maximum (an
+    # access change updates no chunk id, but always this).
+    updated_at = models.DateTimeField(auto_now=True, db_index=True)
 
     class Meta:
         ordering = ["source"]
+        constraints = [
+            models.UniqueConstraint(fields=["origin", "object_pk"], condition=~Q(origin=""),
+                                    name="ragchat_document_object_unique"),
+        ]
 
     def __str__(self) -> str:
         return self.title or self.source
@@ -163,6 +181,8 @@ class Chunk(models.Model):
     token_count = models.PositiveIntegerField(default=0)
     # The document's metadata merged with the chunk's own: what retriever filters match on.
     metadata = models.JSONField(default=dict, blank=True)
+    # The document's access, copied onto each chunk so a search filters without a join.
+    access = AccessField(blank=True)
 
     class Meta:
         ordering = ["document", "ordinal"]
@@ -173,6 +193,26 @@ class Chunk(models.Model):
 
     def __str__(self) -> str:
         return f"{self.document_id}#{self.ordinal}"
+
+
+class SourceState(models.Model):
+    """What the last runs of one model source did (``ragchat_sync``, live sync), for the admin."""
+
+    name = models.CharField(max_length=100, unique=True)
+    last_sync_started_at = models.DateTimeField(null=True, blank=True)
+    last_sync_finished_at = models.DateTimeField(null=True, blank=True)
+    # The counts of the last full or --since run (created, updated, access_updated, unchanged,
+    # removed, failed) and its kind.
+    last_sync = models.JSONField(default=dict, blank=True)
+    last_live_sync_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = _("model source")
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class MessageSource(models.Model):

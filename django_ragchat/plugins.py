@@ -50,6 +50,9 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "django_ragchat.stages.summary_memory",
 )
 
+#: The registration hook of model sources (classes of ``django_ragchat.sources``, not components).
+SOURCES_HOOK = "register_sources"
+
 # register_* hook name -> the component kind it registers.
 REGISTRATION_HOOKS: dict[str, str] = {
     "register_memory_strategies": "memory",
@@ -140,13 +143,33 @@ def build_registry(pm: pluggy.PluginManager) -> ComponentRegistry:
     return registry
 
 
+def collect_sources(pm: pluggy.PluginManager, errors: list[str]) -> list[tuple[Any, str]]:
+    """(class, plugin name) of every model source registered through ``register_sources``, in
+    load order; an implementation that raises adds to ``errors``. What the classes must be is
+    checked by ``django_ragchat.sources`` (a registration module cannot import it)."""
+    found: list[tuple[Any, str]] = []
+    for impl in getattr(pm.hook, SOURCES_HOOK).get_hookimpls():
+        if impl.wrapper or impl.hookwrapper:
+            continue  # reported by the check ragchat.E008
+
+        def register(cls: Any, _plugin: str = impl.plugin_name) -> None:
+            found.append((cls, _plugin))
+
+        try:
+            impl.function(register=register)
+        except Exception as exc:
+            errors.append(f"Plugin {impl.plugin_name!r} failed in {SOURCES_HOOK}: {exc!r}")
+    return found
+
+
 def _ensure_loaded() -> dict[str, Any]:
     with _lock:
         if not _state:
             pm, errors = build_plugin_manager()
             registry = build_registry(pm)
             registry.errors[:0] = errors
-            _state.update(pm=pm, registry=registry, instances={})
+            sources = collect_sources(pm, registry.errors)
+            _state.update(pm=pm, registry=registry, instances={}, sources=sources)
         return _state
 
 
@@ -172,6 +195,11 @@ def _reset_on_settings_change(*, setting: str, **kwargs: Any) -> None:
     # Components are built from profiles and plugins; rebuild them on next use.
     if setting == "RAGCHAT":
         reset()
+
+
+def registered_sources() -> list[tuple[Any, str]]:
+    """(class, plugin name) of each model source registered, in load order (``collect_sources``)."""
+    return list(_ensure_loaded()["sources"])
 
 
 def instance_cache() -> dict:
@@ -278,13 +306,14 @@ def hook_implementations() -> dict[str, list[str]]:
     registration hooks in load order (``build_registry``), lifecycle hooks as pluggy calls
     them (``notify``). Registration hooks come first, in ``REGISTRATION_HOOKS`` order."""
     pm = get_plugin_manager()
-    names = list(REGISTRATION_HOOKS) + sorted(
-        name for name in vars(pm.hook) if not name.startswith("_") and name not in REGISTRATION_HOOKS
+    registration = [*REGISTRATION_HOOKS, SOURCES_HOOK]
+    names = registration + sorted(
+        name for name in vars(pm.hook) if not name.startswith("_") and name not in registration
     )
     found = {}
     for name in names:
         impls = getattr(pm.hook, name).get_hookimpls()
         if impls:
-            ordered = impls if name in REGISTRATION_HOOKS else reversed(impls)
+            ordered = impls if name in registration else reversed(impls)
             found[name] = [impl.plugin_name for impl in ordered]
     return found

@@ -67,6 +67,9 @@ class RetrievedChunk:
     # Each finding retriever's own score (e.g. {"vector": 0.83}): fusion replaces ``score``,
     # these stay comparable for thresholds.
     raw_scores: dict[str, float] = field(default_factory=dict, compare=False, hash=False)
+    # The principals (``django_ragchat.access.Principals``) the search that found it read as;
+    # ``None`` for a chunk made by other means, which the turn checks in SQL before using it.
+    read_as: Any = field(default=None, compare=False, hash=False, repr=False)
 
     def with_score(self, score: float, **changes: Any) -> RetrievedChunk:
         return dataclasses.replace(self, score=score, **changes)

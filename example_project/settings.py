@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files (offline)
     "channels",
     "django_ragchat",
+    "example_project.shop",  # products the assistant answers from (shop/ragchat.py)
 ]
 
 MIDDLEWARE = [
@@ -123,6 +124,8 @@ RAGCHAT = {
     "PROFILES": {
         "default": {},
     },
+    # The shop's products, through model sources (docs/sources.md).
+    "PLUGINS": ["example_project.shop.ragchat"],
 }
 # With a model server named by the environment, the demo answers and embeds through it
 # (OpenAI, or any OpenAI-compatible server: Ollama, vLLM, llama.cpp; see docs/openai.md).

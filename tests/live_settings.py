@@ -10,7 +10,7 @@ variables are set by ``tests/live_servers.py``.
 import os
 
 from tests.settings import *  # noqa: F403  (these settings extend the tests')
-from tests.settings import DATABASES, RAGCHAT
+from tests.settings import DATABASES, ISOLATION_PROFILE, RAGCHAT
 
 _database = DATABASES["default"]
 if _database["ENGINE"].endswith("sqlite3"):
@@ -50,7 +50,7 @@ elif _layer in ("redis", "broken-redis"):
 
 RAGCHAT = {
     **RAGCHAT,
-    "PLUGINS": ["tests.streaming_plugin"],
+    "PLUGINS": ["tests.streaming_plugin", "tests.isolation_plugin"],
     "ALLOW_ANONYMOUS": True,
     "TURNS_PER_MINUTE": 25,
     "MAX_CONCURRENT_STREAMS": 3,
@@ -81,6 +81,8 @@ RAGCHAT = {
         },
         # The default profile plus a streamed response augmenter (tests/streaming_plugin.py).
         "shouting": {"response_augmenters": ["citations", "shout"]},
+        # Every way a private row could leak into a turn (tests/test_isolation.py).
+        "isolation": ISOLATION_PROFILE,
     },
 }
 

@@ -33,8 +33,8 @@ ROOMS = ("core", "services", "answerer", "stages", "turn", "transport", "edges")
 # The top of a module's dotted name (after "django_ragchat.") -> its room.
 ROOM_OF = {
     **dict.fromkeys(("", "conf", "types", "events", "exceptions", "hookspecs", "components", "plugins", "profiles",
-                     "models", "fields", "permissions", "language", "text", "tokens"), "core"),
-    **dict.fromkeys(("search", "ingestion", "backends", "tasks"), "services"),
+                     "models", "fields", "permissions", "language", "text", "tokens", "access"), "core"),
+    **dict.fromkeys(("search", "ingestion", "backends", "tasks", "sources"), "services"),
     "answerer": "answerer",
     "stages": "stages",
     "turn": "turn",

@@ -22,4 +22,4 @@ and ``views`` the pages beyond Django's defaults.
 """
 
 # Importing the modules registers their ModelAdmins with the default admin site.
-from django_ragchat.admin import api_keys, conversations, documents, memory, message_log  # noqa: F401
+from django_ragchat.admin import api_keys, conversations, documents, memory, message_log, sources  # noqa: F401

@@ -22,6 +22,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.db.models import Prefetch, Q
 
+from django_ragchat.access import UNRESTRICTED, Principals, principals_of_user_id
 from django_ragchat.models import Chunk, Conversation, Feedback, MemoryRecord, Message, MessageSource, TurnTrace
 
 #: Messages per page of a conversation's transcript in the admin.
@@ -177,11 +178,16 @@ def trace_chunk_ids(data: dict) -> set:
     return ids
 
 
-def load_chunks(ids) -> dict[int, Chunk]:
-    """The chunks with these ids and their documents' titles, in one query (no embeddings)."""
+def load_chunks(ids, *readers: Principals) -> dict[int, Chunk]:
+    """The chunks with these ids that every one of ``readers`` may read now (the admin passes
+    the asker of the conversation and the member of staff looking), with their documents'
+    titles, in one query (no embeddings). A chunk left out shows as missing."""
     if not ids:
         return {}
-    chunks = (Chunk.objects.filter(pk__in=list(ids)).select_related("document")
+    chunks = Chunk.objects.filter(pk__in=list(ids))
+    for principals in readers:
+        chunks = chunks.filter(access__visible_to=principals)
+    chunks = (chunks.select_related("document")
               .only("id", "heading", "text", "document__id", "document__title", "document__source"))
     return {c.pk: c for c in chunks}
 
@@ -318,11 +324,14 @@ class Turn:
     trace_id: int | None
 
 
-def transcript(conversation: Conversation, page_number: Any = 1, per_page: int = TRANSCRIPT_PAGE_SIZE):
+def transcript(conversation: Conversation, page_number: Any = 1, per_page: int = TRANSCRIPT_PAGE_SIZE, *,
+               viewer: Principals = UNRESTRICTED):
     """(page, turns) of ``conversation``'s messages in order: five queries whatever the page's size.
 
     The queries: the count, the page of messages with their traces, their sources (with their
-    chunks' headings), their feedback (with the raters), and the chunks the traces mention.
+    chunks' headings), their feedback (with the raters), the asker's principals (two), and the
+    chunks the traces and sources mention that the asker and ``viewer`` may read now (the
+    others show no passage and no heading).
     """
     messages = (Message.objects.filter(conversation=conversation).order_by("seq")
                 .select_related("trace")
@@ -338,12 +347,15 @@ def transcript(conversation: Conversation, page_number: Any = 1, per_page: int =
         trace = getattr(message, "trace", None) if _has_trace(message) else None
         if trace is not None:
             traces[message.pk] = trace
-    chunks = load_chunks(set().union(*(trace_chunk_ids(_as_dict(t.data)) for t in traces.values())))
+    ids = set().union(*(trace_chunk_ids(_as_dict(t.data)) for t in traces.values()))
+    ids |= {s.chunk_id for m in rows for s in m.sources.all() if s.chunk_id is not None}
+    chunks = load_chunks(ids, principals_of_user_id(conversation.owner_id), viewer)
     turns = []
     for message in rows:
         sources = list(message.sources.all())
         for source in sources:  # what the template shows beside the title
-            source.display_heading = short_heading(source.chunk.heading, source.title) if source.chunk else ""
+            source.display_heading = (short_heading(source.chunk.heading, source.title)
+                                      if source.chunk_id in chunks else "")
         trace = traces.get(message.pk)
         turns.append(Turn(
             message=message, sources=sources, feedback=list(message.feedback.all()),

@@ -92,8 +92,15 @@ class ConversationRenameSerializer(serializers.ModelSerializer):
         fields = ["title"]
 
 
+def _readable_chunk(obj: MessageSource):
+    """The source's chunk when the caller may read it now (``views.messages_with_sources``
+    annotates ``chunk_readable``; a source not annotated shows no passage)."""
+    return obj.chunk if obj.chunk is not None and getattr(obj, "chunk_readable", False) else None
+
+
 class SourceSerializer(serializers.Serializer):
-    """A passage the answer was given, numbered as the model saw it ([1] is index 1)."""
+    """A passage the answer was given, numbered as the model saw it ([1] is index 1). Its
+    heading and snippet are shown only while the caller may read the chunk."""
 
     index = serializers.IntegerField(source="rank")
     chunk_id = serializers.IntegerField(allow_null=True, help_text="Null once the chunk was re-ingested away.")
@@ -106,13 +113,16 @@ class SourceSerializer(serializers.Serializer):
     cited = serializers.BooleanField(help_text="Whether the answer cites it.")
 
     def get_document_id(self, obj: MessageSource) -> int | None:
-        return obj.chunk.document_id if obj.chunk else None
+        chunk = _readable_chunk(obj)
+        return chunk.document_id if chunk else None
 
     def get_heading(self, obj: MessageSource) -> str:
-        return obj.chunk.heading if obj.chunk else ""
+        chunk = _readable_chunk(obj)
+        return chunk.heading if chunk else ""
 
     def get_snippet(self, obj: MessageSource) -> str:
-        return obj.chunk.text[:300] if obj.chunk else ""
+        chunk = _readable_chunk(obj)
+        return chunk.text[:300] if chunk else ""
 
 
 class CitationSerializer(serializers.Serializer):
@@ -211,8 +221,8 @@ class DocumentSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Document
-        fields = ["id", "source", "title", "content_type", "checksum", "metadata", "chunk_count",
-                  "created_at", "updated_at"]
+        fields = ["id", "source", "title", "content_type", "checksum", "metadata", "access", "origin", "object_pk",
+                  "chunk_count", "created_at", "updated_at"]
         read_only_fields = fields
 
 

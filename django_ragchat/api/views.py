@@ -18,7 +18,7 @@ from pathlib import PurePath
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
-from django.db.models import Count, Prefetch
+from django.db.models import BooleanField, Count, ExpressionWrapper, Prefetch, Q
 from django.http import Http404
 from django.urls import reverse
 from drf_spectacular.openapi import AutoSchema
@@ -252,10 +252,13 @@ class ConversationDetail(RagchatAPIView, generics.GenericAPIView):
 # --- Messages ---------------------------------------------------------------------------------
 
 
-def messages_with_sources(queryset):
+def messages_with_sources(queryset, principals):
     """Messages with their sources and the sources' chunks in two more queries, whatever the
-    number of messages (the embeddings are not loaded)."""
-    sources = MessageSource.objects.select_related("chunk").defer("chunk__embedding", "chunk__metadata")
+    number of messages (the embeddings are not loaded). Each source says whether ``principals``
+    may read its chunk now (``chunk_readable``): the passage of one they may not is not shown."""
+    sources = (MessageSource.objects.select_related("chunk").defer("chunk__embedding", "chunk__metadata")
+               .annotate(chunk_readable=ExpressionWrapper(Q(chunk__access__visible_to=principals),
+                                                          output_field=BooleanField())))
     return queryset.prefetch_related(Prefetch("sources", queryset=sources))
 
 
@@ -312,7 +315,7 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
         after = int_param(self.request, "after")
         if after is not None:
             queryset = queryset.filter(seq__gt=after)
-        return messages_with_sources(queryset)
+        return messages_with_sources(queryset, access.reader(self.request))
 
     def post(self, request, conversation_id):
         conversation = access.get_conversation(request, conversation_id)
@@ -349,7 +352,7 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
             return self._resent(duplicate)
 
         saved = {m.pk: m for m in messages_with_sources(
-            Message.objects.filter(pk__in=[result.user_message_id, result.message["id"]]))}
+            Message.objects.filter(pk__in=[result.user_message_id, result.message["id"]]), access.reader(request))}
         body = {"user_message": s.MessageSerializer(saved[result.user_message_id]).data,
                 "assistant_message": s.MessageSerializer(saved[result.message["id"]]).data}
         if result.error is None:
@@ -365,7 +368,7 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
             raise APIError(409, TurnInProgress.code, "The answer to this message is still being written; send it "
                            "again (same client_id) to get it when it is done.", retry_after_header(1))
         saved = {m.pk: m for m in messages_with_sources(
-            Message.objects.filter(pk__in=[duplicate.user_message.pk, assistant.pk]))}
+            Message.objects.filter(pk__in=[duplicate.user_message.pk, assistant.pk]), access.reader(self.request))}
         return Response({"user_message": s.MessageSerializer(saved[duplicate.user_message.pk]).data,
                          "assistant_message": s.MessageSerializer(saved[assistant.pk]).data},
                         status=status.HTTP_200_OK)
@@ -513,7 +516,9 @@ class DocumentViewMixin:
     serializer_class = s.DocumentSerializer
 
     def get_queryset(self):
-        return Document.objects.annotate(chunk_count=Count("chunks")).order_by("source")
+        # The documents the caller may read: listing, reading and deleting alike.
+        return (Document.objects.filter(access__visible_to=access.reader(self.request))
+                .annotate(chunk_count=Count("chunks")).order_by("source"))
 
 
 @extend_schema_view(

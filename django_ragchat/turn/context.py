@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from django_ragchat.access import PUBLIC_ONLY, Principals
 from django_ragchat.answerer.vocabulary import Vocabulary
 from django_ragchat.plugins import build_component, get_registry, instance_cache
 from django_ragchat.turn.advisors import advising
@@ -98,7 +99,9 @@ class TurnContext:
     """Everything about the turn in progress; every component and advisor receives it.
 
     ``state`` is free scratch space for plugins (keyed by plugin name, by convention).
-    ``trace`` becomes the saved ``TurnTrace.data``.
+    ``trace`` becomes the saved ``TurnTrace.data``. ``principals`` are the asker's (the
+    conversation's owner, read at the start of the turn; an anonymous conversation's are
+    ``PUBLIC_ONLY``): every search of the turn reads as them (``django_ragchat.access``).
 
     ``supplied_history`` is set when the caller sent the earlier messages with this one (a
     stateless client of the OpenAI-compatible endpoint): they stand for the conversation's log
@@ -123,6 +126,7 @@ class TurnContext:
     usage: Usage | None = None
     model: str = ""
     streaming: bool = False
+    principals: Principals = PUBLIC_ONLY
     state: dict[str, Any] = field(default_factory=dict)
     trace: dict[str, Any] = field(default_factory=dict)
     _embeddings: dict[str, np.ndarray] = field(default_factory=dict, repr=False)

@@ -42,6 +42,7 @@ from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync, sync_to_async
 
+from django_ragchat.access import principals_of_user_id, reading_as
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import (
     Accepted,
@@ -54,7 +55,7 @@ from django_ragchat.events import (
     TurnEvent,
 )
 from django_ragchat.exceptions import InvalidMessage, RagchatError
-from django_ragchat.models import Conversation, Message, TurnTrace
+from django_ragchat.models import Chunk, Conversation, Message, TurnTrace
 from django_ragchat.plugins import await_me_maybe, get_registry, notify
 from django_ragchat.profiles import get_profile
 from django_ragchat.stages.retrievers import EmbeddingSpaceMismatch
@@ -136,9 +137,11 @@ def _end(turn: TurnContext, stage: str, component: Any, ending: EndTurn) -> EndT
 
 async def run_stage(turn: TurnContext, name: str, stage: Callable[[TurnContext], Awaitable[Any]]) -> Any:
     """Run one stage, record its duration in the trace and fire ``on_stage_completed`` (also
-    when it ends the turn; not when it raises: the turn then fails)."""
+    when it ends the turn; not when it raises: the turn then fails). Searches made by the
+    stage's components read as the asker (``access.reading_as``)."""
     started = time.perf_counter()
-    result = await stage(turn)
+    with reading_as(turn.principals):
+        result = await stage(turn)
     elapsed = (time.perf_counter() - started) * 1000
     turn.trace["timings"][name] = round(elapsed, 3)
     await notify("on_stage_completed", turn=turn, stage=name, elapsed_ms=elapsed)
@@ -223,12 +226,34 @@ async def retrieve(turn: TurnContext) -> None:
             return query, retriever.name, hits, (time.perf_counter() - t0) * 1000
 
     results = await asyncio.gather(*(one(q, r) for q in turn.queries for r in retrievers))
+    readable = await _readable_ids(turn, [h for _, _, hits, _ in results for h in hits])
+    if readable is not None:
+        results = [(q, name, [h for h in hits if h.chunk_id in readable], ms) for q, name, hits, ms in results]
     turn.trace["retrieval"] = [
         {"query": q.text, "retriever": name, "ms": round(ms, 3),
          "hits": [{"chunk_id": h.chunk_id, "score": round(h.score, 6)} for h in hits]}
         for q, name, hits, ms in results
     ]
     turn.state["_retrieved"] = [(q, name, hits) for q, name, hits, _ in results]
+
+
+async def _readable_ids(turn: TurnContext, chunks: list[RetrievedChunk]) -> set[int] | None:
+    """The ids among ``chunks`` the asker may read, checked in one query when some were not
+    found by a search that read as the asker (``RetrievedChunk.read_as``: a plugin that made
+    them another way); ``None`` when every one was. What the asker may not read never reaches
+    the trace, the prompt or the sources, whichever component produced it."""
+    unchecked = {c.chunk_id for c in chunks if c.read_as is None or not turn.principals.covers(c.read_as)}
+    if not unchecked:
+        return None
+    readable = set(await sync_to_async(_visible)(unchecked, turn.principals))
+    dropped = len(unchecked - readable)
+    if dropped:
+        turn.warn(f"{dropped} chunk(s) the asker may not read (or that do not exist) were dropped")
+    return readable | {c.chunk_id for c in chunks if c.chunk_id not in unchecked}
+
+
+def _visible(ids: set[int], principals) -> list[int]:
+    return list(Chunk.objects.filter(pk__in=ids, access__visible_to=principals).values_list("pk", flat=True))
 
 
 async def join(turn: TurnContext) -> None:
@@ -241,7 +266,9 @@ async def postprocess(turn: TurnContext) -> None:
     documents = turn.documents
     for processor in turn.components.document_postprocessors:
         documents = await await_me_maybe(processor.process(turn.query, list(documents), turn))
-    turn.documents = list(documents)
+    documents = list(documents)
+    readable = await _readable_ids(turn, documents)  # a joiner or post-processor may add chunks too
+    turn.documents = documents if readable is None else [d for d in documents if d.chunk_id in readable]
 
 
 async def augment_prompt(turn: TurnContext) -> EndTurn | None:
@@ -473,7 +500,8 @@ async def _advised(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEven
         return run.answer
 
     short = ShortCircuit()
-    task = asyncio.ensure_future(run_turn_chain(turn.components.turn_advisors, turn, innermost, short))
+    with reading_as(turn.principals):  # the task copies the context: advisors' searches read as the asker
+        task = asyncio.ensure_future(run_turn_chain(turn.components.turn_advisors, turn, innermost, short))
     getter = None
     try:
         while True:
@@ -604,9 +632,16 @@ async def _begin(conversation: Conversation, text: Any, stream: bool | None, cli
     turn = TurnContext(conversation=conversation, profile=profile, components=components, question=text,
                        streaming=run.streaming, supplied_history=None if history is None else list(history))
     turn.trace = _new_trace(turn)
-    turn.user_message, turn.assistant_message = await sync_to_async(persistence.begin_turn)(
-        conversation.pk, text, client_id)
+    (turn.user_message, turn.assistant_message), turn.principals = await sync_to_async(_begin_turn)(
+        conversation, text, client_id)
     return turn, run
+
+
+def _begin_turn(conversation: Conversation, text: str, client_id: str):
+    """Save the user's message (and the empty answer), and read the asker's principals now, so a
+    change of their groups or permissions applies from this turn on (one thread hop for both)."""
+    principals = principals_of_user_id(conversation.owner_id)  # first: nothing is saved if it fails
+    return persistence.begin_turn(conversation.pk, text, client_id), principals
 
 
 async def _save(turn: TurnContext, run: _Answering, answer: Answer, status: str,
