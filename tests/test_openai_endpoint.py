@@ -15,13 +15,15 @@ import pytest
 from django.utils import timezone
 
 from django_ragchat.models import ApiKey, Conversation, Message, TurnTrace
+from tests import live_settings
 from tests.live_servers import caller_for, unknown_id, wait_for, within_one_rate_window, words
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 QUESTION = "How much does the Aurora X2 cost?"
 # The live servers' profiles (tests/live_settings.py), the default first.
-MODELS = ["default", "fake", "fake_cited", "shouting"]
+# Every profile the live servers define (tests/live_settings.py): a user may use them all.
+MODELS = list(live_settings.RAGCHAT["PROFILES"])
 
 
 @pytest.fixture(params=["asgi", "wsgi"])
