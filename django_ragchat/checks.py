@@ -114,7 +114,7 @@ def check_registration_wrappers(app_configs=None, **kwargs):
 
     pm = plugins.get_plugin_manager()
     errors = []
-    for hook_name in plugins.REGISTRATION_HOOKS:
+    for hook_name in (*plugins.REGISTRATION_HOOKS, plugins.TOOL_HOOK):
         for impl in getattr(pm.hook, hook_name).get_hookimpls():
             if impl.wrapper or impl.hookwrapper:
                 option = "wrapper" if impl.wrapper else "hookwrapper"

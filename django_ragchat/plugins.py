@@ -29,6 +29,7 @@ from django_ragchat import hookspecs
 from django_ragchat.components import Component, ComponentRegistry
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.profiles import Profile, get_profile
+from django_ragchat.tools import ToolRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,9 @@ REGISTRATION_HOOKS: dict[str, str] = {
     "register_response_augmenters": "response_augmenter",
     "register_advisors": "advisor",
 }
+
+#: The hook that registers tools (functions, not components: docs/tools.md).
+TOOL_HOOK = "register_tools"
 
 _lock = threading.RLock()
 _state: dict[str, Any] = {}
@@ -140,13 +144,32 @@ def build_registry(pm: pluggy.PluginManager) -> ComponentRegistry:
     return registry
 
 
+def build_tool_registry(pm: pluggy.PluginManager) -> ToolRegistry:
+    """Call every ``register_tools`` implementation, one plugin at a time, in load order."""
+    tools = ToolRegistry()
+    for impl in pm.hook.register_tools.get_hookimpls():
+        if impl.wrapper or impl.hookwrapper:
+            continue  # reported by the check ragchat.E008
+
+        def register(candidate: Any, *, name: str | None = None, _plugin: str = impl.plugin_name) -> None:
+            tools.add(candidate, _plugin, name=name)
+
+        try:
+            impl.function(register=register)
+        except Exception as exc:
+            tools.errors.append(f"Plugin {impl.plugin_name!r} failed in {TOOL_HOOK}: {exc!r}")
+    return tools
+
+
 def _ensure_loaded() -> dict[str, Any]:
     with _lock:
         if not _state:
             pm, errors = build_plugin_manager()
             registry = build_registry(pm)
             registry.errors[:0] = errors
-            _state.update(pm=pm, registry=registry, instances={})
+            tools = build_tool_registry(pm)
+            registry.errors += tools.errors
+            _state.update(pm=pm, registry=registry, tools=tools, instances={})
         return _state
 
 
@@ -158,6 +181,11 @@ def get_plugin_manager() -> pluggy.PluginManager:
 def get_registry() -> ComponentRegistry:
     """The process-wide component registry, built on first use."""
     return _ensure_loaded()["registry"]
+
+
+def get_tools() -> ToolRegistry:
+    """The process-wide tool registry (``register_tools``), built with the plugin manager."""
+    return _ensure_loaded()["tools"]
 
 
 def reset() -> None:
@@ -278,13 +306,14 @@ def hook_implementations() -> dict[str, list[str]]:
     registration hooks in load order (``build_registry``), lifecycle hooks as pluggy calls
     them (``notify``). Registration hooks come first, in ``REGISTRATION_HOOKS`` order."""
     pm = get_plugin_manager()
-    names = list(REGISTRATION_HOOKS) + sorted(
-        name for name in vars(pm.hook) if not name.startswith("_") and name not in REGISTRATION_HOOKS
+    registration = [*REGISTRATION_HOOKS, TOOL_HOOK]
+    names = registration + sorted(
+        name for name in vars(pm.hook) if not name.startswith("_") and name not in registration
     )
     found = {}
     for name in names:
         impls = getattr(pm.hook, name).get_hookimpls()
         if impls:
-            ordered = impls if name in REGISTRATION_HOOKS else reversed(impls)
+            ordered = impls if name in registration else reversed(impls)
             found[name] = [impl.plugin_name for impl in ordered]
     return found

@@ -20,6 +20,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files (offline)
     "channels",
     "django_ragchat",
+    # The example's orders app: its tools are exercised for real (tests/test_tools*.py).
+    "example_project.orders",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

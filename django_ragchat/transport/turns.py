@@ -204,7 +204,8 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
         with shutdown.running_turn():
             if callable(conversation):
                 conversation = await conversation()
-            events = pipeline.stream_turn(conversation, text, client_id=client_id)
+            # The sender is who asks: tools run as them.
+            events = pipeline.stream_turn(conversation, text, client_id=client_id, user=user)
             async with contextlib.aclosing(events):
                 try:
                     first = await anext(events)
