@@ -316,7 +316,8 @@ def drf_field_schema(field: Any) -> dict[str, Any]:
     """The JSON schema of a DRF serializer field (its own validation runs after the schema's)."""
     drf = sys.modules["rest_framework.serializers"]
     schema = _drf_base_schema(drf, field)
-    text = field.help_text or (field.label if field.label and field.label != field.field_name else None)
+    automatic = (field.field_name or "").replace("_", " ").capitalize()  # what DRF makes of the name
+    text = field.help_text or (field.label if field.label and field.label != automatic else None)
     if text:
         schema["description"] = str(text)
     if getattr(field, "allow_null", False) and isinstance(schema.get("type"), str):

@@ -16,6 +16,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Permission
+from django.db import connection
 from django.utils import timezone
 
 from django_ragchat.models import Conversation, Message, ToolInvocation, TurnTrace
@@ -26,6 +27,7 @@ from example_project.orders.models import Order
 from tests import tool_plugins
 from tests.asgi import application
 from tests.live_servers import caller_for
+from tests.test_api import API, client_for, messages_url, post_json
 
 # Tools query the database from threads of their own: the rows must be committed.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -342,8 +344,6 @@ def run_in_thread(function, *args, **kwargs) -> dict:
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             box["error"] = exc
         finally:
-            from django.db import connection
-
             connection.close()
 
     thread = threading.Thread(target=target)
@@ -677,3 +677,54 @@ def test_stop_while_a_call_awaits_approval_cancels_it(use_tools, openai_server, 
     assert frames[-2]["code"] == "cancelled"
     assert frames[-1]["code"] == "not_pending"  # a decision after the Stop changes nothing
     assert ToolInvocation.objects.get().status == "cancelled" and tool_plugins.SENT == []
+
+
+# --- the REST API: a message's tool calls, a decision -----------------------------------------------
+
+
+def test_the_rest_api_lists_a_messages_tool_calls_and_takes_decisions(use_tools, openai_server, user, other_user,
+                                                                       staff_user):
+    conversation, box = confirm_turn(use_tools, openai_server, user, stream=False)
+    pending = pending_invocation()
+    alice, bob, staff = client_for(user), client_for(other_user), client_for(staff_user)
+    url = f"{API}/tool-calls/{pending.pk}/decision/"
+
+    # While the answer is being written, the message lists its pending call.
+    listed = alice.get(messages_url(conversation)).json()["results"]
+    assert listed[1]["status"] == "streaming"
+    assert [(t["name"], t["status"], t["confirmation_id"]) for t in listed[1]["tool_calls"]] == [
+        ("send_email", "pending", pending.pk)]
+    detail = alice.get(f"{API}/tool-calls/{pending.pk}/").json()
+    assert (detail["id"], detail["status"], detail["arguments"], detail["conversation_id"]) == (
+        pending.pk, "pending", {"to": "bob@example.com", "body": "Hello"}, str(conversation.pk))
+
+    assert bob.get(f"{API}/tool-calls/{pending.pk}/").status_code == 404
+    assert post_json(bob, url, {"approve": True}).json()["code"] == "not_found"
+    refused = post_json(staff, url, {"approve": True})
+    assert (refused.status_code, refused.json()["code"]) == (403, "forbidden")
+    for body in ({}, {"approve": "yes"}, {"approve": 1}, []):
+        bad = post_json(alice, url, body)
+        assert (bad.status_code, bad.json()["code"]) == (400, "invalid"), body
+    assert post_json(alice, f"{API}/tool-calls/nope/decision/", {"approve": True}).status_code == 404
+    assert tool_plugins.SENT == []
+
+    approved = post_json(alice, url, {"approve": True})
+    assert approved.status_code == 200 and approved.json()["status"] == "approved"
+    again = post_json(alice, url, {"approve": False})
+    assert (again.status_code, again.json()["code"]) == (409, "not_pending")
+    box["thread"].join(10)
+    assert tool_plugins.SENT == [{"to": "bob@example.com", "body": "Hello", "by": "alice"}]
+    saved = alice.get(messages_url(conversation)).json()["results"][1]
+    assert saved["status"] == "complete" and saved["tool_calls"][0]["status"] == "done"
+    assert saved["tool_calls"] == box["result"][-1]["message"]["tool_calls"]
+
+
+def test_posting_a_message_over_rest_runs_tools_as_the_poster(use_tools, openai_server, user):
+    use_tools(["weather"])
+    openai_server.script(tool_calls(call("weather", city="Lyon")), echo_tool_results)
+    conversation = Conversation.objects.create(owner=user)
+    response = post_json(client_for(user), messages_url(conversation), {"content": "Weather in Lyon?"})
+    assert response.status_code == 201
+    answer = response.json()["assistant_message"]
+    assert '"asked_by": "alice"' in answer["content"]
+    assert [(t["name"], t["status"]) for t in answer["tool_calls"]] == [("weather", "done")]
