@@ -728,3 +728,74 @@ def test_posting_a_message_over_rest_runs_tools_as_the_poster(use_tools, openai_
     answer = response.json()["assistant_message"]
     assert '"asked_by": "alice"' in answer["content"]
     assert [(t["name"], t["status"]) for t in answer["tool_calls"]] == [("weather", "done")]
+
+
+# --- cost ------------------------------------------------------------------------------------------
+
+
+def test_a_turn_with_tools_issues_the_same_number_of_queries_whatever_the_history_length(
+        use_tools, openai_server, product_corpus, user):
+    from django.test.utils import CaptureQueriesContext
+
+    use_tools(["weather", "audit_log", "staff_directory"])
+    warm = Conversation.objects.create(owner=user)
+    openai_server.script("warm", "warm")
+    run_turn_sync(warm, "warm up the vector index")  # the first search loads the matrix
+    run_turn_sync(warm, "and the subject names?")  # the first follow-up loads the corpus's subjects
+    counts = {}
+    for n in (2, 200):
+        conversation = Conversation.objects.create(owner=user, last_seq=n)
+        for seq in range(1, n + 1, 2):
+            Message.objects.create(conversation=conversation, seq=seq, role="user", content=f"Weather {seq}?",
+                                   token_count=3)
+            answer = Message.objects.create(conversation=conversation, seq=seq + 1, role="assistant",
+                                            content="Warm.", token_count=2)
+            ToolInvocation.objects.create(message=answer, call_id=f"c{seq}", name="weather", status="done",
+                                          arguments='{"city": "Lyon"}', content='{"t": 21}', token_count=12)
+        openai_server.script(tool_calls(call("weather", city="Oslo")), echo_tool_results)
+        with CaptureQueriesContext(connection) as queries:
+            result = run_turn_sync(conversation, "And in Oslo?")
+        assert result.status == "complete" and result.trace["tool_steps"] == 1
+        assert any(m["role"] == "tool" for m in chats(openai_server)[-1]["messages"][:-2])  # history had calls
+        counts[n] = len(queries)
+        openai_server.reset()
+    assert counts[2] == counts[200], counts
+
+
+# --- the admin -------------------------------------------------------------------------------------
+
+
+def test_the_admin_trace_shows_each_call_with_its_arguments_result_time_and_error(use_tools, openai_server, user,
+                                                                                  admin_client):
+    from django.urls import reverse
+
+    xss = '<img src=x onerror="alert(1)">'
+    use_tools(["weather", "explode"])
+    openai_server.script(tool_calls(call("weather", city=xss, id="w"), call("explode", id="e")), echo_tool_results)
+    conversation = Conversation.objects.create(owner=user)
+    result = run_turn_sync(conversation, "Weather?")
+    answer = Message.objects.get(pk=result.message["id"])
+    pages = {
+        "conversation": reverse("admin:django_ragchat_conversation_change", args=[conversation.pk]),
+        "trace": reverse("admin:django_ragchat_turntrace_change", args=[answer.trace.pk]),
+        "message": reverse("admin:django_ragchat_message_change", args=[answer.pk]),
+        "calls": reverse("admin:django_ragchat_toolinvocation_changelist") + "?status=error",
+        "call": reverse("admin:django_ragchat_toolinvocation_change",
+                        args=[ToolInvocation.objects.get(name="explode").pk]),
+    }
+    html = {}
+    for name, page in pages.items():
+        response = admin_client.get(page)
+        assert response.status_code == 200, name
+        html[name] = response.content.decode()
+        assert "<img src=x" not in html[name], name
+    trace = html["trace"]
+    assert "Tool calls" in trace and "<code>weather</code>" in trace and "<code>explode</code>" in trace
+    assert "&quot;city&quot;: &quot;&lt;img src=x" in trace  # the arguments, pretty and escaped
+    assert "&quot;temperature&quot;: 21" in trace  # the result
+    assert "tool_failed: The tool failed; it could not answer this time." in trace  # the error
+    assert trace.count(" ms</td>") >= 2  # the time of each
+    assert "2 tool calls (1 not done)" in html["conversation"]
+    listed = admin_client.get(pages["calls"]).context["cl"].result_list
+    assert [call.name for call in listed] == ["explode"]
+    assert "tool calls" in html["message"].lower()
