@@ -84,3 +84,17 @@ def test_answers_bench_runs():
     assert [r[0] for r in rows] == ["default", "acm", "xml"]
     rows, note = bench_answers.turn_cost(chunks=60, turns=1, warmup=0)
     assert [r[0] for r in rows] == ["whole", "streamed"] and "sources kept" in note
+
+
+@pytest.mark.django_db(transaction=True)  # the tools run in threads of their own
+def test_tools_bench_runs_every_cell_with_the_requests_it_should():
+    from bench import bench_tools
+
+    results = bench_tools.run(rounds=2, warmup=1)
+    assert all(len(ms) == 2 for ms in results["cells"].values())
+    for (kind, tool, mode, with_tool), requests in results["requests"].items():
+        assert requests == {2 if with_tool else 1}, (kind, tool, mode)
+    assert all(len(ms) == 2 and min(ms) > 0 for ms in results["round_trips"].values())
+    assert set(results["traces"]) == {"order_status", "order_status_async"}
+    text = bench_tools.report(results, "test db")
+    assert "added ms" in text and "order_status_async (async)" in text
