@@ -19,8 +19,13 @@ from selenium.webdriver.common.by import By
 from django_ragchat.models import Conversation, Message, ToolInvocation
 from django_ragchat.testing.openai_server import call, tool_calls
 from example_project.orders.models import Order
+from tests import test_browser
 from tests.live_servers import caller_for
-from tests.test_browser import ROOT, SCREENSHOTS, browser, idle, js, open_chat, page, wait  # noqa: F401 - fixtures
+from tests.test_browser import ROOT, SCREENSHOTS, idle, js, open_chat, wait
+
+# The browser and the page of tests/test_browser.py (fixtures found by name in this module).
+browser = test_browser.browser
+page = test_browser.page
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -799,3 +799,38 @@ def test_the_admin_trace_shows_each_call_with_its_arguments_result_time_and_erro
     listed = admin_client.get(pages["calls"]).context["cl"].result_list
     assert [call.name for call in listed] == ["explode"]
     assert "tool calls" in html["message"].lower()
+
+
+# --- the terminal and the example's commands ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("typed", "status"), [("y\n", "done"), ("n\n", "rejected")])
+def test_the_terminal_shows_tool_calls_and_asks_for_approval(use_tools, openai_server, user, typed, status):
+    import io
+
+    from django.core.management import call_command
+
+    use_tools(["send_email", "weather"])
+    openai_server.script(tool_calls(call("weather", city="Lyon"), call("send_email", to="bob@example.com", body="Hi")),
+                         echo_tool_results)
+    out = io.StringIO()
+    call_command("ragchat_chat", message="Weather, then mail Bob.", user="alice", stdin=io.StringIO(typed),
+                 stdout=out, stderr=io.StringIO())
+    printed = out.getvalue()
+    assert "[Checking the weather in Lyon…]" in printed and "[Sending an e-mail to bob@example.com…]" in printed
+    assert 'Sending an e-mail to bob@example.com needs your approval: send_email({"to": "bob@example.com"' in printed
+    assert "[weather: done]" in printed and f"[send_email: {status}" in printed
+    assert ToolInvocation.objects.get(name="send_email").status == status
+    assert len(tool_plugins.SENT) == (status == "done")
+
+
+def test_demo_orders_gives_a_user_orders_to_ask_about(user, other_user):
+    import io
+
+    from django.core.management import call_command
+
+    call_command("demo_orders", "alice", stdout=io.StringIO())
+    call_command("demo_orders", "bob", stdout=(out := io.StringIO()))
+    assert sorted(Order.objects.filter(owner=user).values_list("number", "status")) == [
+        ("ORD-17", "shipped"), ("ORD-18", "processing"), ("ORD-19", "delivered")]
+    assert not Order.objects.filter(owner=other_user).exists() and "already exists (owner: alice)" in out.getvalue()

@@ -72,6 +72,14 @@ def decide_tool_call(invocation_id: Any, user, session_key: str | None, approve:
         raise DecisionRefused("not_found", "No such tool call.", 404)
     if not permissions.can_change(user, conversation, session_key):
         raise DecisionRefused("forbidden", "You may read this conversation but not decide for it.", 403)
+    invocation.status, invocation.decided_at = record_decision(invocation_id, user, approve)
+    return invocation
+
+
+def record_decision(invocation_id: int, user, approve: bool) -> tuple[str, Any]:
+    """Write the decision on a pending call and tell its turn: ``(status, decided_at)``. No
+    permission check (``decide_tool_call`` makes them; the terminal's ``ragchat_chat`` is a
+    trusted context); ``DecisionRefused`` ``not_pending`` when it no longer waits. One query."""
     status = Status.APPROVED if approve else Status.REJECTED
     now = timezone.now()
     decided = ToolInvocation.objects.filter(
@@ -82,8 +90,7 @@ def decide_tool_call(invocation_id: Any, user, session_key: str | None, approve:
         raise DecisionRefused("not_pending", "This tool call is not waiting for a decision any more "
                                              "(decided, abandoned, or its answer has ended).", 409)
     _tell_waiting_turn(invocation_id, status)
-    invocation.status, invocation.decided_at = status, now
-    return invocation
+    return status, now
 
 
 def _current_status(invocation_id: int) -> str | None:
