@@ -705,7 +705,9 @@ def test_the_rest_api_lists_a_messages_tool_calls_and_takes_decisions(use_tools,
     for body in ({}, {"approve": "yes"}, {"approve": 1}, []):
         bad = post_json(alice, url, body)
         assert (bad.status_code, bad.json()["code"]) == (400, "invalid"), body
-    assert post_json(alice, f"{API}/tool-calls/nope/decision/", {"approve": True}).status_code == 404
+    for bad_id in ("nope", "0", "-1", str(2**64), "１２", "1e3"):
+        assert post_json(alice, f"{API}/tool-calls/{bad_id}/decision/", {"approve": True}).status_code == 404
+        assert alice.get(f"{API}/tool-calls/{bad_id}/").status_code == 404
     assert tool_plugins.SENT == []
 
     approved = post_json(alice, url, {"approve": True})

@@ -44,7 +44,7 @@ from django_ragchat.plugins import get_registry, plugin_listing
 from django_ragchat.transport import turns as transport
 from django_ragchat.transport.jsonbody import LimitedJSONParser
 from django_ragchat.turn import limits, persistence
-from django_ragchat.turn.confirmations import DecisionRefused, decide_tool_call
+from django_ragchat.turn.confirmations import DecisionRefused, decide_tool_call, parse_invocation_id
 from django_ragchat.turn.pipeline import run_turn_sync
 
 logger = logging.getLogger(__name__)
@@ -381,11 +381,8 @@ TOOL_CALL_ID = OpenApiParameter("confirmation_id", OpenApiTypes.INT, OpenApiPara
 
 def _tool_invocation(request, confirmation_id) -> ToolInvocation:
     """The tool call if the caller may read its conversation; one 404 for unknown, malformed and foreign."""
-    try:
-        pk = int(confirmation_id)
-    except ValueError:
-        raise exceptions.NotFound() from None
-    invocation = ToolInvocation.objects.select_related("message__conversation").filter(pk=pk).first()
+    pk = parse_invocation_id(confirmation_id)
+    invocation = ToolInvocation.objects.select_related("message__conversation").filter(pk=pk).first() if pk else None
     if invocation is None or not rules.can_access(request.user, invocation.message.conversation,
                                                   access.caller_session_key(request)):
         raise exceptions.NotFound()

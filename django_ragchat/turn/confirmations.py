@@ -57,15 +57,29 @@ def _tell_waiting_turn(invocation_id: int, status: str) -> None:
         loop.call_soon_threadsafe(_resolve, future, status)
 
 
+#: The largest id a row can have (a 64-bit column): larger numbers name nothing, and the
+#: databases refuse them in a query.
+MAX_ID = 2**63 - 1
+
+
+def parse_invocation_id(value: Any) -> int | None:
+    """A tool call's id from a URL or a frame: a whole number that a row may have, else None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.isascii() and value.isdigit():
+        number = int(value)
+    else:
+        return None
+    return number if 0 < number <= MAX_ID else None
+
+
 def decide_tool_call(invocation_id: Any, user, session_key: str | None, approve: bool) -> ToolInvocation:
     """Approve or reject a pending tool call as ``user`` (or the anonymous ``session_key``):
     the owner of the conversation decides (``CONVERSATION_CHANGE_PERMISSION``), staff who may
     only read it may not. Raises ``DecisionRefused``. Synchronous (three queries)."""
-    if not isinstance(invocation_id, int) or isinstance(invocation_id, bool):
-        try:
-            invocation_id = int(str(invocation_id))
-        except ValueError:
-            raise DecisionRefused("not_found", "No such tool call.", 404) from None
+    invocation_id = parse_invocation_id(invocation_id)
+    if invocation_id is None:
+        raise DecisionRefused("not_found", "No such tool call.", 404)
     invocation = ToolInvocation.objects.select_related("message__conversation").filter(pk=invocation_id).first()
     conversation = invocation.message.conversation if invocation is not None else None
     if conversation is None or not permissions.can_access(user, conversation, session_key):
