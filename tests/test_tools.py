@@ -577,6 +577,16 @@ def socket_chat(cookie: str):
         (b"origin", b"http://testserver"), (b"host", b"testserver"), (b"cookie", cookie.encode())])
 
 
+async def ask_on_socket(cookie: str, conversation, content: str, **frame) -> WebsocketCommunicator:
+    """A connected socket that has sent ``content`` to ``conversation`` (its ready frame read)."""
+    communicator = socket_chat(cookie)
+    assert (await communicator.connect())[0]
+    await communicator.receive_json_from(timeout=10)  # ready
+    await communicator.send_json_to({"type": "message", "content": content, "conversation_id": str(conversation.pk),
+                                     **frame})
+    return communicator
+
+
 async def frames_until(communicator, predicate, timeout: float = 10) -> list[dict]:
     frames = []
     while not frames or not predicate(frames[-1]):
@@ -591,11 +601,7 @@ def test_a_tool_decision_frame_approves_a_call_over_the_websocket(use_tools, ope
     cookie = caller_for(user).cookie_header
 
     async def chat():
-        communicator = socket_chat(cookie)
-        assert (await communicator.connect())[0]
-        await communicator.receive_json_from(timeout=10)  # ready
-        await communicator.send_json_to({"type": "message", "content": "Mail Bob.",
-                                         "conversation_id": str(conversation.pk), "client_id": "c1"})
+        communicator = await ask_on_socket(cookie, conversation, "Mail Bob.", client_id="c1")
         frames = await frames_until(communicator, lambda f: f.get("status") == "awaiting_confirmation")
         await communicator.send_json_to({"type": "tool_decision", "confirmation_id": "12", "approve": True})
         frames += await frames_until(communicator, lambda f: f["type"] == "error")
@@ -626,11 +632,7 @@ def test_stop_during_a_tool_cancels_it_and_keeps_what_was_said(use_tools, openai
     cookie = caller_for(user).cookie_header
 
     async def chat():
-        communicator = socket_chat(cookie)
-        assert (await communicator.connect())[0]
-        await communicator.receive_json_from(timeout=10)
-        await communicator.send_json_to({"type": "message", "content": "Wait for it.",
-                                         "conversation_id": str(conversation.pk)})
+        communicator = await ask_on_socket(cookie, conversation, "Wait for it.")
         frames = await frames_until(communicator, lambda f: f["type"] == "tool_call")
         started = time.monotonic()
         await communicator.send_json_to({"type": "cancel"})
@@ -658,11 +660,7 @@ def test_stop_while_a_call_awaits_approval_cancels_it(use_tools, openai_server, 
     cookie = caller_for(user).cookie_header
 
     async def chat():
-        communicator = socket_chat(cookie)
-        assert (await communicator.connect())[0]
-        await communicator.receive_json_from(timeout=10)
-        await communicator.send_json_to({"type": "message", "content": "Mail Bob.",
-                                         "conversation_id": str(conversation.pk)})
+        communicator = await ask_on_socket(cookie, conversation, "Mail Bob.")
         frames = await frames_until(communicator, lambda f: f.get("status") == "awaiting_confirmation")
         await communicator.send_json_to({"type": "cancel"})
         frames += await frames_until(communicator, lambda f: f["type"] == "error")
