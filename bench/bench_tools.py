@@ -268,6 +268,13 @@ def _traces() -> dict:
     return timings
 
 
+def _paired(cells: dict, kind: str, tool_name: str, mode: str) -> float:
+    """The median, over rounds, of (with a call - without) measured in the same round: the
+    machine's load drifts less within a round than over the run."""
+    plain, tooled = (cells[(kind, tool_name, mode, w)] for w in (False, True))
+    return median([t - p for t, p in zip(tooled, plain, strict=True)])
+
+
 def report(results: dict, database: str) -> str:
     cells, trips = results["cells"], results["round_trips"]
     in_turn = []
@@ -282,7 +289,7 @@ def report(results: dict, database: str) -> str:
         for mode in ("whole", "streamed"):
             plain, tooled = (median(cells[("ragchat", tool_name, mode, w)]) for w in (False, True))
             bare_plain, bare_tooled = (median(cells[("direct", tool_name, mode, w)]) for w in (False, True))
-            ours, bare = tooled - plain, bare_tooled - bare_plain
+            ours, bare = (_paired(cells, kind, tool_name, mode) for kind in ("ragchat", "direct"))
             rows.append([f"{tool_name} ({'sync' if tool_name == 'order_status' else 'async'})", mode, plain, tooled,
                          ours, bare_plain, bare_tooled, bare, ours - bare, f"{tooled / bare_tooled:.2f}x"])
     any_cell = next(iter(cells.values()))
@@ -294,7 +301,7 @@ def report(results: dict, database: str) -> str:
         table(["tool", "mode", "ragchat median", "p90", "direct median", "p90", "added ms", "same path median", "p90",
                "added ms"], in_turn),
         "",
-        "Whole turns (ms, medians): a call minus no call:",
+        "Whole turns (ms, medians); round trip = the median over rounds of (1 call - no call) in the same round:",
         table(["tool", "mode", "turn, no call", "turn, 1 call", "round trip", "direct, no call", "direct, 1 call",
                "round trip", "added ms", "turn/direct"], rows),
         "",

@@ -268,6 +268,21 @@ def test_the_step_limit_bounds_the_rounds_and_the_last_request_forbids_tools(use
     assert ToolInvocation.objects.count() == 2
 
 
+@BOTH
+def test_a_model_failing_after_a_call_fails_the_turn_and_keeps_the_call(use_tools, openai_server, user, stream):
+    use_tools(["weather"])
+
+    def broken(body):
+        raise RuntimeError("the model server fell over")
+
+    openai_server.script(tool_calls(call("weather", city="Lyon"), content="Checking. "), broken)
+    result = run_turn_sync(Conversation.objects.create(owner=user), "Weather?", stream=stream)
+    assert result.status == "error" and result.error.code == "model_unavailable"
+    assert result.answer == "Checking. "  # what the model had written is kept
+    assert ToolInvocation.objects.get().status == "done"
+    assert [t["status"] for t in result.trace["tools"]] == ["done"] and result.trace["tool_steps"] == 1
+
+
 # --- who may use a tool ---------------------------------------------------------------------------------
 
 

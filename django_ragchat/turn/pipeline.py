@@ -552,6 +552,8 @@ async def generate(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEven
     asked to answer without them (``tool_choice`` ``"none"``). Its text from every step is the
     answer."""
     step = 0
+    if turn.tools:
+        turn.trace["tool_steps"] = 0
     while True:
         prompt = turn.prompt
         final = bool(prompt.tools) and step >= turn.profile.max_tool_steps
@@ -574,6 +576,7 @@ async def generate(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEven
                       f"not run")
             break
         step += 1
+        turn.trace["tool_steps"] = step
         documents = len(turn.prompt.documents)
         async for event in tool_round(turn, tuple(calls), step):
             yield event
@@ -581,9 +584,6 @@ async def generate(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEven
         if len(turn.prompt.documents) != documents:  # the model searched: what it may cite now
             yield SourcesFound(sources=[d.as_source(i) for i, d in enumerate(turn.prompt.documents, start=1)])
         yield StageChanged(stage="generating")
-    if turn.tools:
-        turn.trace["tools"] = [r.trace() for r in turn.tool_runs]
-        turn.trace["tool_steps"] = step
 
 
 def _add_results(turn: TurnContext, text: str, calls: list[ToolCall]) -> None:
@@ -766,6 +766,8 @@ async def _save(turn: TurnContext, run: _Answering, answer: Answer, status: str,
                 error: dict | None = None) -> dict[str, Any]:
     """Save the answer with its sources and trace; its payload for the ``done`` event."""
     turn.trace["timings"]["total"] = round((time.perf_counter() - run.started) * 1000, 3)
+    if turn.tool_runs:  # also when the turn failed or stopped between its calls
+        turn.trace["tools"] = [r.trace() for r in turn.tool_runs]
     message = await sync_to_async(persistence.finish_turn)(turn, answer, status, error)
     tool_calls = [r.payload() for r in turn.tool_runs]
     return persistence.message_payload(message, answer, turn.prompt.documents if turn.prompt else (), tool_calls)
