@@ -640,8 +640,9 @@ def test_a_tool_decision_frame_approves_a_call_over_the_websocket(use_tools, ope
     assert tool_plugins.SENT == [{"to": "bob@example.com", "body": "Hi", "by": "alice"}]
 
 
-def test_stop_during_a_tool_cancels_it_and_keeps_what_was_said(use_tools, openai_server, user):
-    use_tools(["slow"])
+@BOTH
+def test_stop_during_a_tool_cancels_it_and_keeps_what_was_said(use_tools, openai_server, user, stream):
+    use_tools(["slow"], stream=stream)  # the socket's turns follow the profile
     openai_server.script(tool_calls(call("slow", seconds=30, id="s"), content="Let me wait. "), "never asked")
     conversation = Conversation.objects.create(owner=user)
     cookie = caller_for(user).cookie_header
