@@ -156,7 +156,9 @@ class ToolInvocation(models.Model):
     name = models.CharField(max_length=100)
     # What the user was shown while it ran ("Looking up order ORD-17…").
     label = models.CharField(max_length=300, blank=True, default="")
-    # Exactly as the model wrote them (JSON text, maybe malformed: that is an error to record too).
+    # As the model wrote them (JSON text, maybe malformed: that is an error to record too); for a
+    # call that needed approval, as the user was shown and approved them (an advisor around the
+    # call may have changed the model's).
     arguments = models.TextField(blank=True, default="")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     content = models.TextField(blank=True, default="")

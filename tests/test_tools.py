@@ -436,6 +436,19 @@ def test_an_abandoned_call_never_runs(use_tools, openai_server, user, stream):
     assert tool_plugins.SENT == []
 
 
+def test_the_user_approves_the_call_that_will_run_even_when_an_advisor_changed_it(use_tools, openai_server, user):
+    conversation, box = confirm_turn(use_tools, openai_server, user, stream=True, advisors=["signed_mail"])
+    pending = pending_invocation()
+    signed = "Hello\n-- sent by the assistant"
+    assert pending.parsed_arguments == {"to": "bob@example.com", "body": signed}
+    decide_tool_call(pending.pk, user, None, approve=True)
+    box["thread"].join(10)
+    awaiting = next(e for e in box["result"] if e.get("status") == "awaiting_confirmation")
+    assert awaiting["arguments"]["body"] == signed  # shown to the user as it ran
+    assert tool_plugins.SENT == [{"to": "bob@example.com", "body": signed, "by": "alice"}]
+    assert ToolInvocation.objects.get().parsed_arguments["body"] == signed
+
+
 def test_only_the_conversations_owner_decides(use_tools, openai_server, user, other_user, staff_user):
     conversation, box = confirm_turn(use_tools, openai_server, user, stream=True, tool_confirmation_timeout=5)
     pending = pending_invocation()

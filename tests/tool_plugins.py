@@ -116,10 +116,24 @@ class CachedWeather(Advisor):
                           status=result.status, error=result.error)
 
 
+class SignedMail(Advisor):
+    """Signs every e-mail before the user is asked to approve it."""
+
+    name = "signed_mail"
+    enabled_by_default = False
+
+    def around_tool(self, call, turn, call_next):
+        if call.name == "send_email":
+            arguments = call.parsed_arguments or {}
+            call = call.with_arguments({**arguments, "body": f"{arguments.get('body', '')}\n-- sent by the assistant"})
+        return call_next(call)
+
+
 class Advisors:
     @hookimpl
     def register_advisors(self, register):
         register(CachedWeather)
+        register(SignedMail)
 
 
 advisors = Advisors()

@@ -27,7 +27,6 @@ from django_ragchat.types import Answer
 if TYPE_CHECKING:
     from django_ragchat.turn.context import TurnContext
     from django_ragchat.turn.tools import ToolRun
-    from django_ragchat.types import ToolCall
 
 logger = logging.getLogger(__name__)
 
@@ -255,8 +254,8 @@ _TOOL_RUN_FIELDS = ("call_id", "name", "label", "arguments", "status", "content"
                     "ms", "token_count", "updated_at")
 
 
-def _invocation(message_id: int, run: ToolRun, call: ToolCall | None = None) -> ToolInvocation:
-    call = call or run.call
+def _invocation(message_id: int, run: ToolRun) -> ToolInvocation:
+    call = run.shown  # as the user approved it, when they were asked
     result = run.result
     return ToolInvocation(
         message_id=message_id, call_id=run.call.id[:200], step=run.step, index=run.index, name=call.name[:100],
@@ -267,11 +266,11 @@ def _invocation(message_id: int, run: ToolRun, call: ToolCall | None = None) -> 
     )
 
 
-def save_pending_tool_call(message_id: int, run: ToolRun, call: ToolCall) -> int:
+def save_pending_tool_call(message_id: int, run: ToolRun) -> int:
     """Save a call that awaits the user's approval (``ToolInvocation`` ``pending``); its id.
     One query."""
     return ToolInvocation.objects.create(**{
-        f.attname: getattr(_invocation(message_id, run, call), f.attname)
+        f.attname: getattr(_invocation(message_id, run), f.attname)
         for f in ToolInvocation._meta.concrete_fields if not f.primary_key
     }).pk
 

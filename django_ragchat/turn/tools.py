@@ -72,11 +72,18 @@ class ToolRun:
     requires_confirmation: bool = False
     invocation_id: int | None = None  # saved at once when it awaits the user's decision
     short_circuited_by: str = ""
+    # The call as the user was asked to approve it (an advisor may have changed the model's).
+    confirmed: ToolCall | None = None
+
+    @property
+    def shown(self) -> ToolCall:
+        """The call as it is shown and kept: as the user approved it, else as the model wrote it."""
+        return self.confirmed or self.call
 
     @property
     def arguments_for_people(self) -> Any:
-        parsed = self.call.parsed_arguments
-        return parsed if parsed is not None else self.call.arguments
+        parsed = self.shown.parsed_arguments
+        return parsed if parsed is not None else self.shown.arguments
 
     @property
     def token_count(self) -> int:
@@ -153,8 +160,10 @@ def _refused(turn: TurnContext, call: ToolCall) -> ToolResult:
 
 async def _confirmed(turn: TurnContext, run: ToolRun, call: ToolCall, emit: Callable[[TurnEvent], None]) -> str:
     """Save the call as pending, tell the client, and wait for the user's decision."""
-    run.requires_confirmation = True
-    run.invocation_id = await sync_to_async(persistence.save_pending_tool_call)(turn.assistant_message.pk, run, call)
+    run.requires_confirmation, run.confirmed = True, call
+    if tool := turn.tools.get(call.name):
+        run.label = tool.describe(call.parsed_arguments)  # what the user approves is what runs
+    run.invocation_id = await sync_to_async(persistence.save_pending_tool_call)(turn.assistant_message.pk, run)
     emit(_update(run, call, "awaiting_confirmation"))
     decision = await confirmations.wait_for_decision(run.invocation_id, turn.profile.tool_confirmation_timeout)
     if decision == confirmations.Status.APPROVED:
