@@ -136,11 +136,10 @@ def test_parallel_calls_run_concurrently_and_their_results_go_back_in_the_models
     openai_server.script(tool_calls(call("weather", city="Lyon", id="a"), call("weather", city="Oslo", id="b")),
                          echo_tool_results)
     conversation = Conversation.objects.create(owner=user)
-    started = time.monotonic()
     result = run_turn_sync(conversation, "Lyon or Oslo, which is warmer?", stream=stream)
-    elapsed = time.monotonic() - started
     assert result.status == "complete"
-    assert elapsed < 0.55, f"two 0.3 s calls took {elapsed:.2f} s: not concurrent"
+    first, second = tool_plugins.CALLS
+    assert second["started"] < first["ended"] and first["started"] < second["ended"]  # they overlapped
     assert [m["tool_call_id"] for m in tool_messages(chats(openai_server)[1])] == ["a", "b"]
     assert [json.loads(m["content"])["city"] for m in tool_messages(chats(openai_server)[1])] == ["Lyon", "Oslo"]
     assert list(ToolInvocation.objects.values_list("index", "call_id", "status")) == [(0, "a", "done"),
@@ -153,7 +152,7 @@ def test_parallel_sync_tools_run_in_threads_of_their_own(use_tools, openai_serve
     result = run_turn_sync(Conversation.objects.create(owner=user), "Wait twice.")
     assert result.status == "complete"
     first, second = tool_plugins.CALLS
-    assert abs(first["started"] - second["started"]) < 0.2  # the second did not wait for the first
+    assert second["started"] < first["ended"] and first["started"] < second["ended"]  # neither waited
 
 
 @BOTH

@@ -12,7 +12,8 @@ from django_ragchat.tools import ToolError, tool
 from django_ragchat.turn.advisors import Advisor
 from django_ragchat.types import ToolResult
 
-#: Each call of ``slow``/``slow_sync`` notes when it started and ended, and whether it was cancelled.
+#: Each call of ``weather``/``slow``/``slow_sync`` notes when it started and ended (``slow``: and
+#: whether it was cancelled).
 CALLS: list[dict] = []
 
 
@@ -24,7 +25,10 @@ async def weather(turn, city: str, unit: Literal["C", "F"] = "C") -> dict:
         city: The city's name.
         unit: Celsius or Fahrenheit.
     """
+    entry = {"started": time.monotonic()}
+    CALLS.append(entry)
     await asyncio.sleep(0.3)
+    entry["ended"] = time.monotonic()
     return {"city": city, "temperature": 21 if unit == "C" else 70, "unit": unit, "asked_by": turn.user.get_username()}
 
 
