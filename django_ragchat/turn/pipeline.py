@@ -572,8 +572,8 @@ async def generate(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEven
         if not calls:
             break
         if final or not prompt.tools:
-            turn.warn(f"the model asked for tools it was not offered ({', '.join(c.name for c in calls)}): "
-                      f"not run")
+            why = "after its last step (max_tool_steps)" if final else "that it was not offered"
+            turn.warn(f"the model asked for tools {why} ({', '.join(c.name for c in calls)}): not run")
             break
         step += 1
         turn.trace["tool_steps"] = step
