@@ -2,9 +2,9 @@
 a hint that says how to fix it, never by a traceback on the first request.
 
 ragchat.E001  unknown key in RAGCHAT (a typo)
-ragchat.E002  invalid profile (unknown option, unknown component, bad value)
+ragchat.E002  invalid profile (unknown option, unknown component or tool, bad value)
 ragchat.E003  DEFAULT_PROFILE is not a defined profile
-ragchat.E004  a plugin could not be loaded or failed while registering components
+ragchat.E004  a plugin could not be loaded or failed while registering components or tools
 ragchat.E005  a hook implementation matches no hook spec (misspelt hook name)
 ragchat.E006  a dotted path in settings cannot be imported
 ragchat.E007  a setting has a value of the wrong type or range
@@ -15,6 +15,7 @@ ragchat.W030  an ASGI site without a channel layer: sockets work alone (no live 
 ragchat.W031  settings.LOGIN_URL does not resolve: the chat page would send visitors to a 404
 ragchat.W011  an embedding space with chunks has no valid HNSW index (PostgreSQL); run by plain
               ``check`` too (one query; skipped quietly when the database cannot be reached)
+ragchat.W041  a profile offers tools to an LLM backend that calls none (the extractive answerer)
 ragchat.W040  a component warns about its configuration (``check_warnings()``), e.g. the sources
               filter with an embedder whose similarities never reach its threshold
 
@@ -144,7 +145,7 @@ def check_registration_wrappers(app_configs=None, **kwargs):
 
     pm = plugins.get_plugin_manager()
     errors = []
-    for hook_name in [*plugins.REGISTRATION_HOOKS, plugins.SOURCES_HOOK]:
+    for hook_name in (*plugins.REGISTRATION_HOOKS, plugins.SOURCES_HOOK, plugins.TOOL_HOOK):
         for impl in getattr(pm.hook, hook_name).get_hookimpls():
             if impl.wrapper or impl.hookwrapper:
                 option = "wrapper" if impl.wrapper else "hookwrapper"
@@ -173,6 +174,12 @@ def _component_problems(profile, registry) -> list[str]:
             registry.get(kind, component)
         except ImproperlyConfigured as exc:
             problems.append(f"{field}: {exc}")
+    tools = plugins.get_tools()
+    for tool_name in profile.tools:
+        if tools.get(tool_name) is None:
+            known = ", ".join(tools.names()) or "none"
+            problems.append(f"tools: no tool named {tool_name!r} is registered (registered: {known}). Is the plugin "
+                            f"that provides it listed in RAGCHAT['PLUGINS']?")
     if not problems:
         # Build the components once: options they do not accept fail here, not at the first turn.
         try:
@@ -224,6 +231,28 @@ def _built_profiles():
         except Exception:  # noqa: BLE001 - reported by check_profiles
             continue
         yield name, components.each()
+
+
+@register(Tags.compatibility)
+def check_tool_models(app_configs=None, **kwargs):
+    """W041: a profile offers tools (or retrieval as a tool) to a model that calls none."""
+    warnings = []
+    profiles = ragchat_settings.PROFILES if isinstance(ragchat_settings.PROFILES, dict) else {}
+    for name, config in profiles.items():
+        try:
+            profile = build_profile(name, config or {})
+            llm = components_for(profile).llm
+        except Exception:  # noqa: BLE001 - reported by check_profiles
+            continue
+        if profile.offers_tools and not getattr(llm, "calls_tools", True):
+            offered = ", ".join([*profile.tools, *(["retrieval as a tool"] if profile.retrieval == "tool" else [])])
+            warnings.append(Warning(
+                f"Profile {name!r} offers tools ({offered}), but its LLM backend {profile.llm!r} calls none: they "
+                f"are never offered, and retrieval runs before every answer.",
+                hint="Use a model that calls tools (\"llm\": \"openai\"), or remove them from the profile.",
+                id="ragchat.W041",
+            ))
+    return warnings
 
 
 @register(Tags.compatibility)

@@ -11,6 +11,7 @@ as that user.
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import uuid
 from datetime import timedelta
@@ -128,6 +129,78 @@ def append_message(conversation_id, **fields) -> Message:
         )
         seq = Conversation.objects.filter(pk=conversation_id).values_list("last_seq", flat=True).get()
         return Message.objects.create(conversation_id=conversation_id, seq=seq, **fields)
+
+
+class ToolInvocation(models.Model):
+    """One tool call of an assistant message: what the model asked, whether it ran, its result.
+
+    Saved with the answer (``persistence.finish_turn``), in the order the model asked:
+    ``step`` counts the model's rounds of calls from 1, ``index`` the calls within a round.
+    A call that needs the user's approval is saved at once as ``pending``; the decision
+    (``decide_tool_call``: the websocket frame, the API endpoint, the widget's buttons) makes it
+    ``approved`` or ``rejected``, and nobody deciding in time makes it ``abandoned``.
+    ``content`` is the result as the model read it (``error`` says why it is an error); memory
+    sends the calls and results back to the model on later turns.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending", _("awaiting the user's approval")
+        APPROVED = "approved", _("approved, running")
+        DONE = "done", _("done")
+        ERROR = "error", _("error")
+        REJECTED = "rejected", _("rejected by the user")
+        ABANDONED = "abandoned", _("abandoned (no decision in time)")
+        CANCELLED = "cancelled", _("cancelled (the answer was stopped)")
+
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="tool_invocations")
+    call_id = models.CharField(max_length=200, help_text="The model's id for the call, echoed with its result.")
+    step = models.PositiveSmallIntegerField(default=1)
+    index = models.PositiveSmallIntegerField(default=0)
+    name = models.CharField(max_length=100)
+    # What the user was shown while it ran ("Looking up order ORD-17…").
+    label = models.CharField(max_length=300, blank=True, default="")
+    # As the model wrote them (JSON text, maybe malformed: that is an error to record too); for a
+    # call that needed approval, as the user was shown and approved them (an advisor around the
+    # call may have changed the model's).
+    arguments = models.TextField(blank=True, default="")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    content = models.TextField(blank=True, default="")
+    error = models.JSONField(null=True, blank=True)
+    requires_confirmation = models.BooleanField(default=False)
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    ms = models.FloatField(default=0)
+    # Tokens of the call and its result as memory counts them against the history budget.
+    token_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["message", "step", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["message", "step", "index"], name="ragchat_tool_call_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status}) in message {self.message_id}"
+
+    @property
+    def parsed_arguments(self):
+        """The arguments as a dict, or the text as written when it is not a JSON object."""
+        try:
+            value = json.loads(self.arguments or "{}")
+        except ValueError:
+            return self.arguments
+        return value if isinstance(value, dict) else self.arguments
+
+    def payload(self) -> dict:
+        """The JSON form clients receive (in a message's ``tool_calls``)."""
+        return {
+            "id": self.call_id, "name": self.name, "label": self.label, "arguments": self.parsed_arguments,
+            "step": self.step, "status": self.status, "content": self.content, "error": self.error,
+            "ms": round(self.ms, 3), "confirmation_id": self.pk if self.requires_confirmation else None,
+        }
 
 
 class Document(models.Model):

@@ -29,6 +29,7 @@ from django_ragchat import hookspecs
 from django_ragchat.components import Component, ComponentRegistry
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.profiles import Profile, get_profile
+from django_ragchat.tools import ToolRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,9 @@ REGISTRATION_HOOKS: dict[str, str] = {
     "register_response_augmenters": "response_augmenter",
     "register_advisors": "advisor",
 }
+
+#: The hook that registers tools (functions, not components: docs/tools.md).
+TOOL_HOOK = "register_tools"
 
 _lock = threading.RLock()
 _state: dict[str, Any] = {}
@@ -162,6 +166,23 @@ def collect_sources(pm: pluggy.PluginManager, errors: list[str]) -> list[tuple[A
     return found
 
 
+def build_tool_registry(pm: pluggy.PluginManager) -> ToolRegistry:
+    """Call every ``register_tools`` implementation, one plugin at a time, in load order."""
+    tools = ToolRegistry()
+    for impl in pm.hook.register_tools.get_hookimpls():
+        if impl.wrapper or impl.hookwrapper:
+            continue  # reported by the check ragchat.E008
+
+        def register(candidate: Any, *, name: str | None = None, _plugin: str = impl.plugin_name) -> None:
+            tools.add(candidate, _plugin, name=name)
+
+        try:
+            impl.function(register=register)
+        except Exception as exc:
+            tools.errors.append(f"Plugin {impl.plugin_name!r} failed in {TOOL_HOOK}: {exc!r}")
+    return tools
+
+
 def _ensure_loaded() -> dict[str, Any]:
     with _lock:
         if not _state:
@@ -169,7 +190,9 @@ def _ensure_loaded() -> dict[str, Any]:
             registry = build_registry(pm)
             registry.errors[:0] = errors
             sources = collect_sources(pm, registry.errors)
-            _state.update(pm=pm, registry=registry, instances={}, sources=sources)
+            tools = build_tool_registry(pm)
+            registry.errors += tools.errors
+            _state.update(pm=pm, registry=registry, tools=tools, instances={}, sources=sources)
         return _state
 
 
@@ -181,6 +204,11 @@ def get_plugin_manager() -> pluggy.PluginManager:
 def get_registry() -> ComponentRegistry:
     """The process-wide component registry, built on first use."""
     return _ensure_loaded()["registry"]
+
+
+def get_tools() -> ToolRegistry:
+    """The process-wide tool registry (``register_tools``), built with the plugin manager."""
+    return _ensure_loaded()["tools"]
 
 
 def reset() -> None:
@@ -306,7 +334,7 @@ def hook_implementations() -> dict[str, list[str]]:
     registration hooks in load order (``build_registry``), lifecycle hooks as pluggy calls
     them (``notify``). Registration hooks come first, in ``REGISTRATION_HOOKS`` order."""
     pm = get_plugin_manager()
-    registration = [*REGISTRATION_HOOKS, SOURCES_HOOK]
+    registration = [*REGISTRATION_HOOKS, SOURCES_HOOK, TOOL_HOOK]
     names = registration + sorted(
         name for name in vars(pm.hook) if not name.startswith("_") and name not in registration
     )

@@ -50,7 +50,7 @@ elif _layer in ("redis", "broken-redis"):
 
 RAGCHAT = {
     **RAGCHAT,
-    "PLUGINS": ["tests.streaming_plugin", "tests.isolation_plugin"],
+    "PLUGINS": ["tests.streaming_plugin", "tests.isolation_plugin", "tests.tool_plugins", "example_project.orders.ragchat"],
     "ALLOW_ANONYMOUS": True,
     "TURNS_PER_MINUTE": 25,
     "MAX_CONCURRENT_STREAMS": 3,
@@ -72,6 +72,18 @@ RAGCHAT = {
             "llm": "openai",
             "guardrails": ["require_citation"],
             "response_augmenters": ["citations", "footer"],
+            "options": {"openai": {
+                "base_url": os.environ.get("RAGCHAT_FAKE_OPENAI_URL", "http://127.0.0.1:9/v1"),
+                "model": "gpt-4o-mini",
+                "max_retries": 0,
+                "timeout": 10,
+            }},
+        },
+        # The fake model with tools: the example's order tools and the tests' (tests/test_browser_tools.py).
+        "fake_tools": {
+            "llm": "openai",
+            "tools": ["order_status", "cancel_order", "slow"],
+            "empty_context": "answer",
             "options": {"openai": {
                 "base_url": os.environ.get("RAGCHAT_FAKE_OPENAI_URL", "http://127.0.0.1:9/v1"),
                 "model": "gpt-4o-mini",

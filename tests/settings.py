@@ -21,6 +21,8 @@ INSTALLED_APPS = [
     "channels",
     "django_ragchat",
     "tests.sources_app",  # models of the model-source tests (tests/sources_plugin.py)
+    # The example's orders app: its tools are exercised for real (tests/test_tools*.py).
+    "example_project.orders",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -101,3 +101,17 @@ def test_sources_bench_runs(ragchat_settings_override, settings):
     # With a worker, the request that saves pays one query more: the enqueue.
     assert saves["live sync on the database task backend (worker)"][2] == 3
     assert "objects/s" in bench_sources.report(results, "test db")
+
+
+@pytest.mark.django_db(transaction=True)  # the tools run in threads of their own
+def test_tools_bench_runs_every_cell_with_the_requests_it_should():
+    from bench import bench_tools
+
+    results = bench_tools.run(rounds=2, warmup=1)
+    assert all(len(ms) == 2 for ms in results["cells"].values())
+    for (kind, tool, mode, with_tool), requests in results["requests"].items():
+        assert requests == {2 if with_tool else 1}, (kind, tool, mode)
+    assert all(len(ms) == 2 and min(ms) > 0 for ms in results["round_trips"].values())
+    assert set(results["traces"]) == {"order_status", "order_status_async"}
+    text = bench_tools.report(results, "test db")
+    assert "added ms" in text and "order_status_async (async)" in text

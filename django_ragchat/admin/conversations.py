@@ -259,7 +259,8 @@ class ConversationAdmin(RagchatAdmin):
 
     def _can_erase(self, request) -> bool:
         return all(request.user.has_perm(f"django_ragchat.delete_{m}")
-                   for m in ("conversation", "message", "messagesource", "turntrace", "memoryrecord", "feedback"))
+                   for m in ("conversation", "message", "messagesource", "toolinvocation", "turntrace", "memoryrecord",
+                             "feedback"))
 
     def user_data_search_view(self, request):
         if not self._can_export(request):

@@ -1,4 +1,4 @@
-"""The message log, read-only: messages, their sources, turn traces and feedback."""
+"""The message log, read-only: messages, their sources and tool calls, turn traces and feedback."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from django_ragchat.models import (
     Feedback,
     Message,
     MessageSource,
+    ToolInvocation,
     TurnTrace,
 )
 
@@ -94,6 +95,51 @@ class SourceInline(admin.TabularInline):
         return f"{obj.score:.4f}"
 
 
+class ToolCallInline(admin.TabularInline):
+    model = ToolInvocation
+    extra = 0
+    can_delete = False
+    fields = ("step", "name", "arguments_shown", "status", "result_shown", "ms", "decided_at")
+    readonly_fields = fields
+    verbose_name_plural = "tool calls"
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="arguments")
+    def arguments_shown(self, obj):
+        return format_html('<pre class="ragchat-text">{}</pre>', admin_views.pretty_json(obj.parsed_arguments))
+
+    @admin.display(description="result")
+    def result_shown(self, obj):
+        text = obj.content if not obj.error else f"{obj.error.get('code')}: {obj.error.get('message')}"
+        return format_html('<div class="ragchat-text">{}</div>', short(text, 400))
+
+
+@admin.register(ToolInvocation)
+class ToolInvocationAdmin(ReadOnlyAdmin):
+    """Every tool call the assistant made or asked to make: who asked, what, what came of it."""
+
+    list_display = ("name", "status", "message_link", "step", "ms", "requires_confirmation", "created_at")
+    list_filter = ("status", "name", "requires_confirmation", ("created_at", admin.DateFieldListFilter))
+    search_fields = ("name", "arguments", "content", "message__conversation__owner__username")
+    list_select_related = ("message",)
+    fields = ("message_link", "step", "index", "call_id", "name", "label", "arguments_shown", "status", "content",
+              "error", "requires_confirmation", "decided_by", "decided_at", "ms", "token_count", "created_at")
+    readonly_fields = fields
+
+    @admin.display(description="message", ordering="message")
+    def message_link(self, obj):
+        return admin_link(obj.message)
+
+    @admin.display(description="arguments")
+    def arguments_shown(self, obj):
+        return format_html('<pre class="ragchat-text">{}</pre>', admin_views.pretty_json(obj.parsed_arguments))
+
+
 @admin.register(Message)
 class MessageAdmin(ReadOnlyAdmin):
     list_display = ("__str__", "conversation_link", "seq", "role", "status", "created_at", "trace_link")
@@ -102,7 +148,7 @@ class MessageAdmin(ReadOnlyAdmin):
     fields = ("conversation_link", "seq", "role", "status", "text", "searched_query", "token_count", "prompt_tokens",
               "completion_tokens", "error", "feedback_given", "trace_link", "created_at")
     readonly_fields = fields
-    inlines = [SourceInline]
+    inlines = [SourceInline, ToolCallInline]
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("conversation").annotate(

@@ -9,7 +9,15 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.models import Conversation, Document, Feedback, MemoryRecord, Message, MessageSource
+from django_ragchat.models import (
+    Conversation,
+    Document,
+    Feedback,
+    MemoryRecord,
+    Message,
+    MessageSource,
+    ToolInvocation,
+)
 from django_ragchat.permissions import can_use_profile
 from django_ragchat.profiles import UnknownProfile, get_profile, profile_names
 
@@ -137,19 +145,68 @@ class MessageErrorSerializer(serializers.Serializer):
     message = serializers.CharField(required=False)
 
 
+TOOL_STATUS_HELP = "One of: " + ", ".join(f"`{value}` ({label})" for value, label in ToolInvocation.Status.choices)
+
+
+class ToolCallSerializer(serializers.Serializer):
+    """A tool call of an answer, as the ``done`` event's ``message.tool_calls`` carries it."""
+
+    id = serializers.CharField(help_text="The model's id of the call (the protocol's tool_call/tool_result id).")
+    name = serializers.CharField()
+    label = serializers.CharField(help_text="What the user was shown while it ran.")
+    arguments = serializers.JSONField(help_text="As the model wrote them: an object, or the text when it is not one.")
+    step = serializers.IntegerField()
+    # Text, not an enum: the schema's enum names would collide with the message's status.
+    status = serializers.CharField(help_text=TOOL_STATUS_HELP)
+    content = serializers.CharField(help_text="The result the model read.")
+    error = serializers.JSONField(allow_null=True, help_text='{"code", "message"} when it did not run or failed.')
+    ms = serializers.FloatField()
+    confirmation_id = serializers.IntegerField(
+        allow_null=True, help_text="Set when the call needed the user's approval: its id in tool-calls/{id}/.")
+
+
+class ToolInvocationSerializer(serializers.ModelSerializer):
+    """A tool call as a resource (``tool-calls/{id}/``): the call with its decision."""
+
+    conversation_id = serializers.UUIDField(source="message.conversation_id", read_only=True)
+    arguments = serializers.JSONField(source="parsed_arguments", read_only=True)
+    status = serializers.CharField(read_only=True, help_text=TOOL_STATUS_HELP)
+
+    class Meta:
+        model = ToolInvocation
+        fields = ["id", "call_id", "message", "conversation_id", "step", "index", "name", "label", "arguments",
+                  "status", "content", "error", "requires_confirmation", "decided_at", "ms", "created_at"]
+        read_only_fields = fields
+
+
+class ToolDecisionSerializer(serializers.Serializer):
+    approve = serializers.BooleanField(help_text="true runs the call, false rejects it.")
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict) and not isinstance(data.get("approve"), bool):
+            raise serializers.ValidationError({"approve": ["Must be true or false."]}, code="invalid")
+        return super().to_internal_value(data)
+
+
 class MessageSerializer(serializers.ModelSerializer):
-    """A message of the log. Expects ``sources`` prefetched (see ``views.messages_with_sources``)."""
+    """A message of the log. Expects ``sources`` and ``tool_invocations`` prefetched (see
+    ``views.messages_with_sources``)."""
 
     conversation_id = serializers.UUIDField(read_only=True)
     sources = SourceSerializer(many=True, read_only=True)
     citations = serializers.SerializerMethodField()
     error = serializers.SerializerMethodField()
+    tool_calls = serializers.SerializerMethodField()
 
     class Meta:
         model = Message
         fields = ["id", "conversation_id", "seq", "role", "content", "status", "citations", "sources",
-                  "error", "created_at"]
+                  "error", "tool_calls", "created_at"]
         read_only_fields = fields
+
+    @extend_schema_field(ToolCallSerializer(many=True))
+    def get_tool_calls(self, obj: Message) -> list[dict[str, Any]]:
+        return [t.payload() for t in obj.tool_invocations.all()]
 
     @extend_schema_field(CitationSerializer(many=True))
     def get_citations(self, obj: Message) -> list[dict[str, Any]]:

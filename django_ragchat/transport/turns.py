@@ -211,8 +211,9 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
         with shutdown.running_turn():
             if callable(conversation):
                 conversation = await conversation()
+            # The sender is who asks: tools run as them.
             events = pipeline.stream_turn(conversation, text, client_id=client_id, stream=stream, history=history,
-                                          origin=origin)
+                                          origin=origin, user=user)
             async with contextlib.aclosing(events):
                 try:
                     first = await anext(events)
