@@ -70,8 +70,8 @@ class Message(models.Model):
         INCOMPLETE = "incomplete", _("incomplete")
         # The model or a component failed: the partial text is kept, metadata["error"] says why.
         ERROR = "error", _("error")
-        # Its worker died (the lease expired without a heartbeat): the text of the last
-        # heartbeat is kept.
+        # Its worker died (the lease expired without a heartbeat, or its process is gone): the
+        # text of the last heartbeat is kept.
         INTERRUPTED = "interrupted", _("interrupted")
 
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
@@ -91,6 +91,9 @@ class Message(models.Model):
     # While "streaming": the answer's worker renews this (persistence.Heartbeat) with the
     # partial text; once it is past, the worker is taken to be dead (see persistence.begin_turn).
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The worker process that renews the lease (``turn.workers.identity``): a lease whose
+    # worker is known to be dead is closed at once instead of at its expiry.
+    lease_holder = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -332,10 +332,15 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
             raise APIError(exc.http_status, exc.code, exc.message) from None
         session_key = access.caller_session_key(request)
         try:
-            # The slot first, as the streaming transports do: a refused slot costs no turn.
-            with limits.stream_slot(request.user, session_key):
-                limits.check_turn_rate(request.user, session_key)
-                result = run_turn_sync(conversation, text, client_id=client_id)
+            # A resend, or a message refused because another answer is being written, is
+            # answered before the limits: a retry never costs the caller a turn or a slot.
+            persistence.check_pending(conversation.pk, client_id)
+            with limits.admitted(request.user, session_key) as admission:
+                try:
+                    result = run_turn_sync(conversation, text, client_id=client_id)
+                except (TurnInProgress, persistence.DuplicateMessage, Conversation.DoesNotExist):
+                    admission.refund()  # found under the conversation's lock: the turn did not start
+                    raise
         except limits.LimitExceeded as exc:
             raise APIError(429, exc.code, exc.message, retry_after_header(exc.retry_after)) from None
         except TurnInProgress as exc:
@@ -346,7 +351,7 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
             raise APIError(410, exc.code, exc.message) from None
         except persistence.DuplicateMessage as duplicate:
             # A resend (same client_id): the first attempt's messages, nothing new saved.
-            return self._resent(duplicate)
+            return self._resent(persistence.settle(duplicate))
 
         saved = {m.pk: m for m in messages_with_sources(
             Message.objects.filter(pk__in=[result.user_message_id, result.message["id"]]))}

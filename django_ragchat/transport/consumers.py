@@ -275,7 +275,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             transport.validate(content)
             async with database_lane():
                 if conversation_id is None and client_id:
-                    conversation_id = await sync_to_async(self._sent_with)(client_id)
+                    found = await transport.conversation_sent_with(self.user, self.session_key, client_id)
+                    conversation_id = str(found.pk) if found is not None else None
                 conversation = None
                 if conversation_id is not None:
                     conversation = await self._conversation_for_message(conversation_id)
@@ -294,14 +295,6 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 return await self._send_frame(self._frame(refusal.to_event().to_dict(), key, client_id))
             self.conversation_id = key
         self.turns[key] = asyncio.create_task(self._run_turn_in_lane(conversation, content, client_id, key))
-
-    def _sent_with(self, client_id: str) -> str | None:
-        """The conversation of this caller's message sent with ``client_id`` (a resend after a
-        reconnect, when the first attempt started the conversation), or ``None``."""
-        found = (permissions.visible_conversations(self.user, self.session_key)
-                 .filter(messages__client_id=client_id, messages__role=Message.Role.USER)
-                 .values_list("pk", flat=True).first())
-        return str(found) if found is not None else None
 
     async def on_cancel(self, frame: dict, client_id: str | None) -> None:
         """``{"type": "cancel", "conversation_id"?: ...}``: stop the turn being written there,
