@@ -56,23 +56,65 @@ def sse_post(server, caller, conversation_id, body: dict) -> tuple[int, list[dic
 # --- sessions ---------------------------------------------------------------------------------
 
 
-def test_a_socket_closes_with_4401_at_its_next_turn_after_logout(asgi, user, product_corpus):
+def log_out(server, caller) -> None:
+    """A real logout (Django's LogoutView flushes the session), from another tab."""
+    with httpx.Client(cookies=caller.cookies, timeout=10) as client:
+        response = client.post(f"{server.url}/accounts/logout/", headers={"X-CSRFToken": caller.csrftoken})
+        assert response.status_code in (200, 302), response.text[:300]
+    assert not SessionStore().exists(caller.sessionid)
+
+
+def assert_closed_for_the_session(ws) -> None:
+    """The socket says ``session_ended`` (and nothing else), then is closed with 4401."""
+    frame = receive(ws, 5)
+    assert (frame["type"], frame["code"]) == ("error", "session_ended"), frame
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        receive(ws, 5)
+    assert closed.value.rcvd.code == 4401
+
+
+def test_a_socket_closes_with_4401_when_its_session_logs_out(asgi, user, product_corpus):
     caller = caller_for(user)
     with open_socket(asgi, caller) as ws:
         send(ws, type="message", content=QUESTION, client_id="before")
         assert read_turn(ws)[-1]["type"] == "done"
-        # A real logout (Django's LogoutView flushes the session), from another tab.
-        with httpx.Client(cookies=caller.cookies, timeout=10) as client:
-            response = client.post(f"{asgi.url}/accounts/logout/", headers={"X-CSRFToken": caller.csrftoken})
-            assert response.status_code in (200, 302), response.text[:300]
-        assert not SessionStore().exists(caller.sessionid)
-        send(ws, type="message", content=QUESTION, client_id="after")
-        frame = receive(ws)
-        assert (frame["type"], frame["code"], frame["client_id"]) == ("error", "session_ended", "after")
-        with pytest.raises(websockets.ConnectionClosed) as closed:
-            receive(ws)
-        assert closed.value.rcvd.code == 4401
+        log_out(asgi, caller)
+        assert_closed_for_the_session(ws)
+        with pytest.raises(websockets.ConnectionClosed):
+            send(ws, type="message", content=QUESTION, client_id="after")
     assert Message.objects.filter(role="user").count() == 1  # the second message was never taken
+
+
+def test_a_logout_closes_the_sessions_sockets_at_once(asgi, user, conversation, product_corpus):
+    """Alice signed in twice (two browsers), a tab of each on the same conversation: the one she
+    logs out of is closed at once, before it hears anything of the other's next turn."""
+    phone, laptop = caller_for(user), caller_for(user)
+    path = f"/ws/ragchat/conversations/{conversation.pk}/"
+    with open_socket(asgi, phone, path) as on_phone, open_socket(asgi, laptop, path) as on_laptop:
+        log_out(asgi, phone)
+        assert_closed_for_the_session(on_phone)  # without sending anything
+        send(on_laptop, type="message", content=QUESTION, client_id="laptop")
+        assert read_turn(on_laptop)[-1]["type"] == "done"
+        send(on_laptop, type="ping")
+        assert receive(on_laptop)["type"] == "pong"
+
+
+def test_a_socket_whose_session_is_gone_relays_nothing_and_answers_nothing(asgi, user, conversation,
+                                                                           product_corpus):
+    """A session that ends without a logout (expired, deleted from the store): the socket finds
+    out at its next frame, its own or a turn's, and relays none of it."""
+    phone, laptop = caller_for(user), caller_for(user)
+    path = f"/ws/ragchat/conversations/{conversation.pk}/"
+    with open_socket(asgi, phone, path) as on_phone, open_socket(asgi, laptop, path) as on_laptop:
+        SessionStore(session_key=phone.sessionid).delete()
+        send(on_laptop, type="message", content=QUESTION, client_id="laptop")
+        assert read_turn(on_laptop)[-1]["type"] == "done"
+        assert_closed_for_the_session(on_phone)  # the turn's ack found the session gone
+    again = caller_for(user)
+    with open_socket(asgi, again, path) as ws:
+        SessionStore(session_key=again.sessionid).delete()
+        send(ws, type="ping", client_id="p")
+        assert_closed_for_the_session(ws)
 
 
 @pytest.mark.django_db
