@@ -40,7 +40,8 @@ elif _layer in ("redis", "broken-redis"):
             "CONFIG": {
                 # As docs/deployment.md writes it: a socket timeout longer than the layer's
                 # 5-second blocking read, or every idle socket's read times out.
-                "hosts": [{"address": _redis_url, "socket_timeout": 30}],
+                "hosts": [{"address": _redis_url,
+                           "socket_timeout": float(os.environ.get("RAGCHAT_LIVE_REDIS_SOCKET_TIMEOUT", 30))}],
                 "prefix": os.environ.get("RAGCHAT_LIVE_PREFIX", "ragchat-live") + ":layer",
                 # Room for a whole streamed answer in a watcher's channel (see docs/deployment.md).
                 "capacity": 1000,

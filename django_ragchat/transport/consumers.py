@@ -41,7 +41,7 @@ from django_ragchat.models import Conversation, Message
 from django_ragchat.transport import jsonbody, sessions
 from django_ragchat.transport import turns as transport
 from django_ragchat.transport.turns import TurnRefused
-from django_ragchat.turn import persistence
+from django_ragchat.turn import persistence, shutdown
 from django_ragchat.turn.lanes import database_lane
 
 logger = logging.getLogger(__name__)
@@ -54,6 +54,8 @@ CLOSE_SESSION_ENDED = 4401
 # logout closes the socket at once through the channel layer; this bounds what an expired or
 # deleted session still receives). Every frame from the client, and every turn's ack, reads it.
 SESSION_RECHECK_SECONDS = 1.0
+# The longest a group_add, group_discard or group_send may take (they take milliseconds).
+LAYER_CALL_SECONDS = 5.0
 
 
 def group_name(conversation_id) -> str:
@@ -114,8 +116,9 @@ class GroupRelay:
             while self.pending:
                 await asyncio.sleep(self.window)  # let the batch fill
                 frames, self.pending = self.pending, []
-                await self.channel_layer.group_send(
-                    self.group, {"type": "ragchat.events", "origin": self.origin, "frames": frames})
+                await asyncio.wait_for(self.channel_layer.group_send(
+                    self.group, {"type": "ragchat.events", "origin": self.origin, "frames": frames}),
+                    LAYER_CALL_SECONDS)
         except Exception:
             logger.exception("ragchat: could not publish to %s", self.group)
         finally:
@@ -164,9 +167,15 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 self.channel_layer = None
         receivers = [receive] if self.channel_layer is None else [receive, self._receive_from_layer]
         try:
-            await await_many_dispatch(receivers, self.dispatch)
+            with shutdown.open_connection():  # cancelled if a server shutdown runs out of time
+                await await_many_dispatch(receivers, self.dispatch)
         except StopConsumer:
             pass
+        except asyncio.CancelledError:
+            if not shutdown.stopping():
+                raise
+            # Closed by the shutdown's watchdog: the server is going away, nothing to report.
+            asyncio.current_task().uncancel()
 
     async def _receive_from_layer(self):
         """The next message for this socket's channel; waits out a failing layer (logged)."""
@@ -182,11 +191,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 delay = min(delay * 2, 30.0)
 
     async def _layer_call(self, method: str, *args) -> bool:
-        """``channel_layer.<method>(*args)``, logged instead of raised; False if it did not happen."""
+        """``channel_layer.<method>(*args)``, logged instead of raised; False if it did not happen.
+        Bounded by ``LAYER_CALL_SECONDS``: a layer that does not answer (Redis stalled) neither
+        holds the socket's handshake nor, at its end, keeps the server from shutting down."""
         if self.channel_layer is None:
             return False
         try:
-            await getattr(self.channel_layer, method)(*args)
+            await asyncio.wait_for(getattr(self.channel_layer, method)(*args), LAYER_CALL_SECONDS)
         except Exception:
             logger.exception("ragchat: channel layer %s failed", method)
             return False
