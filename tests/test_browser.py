@@ -643,6 +643,34 @@ def test_a_retry_event_replaces_the_streamed_text_and_a_footer_follows_the_answe
     assert states["done"] == ["It costs $699 [1].Prices include tax.", True, False]
 
 
+def test_a_replace_event_shows_the_final_text_before_done(page, asgi):
+    """An answer changed after the model (docs/protocol.md, ``replace``): the widget shows the
+    final text as soon as it arrives, and a turn ended early shows its one delta."""
+    open_chat(page, f"{asgi.url}/chat/")
+    states = js(page, """
+        const w = document.querySelector('.ragchat').ragchat;
+        const turn = w.startTurnView(false, 'How much?');
+        const body = () => turn.answer.body.textContent;
+        const states = {};
+        w.onEvent(turn, {type: 'ack', assistant_message_id: 9, user_seq: 1});
+        w.onEvent(turn, {type: 'delta', text: 'It costs ', index: 0});
+        w.onEvent(turn, {type: 'delta', text: '$699.', index: 1});
+        w.renderBody(turn.answer);
+        states.streamed = body();
+        w.onEvent(turn, {type: 'replace', text: 'It costs $699. [stamped]'});
+        states.replaced = [body(), turn.answer.note.hidden];
+        const ended = w.startTurnView(false, 'Is this cached?');
+        w.onEvent(ended, {type: 'ack', assistant_message_id: 11, user_seq: 3});
+        w.onEvent(ended, {type: 'delta', text: 'From the cache.', index: 0});
+        w.renderBody(ended.answer);
+        states.ended = ended.answer.body.textContent;
+        return states;
+    """)
+    assert states["streamed"] == "It costs $699."
+    assert states["replaced"] == ["It costs $699. [stamped]", True]
+    assert states["ended"] == "From the cache."
+
+
 def test_a_dropped_websocket_comes_back(page, asgi, product_corpus):
     open_chat(page, f"{asgi.url}/chat/")
     ask(page, QUESTION)

@@ -25,7 +25,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from django_ragchat.events import Completed, Delta, Failed, Retry
+from django_ragchat.events import Completed, Delta, Failed, Replace, Retry
 from django_ragchat.exceptions import InvalidMessage, TurnInProgress
 from django_ragchat.models import Conversation
 from django_ragchat.permissions import get_conversation_for
@@ -205,6 +205,8 @@ class Command(BaseCommand):
                 elif isinstance(event, Retry):
                     # A terminal cannot take back what it printed: say the next text replaces it.
                     self.stdout.write(f"\n[answer rejected by {event.guardrail}; answering again]\n")
+                elif isinstance(event, Replace):
+                    self.stdout.write(f"\n[the answer was changed once written; as saved:]\n{event.text}", ending="")
                 elif isinstance(event, (Completed, Failed)):
                     state["final"] = event
 

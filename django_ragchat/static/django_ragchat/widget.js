@@ -4,7 +4,7 @@
  * config (<script type="application/json">, never inline code). Every element with a
  * data-ragchat-widget attribute (the id of its config) is mounted when the module loads;
  * mount(root, config) does it by hand. docs/widget.md describes the widget; docs/protocol.md
- * the events it reads: ack, status, sources, delta, retry, done, error.
+ * the events it reads: ack, status, sources, delta, retry, replace, done, error.
  *
  * Conversations are listed through the REST API. A new conversation is never created ahead of
  * its first message: the message goes to the websocket without a conversation id, or to the
@@ -558,6 +558,13 @@ class ChatWidget {
         answer.text = "";
         turn.nextIndex = 0;
         this.setProgress(answer, "Revising the answer…");
+        this.renderBody(answer);
+        break;
+      case "replace":
+        // The final text differs from what the deltas spelled (changed after the model).
+        answer.text = event.text || "";
+        turn.nextIndex = null;
+        if (!answer.progress.hidden && answer.text) this.setProgress(answer, "");
         this.renderBody(answer);
         break;
       case "done":
