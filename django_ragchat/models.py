@@ -217,6 +217,10 @@ class TurnTrace(models.Model):
         return f"Trace of message {self.message_id}"
 
 
+#: The longest memory record a person may write (a fact, a corrected summary).
+MEMORY_MAX_CHARS = 20_000
+
+
 class MemoryRecord(models.Model):
     """Long-term memory: a rolling summary or a fact, about a user or a conversation.
 
@@ -237,7 +241,8 @@ class MemoryRecord(models.Model):
         Conversation, null=True, blank=True, on_delete=models.CASCADE, related_name="memories"
     )
     kind = models.CharField(max_length=16, choices=Kind.choices)
-    content = models.TextField()
+    # Capped where people write it (the admin's form, the REST API), not in the database.
+    content = models.TextField(max_length=MEMORY_MAX_CHARS)
     covers_until_seq = models.PositiveIntegerField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -21,7 +21,6 @@ from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooMany
 from django.db.models import Count, Prefetch
 from django.http import Http404
 from django.urls import reverse
-from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import exceptions, generics, status
@@ -35,6 +34,7 @@ from django_ragchat import permissions as rules
 from django_ragchat import tasks
 from django_ragchat.api import permissions as access
 from django_ragchat.api import serializers as s
+from django_ragchat.api.schema import RagchatAutoSchema
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.exceptions import RagchatError, TurnInProgress
 from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
@@ -126,12 +126,25 @@ class RagchatAPIView(APIView):
 
     # drf-spectacular's inspector, set here rather than in the site's REST_FRAMEWORK settings:
     # the schema of these views then works whatever DEFAULT_SCHEMA_CLASS the site uses.
-    schema = AutoSchema()
+    schema = RagchatAutoSchema()
     permission_classes = [access.CanChat]
     parser_classes = [LimitedJSONParser]
 
     def get_exception_handler(self):
         return api_exception_handler
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        if request.method in ("POST", "PUT", "PATCH") and not has_body(request):
+            # No body is not an empty change: a client that lost its body must not create or
+            # edit anything with the defaults (the same code as a body that is not JSON).
+            raise APIError(400, "parse_error", "The request has no body: send a JSON object.")
+
+
+def has_body(request) -> bool:
+    """Whether the request carries a body (a length above 0, or a chunked one)."""
+    length = request.META.get("CONTENT_LENGTH") or "0"
+    return length.strip("0") != "" or "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
 
 
 #: Sequence numbers and offsets are stored in 32-bit columns on every database.
@@ -317,9 +330,6 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
     def post(self, request, conversation_id):
         conversation = access.get_conversation(request, conversation_id)
         access.check_change(request, conversation)
-        if not request.META.get("CONTENT_LENGTH", "0").strip("0"):
-            # An empty body is not JSON: the same code the server-sent events endpoint gives it.
-            raise APIError(400, "parse_error", 'The body must be JSON: {"content": "..."}.')
         if not isinstance(request.data, dict):
             raise APIError(400, "invalid_type", 'The body must be a JSON object: {"content": "..."}.')
         try:

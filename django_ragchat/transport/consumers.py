@@ -311,6 +311,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return {}, None, ("too_large", f"Frames are limited to {transport.max_request_chars():,} characters.")
         try:
             frame = jsonbody.loads(text_data)
+        except jsonbody.TooManyFields as exc:
+            return {}, None, (exc.code, str(exc))
         except jsonbody.JSONRefused:
             return {}, None, ("parse_error", "The frame is not valid JSON.")
         if not isinstance(frame, dict):

@@ -73,6 +73,8 @@ def _read_content(request) -> tuple[Any, str]:
         raise too_large
     try:
         data = jsonbody.loads(body)
+    except jsonbody.TooManyFields as exc:
+        raise TurnRefused(exc.code, str(exc), 400) from None
     except jsonbody.JSONRefused:
         raise TurnRefused("parse_error", 'The body must be JSON: {"content": "..."}.', 400) from None
     if not isinstance(data, dict):
