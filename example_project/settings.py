@@ -17,7 +17,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
 _DEMO_SECRET_KEY = "demo-only-not-secret"
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or (_DEMO_SECRET_KEY if DEBUG else "")
-if not SECRET_KEY or (SECRET_KEY == _DEMO_SECRET_KEY and not DEBUG):
+# Compared without surrounding white space: "demo-only-not-secret " is still the demo's key.
+if not SECRET_KEY.strip() or (SECRET_KEY.strip() == _DEMO_SECRET_KEY and not DEBUG):
     raise ImproperlyConfigured(
         "Set DJANGO_SECRET_KEY to a long random value (python -c 'from django.core.management.utils "
         "import get_random_secret_key as k; print(k())'), or DJANGO_DEBUG=1 to run the demo "
@@ -26,13 +27,23 @@ if not SECRET_KEY or (SECRET_KEY == _DEMO_SECRET_KEY and not DEBUG):
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
+
+
+def _whole_seconds(name: str, default: int) -> int:
+    """The environment variable ``name`` as a whole number of seconds (0 or more)."""
+    value = os.environ.get(name, "").strip() or str(default)
+    if not value.isdigit():
+        raise ImproperlyConfigured(f"{name} must be a whole number of seconds (0 or more), not {value!r}.")
+    return int(value)
+
+
 if not DEBUG:
     # Behind HTTPS (docs/deployment.md, "Production checklist"). A proxy that terminates TLS
     # sets X-Forwarded-Proto; DJANGO_SECURE_PROXY_SSL_HEADER=1 trusts it.
     SECURE_SSL_REDIRECT = os.environ.get("DJANGO_SECURE_SSL_REDIRECT", "1") == "1"
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
-    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_SECURE_HSTS_SECONDS", str(60 * 60 * 24 * 365)))
+    SECURE_HSTS_SECONDS = _whole_seconds("DJANGO_SECURE_HSTS_SECONDS", 60 * 60 * 24 * 365)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
     if os.environ.get("DJANGO_SECURE_PROXY_SSL_HEADER") == "1":
@@ -55,6 +66,10 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # The page's script and styles under any server, uvicorn and gunicorn included (README's
+    # snippet does the same). The demo serves them from the apps' folders (no collectstatic);
+    # a copy of this site would run collectstatic into STATIC_ROOT instead.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -110,6 +125,8 @@ if os.environ.get("REDIS_URL"):
     }
 
 STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+WHITENOISE_USE_FINDERS = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 LOGIN_URL = "/admin/login/"

@@ -11,7 +11,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from django_ragchat.admin import views as admin_views
-from django_ragchat.admin.base import ReadOnlyAdmin, admin_link, short
+from django_ragchat.admin.base import ReadOnlyAdmin, admin_link, short, user_link
 from django_ragchat.models import (
     Feedback,
     Message,
@@ -207,7 +207,7 @@ class FeedbackAdmin(ReadOnlyAdmin):
 
     @admin.display(description="by", ordering="user")
     def rater(self, obj):
-        return admin_link(obj.user) if obj.user_id else "anonymous visitor"
+        return user_link(obj.user) if obj.user_id else "anonymous visitor"
 
     @admin.display(description="comment")
     def short_comment(self, obj):
