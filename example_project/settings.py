@@ -29,11 +29,11 @@ CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS",
 
 
 
-def _whole_seconds(name: str, default: int) -> int:
-    """The environment variable ``name`` as a whole number of seconds (0 or more)."""
+def _whole_number(name: str, default: int, unit: str = "seconds") -> int:
+    """The environment variable ``name`` as a whole number (0 or more), or ImproperlyConfigured."""
     value = os.environ.get(name, "").strip() or str(default)
     if not value.isdigit():
-        raise ImproperlyConfigured(f"{name} must be a whole number of seconds (0 or more), not {value!r}.")
+        raise ImproperlyConfigured(f"{name} must be a whole number of {unit} (0 or more), not {value!r}.")
     return int(value)
 
 
@@ -43,7 +43,7 @@ if not DEBUG:
     SECURE_SSL_REDIRECT = os.environ.get("DJANGO_SECURE_SSL_REDIRECT", "1") == "1"
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
-    SECURE_HSTS_SECONDS = _whole_seconds("DJANGO_SECURE_HSTS_SECONDS", 60 * 60 * 24 * 365)
+    SECURE_HSTS_SECONDS = _whole_number("DJANGO_SECURE_HSTS_SECONDS", 60 * 60 * 24 * 365)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
     if os.environ.get("DJANGO_SECURE_PROXY_SSL_HEADER") == "1":
@@ -114,6 +114,9 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
 
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 if os.environ.get("REDIS_URL"):
+    # Several worker processes: the per-user limits are counted in one cache for all of them.
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                          "LOCATION": os.environ["REDIS_URL"]}}
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -129,7 +132,7 @@ STATIC_ROOT = BASE_DIR / "var" / "static"
 WHITENOISE_USE_FINDERS = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "ragchat:login"  # the chat's own sign-in page, for any user (README)
 
 # No REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]: the API views set their schema class themselves.
 SPECTACULAR_SETTINGS = {"TITLE": "django-ragchat demo API", "VERSION": "1"}
@@ -140,6 +143,9 @@ RAGCHAT = {
     "PROFILES": {
         "default": {},
     },
+    # How long signed-in users' chat data is kept (ragchat_purge, daily): your privacy policy's
+    # number of days. Unset, it is kept forever and `check --deploy` says so (ragchat.W033).
+    "USER_RETENTION_DAYS": _whole_number("RAGCHAT_USER_RETENTION_DAYS", 0, "days") or None,
 }
 # With a model server named by the environment, the demo answers and embeds through it
 # (OpenAI, or any OpenAI-compatible server: Ollama, vLLM, llama.cpp; see docs/openai.md).
