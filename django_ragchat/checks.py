@@ -81,6 +81,10 @@ def check_settings(app_configs=None, **kwargs):
         if value is not None and (not isinstance(value, (int, float)) or value < 0):
             errors.append(Error(f"RAGCHAT[{key!r}] must be a number of days or None, not {value!r}.",
                                 hint="None keeps conversations forever.", id="ragchat.E007"))
+    if ragchat_settings.CITED_SOURCES_ONLY not in (True, False, "signed_out"):
+        errors.append(Error(f"RAGCHAT['CITED_SOURCES_ONLY'] must be True, False or \"signed_out\", not "
+                            f"{ragchat_settings.CITED_SOURCES_ONLY!r}.", hint="Remove it to use the default.",
+                            id="ragchat.E007"))
     for key, signature in (("CONVERSATION_PERMISSION", "(user, conversation, session_key)"),
                            ("CONVERSATION_CHANGE_PERMISSION", "(user, conversation, session_key)"),
                            ("DOCUMENT_PERMISSION", "(user)")):

@@ -53,6 +53,9 @@ RAGCHAT = {
     **RAGCHAT,
     "PLUGINS": ["tests.streaming_plugin"],
     "ALLOW_ANONYMOUS": True,
+    # The browser tests read every passage an answer was given (their visitors are anonymous,
+    # who see only the cited ones by default); tests/test_browser.py checks that default apart.
+    "CITED_SOURCES_ONLY": False,
     "TURNS_PER_MINUTE": 25,
     "MAX_CONCURRENT_STREAMS": 3,
     "PROFILES": {

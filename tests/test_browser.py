@@ -671,6 +671,41 @@ def test_a_replace_event_shows_the_final_text_before_done(page, asgi):
     assert states["ended"] == "From the cache."
 
 
+def test_cited_sources_only_shows_the_cited_passages_once_the_answer_is_saved(page, asgi):
+    """``CITED_SOURCES_ONLY`` (on for signed-out visitors by default): no passage while the
+    answer is written, then only the cited ones; [n] still links to its passage."""
+    open_chat(page, f"{asgi.url}/chat/")
+    states = js(page, """
+        const w = document.querySelector('.ragchat').ragchat;
+        w.config.citedSourcesOnly = true;
+        const turn = w.startTurnView(false, 'How much?');
+        const shown = () => [...turn.answer.sourceList.children].filter(li => !li.hidden)
+                                .map(li => li.querySelector('.ragchat-source-title').textContent);
+        const listed = () => !turn.answer.sourceList.hidden;
+        const sources = [1, 2, 3].map(i => ({index: i, chunk_id: i, document_id: i, source: `d${i}.md`,
+                                              title: `Doc ${i}`, heading: '', snippet: `Text ${i}.`}));
+        const states = {};
+        w.onEvent(turn, {type: 'ack', assistant_message_id: 9, user_seq: 1});
+        w.onEvent(turn, {type: 'sources', sources});
+        w.onEvent(turn, {type: 'delta', text: 'It costs $699 [2].', index: 0});
+        w.renderBody(turn.answer);
+        states.streaming = [listed(), shown()];
+        w.onEvent(turn, {type: 'done', message: {id: 9, role: 'assistant', status: 'complete',
+          content: 'It costs $699 [2].', sources,
+          citations: [{index: 2, chunk_id: 2, source: 'd2.md', title: 'Doc 2'}]}});
+        states.done = [listed(), shown(), [...turn.answer.body.querySelectorAll('a.ragchat-cite')].map(a => a.hash)];
+        const declined = w.startTurnView(false, 'Anything?');
+        w.onEvent(declined, {type: 'ack', assistant_message_id: 11, user_seq: 3});
+        w.onEvent(declined, {type: 'done', message: {id: 11, role: 'assistant', status: 'complete',
+          content: 'The documents do not say.', sources, citations: []}});
+        states.declined = !declined.answer.sourceList.hidden || !declined.answer.sourcesLabel.hidden;
+        return states;
+    """)
+    assert states["streaming"] == [False, []]
+    assert states["done"][:2] == [True, ["Doc 2"]] and states["done"][2] and states["done"][2][0].endswith("-source-2")
+    assert states["declined"] is False
+
+
 def test_a_dropped_websocket_comes_back(page, asgi, product_corpus):
     open_chat(page, f"{asgi.url}/chat/")
     ask(page, QUESTION)

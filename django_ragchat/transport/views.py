@@ -51,7 +51,18 @@ def page_config(request) -> dict:
         "websocket": get_script_prefix() + WEBSOCKET_PATH if isinstance(request, ASGIRequest) else None,
         "csrfToken": get_token(request),
         "maxMessageChars": ragchat_settings.MAX_MESSAGE_CHARS,
+        "citedSourcesOnly": cited_sources_only(request),
     }
+
+
+def cited_sources_only(request) -> bool:
+    """Whether the widget shows this caller only the passages an answer cites
+    (``CITED_SOURCES_ONLY``: ``True``, ``False`` or ``"signed_out"``)."""
+    setting = ragchat_settings.CITED_SOURCES_ONLY
+    if setting == "signed_out":
+        user = getattr(request, "user", None)
+        return not (user is not None and user.is_authenticated)
+    return bool(setting)
 
 
 def may_chat(request) -> bool:

@@ -278,12 +278,26 @@ class ChatWidget {
       if (text) item.append(el("p", "ragchat-source-snippet", text));
       view.sourceList.append(item);
     }
+    this.showCitedOnly(view, citedIndexes);
   }
 
   markCited(view, citedIndexes) {
     for (const item of view.sourceList.children) {
       item.classList.toggle("ragchat-source-cited", citedIndexes.has(Number(item.value)));
     }
+    this.showCitedOnly(view, citedIndexes);
+  }
+
+  /* CITED_SOURCES_ONLY (docs/widget.md): only the passages the answer cites are shown, so
+     none while it is being written; the others stay in the page's data for its [n] links. */
+  showCitedOnly(view, citedIndexes) {
+    if (!this.config.citedSourcesOnly) return;
+    let shown = 0;
+    for (const item of view.sourceList.children) {
+      item.hidden = !citedIndexes.has(Number(item.value));
+      if (!item.hidden) shown += 1;
+    }
+    view.sourceList.hidden = view.sourcesLabel.hidden = shown === 0;
   }
 
   /* The saved answer's passages: the cited ones first (each keeps its number, so [4] still
@@ -293,6 +307,7 @@ class ChatWidget {
     items.sort((a, b) => citedIndexes.has(Number(b.value)) - citedIndexes.has(Number(a.value)));
     view.sourceList.append(...items);
     view.sourcesLabel.textContent = citedIndexes.size || !items.length ? "Sources" : "Searched, none cited";
+    this.showCitedOnly(view, citedIndexes);
   }
 
   /* A saved message (history, or the end of a turn) shown as the server has it. */
