@@ -383,3 +383,22 @@ def unknown_id() -> str:
 def words(n: int) -> str:
     """A model-free answer of exactly ``n`` distinct tokens, to count what a client receives."""
     return " ".join(f"word{i}" for i in range(n))
+
+
+def chromium(scratch: Path, window: str = "1280,900"):
+    """Headless Chromium (Debian's, through /usr/bin/chromedriver) with a profile and scratch
+    files under ``scratch`` (pytest's directory, not the system's temp folder)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--no-first-run", f"--user-data-dir={scratch / 'chromium-profile'}", f"--window-size={window}",
+                     "--force-device-scale-factor=1"):
+        options.add_argument(argument)
+    service = Service(executable_path="/usr/bin/chromedriver", env={**os.environ, "TMPDIR": str(scratch)})
+    driver = webdriver.Chrome(service=service, options=options)
+    driver.set_page_load_timeout(30)
+    return driver

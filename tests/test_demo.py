@@ -63,10 +63,8 @@ def test_the_demo_under_uvicorn_serves_its_script_and_icon_and_fits_a_phone(tmp_
     import time
 
     import httpx
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
 
-    from tests.live_servers import free_port
+    from tests.live_servers import chromium, free_port
 
     env = {k: v for k, v in os.environ.items()
            if k not in ("DJANGO_SETTINGS_MODULE", "OPENAI_API_KEY", "RAGCHAT_LLM_BASE_URL", "DATABASE_URL",
@@ -98,14 +96,7 @@ def test_the_demo_under_uvicorn_serves_its_script_and_icon_and_fits_a_phone(tmp_
             icon = client.get("/favicon.ico")
             assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
 
-        options = webdriver.ChromeOptions()
-        options.binary_location = "/usr/bin/chromium"
-        for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                         "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=390,844",
-                         "--force-device-scale-factor=1"):
-            options.add_argument(argument)
-        driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver", env={**os.environ, "TMPDIR": str(tmp_path)}),
-                                  options=options)
+        driver = chromium(tmp_path, window="390,844")
         try:
             driver.get(url + "/")
             for _ in range(200):

@@ -33,7 +33,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect as ws_connect
 
-from tests.live_servers import free_port, parse_sse
+from tests.live_servers import chromium, free_port, parse_sse
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTION = "How much does the Aurora X2 cost?"
@@ -279,20 +279,8 @@ def test_server_sent_events_under_gunicorn(new_site):
 
 
 @pytest.fixture
-def chromium(tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1280,900",
-                     "--force-device-scale-factor=1"):
-        options.add_argument(argument)
-    service = Service(executable_path="/usr/bin/chromedriver", env={**os.environ, "TMPDIR": str(tmp_path)})
-    driver = webdriver.Chrome(service=service, options=options)
-    driver.set_page_load_timeout(30)
+def browser(tmp_path):
+    driver = chromium(tmp_path)
     try:
         yield driver
     finally:
@@ -300,7 +288,7 @@ def chromium(tmp_path):
 
 
 @pytest.mark.browser
-def test_in_chromium_a_customer_signs_in_and_chats_and_a_reviewer_reaches_the_admin_pages(new_site, chromium):
+def test_in_chromium_a_customer_signs_in_and_chats_and_a_reviewer_reaches_the_admin_pages(new_site, browser):
     """README's site, used as people would: a customer given an account in the admin signs in
     where the chat page sends them and gets a cited answer; a member of the reviewers' group
     (``ragchat_admin_group --add``) reads the conversation, its trace, the customer's chat data
@@ -310,60 +298,60 @@ def test_in_chromium_a_customer_signs_in_and_chats_and_a_reviewer_reaches_the_ad
 
     shots = ROOT / "var" / "screenshots"
     shots.mkdir(parents=True, exist_ok=True)
-    wait = WebDriverWait(chromium, 30)
+    wait = WebDriverWait(browser, 30)
     with running(new_site, "shell serve-asgi") as (url, log):
         add_customer(url, "carol")
         add_customer(url, "rita")
         run([str(new_site["python"]), "manage.py", "ragchat_admin_group", "--add", "rita"], new_site["project"],
             new_site["env"])
 
-        chromium.get(f"{url}/chat/")
-        assert chromium.current_url == f"{url}/chat/login/?next=/chat/"
-        chromium.save_screenshot(str(shots / "startproject-sign-in.png"))
-        chromium.find_element(By.NAME, "username").send_keys("carol")
-        chromium.find_element(By.NAME, "password").send_keys(PASSWORD)
-        chromium.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        browser.get(f"{url}/chat/")
+        assert browser.current_url == f"{url}/chat/login/?next=/chat/"
+        browser.save_screenshot(str(shots / "startproject-sign-in.png"))
+        browser.find_element(By.NAME, "username").send_keys("carol")
+        browser.find_element(By.NAME, "password").send_keys(PASSWORD)
+        browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
         wait.until(lambda d: d.execute_script(
             "const w = document.querySelector('.ragchat'); return w && w.dataset.ready === 'true'"))
-        chromium.find_element(By.CSS_SELECTOR, ".ragchat-input").send_keys(QUESTION)
-        chromium.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+        browser.find_element(By.CSS_SELECTOR, ".ragchat-input").send_keys(QUESTION)
+        browser.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
         wait.until(lambda d: "$699" in d.execute_script(
             "const a = document.querySelectorAll('.ragchat-assistant .ragchat-body'); return a.length ? "
             "a[a.length - 1].textContent : ''"))
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant .ragchat-sources > li"))
-        assert "Signed in as carol" in chromium.find_element(By.CSS_SELECTOR, ".ragchat-account").text
-        chromium.save_screenshot(str(shots / "startproject-customer-chat.png"))
+        assert "Signed in as carol" in browser.find_element(By.CSS_SELECTOR, ".ragchat-account").text
+        browser.save_screenshot(str(shots / "startproject-customer-chat.png"))
 
-        chromium.delete_all_cookies()
-        chromium.get(f"{url}/admin/")
-        chromium.find_element(By.ID, "id_username").send_keys("rita")
-        chromium.find_element(By.ID, "id_password").send_keys(PASSWORD)
-        chromium.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
+        browser.delete_all_cookies()
+        browser.get(f"{url}/admin/")
+        browser.find_element(By.ID, "id_username").send_keys("rita")
+        browser.find_element(By.ID, "id_password").send_keys(PASSWORD)
+        browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
         wait.until(lambda d: d.find_elements(By.ID, "user-tools"))
-        chromium.get(f"{url}/admin/django_ragchat/conversation/")
-        row = chromium.find_element(By.CSS_SELECTOR, "#result_list tbody tr")
+        browser.get(f"{url}/admin/django_ragchat/conversation/")
+        row = browser.find_element(By.CSS_SELECTOR, "#result_list tbody tr")
         assert QUESTION in row.text and "carol" in row.text
-        chromium.save_screenshot(str(shots / "startproject-reviewer-conversations.png"))
+        browser.save_screenshot(str(shots / "startproject-reviewer-conversations.png"))
         row.find_element(By.CSS_SELECTOR, "th a").click()
         wait.until(lambda d: d.find_elements(By.ID, "ragchat-transcript"))
-        trace = chromium.find_element(By.CSS_SELECTOR, "details.ragchat-trace")
-        chromium.execute_script("arguments[0].scrollIntoView({block: 'start'})", trace)
+        trace = browser.find_element(By.CSS_SELECTOR, "details.ragchat-trace")
+        browser.execute_script("arguments[0].scrollIntoView({block: 'start'})", trace)
         trace.find_element(By.TAG_NAME, "summary").click()
         wait.until(lambda d: trace.find_element(By.CSS_SELECTOR, ".ragchat-trace-documents").is_displayed())
-        chromium.save_screenshot(str(shots / "startproject-reviewer-trace.png"))
+        browser.save_screenshot(str(shots / "startproject-reviewer-trace.png"))
 
-        chromium.get(f"{url}/admin/django_ragchat/conversation/")
-        chromium.find_element(By.LINK_TEXT, "carol").click()  # the owner: their chat data page
+        browser.get(f"{url}/admin/django_ragchat/conversation/")
+        browser.find_element(By.LINK_TEXT, "carol").click()  # the owner: their chat data page
         wait.until(lambda d: d.find_elements(By.ID, "ragchat-user-data-counts"))
-        assert "Chat data of carol" in chromium.title or "carol" in chromium.find_element(By.ID, "content").text
-        export = chromium.find_element(By.LINK_TEXT, "Export as JSON").get_attribute("href")
-        chromium.save_screenshot(str(shots / "startproject-reviewer-user-data.png"))
+        assert "Chat data of carol" in browser.title or "carol" in browser.find_element(By.ID, "content").text
+        export = browser.find_element(By.LINK_TEXT, "Export as JSON").get_attribute("href")
+        browser.save_screenshot(str(shots / "startproject-reviewer-user-data.png"))
         for path in ("/admin/django_ragchat/memoryrecord/", "/admin/django_ragchat/feedback/",
                      "/admin/django_ragchat/message/", "/admin/django_ragchat/document/",
                      "/admin/django_ragchat/conversation/user-data/?q=car"):
-            chromium.get(url + path)
-            assert "403" not in chromium.title and chromium.find_elements(By.ID, "content"), path
-        cookies = {c["name"]: c["value"] for c in chromium.get_cookies()}
+            browser.get(url + path)
+            assert "403" not in browser.title and browser.find_elements(By.ID, "content"), path
+        cookies = {c["name"]: c["value"] for c in browser.get_cookies()}
         with httpx.Client(cookies=cookies, timeout=30) as client:
             exported = client.get(export)
         assert exported.status_code == 200 and exported.json()["user"]["id"]
