@@ -385,20 +385,33 @@ def words(n: int) -> str:
     return " ".join(f"word{i}" for i in range(n))
 
 
-def chromium(scratch: Path, window: str = "1280,900"):
-    """Headless Chromium (Debian's, through /usr/bin/chromedriver) with a profile and scratch
-    files under ``scratch`` (pytest's directory, not the system's temp folder)."""
+@contextlib.contextmanager
+def chromium(window: str = "1280,900"):
+    """Headless Chromium (Debian's, through /usr/bin/chromedriver), its profile and scratch
+    files in a folder of its own under the tests' temp folder (var/tmp/, tests/conftest.py),
+    removed afterwards. Short on purpose: Chromium puts a UNIX socket (at most 107 bytes of
+    path) under its TMPDIR, which a pytest tmp_path in the checkout can exceed."""
+    import shutil
+    import tempfile
+
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
+    scratch = Path(tempfile.mkdtemp(prefix="chr"))
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                      "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--no-first-run", f"--user-data-dir={scratch / 'chromium-profile'}", f"--window-size={window}",
+                     "--no-first-run", f"--user-data-dir={scratch / 'profile'}", f"--window-size={window}",
                      "--force-device-scale-factor=1"):
         options.add_argument(argument)
     service = Service(executable_path="/usr/bin/chromedriver", env={**os.environ, "TMPDIR": str(scratch)})
-    driver = webdriver.Chrome(service=service, options=options)
-    driver.set_page_load_timeout(30)
-    return driver
+    try:
+        driver = webdriver.Chrome(service=service, options=options)
+        driver.set_page_load_timeout(30)
+        try:
+            yield driver
+        finally:
+            driver.quit()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -14,18 +14,15 @@ README's picture).
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
 from django_ragchat.models import Conversation, Feedback, Message
-from tests.live_servers import caller_for
+from tests.live_servers import caller_for, chromium
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -35,25 +32,9 @@ QUESTION = "How much does the Aurora X2 cost?"
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--no-first-run", f"--user-data-dir={profile}", "--window-size=1200,900",
-                     "--force-device-scale-factor=1"):
-        options.add_argument(argument)
-    # Chromium and its driver write scratch files to TMPDIR: pytest's directory, not /tmp.
-    scratch = tmp_path_factory.mktemp("chromium-tmp")
-    service = Service(executable_path="/usr/bin/chromedriver", env={**os.environ, "TMPDIR": str(scratch)})
-    driver = webdriver.Chrome(service=service, options=options)
-    driver.set_page_load_timeout(30)
-    try:
+def browser():
+    with chromium(window="1200,900") as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture

@@ -96,8 +96,7 @@ def test_the_demo_under_uvicorn_serves_its_script_and_icon_and_fits_a_phone(tmp_
             icon = client.get("/favicon.ico")
             assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
 
-        driver = chromium(tmp_path, window="390,844")
-        try:
+        with chromium(window="390,844") as driver:
             driver.get(url + "/")
             for _ in range(200):
                 if driver.execute_script("const w = document.querySelector('.ragchat'); "
@@ -109,8 +108,6 @@ def test_the_demo_under_uvicorn_serves_its_script_and_icon_and_fits_a_phone(tmp_
             shots = ROOT / "var" / "screenshots"
             shots.mkdir(parents=True, exist_ok=True)
             driver.save_screenshot(str(shots / "demo-phone.png"))
-        finally:
-            driver.quit()
         assert notice <= 0.08 * screen, f"the notice takes {notice:.0f} of {screen} px"
     finally:
         server.terminate()

@@ -279,12 +279,9 @@ def test_server_sent_events_under_gunicorn(new_site):
 
 
 @pytest.fixture
-def browser(tmp_path):
-    driver = chromium(tmp_path)
-    try:
+def browser():
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.mark.browser
