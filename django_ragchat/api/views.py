@@ -135,7 +135,9 @@ class RagchatAPIView(APIView):
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
-        if request.method in ("POST", "PUT", "PATCH") and not has_body(request):
+        method = request.method.lower()
+        served = method in self.http_method_names and hasattr(self, method)  # else 405, as before
+        if method in ("post", "put", "patch") and served and not has_body(request):
             # No body is not an empty change: a client that lost its body must not create or
             # edit anything with the defaults (the same code as a body that is not JSON).
             raise APIError(400, "parse_error", "The request has no body: send a JSON object.")
