@@ -267,9 +267,8 @@ def check_login_url(app_configs=None, **kwargs):
     return [Warning(
         f"settings.LOGIN_URL is {login_url!r}, which this site's URLs do not resolve: the chat page sends "
         "visitors who are not signed in there, to a 404.",
-        hint="Point LOGIN_URL at your sign-in page (a URL name such as 'admin:login' works), add "
-             "path('accounts/', include('django.contrib.auth.urls')) with a registration/login.html template, "
-             "or set RAGCHAT['ALLOW_ANONYMOUS'] = True.",
+        hint="Point LOGIN_URL at your sign-in page, or at the chat's own: LOGIN_URL = 'ragchat:login' (any user "
+             "of the site; the admin's sign-in page refuses all but staff), or set RAGCHAT['ALLOW_ANONYMOUS'] = True.",
         id="ragchat.W031",
     )]
 

@@ -1,6 +1,8 @@
 """The system checks that tell a site what it is missing, each with its id and a hint:
-ragchat.W030 (ASGI without a channel layer), ragchat.W031 (LOGIN_URL does not resolve) and
-ragchat.W011 on a plain ``manage.py check`` (a PostgreSQL space without its HNSW index)."""
+ragchat.W030 (ASGI without a channel layer), ragchat.W031 (LOGIN_URL does not resolve),
+ragchat.W011 on a plain ``manage.py check`` (a PostgreSQL space without its HNSW index),
+ragchat.W032 (a per-process layer or cache for several workers) and ragchat.W033 (chat data
+kept forever)."""
 
 from __future__ import annotations
 
