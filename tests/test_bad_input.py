@@ -176,6 +176,7 @@ def endpoint_objects(user):
     Message.objects.create(conversation=conversation, seq=1, role="user", content="Hi")
     answer = Message.objects.create(conversation=conversation, seq=2, role="assistant", content="Hello",
                                     status=Message.Status.COMPLETE)
+    Conversation.objects.filter(pk=conversation.pk).update(last_seq=2)  # as a turn leaves it
     memory = MemoryRecord.objects.create(user=user, kind="fact", content="likes tea")
     return conversation, answer, memory
 
