@@ -165,7 +165,9 @@ def database(tmpdir: str):
     url = os.environ.get("DATABASE_URL")
     if url:
         config = dj_database_url.parse(url)
-        name = f"test_{config['NAME']}_streaming"
+        # A name of this run's own: two runs on one server (two checkouts, the SQLite and the
+        # PostgreSQL pass side by side) must not drop each other's database.
+        name = f"test_{config['NAME']}_streaming_{os.getpid()}"
         env = {"RAGCHAT_BENCH_DB_ENGINE": config["ENGINE"], "RAGCHAT_BENCH_DB_NAME": name,
                "RAGCHAT_BENCH_DB_HOST": str(config.get("HOST") or ""),
                "RAGCHAT_BENCH_DB_PORT": str(config.get("PORT") or ""),

@@ -13,6 +13,10 @@ ragchat.W020  a profile uses api.openai.com but the API key's environment variab
 ragchat.W030  an ASGI site without a channel layer: sockets work alone (no live second tab,
               no cancel from another tab or worker)
 ragchat.W031  settings.LOGIN_URL does not resolve: the chat page would send visitors to a 404
+ragchat.W032  the channel layer or the default cache is per process while several worker
+              processes are configured (WEB_CONCURRENCY), or, with ``--deploy``, at all: events,
+              cancels, logouts and per-user limits would not reach across workers
+ragchat.W033  (``--deploy``) USER_RETENTION_DAYS is None: signed-in users' chat data is kept forever
 ragchat.W011  an embedding space with chunks has no valid HNSW index (PostgreSQL); run by plain
               ``check`` too (one query; skipped quietly when the database cannot be reached)
 ragchat.W041  a profile offers tools to an LLM backend that calls none (the extractive answerer)
@@ -41,6 +45,7 @@ ragchat.W012  the full-text index is missing (SQLite: its triggers were dropped)
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from django.conf import settings
@@ -92,6 +97,10 @@ def check_settings(app_configs=None, **kwargs):
         if value is not None and (not isinstance(value, (int, float)) or value < 0):
             errors.append(Error(f"RAGCHAT[{key!r}] must be a number of days or None, not {value!r}.",
                                 hint="None keeps conversations forever.", id="ragchat.E007"))
+    if ragchat_settings.CITED_SOURCES_ONLY not in (True, False, "signed_out"):
+        errors.append(Error(f"RAGCHAT['CITED_SOURCES_ONLY'] must be True, False or \"signed_out\", not "
+                            f"{ragchat_settings.CITED_SOURCES_ONLY!r}.", hint="Remove it to use the default.",
+                            id="ragchat.E007"))
     for key, signature in (("CONVERSATION_PERMISSION", "(user, conversation, session_key)"),
                            ("CONVERSATION_CHANGE_PERMISSION", "(user, conversation, session_key)"),
                            ("DOCUMENT_PERMISSION", "(user)"),
@@ -317,9 +326,8 @@ def check_login_url(app_configs=None, **kwargs):
     return [Warning(
         f"settings.LOGIN_URL is {login_url!r}, which this site's URLs do not resolve: the chat page sends "
         "visitors who are not signed in there, to a 404.",
-        hint="Point LOGIN_URL at your sign-in page (a URL name such as 'admin:login' works), add "
-             "path('accounts/', include('django.contrib.auth.urls')) with a registration/login.html template, "
-             "or set RAGCHAT['ALLOW_ANONYMOUS'] = True.",
+        hint="Point LOGIN_URL at your sign-in page, or at the chat's own: LOGIN_URL = 'ragchat:login' (any user "
+             "of the site; the admin's sign-in page refuses all but staff), or set RAGCHAT['ALLOW_ANONYMOUS'] = True.",
         id="ragchat.W031",
     )]
 
@@ -440,3 +448,76 @@ def check_sources(app_configs=None, **kwargs):
                                  hint="Run manage.py ragchat_sync (live sync then keeps it current).",
                                  id="ragchat.W050"))
     return found
+
+
+# Backends that keep their data in the process: each worker process has its own.
+PER_PROCESS_LAYERS = ("channels.layers.InMemoryChannelLayer",)
+PER_PROCESS_CACHES = ("django.core.cache.backends.locmem.LocMemCache", "django.core.cache.backends.dummy.DummyCache")
+
+
+def _per_process() -> list[str]:
+    """What the site keeps per worker process that the chat needs shared across them."""
+    found = []
+    layer = (getattr(settings, "CHANNEL_LAYERS", None) or {}).get("default", {}).get("BACKEND")
+    if getattr(settings, "ASGI_APPLICATION", None) and layer in PER_PROCESS_LAYERS:
+        found.append(f"the channel layer ({layer.rsplit('.', 1)[-1]}: a second tab, a cancel and a logout reach "
+                     f"only the sockets of the worker that runs the turn)")
+    cache = settings.CACHES.get("default", {}).get("BACKEND")
+    limited = ragchat_settings.TURNS_PER_MINUTE or ragchat_settings.MAX_CONCURRENT_STREAMS
+    if cache in PER_PROCESS_CACHES and limited:
+        found.append(f"the default cache ({cache.rsplit('.', 1)[-1]}: TURNS_PER_MINUTE and MAX_CONCURRENT_STREAMS "
+                     f"are counted per worker, so N workers allow N times as much)")
+    return found
+
+
+def _workers_configured() -> int:
+    """The worker processes the environment asks for (``WEB_CONCURRENCY``, which gunicorn and
+    uvicorn take as their default ``--workers``); 1 when it says nothing."""
+    try:
+        return max(1, int(os.environ.get("WEB_CONCURRENCY", "1")))
+    except ValueError:
+        return 1
+
+
+def _shared_state_warning(workers: str, found: list[str]) -> Warning:
+    return Warning(
+        f"{workers}, but this site keeps per process " + "; and ".join(found) + ".",
+        hint="Give every worker the same Redis: the channels_redis layer and a Redis (or Memcached) cache, as "
+             "docs/deployment.md (\"Several worker processes\") shows. With one worker process, silence "
+             "ragchat.W032.",
+        id="ragchat.W032",
+    )
+
+
+@register(Tags.compatibility)
+def check_several_workers(app_configs=None, **kwargs):
+    """W032: several worker processes (WEB_CONCURRENCY) with a per-process layer or cache."""
+    workers = _workers_configured()
+    found = _per_process()
+    if workers < 2 or not found:
+        return []
+    return [_shared_state_warning(f"WEB_CONCURRENCY asks for {workers} worker processes", found)]
+
+
+@register(Tags.compatibility, deploy=True)
+def check_several_workers_deploy(app_configs=None, **kwargs):
+    """W032 with ``--deploy``: a production site usually runs several workers (docs/deployment.md's
+    ``--workers 4``); whatever WEB_CONCURRENCY says, a per-process layer or cache is named."""
+    found = _per_process()
+    if _workers_configured() >= 2 or not found:
+        return []  # said by check_several_workers, or nothing to say
+    return [_shared_state_warning("With more than one worker process (gunicorn or uvicorn --workers N)", found)]
+
+
+@register(Tags.security, deploy=True)
+def check_user_retention(app_configs=None, **kwargs):
+    """W033: signed-in users' conversations are kept forever unless USER_RETENTION_DAYS is set."""
+    if ragchat_settings.USER_RETENTION_DAYS is not None:
+        return []
+    return [Warning(
+        "RAGCHAT['USER_RETENTION_DAYS'] is None: signed-in users' conversations, messages, traces and memory "
+        "records are kept forever (anonymous ones for ANONYMOUS_RETENTION_DAYS).",
+        hint="Set it to the number of days your privacy policy keeps chat data and run `manage.py ragchat_purge` "
+             "daily (docs/settings.md); if keeping them is intended, silence ragchat.W033.",
+        id="ragchat.W033",
+    )]

@@ -41,6 +41,9 @@ DEFAULTS: dict[str, Any] = {
     "USER_RETENTION_DAYS": None,
     # Allow conversations without a signed-in user, bound to the session key.
     "ALLOW_ANONYMOUS": False,
+    # The chat widget shows only the passages an answer cites (not every passage it was built
+    # from): True for everyone, False for nobody, "signed_out" for visitors who are not signed in.
+    "CITED_SOURCES_ONLY": "signed_out",
     # An answer being written is a lease, not a lock: its worker renews it every
     # STREAM_HEARTBEAT_SECONDS (saving the partial text), and an answer whose lease is
     # STREAM_LEASE_SECONDS past its last renewal belongs to a dead worker: it is marked

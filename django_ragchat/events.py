@@ -2,11 +2,13 @@
 API, the terminal). ``to_dict()`` gives the wire form documented in docs/protocol.md.
 
 A turn's events, in order: ``ack`` -> ``status`` ("retrieving") -> ``sources`` -> ``status``
-("generating") -> ``delta``... -> ``done``; or ``error`` at any point after ``ack``. An output
-guardrail that asks the model again sends ``retry`` after the deltas: the text so far is
-discarded and the new answer's deltas start again at index 0. When the model calls tools, each
-call sends ``tool_call`` (again when it awaits the user's approval, and once approved) and ends
-with ``tool_result``; the model's text goes on after them with the next ``delta`` index.
+("generating") -> ``delta``... -> (``replace``) -> ``done``; or ``error`` at any point after
+``ack``. An output guardrail that asks the model again sends ``retry`` after the deltas: the
+text so far is discarded and the new answer's deltas start again at index 0. When the model
+calls tools, each call sends ``tool_call`` (again when it awaits the user's approval, and once
+approved) and ends with ``tool_result``; the model's text goes on after them with the next
+``delta`` index. A streamed turn always ends with the deltas (or their ``replace``) spelling the
+saved answer: a turn a component ended early streams its answer as one ``delta``.
 """
 
 from __future__ import annotations
@@ -78,6 +80,17 @@ class Retry(TurnEvent):
     type: ClassVar[str] = "retry"
     attempt: int
     guardrail: str
+
+
+@dataclass(frozen=True)
+class Replace(TurnEvent):
+    """The answer's final text, when it differs from what the ``delta`` events assembled (an
+    advisor or an output guardrail changed it after the model, a response augmenter rebuilt
+    it): clients replace the text they assembled with ``text``. Sent after the last ``delta``,
+    before ``done`` (whose message carries the same text)."""
+
+    type: ClassVar[str] = "replace"
+    text: str
 
 
 @dataclass(frozen=True)

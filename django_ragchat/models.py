@@ -74,8 +74,8 @@ class Message(models.Model):
         INCOMPLETE = "incomplete", _("incomplete")
         # The model or a component failed: the partial text is kept, metadata["error"] says why.
         ERROR = "error", _("error")
-        # Its worker died (the lease expired without a heartbeat): the text of the last
-        # heartbeat is kept.
+        # Its worker died (the lease expired without a heartbeat, or its process is gone): the
+        # text of the last heartbeat is kept.
         INTERRUPTED = "interrupted", _("interrupted")
 
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
@@ -95,6 +95,9 @@ class Message(models.Model):
     # While "streaming": the answer's worker renews this (persistence.Heartbeat) with the
     # partial text; once it is past, the worker is taken to be dead (see persistence.begin_turn).
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The worker process that renews the lease (``turn.workers.identity``): a lease whose
+    # worker is known to be dead is closed at once instead of at its expiry.
+    lease_holder = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -330,6 +333,10 @@ class TurnTrace(models.Model):
         return f"Trace of message {self.message_id}"
 
 
+#: The longest memory record a person may write (a fact, a corrected summary).
+MEMORY_MAX_CHARS = 20_000
+
+
 class MemoryRecord(models.Model):
     """Long-term memory: a rolling summary or a fact, about a user or a conversation.
 
@@ -350,7 +357,8 @@ class MemoryRecord(models.Model):
         Conversation, null=True, blank=True, on_delete=models.CASCADE, related_name="memories"
     )
     kind = models.CharField(max_length=16, choices=Kind.choices)
-    content = models.TextField()
+    # Capped where people write it (the admin's form, the REST API), not in the database.
+    content = models.TextField(max_length=MEMORY_MAX_CHARS)
     covers_until_seq = models.PositiveIntegerField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

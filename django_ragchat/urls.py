@@ -14,6 +14,9 @@ app_name = "ragchat"
 
 urlpatterns = [
     path("", views.chat_page, name="chat"),
+    # Sign-in and sign-out for any user of the site (LOGIN_URL = "ragchat:login", README).
+    path("login/", views.SignInView.as_view(), name="login"),
+    path("logout/", views.SignOutView.as_view(), name="logout"),
     # Ids are matched as strings so a malformed one answers the same JSON 404 as an unknown one.
     path("conversations/<str:conversation_id>/stream/", sse.stream_view, name="stream"),
     # A new conversation: created only once its first message is accepted (id in the ack).

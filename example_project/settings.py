@@ -17,7 +17,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
 _DEMO_SECRET_KEY = "demo-only-not-secret"
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or (_DEMO_SECRET_KEY if DEBUG else "")
-if not SECRET_KEY or (SECRET_KEY == _DEMO_SECRET_KEY and not DEBUG):
+# Compared without surrounding white space: "demo-only-not-secret " is still the demo's key.
+if not SECRET_KEY.strip() or (SECRET_KEY.strip() == _DEMO_SECRET_KEY and not DEBUG):
     raise ImproperlyConfigured(
         "Set DJANGO_SECRET_KEY to a long random value (python -c 'from django.core.management.utils "
         "import get_random_secret_key as k; print(k())'), or DJANGO_DEBUG=1 to run the demo "
@@ -26,13 +27,23 @@ if not SECRET_KEY or (SECRET_KEY == _DEMO_SECRET_KEY and not DEBUG):
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
+
+
+def _whole_number(name: str, default: int, unit: str = "seconds") -> int:
+    """The environment variable ``name`` as a whole number (0 or more), or ImproperlyConfigured."""
+    value = os.environ.get(name, "").strip() or str(default)
+    if not value.isdigit():
+        raise ImproperlyConfigured(f"{name} must be a whole number of {unit} (0 or more), not {value!r}.")
+    return int(value)
+
+
 if not DEBUG:
     # Behind HTTPS (docs/deployment.md, "Production checklist"). A proxy that terminates TLS
     # sets X-Forwarded-Proto; DJANGO_SECURE_PROXY_SSL_HEADER=1 trusts it.
     SECURE_SSL_REDIRECT = os.environ.get("DJANGO_SECURE_SSL_REDIRECT", "1") == "1"
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
-    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_SECURE_HSTS_SECONDS", str(60 * 60 * 24 * 365)))
+    SECURE_HSTS_SECONDS = _whole_number("DJANGO_SECURE_HSTS_SECONDS", 60 * 60 * 24 * 365)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
     if os.environ.get("DJANGO_SECURE_PROXY_SSL_HEADER") == "1":
@@ -57,6 +68,10 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # The page's script and styles under any server, uvicorn and gunicorn included (README's
+    # snippet does the same). The demo serves them from the apps' folders (no collectstatic);
+    # a copy of this site would run collectstatic into STATIC_ROOT instead.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -101,6 +116,9 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
 
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 if os.environ.get("REDIS_URL"):
+    # Several worker processes: the per-user limits are counted in one cache for all of them.
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                          "LOCATION": os.environ["REDIS_URL"]}}
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -112,9 +130,11 @@ if os.environ.get("REDIS_URL"):
     }
 
 STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+WHITENOISE_USE_FINDERS = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "ragchat:login"  # the chat's own sign-in page, for any user (README)
 
 # No REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]: the API views set their schema class themselves.
 SPECTACULAR_SETTINGS = {"TITLE": "django-ragchat demo API", "VERSION": "1"}
@@ -128,6 +148,9 @@ RAGCHAT = {
     # The shop's products, through model sources (docs/sources.md), and the tools over its
     # orders (example_project/orders/ragchat.py, docs/tools.md).
     "PLUGINS": ["example_project.shop.ragchat", "example_project.orders.ragchat"],
+    # How long signed-in users' chat data is kept (ragchat_purge, daily): your privacy policy's
+    # number of days. Unset, it is kept forever and `check --deploy` says so (ragchat.W033).
+    "USER_RETENTION_DAYS": _whole_number("RAGCHAT_USER_RETENTION_DAYS", 0, "days") or None,
 }
 # With a model server named by the environment, the demo answers and embeds through it
 # (OpenAI, or any OpenAI-compatible server: Ollama, vLLM, llama.cpp; see docs/openai.md).

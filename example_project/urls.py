@@ -1,8 +1,11 @@
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path
-from django.views.generic import TemplateView
+from django.views.generic import RedirectView, TemplateView
 
 urlpatterns = [
+    # Browsers ask every site for /favicon.ico (the chat page names its icon; the admin does not).
+    path("favicon.ico", RedirectView.as_view(url=static("django_ragchat/icon.svg"), permanent=True)),
     path("admin/", admin.site.urls),
     path("api/ragchat/", include("django_ragchat.api.urls")),
     # The OpenAI-compatible endpoint: base_url "http://<site>/openai/v1" (docs/openai-endpoint.md).

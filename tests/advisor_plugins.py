@@ -36,11 +36,27 @@ class Bracket(ResponseAugmenter):
         return "~end~"
 
 
+class SourcesLine(ResponseAugmenter):
+    """docs/plugins.md's example, word for word: a tail on streamed answers, the same line
+    added by ``augment`` to whole ones."""
+
+    name = "sources_line"
+    enabled_by_default = False
+
+    def finish(self, turn):
+        names = sorted({d.source for d in (turn.prompt.documents if turn.prompt else ())})
+        return f"\n\n(Sources: {', '.join(names)})" if names else ""
+
+    def augment(self, answer, turn):  # the same line on a whole answer
+        return answer.replace(text=answer.text + self.finish(turn))
+
+
 class Streamed:
     @hookimpl
     def register_response_augmenters(self, register):
         register(Footer)
         register(Bracket)
+        register(SourcesLine)
 
 
 streamed = Streamed()

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 from django.test import override_settings
 
 from django_ragchat import plugins
 from django_ragchat.search.vectorindex import vector_index
+
+# Nothing in the system's temp folder (README): pytest's own directories (tmp_path, the
+# servers' logs) go to var/pytest-of-<user>/ in the checkout (pytest keeps the last three runs
+# there, as it would in /tmp), and what anything else writes to TMPDIR (this process, the
+# servers, browsers and tools the tests start) to var/tmp/. Set before pytest makes its first
+# temporary directory (``--basetemp`` still chooses another place for pytest's own).
+VAR = Path(__file__).resolve().parent.parent / "var"
+(VAR / "tmp").mkdir(parents=True, exist_ok=True)
+os.environ["PYTEST_DEBUG_TEMPROOT"] = str(VAR)
+os.environ["TMPDIR"] = str(VAR / "tmp")
+tempfile.tempdir = None  # read TMPDIR again
 
 # The loopback OpenAI-compatible server fixtures (openai_server, openai_server_session), and
 # the server processes of the streaming tests (asgi, wsgi, redis_workers).

@@ -109,13 +109,23 @@ def daphne(name: str, env: dict[str, str]) -> ServerProcess:
     ], env, port)
 
 
-def gunicorn(name: str, env: dict[str, str]) -> ServerProcess:
+def gunicorn(name: str, env: dict[str, str], threads: int = 16) -> ServerProcess:
     port = free_port()
     return ServerProcess(name, [
         sys.executable, "-m", "gunicorn", "tests.wsgi:application",
         "--bind", f"127.0.0.1:{port}", "--workers", "1", "--worker-class", "gthread",
-        "--threads", "16", "--graceful-timeout", "2", "--log-level", "warning",
+        "--threads", str(threads), "--graceful-timeout", "2", "--log-level", "warning",
     ], env, port)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes ``pid`` started (gunicorn's master: its workers)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
 
 
 # --- fixtures ---------------------------------------------------------------------------------
@@ -188,6 +198,25 @@ def live_cache(live_prefix):
         client.delete(*keys)
     yield
     client.close()
+
+
+def rate_counted(live_prefix: str, user) -> int:
+    """Turns the servers counted against ``user``'s ``TURNS_PER_MINUTE``, over every minute."""
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(client.scan_iter(match=f"{live_prefix}:*:ragchat:rate:u{user.pk}:*", count=1000))
+        return sum(int(client.get(key) or 0) for key in keys)
+    finally:
+        client.close()
+
+
+def slot_keys(live_prefix: str) -> list[bytes]:
+    """The stream slots held on the servers (every user's)."""
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        return list(client.scan_iter(match=f"{live_prefix}:*:ragchat:slot:*", count=1000))
+    finally:
+        client.close()
 
 
 def settle(timeout: float = 10.0) -> None:
@@ -354,3 +383,35 @@ def unknown_id() -> str:
 def words(n: int) -> str:
     """A model-free answer of exactly ``n`` distinct tokens, to count what a client receives."""
     return " ".join(f"word{i}" for i in range(n))
+
+
+@contextlib.contextmanager
+def chromium(window: str = "1280,900"):
+    """Headless Chromium (Debian's, through /usr/bin/chromedriver), its profile and scratch
+    files in a folder of its own under the tests' temp folder (var/tmp/, tests/conftest.py),
+    removed afterwards. Short on purpose: Chromium puts a UNIX socket (at most 107 bytes of
+    path) under its TMPDIR, which a pytest tmp_path in the checkout can exceed."""
+    import shutil
+    import tempfile
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    scratch = Path(tempfile.mkdtemp(prefix="chr"))
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--no-first-run", f"--user-data-dir={scratch / 'profile'}", f"--window-size={window}",
+                     "--force-device-scale-factor=1"):
+        options.add_argument(argument)
+    service = Service(executable_path="/usr/bin/chromedriver", env={**os.environ, "TMPDIR": str(scratch)})
+    try:
+        driver = webdriver.Chrome(service=service, options=options)
+        driver.set_page_load_timeout(30)
+        try:
+            yield driver
+        finally:
+            driver.quit()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

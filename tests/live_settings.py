@@ -40,7 +40,8 @@ elif _layer in ("redis", "broken-redis"):
             "CONFIG": {
                 # As docs/deployment.md writes it: a socket timeout longer than the layer's
                 # 5-second blocking read, or every idle socket's read times out.
-                "hosts": [{"address": _redis_url, "socket_timeout": 30}],
+                "hosts": [{"address": _redis_url,
+                           "socket_timeout": float(os.environ.get("RAGCHAT_LIVE_REDIS_SOCKET_TIMEOUT", 30))}],
                 "prefix": os.environ.get("RAGCHAT_LIVE_PREFIX", "ragchat-live") + ":layer",
                 # Room for a whole streamed answer in a watcher's channel (see docs/deployment.md).
                 "capacity": 1000,
@@ -52,6 +53,9 @@ RAGCHAT = {
     **RAGCHAT,
     "PLUGINS": ["tests.streaming_plugin", "tests.isolation_plugin", "tests.tool_plugins", "example_project.orders.ragchat"],
     "ALLOW_ANONYMOUS": True,
+    # The browser tests read every passage an answer was given (their visitors are anonymous,
+    # who see only the cited ones by default); tests/test_browser.py checks that default apart.
+    "CITED_SOURCES_ONLY": False,
     "TURNS_PER_MINUTE": 25,
     "MAX_CONCURRENT_STREAMS": 3,
     "PROFILES": {

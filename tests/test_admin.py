@@ -12,7 +12,7 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Group
 from django.core.files.uploadedfile import SimpleUploadedFile
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -152,7 +152,7 @@ def test_the_conversation_list_shows_owner_question_counts_and_filters(admin_cli
     changelist = url("conversation_changelist")
     page = admin_client.get(changelist).content.decode()
     assert "Where is my parcel?" in page and "Warranty question" in page
-    assert reverse("admin:auth_user_change", args=[user.pk]) in page  # the owner, linked
+    assert reverse("admin:django_ragchat_user_data", args=[user.pk]) in page  # the owner, linked to their chat data
     assert "👍 1" in page and "👎 1" in page
 
     def listed(query):
@@ -526,3 +526,50 @@ def test_model_output_documents_and_user_text_are_escaped_everywhere(admin_clien
         assert "<img src=x" not in html and "<script>alert" not in html, page
     conversation_page = admin_client.get(url("conversation_change", conversation.pk)).content.decode()
     assert conversation_page.count(ESCAPED) >= 10
+
+
+def test_a_chat_reviewer_reaches_every_page_the_admin_links_them_to(client, user, product_corpus):
+    """A member of the group ``ragchat_admin_group`` makes (added by its ``--add``) follows
+    every link of the pages docs/admin.md describes, two clicks deep from the admin's index:
+    none answers 403 or 404. An owner's name leads to their chat data page, where the export is."""
+    import io
+    import re
+
+    from django.contrib.auth import get_user_model
+
+    conversation = Conversation.objects.create(owner=user)
+    result = run_turn_sync(conversation, "How much does the Aurora X2 cost?")
+    Feedback.objects.create(message_id=result.message["id"], user=user, rating="down", comment="Too short")
+    memory = MemoryRecord.objects.create(user=user, conversation=conversation, kind="summary",
+                                         content="Asked about prices")
+    reviewer = get_user_model().objects.create_user("rita", password="pw")
+    out = io.StringIO()
+    call_command("ragchat_admin_group", "--add", "rita", stdout=out)
+    assert "Added to it, as staff: rita." in out.getvalue()
+    reviewer.refresh_from_db()
+    assert reviewer.is_staff and reviewer.groups.filter(name="Chat reviewers").exists()
+    client.force_login(reviewer)
+
+    # Not followed: signing out, and the pages that change or delete (reading is what is checked).
+    skip = re.compile(r"/(logout|password_change|delete|add)/")
+    seen, queue = {}, ["/admin/", url("conversation_change", conversation.pk)]
+    for depth in range(3):
+        next_queue = []
+        for page in queue:
+            if page in seen:
+                continue
+            response = client.get(page)
+            seen[page] = response.status_code
+            if depth < 2 and response.status_code == 200 and response["Content-Type"].startswith("text/html"):
+                links = re.findall(r'href="(/admin/[^"]*)"', response.content.decode())
+                next_queue += [link.replace("&amp;", "&") for link in links if not skip.search(link)]
+        queue = next_queue
+    refused = {page: status for page, status in seen.items() if status >= 400}
+    assert not refused, refused
+    assert url("user_data", user.pk) in seen and url("user_data_export", user.pk) in seen
+    assert f"/admin/django_ragchat/conversation/{conversation.pk}/trace/" in " ".join(seen)
+    assert not any(page.startswith("/admin/auth/") for page in seen)  # nothing links them to the user admin
+    record = client.get(url("memoryrecord_change", memory.pk)).content.decode()  # editable by them
+    assert "/admin/auth/" not in record and url("user_data", user.pk) in record
+    with pytest.raises(CommandError):
+        call_command("ragchat_admin_group", "--add", "nobody", stdout=io.StringIO())

@@ -10,7 +10,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 
-from django_ragchat.events import Delta
+from django_ragchat.events import Delta, Replace, Retry
 from django_ragchat.models import Conversation, Message, TurnTrace
 from django_ragchat.profiles import get_profile
 from django_ragchat.turn.context import components_for
@@ -45,6 +45,32 @@ def test_a_streamed_augmenter_tail_is_sent_as_deltas_after_the_last_token(
     assert "$699" in done["content"] and done["citations"]
 
 
+def assembled(events) -> str:
+    """The answer as a client assembles it from the events (docs/protocol.md)."""
+    text = ""
+    for event in events:
+        if isinstance(event, Delta):
+            text += event.text
+        elif isinstance(event, Retry):
+            text = ""
+        elif isinstance(event, Replace):
+            text = event.text
+    return text
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_plugin_guides_sources_line_adds_its_line_once(ragchat_settings_override, product_corpus, user, stream):
+    ragchat_settings_override(PLUGINS=["tests.advisor_plugins.streamed"],
+                              PROFILES={"default": {"response_augmenters": ["citations", "sources_line"]}})
+    conversation = Conversation.objects.create(owner=user)
+    events = collect(conversation, QUESTION, stream=stream)
+    saved = events[-1].to_dict()["message"]["content"]
+    assert saved.count("(Sources: ") == 1 and saved.endswith("(Sources: products/aurora-x2.md, products/nimbus-tab.md)")
+    if stream:
+        assert assembled(events) == saved
+        assert not any(isinstance(e, Replace) for e in events)  # the stream was right all along
+
+
 # --- advisors ------------------------------------------------------------------------------------
 
 
@@ -77,6 +103,45 @@ def test_an_around_turn_advisor_changes_the_answer_after_the_pipeline(
     assert types[:4] == ["ack", "status", "sources", "status"] and types[-1] == "done"
     assert "delta" in types
     assert Message.objects.get(pk=done["id"]).content == done["content"]
+
+
+def test_a_streamed_answer_an_advisor_changes_reaches_the_client_as_saved(
+    ragchat_settings_override, product_corpus, conversation
+):
+    use(ragchat_settings_override, ["advisors"], advisors=["stamp"])
+    events = collect(conversation, QUESTION, stream=True)
+    done = events[-1].to_dict()["message"]
+    assert [type(e) for e in events[-2:]] == [Replace, type(events[-1])]
+    assert assembled(events) == done["content"] == Message.objects.get(pk=done["id"]).content
+    assert done["content"].endswith(" [stamped]")
+
+
+def test_a_short_circuited_streamed_answer_is_streamed_and_its_trace_lists_what_ran(
+    ragchat_settings_override, product_corpus, conversation
+):
+    use(ragchat_settings_override, ["advisors"], advisors=["stamp", "cache"])
+    events = collect(conversation, "Is this cached?", stream=True)
+    assert [e.type for e in events] == ["ack", "delta", "done"]
+    assert assembled(events) == "From the cache." == events[-1].to_dict()["message"]["content"]
+    trace = TurnTrace.objects.get(message_id=events[-1].to_dict()["message"]["id"]).data
+    # cache (outermost) answered: stamp never ran, and no stage did.
+    assert trace["components"] == [{"stage": "advisor", "name": "cache", "plugin": "tests.advisor_plugins.advisors"}]
+
+
+def test_an_input_guardrail_refusal_lists_only_the_guardrails_that_ran(
+    ragchat_settings_override, product_corpus, conversation
+):
+    ragchat_settings_override(PROFILES={"default": {
+        "guardrails": ["blocked_phrases", "require_citation"],
+        "options": {"blocked_phrases": {"phrases": ["secret"]}}}})
+    events = collect(conversation, "Tell me the secret", stream=True)
+    assert [e.type for e in events] == ["ack", "delta", "done"]
+    trace = TurnTrace.objects.get(message_id=events[-1].to_dict()["message"]["id"]).data
+    assert [(c["stage"], c["name"]) for c in trace["components"]] == [("guardrail", "blocked_phrases")]
+    complete = run_turn_sync(conversation, QUESTION)  # a whole turn lists every stage's components
+    kinds = {c["stage"] for c in complete.trace["components"]}
+    assert {"guardrail", "memory", "retriever", "joiner", "prompt_augmenter", "llm", "response_augmenter",
+            "embedder"} <= kinds
 
 
 def test_an_around_llm_advisor_changes_the_prompt_and_the_response(

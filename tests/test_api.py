@@ -640,3 +640,21 @@ def test_list_endpoints_issue_the_same_number_of_queries_for_2_and_50_rows(alice
     assert alice.get(f"{messages_url(Conversation.objects.order_by('created_at').first())}?limit=100").json()[
         "count"] == 50
     assert small == big
+
+
+def test_the_schema_says_what_needs_no_sign_in_and_how_long_a_message_may_be(ragchat_settings_override, client):
+    def schema():
+        return json.loads(client.get(f"{API}/schema/", {"format": "json"}).content)
+
+    ragchat_settings_override(ALLOW_ANONYMOUS=False, MAX_MESSAGE_CHARS=1234)
+    closed = schema()
+    assert closed["components"]["schemas"]["MessageCreate"]["properties"]["content"]["maxLength"] == 1234
+    assert {} not in closed["paths"][f"{API}/conversations/"]["post"]["security"]
+    ragchat_settings_override(ALLOW_ANONYMOUS=True)
+    paths = schema()["paths"]
+    for path, method in ((f"{API}/conversations/", "post"), (f"{API}/conversations/", "get"),
+                         (f"{API}/conversations/{{conversation_id}}/messages/", "post"),
+                         (f"{API}/memory/", "get")):
+        assert {} in paths[path][method]["security"], (path, method)
+    for path, method in ((f"{API}/documents/", "get"), (f"{API}/plugins/", "get")):
+        assert {} not in paths[path][method]["security"], (path, method)  # signed-in users (or staff) only

@@ -149,3 +149,14 @@ def test_saving_a_stale_conversation_never_rewinds_its_sequence_counter(user):
     stale.save()
     conversation.refresh_from_db()
     assert (conversation.title, conversation.last_seq) == ("Renamed", 7)
+
+
+def test_the_tests_keep_their_files_out_of_the_system_temp_folder(tmp_path):
+    """README: tests leave nothing in the system's temp folder (a run used to leave 84 MB of
+    pytest-of-<user>/ there)."""
+    import tempfile
+    from pathlib import Path
+
+    var = Path(__file__).resolve().parent.parent / "var"
+    assert tmp_path.is_relative_to(var), tmp_path
+    assert Path(tempfile.gettempdir()).resolve().is_relative_to(var.resolve()), tempfile.gettempdir()

@@ -164,3 +164,68 @@ def test_wrong_basic_credentials_are_authentication_failed(client, user):
     assert response.json()["code"] == "authentication_failed"
     assert "WWW-Authenticate" not in response.headers
     assert not Conversation.objects.exists()
+
+
+# --- no body, too many fields, sizes (issue 22) -------------------------------------------------
+
+
+def endpoint_objects(user):
+    from django_ragchat.models import MemoryRecord
+
+    conversation = Conversation.objects.create(owner=user, title="Kept")
+    Message.objects.create(conversation=conversation, seq=1, role="user", content="Hi")
+    answer = Message.objects.create(conversation=conversation, seq=2, role="assistant", content="Hello",
+                                    status=Message.Status.COMPLETE)
+    Conversation.objects.filter(pk=conversation.pk).update(last_seq=2)  # as a turn leaves it
+    memory = MemoryRecord.objects.create(user=user, kind="fact", content="likes tea")
+    return conversation, answer, memory
+
+
+@pytest.mark.parametrize(("method", "path"), WRITE_ENDPOINTS)
+def test_no_body_creates_and_changes_nothing(signed_in, user, method, path):
+    conversation, answer, memory = endpoint_objects(user)
+    before = (Conversation.objects.count(), Feedback.objects.count(), Message.objects.count())
+    url = path.format(c=conversation.pk, a=answer.pk, m=memory.pk)
+    response = getattr(signed_in, method)(url, data="", content_type="application/json")
+    assert (response.status_code, response.json()["code"]) == (400, "parse_error"), response.content
+    assert (Conversation.objects.count(), Feedback.objects.count(), Message.objects.count()) == before
+    memory.refresh_from_db()
+    conversation.refresh_from_db()
+    assert memory.updated_at == memory.created_at or memory.content == "likes tea"
+    assert conversation.title == "Kept"
+
+
+@pytest.mark.parametrize(("method", "path"), WRITE_ENDPOINTS)
+def test_more_fields_than_django_allows_is_too_many_fields(signed_in, user, method, path):
+    conversation, answer, memory = endpoint_objects(user)
+    body = {"content": "Hi", "rating": "up", "title": "New", **{f"unknown{i}": 1 for i in range(100_000)}}
+    url = path.format(c=conversation.pk, a=answer.pk, m=memory.pk)
+    response = getattr(signed_in, method)(url, data=json.dumps(body), content_type="application/json")
+    assert (response.status_code, response.json()["code"]) == (400, "too_many_fields")
+    assert Conversation.objects.count() == 1 and Message.objects.count() == 2 and not Feedback.objects.exists()
+
+
+def test_too_many_fields_is_the_same_code_on_every_transport(signed_in, user, asgi_server, transactional_db):
+    conversation = Conversation.objects.create(owner=user)
+    body = json.dumps({"content": "Hi", **{f"k{i}": 0 for i in range(1_001)}})  # DATA_UPLOAD_MAX_NUMBER_FIELDS + 1
+    sse = signed_in.post(f"/chat/conversations/{conversation.pk}/stream/", data=body, content_type="application/json")
+    assert (sse.status_code, json.loads(sse.content)["code"]) == (400, "too_many_fields")
+    with open_socket(asgi_server, caller_for(user)) as ws:
+        ws.send(body)
+        assert receive(ws)["code"] == "too_many_fields"
+    assert not Message.objects.exists()
+
+
+def test_memory_content_is_capped_in_the_api_and_the_admin(signed_in, user, admin_client):
+    from django_ragchat.models import MEMORY_MAX_CHARS, MemoryRecord
+
+    memory = MemoryRecord.objects.create(user=user, kind="fact", content="likes tea")
+    too_long = "x" * (MEMORY_MAX_CHARS + 1)
+    response = signed_in.patch(f"/api/ragchat/memory/{memory.pk}/", data=json.dumps({"content": too_long}),
+                               content_type="application/json")
+    assert (response.status_code, response.json()["code"]) == (400, "invalid")
+    response = admin_client.post(f"/admin/django_ragchat/memoryrecord/{memory.pk}/change/", {
+        "kind": "fact", "user": user.pk, "content": too_long, "metadata": "{}"})
+    assert response.status_code == 200 and b"at most 20000 characters" in response.content
+    memory.refresh_from_db()
+    assert memory.content == "likes tea"

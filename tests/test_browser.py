@@ -14,18 +14,15 @@ README's picture).
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
 from django_ragchat.models import Conversation, Feedback, Message
-from tests.live_servers import caller_for
+from tests.live_servers import caller_for, chromium
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -35,25 +32,9 @@ QUESTION = "How much does the Aurora X2 cost?"
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--no-first-run", f"--user-data-dir={profile}", "--window-size=1200,900",
-                     "--force-device-scale-factor=1"):
-        options.add_argument(argument)
-    # Chromium and its driver write scratch files to TMPDIR: pytest's directory, not /tmp.
-    scratch = tmp_path_factory.mktemp("chromium-tmp")
-    service = Service(executable_path="/usr/bin/chromedriver", env={**os.environ, "TMPDIR": str(scratch)})
-    driver = webdriver.Chrome(service=service, options=options)
-    driver.set_page_load_timeout(30)
-    try:
+def browser():
+    with chromium(window="1200,900") as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture
@@ -641,6 +622,69 @@ def test_a_retry_event_replaces_the_streamed_text_and_a_footer_follows_the_answe
     assert states["note"] == ""  # the restart at index 0 is not a lost piece
     assert states["footer"] == ["Prices include tax."] and states["links"] == ["1"]
     assert states["done"] == ["It costs $699 [1].Prices include tax.", True, False]
+
+
+def test_a_replace_event_shows_the_final_text_before_done(page, asgi):
+    """An answer changed after the model (docs/protocol.md, ``replace``): the widget shows the
+    final text as soon as it arrives, and a turn ended early shows its one delta."""
+    open_chat(page, f"{asgi.url}/chat/")
+    states = js(page, """
+        const w = document.querySelector('.ragchat').ragchat;
+        const turn = w.startTurnView(false, 'How much?');
+        const body = () => turn.answer.body.textContent;
+        const states = {};
+        w.onEvent(turn, {type: 'ack', assistant_message_id: 9, user_seq: 1});
+        w.onEvent(turn, {type: 'delta', text: 'It costs ', index: 0});
+        w.onEvent(turn, {type: 'delta', text: '$699.', index: 1});
+        w.renderBody(turn.answer);
+        states.streamed = body();
+        w.onEvent(turn, {type: 'replace', text: 'It costs $699. [stamped]'});
+        states.replaced = [body(), turn.answer.note.hidden];
+        const ended = w.startTurnView(false, 'Is this cached?');
+        w.onEvent(ended, {type: 'ack', assistant_message_id: 11, user_seq: 3});
+        w.onEvent(ended, {type: 'delta', text: 'From the cache.', index: 0});
+        w.renderBody(ended.answer);
+        states.ended = ended.answer.body.textContent;
+        return states;
+    """)
+    assert states["streamed"] == "It costs $699."
+    assert states["replaced"] == ["It costs $699. [stamped]", True]
+    assert states["ended"] == "From the cache."
+
+
+def test_cited_sources_only_shows_the_cited_passages_once_the_answer_is_saved(page, asgi):
+    """``CITED_SOURCES_ONLY`` (on for signed-out visitors by default): no passage while the
+    answer is written, then only the cited ones; [n] still links to its passage."""
+    open_chat(page, f"{asgi.url}/chat/")
+    states = js(page, """
+        const w = document.querySelector('.ragchat').ragchat;
+        w.config.citedSourcesOnly = true;
+        const turn = w.startTurnView(false, 'How much?');
+        const shown = () => [...turn.answer.sourceList.children].filter(li => !li.hidden)
+                                .map(li => li.querySelector('.ragchat-source-title').textContent);
+        const listed = () => !turn.answer.sourceList.hidden;
+        const sources = [1, 2, 3].map(i => ({index: i, chunk_id: i, document_id: i, source: `d${i}.md`,
+                                              title: `Doc ${i}`, heading: '', snippet: `Text ${i}.`}));
+        const states = {};
+        w.onEvent(turn, {type: 'ack', assistant_message_id: 9, user_seq: 1});
+        w.onEvent(turn, {type: 'sources', sources});
+        w.onEvent(turn, {type: 'delta', text: 'It costs $699 [2].', index: 0});
+        w.renderBody(turn.answer);
+        states.streaming = [listed(), shown()];
+        w.onEvent(turn, {type: 'done', message: {id: 9, role: 'assistant', status: 'complete',
+          content: 'It costs $699 [2].', sources,
+          citations: [{index: 2, chunk_id: 2, source: 'd2.md', title: 'Doc 2'}]}});
+        states.done = [listed(), shown(), [...turn.answer.body.querySelectorAll('a.ragchat-cite')].map(a => a.hash)];
+        const declined = w.startTurnView(false, 'Anything?');
+        w.onEvent(declined, {type: 'ack', assistant_message_id: 11, user_seq: 3});
+        w.onEvent(declined, {type: 'done', message: {id: 11, role: 'assistant', status: 'complete',
+          content: 'The documents do not say.', sources, citations: []}});
+        states.declined = !declined.answer.sourceList.hidden || !declined.answer.sourcesLabel.hidden;
+        return states;
+    """)
+    assert states["streaming"] == [False, []]
+    assert states["done"][:2] == [True, ["Doc 2"]] and states["done"][2] and states["done"][2][0].endswith("-source-2")
+    assert states["declined"] is False
 
 
 def test_a_dropped_websocket_comes_back(page, asgi, product_corpus):

@@ -7,18 +7,16 @@ in-process ``live_server`` shares the test's SQLite connection between its reque
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 from django.urls import reverse
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from django_ragchat.models import Conversation, MessageSource
 from django_ragchat.turn.pipeline import run_turn_sync
+from tests.live_servers import chromium
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -26,20 +24,9 @@ SCREENSHOTS = Path(__file__).resolve().parent.parent / "var" / "screenshots"
 
 
 @pytest.fixture
-def browser(tmp_path):
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1280,1400"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(executable_path="/usr/bin/chromedriver"), options=options)
-    driver.set_page_load_timeout(30)
-    try:
+def browser():
+    with chromium(window="1280,1400") as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(tmp_path / "chromium", ignore_errors=True)
 
 
 def test_staff_expand_a_turns_trace_and_see_the_rewritten_query_and_cited_source(

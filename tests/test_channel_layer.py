@@ -108,3 +108,61 @@ def test_an_idle_socket_on_the_documented_redis_layer_still_answers(redis_layer_
     log = redis_layer_server.log_tail(500)
     assert "Timeout reading" not in log and "channel layer" not in log, log
 
+
+
+class StalledRedis:
+    """A server where Redis would be that takes connections and never answers (Redis stopped
+    with SIGSTOP, a network that drops replies): every call to the layer waits."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.connections = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections.append(connection)
+
+    def close(self):
+        self.listener.close()
+        for connection in self.connections:
+            connection.close()
+
+
+def test_sigterm_ends_the_process_within_the_grace_period_whatever_the_layer_does(
+        live_env, cleanup, user, conversation):
+    """The layer is Redis configured as docs/deployment.md writes it (socket_timeout 30) but
+    does not answer: sockets are stuck in it (joining the conversation's group) when SIGTERM
+    comes. The process still ends within SHUTDOWN_GRACE_SECONDS (5 in tests.recovery_settings)."""
+    import signal
+
+    stalled = StalledRedis()
+    env = {**live_env, "RAGCHAT_LIVE_CHANNEL_LAYER": "broken-redis", "RAGCHAT_LIVE_DEAD_PORT": str(stalled.port),
+           "DJANGO_SETTINGS_MODULE": "tests.recovery_settings"}
+    server = uvicorn("uvicorn-stalled-layer", env).start()
+    sockets = []
+    try:
+        for _ in range(3):
+            sockets.append(open_socket(server, caller_for(user), f"/ws/ragchat/conversations/{conversation.pk}/",
+                                       ready=False))
+        time.sleep(1)  # each socket is in the layer now
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            server.process.wait(30)
+        finally:
+            took = time.monotonic() - started
+        assert took < 5 + 2, f"the process took {took:.1f} s to stop:\n{server.log_tail()}"
+    finally:
+        for ws in sockets:
+            ws.close()
+        server.stop()
+        stalled.close()

@@ -99,8 +99,16 @@ def test_ingest_fails_only_when_nothing_was_found_or_everything_failed(tmp_path)
         call_command("ragchat_ingest", str(tmp_path / "bad.md"), str(tmp_path / "gone.md"),
                      stdout=io.StringIO(), stderr=err)
     assert err.getvalue().splitlines() == [f"{tmp_path / 'bad.md'}: binary file",
-                                           f"{tmp_path / 'gone.md'}: file not found"]
+                                           f"{tmp_path / 'gone.md'}: not found (no such file or folder)"]
     assert not Document.objects.exists()
+
+
+def test_ingest_of_a_folder_that_is_not_there_says_not_found(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a new site, without the docs/ folder README's reader may type
+    err = io.StringIO()
+    with pytest.raises(CommandError, match="Every document failed"):
+        call_command("ragchat_ingest", "docs/", stdout=io.StringIO(), stderr=err)
+    assert err.getvalue().splitlines() == ["docs: not found (no such file or folder)"]
 
 
 @pytest.mark.parametrize("args, message", [

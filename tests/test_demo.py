@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -79,3 +80,67 @@ def test_the_demo_page_says_answers_are_extractive_until_a_model_is_configured(t
                                                                  "RAGCHAT_EMBEDDING_MODEL"))
     configured = demo_page(tmp_path, RAGCHAT_LLM_BASE_URL="http://127.0.0.1:9/v1")
     assert "demo-notice" not in configured and "ragchat" in configured
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_the_demo_under_uvicorn_serves_its_script_and_icon_and_fits_a_phone(tmp_path):
+    """The demo site under the ASGI server docs/deployment.md names (``uvicorn
+    example_project.asgi:application``): the chat page's script and styles and the icon are
+    served (uvicorn serves no static files), and on a phone the extractive-answers notice takes
+    one line, not a fifth of the screen. Screenshot: var/screenshots/demo-phone.png."""
+    import contextlib
+    import socket
+    import time
+
+    import httpx
+
+    from tests.live_servers import chromium, free_port
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DJANGO_SETTINGS_MODULE", "OPENAI_API_KEY", "RAGCHAT_LLM_BASE_URL", "DATABASE_URL",
+                        "REDIS_URL")}
+    env.update(DJANGO_DEBUG="1", DATABASE_URL=f"sqlite:///{tmp_path / 'demo.sqlite3'}", TMPDIR=str(tmp_path))
+    subprocess.run([sys.executable, "manage.py", "migrate", "--no-input"], cwd=ROOT, env=env, check=True,
+                   capture_output=True, timeout=120)
+    port = free_port()
+    log = (tmp_path / "uvicorn.log").open("wb")
+    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "example_project.asgi:application", "--port", str(port),
+                               "--ws-per-message-deflate", "false"], cwd=ROOT, env=env, stdout=log,
+                              stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, (tmp_path / "uvicorn.log").read_text()
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with httpx.Client(base_url=url, timeout=30, follow_redirects=True) as client:
+            page = client.get("/")
+            assert page.status_code == 200
+            assets = re.findall(r'(?:src|href)="(/static/[^"]+)"', page.text)
+            assert any(a.endswith("widget.js") for a in assets), assets
+            for asset in assets:
+                assert client.get(asset).status_code == 200, asset
+            icon = client.get("/favicon.ico")
+            assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+
+        with chromium(window="390,844") as driver:
+            driver.get(url + "/")
+            for _ in range(200):
+                if driver.execute_script("const w = document.querySelector('.ragchat'); "
+                                         "return w && w.dataset.ready === 'true'"):
+                    break
+                time.sleep(0.1)
+            notice, screen = driver.execute_script(
+                "return [document.getElementById('demo-notice').getBoundingClientRect().height, innerHeight]")
+            shots = ROOT / "var" / "screenshots"
+            shots.mkdir(parents=True, exist_ok=True)
+            driver.save_screenshot(str(shots / "demo-phone.png"))
+        assert notice <= 0.08 * screen, f"the notice takes {notice:.0f} of {screen} px"
+    finally:
+        server.terminate()
+        server.wait(10)
+        log.close()

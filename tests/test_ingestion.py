@@ -214,7 +214,7 @@ def test_unreadable_files_are_reported_and_skipped_while_the_others_ingest(corpu
     assert reasons.pop("corpus/latin1.md").startswith("not valid UTF-8 text (byte 0xe9")
     assert reasons == {
         "corpus/image.txt": "binary file",
-        "missing.md": "file not found",
+        "missing.md": "not found (no such file or folder)",
         "data.csv": "unsupported file type .csv",
     }
     assert report.count("created") == 6  # the four formats, the folder's document, the empty file

@@ -283,7 +283,7 @@ def test_directory_and_missing_file_errors(tmp_path):
     folder.mkdir()
     with pytest.raises(DocumentLoadError, match="is a directory"):
         load_document(folder)
-    with pytest.raises(DocumentLoadError, match="file not found"):
+    with pytest.raises(DocumentLoadError, match="not found"):
         load_document(tmp_path / "missing.md")
 
 

@@ -30,6 +30,7 @@ from tests.live_servers import (
     frames_until,
     open_socket,
     parse_sse,
+    rate_counted,
     read_turn,
     receive,
     send,
@@ -55,23 +56,65 @@ def sse_post(server, caller, conversation_id, body: dict) -> tuple[int, list[dic
 # --- sessions ---------------------------------------------------------------------------------
 
 
-def test_a_socket_closes_with_4401_at_its_next_turn_after_logout(asgi, user, product_corpus):
+def log_out(server, caller) -> None:
+    """A real logout (Django's LogoutView flushes the session), from another tab."""
+    with httpx.Client(cookies=caller.cookies, timeout=10) as client:
+        response = client.post(f"{server.url}/accounts/logout/", headers={"X-CSRFToken": caller.csrftoken})
+        assert response.status_code in (200, 302), response.text[:300]
+    assert not SessionStore().exists(caller.sessionid)
+
+
+def assert_closed_for_the_session(ws) -> None:
+    """The socket says ``session_ended`` (and nothing else), then is closed with 4401."""
+    frame = receive(ws, 5)
+    assert (frame["type"], frame["code"]) == ("error", "session_ended"), frame
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        receive(ws, 5)
+    assert closed.value.rcvd.code == 4401
+
+
+def test_a_socket_closes_with_4401_when_its_session_logs_out(asgi, user, product_corpus):
     caller = caller_for(user)
     with open_socket(asgi, caller) as ws:
         send(ws, type="message", content=QUESTION, client_id="before")
         assert read_turn(ws)[-1]["type"] == "done"
-        # A real logout (Django's LogoutView flushes the session), from another tab.
-        with httpx.Client(cookies=caller.cookies, timeout=10) as client:
-            response = client.post(f"{asgi.url}/accounts/logout/", headers={"X-CSRFToken": caller.csrftoken})
-            assert response.status_code in (200, 302), response.text[:300]
-        assert not SessionStore().exists(caller.sessionid)
-        send(ws, type="message", content=QUESTION, client_id="after")
-        frame = receive(ws)
-        assert (frame["type"], frame["code"], frame["client_id"]) == ("error", "session_ended", "after")
-        with pytest.raises(websockets.ConnectionClosed) as closed:
-            receive(ws)
-        assert closed.value.rcvd.code == 4401
+        log_out(asgi, caller)
+        assert_closed_for_the_session(ws)
+        with pytest.raises(websockets.ConnectionClosed):
+            send(ws, type="message", content=QUESTION, client_id="after")
     assert Message.objects.filter(role="user").count() == 1  # the second message was never taken
+
+
+def test_a_logout_closes_the_sessions_sockets_at_once(asgi, user, conversation, product_corpus):
+    """Alice signed in twice (two browsers), a tab of each on the same conversation: the one she
+    logs out of is closed at once, before it hears anything of the other's next turn."""
+    phone, laptop = caller_for(user), caller_for(user)
+    path = f"/ws/ragchat/conversations/{conversation.pk}/"
+    with open_socket(asgi, phone, path) as on_phone, open_socket(asgi, laptop, path) as on_laptop:
+        log_out(asgi, phone)
+        assert_closed_for_the_session(on_phone)  # without sending anything
+        send(on_laptop, type="message", content=QUESTION, client_id="laptop")
+        assert read_turn(on_laptop)[-1]["type"] == "done"
+        send(on_laptop, type="ping")
+        assert receive(on_laptop)["type"] == "pong"
+
+
+def test_a_socket_whose_session_is_gone_relays_nothing_and_answers_nothing(asgi, user, conversation,
+                                                                           product_corpus):
+    """A session that ends without a logout (expired, deleted from the store): the socket finds
+    out at its next frame, its own or a turn's, and relays none of it."""
+    phone, laptop = caller_for(user), caller_for(user)
+    path = f"/ws/ragchat/conversations/{conversation.pk}/"
+    with open_socket(asgi, phone, path) as on_phone, open_socket(asgi, laptop, path) as on_laptop:
+        SessionStore(session_key=phone.sessionid).delete()
+        send(on_laptop, type="message", content=QUESTION, client_id="laptop")
+        assert read_turn(on_laptop)[-1]["type"] == "done"
+        assert_closed_for_the_session(on_phone)  # the turn's ack found the session gone
+    again = caller_for(user)
+    with open_socket(asgi, again, path) as ws:
+        SessionStore(session_key=again.sessionid).delete()
+        send(ws, type="ping", client_id="p")
+        assert_closed_for_the_session(ws)
 
 
 @pytest.mark.django_db
@@ -198,6 +241,79 @@ def test_a_websocket_resend_after_reconnecting_replays_the_first_attempt(asgi, u
     assert again[-1]["message"] == first[-1]["message"]
     assert Conversation.objects.filter(owner=user).count() == 1
     assert Message.objects.filter(conversation__owner=user).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)  # the server is chosen at run time, after the database
+@pytest.mark.parametrize("server_kind", ["asgi", "wsgi"])
+def test_an_sse_first_message_sent_twice_starts_one_conversation(request, server_kind, user, product_corpus,
+                                                                 openai_server):
+    """``POST <prefix>/stream/`` without a conversation, sent again with the same client_id
+    (its response was lost): the first attempt's conversation answers it with a replay."""
+    server = request.getfixturevalue(server_kind)
+    caller = caller_for(user)
+    new_url = f"{server.url}/chat/stream/"
+    with httpx.Client(cookies=caller.cookies, timeout=30) as client:
+        answers = []
+        for _ in range(3):
+            with client.stream("POST", new_url, json={"content": QUESTION, "client_id": "first-of-all"},
+                               headers=sse_headers(caller)) as response:
+                assert response.status_code == 200, response.read()
+                answers.append(parse_sse(response.iter_lines()))
+    first, *again = answers
+    assert first[-1]["type"] == "done" and not first[0].get("replayed")
+    for events in again:
+        assert [e["type"] for e in events] == ["ack", "done"] and events[0]["replayed"]
+        assert events[0]["conversation_id"] == first[0]["conversation_id"]
+        assert events[-1]["message"] == first[-1]["message"]
+    assert Conversation.objects.filter(owner=user).count() == 1
+    assert Message.objects.filter(conversation__owner=user, role="user").count() == 1
+
+
+def test_resends_count_against_no_limit_on_any_transport(asgi, user, product_corpus, live_prefix):
+    """Thirty sends of one message (TURNS_PER_MINUTE is 25 on the live servers): one turn is
+    counted, each resend replays, and the next new message is not refused."""
+    caller = caller_for(user)
+    sse_conversation, ws_conversation = (Conversation.objects.create(owner=user) for _ in range(2))
+    for _ in range(30):
+        status, events, _ = sse_post(asgi, caller, sse_conversation.pk, {"content": QUESTION, "client_id": "once"})
+        assert status == 200 and events[-1]["type"] == "done", events
+    with open_socket(asgi, caller) as ws:
+        for _ in range(30):
+            send(ws, type="message", content=QUESTION, conversation_id=str(ws_conversation.pk), client_id="ws-once")
+            frames = frames_until(ws, lambda f: f["type"] in ("done", "error") and f.get("client_id") == "ws-once")
+            assert frames[-1]["type"] == "done", frames[-1]
+    client = Client()
+    client.force_login(user)
+    url = f"{API}/conversations/{sse_conversation.pk}/messages/"
+    for _ in range(30):
+        response = client.post(url, {"content": QUESTION, "client_id": "once"}, content_type="application/json")
+        assert response.status_code == 200, response.json()
+    assert rate_counted(live_prefix, user) == 2
+    status, events, _ = sse_post(asgi, caller, sse_conversation.pk, {"content": "And the 256 GB model?"})
+    assert status == 200 and events[-1]["type"] == "done"
+    assert Message.objects.filter(conversation__owner=user).count() == 6
+
+
+@pytest.mark.django_db
+def test_refusals_for_a_turn_in_progress_count_against_no_limit(user, conversation, product_corpus,
+                                                               ragchat_settings_override):
+    """While an answer is being written, every message refused ``turn_in_progress`` leaves the
+    caller's limits untouched: a retry loop does not lock them out."""
+    from django.core.cache import cache
+
+    cache.clear()  # counters of earlier tests' users (ids are reused)
+    ragchat_settings_override(TURNS_PER_MINUTE=2, MAX_CONCURRENT_STREAMS=1)
+    client = Client()
+    client.force_login(user)
+    url = f"{API}/conversations/{conversation.pk}/messages/"
+    _, streaming = persistence.begin_turn(conversation.pk, QUESTION)  # another tab's answer
+    for i in range(5):
+        response = client.post(url, {"content": QUESTION, "client_id": f"retry-{i}"}, content_type="application/json")
+        assert (response.status_code, response.json()["code"]) == (409, "turn_in_progress")
+    Message.objects.filter(pk=streaming.pk).update(status="complete", lease_expires_at=None)
+    for i in range(2):
+        response = client.post(url, {"content": QUESTION, "client_id": f"now-{i}"}, content_type="application/json")
+        assert response.status_code == 201, response.json()
 
 
 # --- a conversation deleted under its turn ----------------------------------------------------

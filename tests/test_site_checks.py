@@ -1,6 +1,8 @@
 """The system checks that tell a site what it is missing, each with its id and a hint:
-ragchat.W030 (ASGI without a channel layer), ragchat.W031 (LOGIN_URL does not resolve) and
-ragchat.W011 on a plain ``manage.py check`` (a PostgreSQL space without its HNSW index)."""
+ragchat.W030 (ASGI without a channel layer), ragchat.W031 (LOGIN_URL does not resolve),
+ragchat.W011 on a plain ``manage.py check`` (a PostgreSQL space without its HNSW index),
+ragchat.W032 (a per-process layer or cache for several workers) and ragchat.W033 (chat data
+kept forever)."""
 
 from __future__ import annotations
 
@@ -97,3 +99,21 @@ def test_every_check_id_is_in_the_documented_table():
     check_ids = set(re.findall(r'id="(ragchat\.[EW]\d{3})"', code))
     assert {"ragchat.W011", "ragchat.W030", "ragchat.W031"} <= check_ids
     assert [i for i in sorted(check_ids) if f"`{i}`" not in documented] == []
+
+
+def test_several_workers_with_a_per_process_layer_or_cache_and_data_kept_forever(monkeypatch,
+                                                                                 ragchat_settings_override):
+    """The tests' settings: the in-memory layer, the local-memory cache, USER_RETENTION_DAYS None."""
+    assert "ragchat.W032" not in ids(run_checks())  # one worker: nothing to say
+    deploy = run_checks(include_deployment_checks=True)
+    warning = by_id(deploy, "ragchat.W032")
+    assert "InMemoryChannelLayer" in warning.msg and "LocMemCache" in warning.msg and "Redis" in warning.hint
+    assert "kept forever" in by_id(deploy, "ragchat.W033").msg
+    monkeypatch.setenv("WEB_CONCURRENCY", "4")
+    assert "4 worker processes" in by_id(run_checks(), "ragchat.W032").msg
+    with override_settings(CHANNEL_LAYERS={"default": {"BACKEND": "channels_redis.core.RedisChannelLayer"}},
+                           CACHES={"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                               "LOCATION": "redis://127.0.0.1:6379/0"}}):
+        assert "ragchat.W032" not in ids(run_checks(include_deployment_checks=True))
+    ragchat_settings_override(USER_RETENTION_DAYS=365)
+    assert "ragchat.W033" not in ids(run_checks(include_deployment_checks=True))

@@ -33,7 +33,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect as ws_connect
 
-from tests.live_servers import free_port, parse_sse
+from tests.live_servers import chromium, free_port, parse_sse
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTION = "How much does the Aurora X2 cost?"
@@ -144,12 +144,14 @@ def new_site(tmp_path_factory):
             path.write_text(path.read_text() + "\n" + code)
         elif action == "write":
             (project / name).write_text(code)
-    docs = project / "docs"
-    docs.mkdir()
-    for name, text in DOCS.items():
-        (docs / name).write_text(text)
     env["DJANGO_SUPERUSER_PASSWORD"] = PASSWORD
     for argv in commands(found["shell setup"]):
+        if argv[:3] == ["python", "manage.py", "ragchat_ingest"]:
+            # The folder README names is the reader's own: the shop puts its documents there.
+            (folder,) = argv[3:]
+            (project / folder).mkdir(parents=True)
+            for name, text in DOCS.items():
+                (project / folder / name).write_text(text)
         if argv[:2] == ["python", "manage.py"] and argv[2] == "createsuperuser":
             argv += ["--noinput", "--username", "admin", "--email", "admin@example.com"]
         run([str(python), *argv[1:]], project, env)
@@ -192,15 +194,31 @@ def running(site: dict, marker: str):
             process.wait(5)
 
 
-def sign_in(url: str) -> httpx.Client:
-    """The superuser, signed in through LOGIN_URL's form, as a browser would."""
+def form_post(client: httpx.Client, path: str, data: dict) -> httpx.Response:
+    """Submit the form at ``path`` as a browser would: its CSRF token from the page."""
+    form = client.get(path)
+    assert form.status_code == 200, (path, form.status_code)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
+    return client.post(path, data={"csrfmiddlewaretoken": token, **data}, headers={"Referer": str(form.url)})
+
+
+def add_customer(url: str, username: str) -> None:
+    """README's way to give someone an account: the superuser's Users → Add user in the admin."""
+    with httpx.Client(base_url=url, timeout=60) as admin:
+        signed_in = form_post(admin, "/admin/login/", {"username": "admin", "password": PASSWORD, "next": "/admin/"})
+        assert signed_in.status_code == 302, signed_in.text[:500]
+        added = form_post(admin, "/admin/auth/user/add/", {
+            "username": username, "usable_password": "true", "password1": PASSWORD, "password2": PASSWORD})
+        assert added.status_code == 302, added.text[-2000:]
+
+
+def sign_in(url: str, username: str = "customer") -> httpx.Client:
+    """An ordinary user (not staff), signed in where the chat page sends them (LOGIN_URL)."""
     client = httpx.Client(base_url=url, timeout=60)
     to_login = client.get("/chat/")
-    assert to_login.status_code == 302 and to_login.headers["location"].startswith("/admin/login/"), to_login
-    form = client.get(to_login.headers["location"])
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
-    signed_in = client.post(to_login.headers["location"], data={
-        "csrfmiddlewaretoken": token, "username": "admin", "password": PASSWORD, "next": "/chat/"})
+    assert to_login.status_code == 302 and to_login.headers["location"] == "/chat/login/?next=/chat/", to_login
+    signed_in = form_post(client, to_login.headers["location"], {"username": username, "password": PASSWORD,
+                                                                 "next": "/chat/"})
     assert signed_in.status_code == 302 and signed_in.headers["location"] == "/chat/", signed_in.text[:500]
     client.headers["X-CSRFToken"] = client.cookies["csrftoken"]
     return client
@@ -212,9 +230,11 @@ def test_check_reports_nothing_missing(new_site):
 
 
 def test_rest_websocket_static_files_and_api_docs_under_the_asgi_server(new_site):
-    with running(new_site, "shell serve-asgi") as (url, log), contextlib.closing(sign_in(url)) as client:
+    with running(new_site, "shell serve-asgi") as (url, log):
+        add_customer(url, "customer")
+        client = sign_in(url)
         page = client.get("/chat/")
-        assert page.status_code == 200
+        assert page.status_code == 200 and "Signed in as customer" in page.text
         scripts = re.findall(r'<script[^>]+src="([^"]+)"', page.text)
         assert scripts and all(client.get(src).status_code == 200 for src in scripts), scripts
 
@@ -245,7 +265,9 @@ def test_rest_websocket_static_files_and_api_docs_under_the_asgi_server(new_site
 
 
 def test_server_sent_events_under_gunicorn(new_site):
-    with running(new_site, "shell serve-wsgi") as (url, log), contextlib.closing(sign_in(url)) as client:
+    with running(new_site, "shell serve-wsgi") as (url, log):
+        add_customer(url, "wsgi-customer")
+        client = sign_in(url, "wsgi-customer")
         conversation_id = client.post("/api/ragchat/conversations/", json={}).json()["id"]
         with client.stream("POST", f"/chat/conversations/{conversation_id}/stream/", json={"content": QUESTION},
                            headers={"Accept": "text/event-stream"}) as response:
@@ -284,3 +306,83 @@ def test_model_sources_answer_from_products_and_keep_staff_notes_from_users(new_
                                     "p.published = False; p.save()")
     assert "$321" not in json.dumps(chat(new_site, "How much does the Zorbex 9 cost?"))
     assert "Synced 2 source(s)" in manage(new_site, "ragchat_sync", "--no-progress")
+
+
+# --- in a browser ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def browser():
+    with chromium() as driver:
+        yield driver
+
+
+@pytest.mark.browser
+def test_in_chromium_a_customer_signs_in_and_chats_and_a_reviewer_reaches_the_admin_pages(new_site, browser):
+    """README's site, used as people would: a customer given an account in the admin signs in
+    where the chat page sends them and gets a cited answer; a member of the reviewers' group
+    (``ragchat_admin_group --add``) reads the conversation, its trace, the customer's chat data
+    page and memory. Screenshots in var/screenshots/startproject-*.png."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    shots = ROOT / "var" / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    wait = WebDriverWait(browser, 30)
+    with running(new_site, "shell serve-asgi") as (url, log):
+        add_customer(url, "carol")
+        add_customer(url, "rita")
+        run([str(new_site["python"]), "manage.py", "ragchat_admin_group", "--add", "rita"], new_site["project"],
+            new_site["env"])
+
+        browser.get(f"{url}/chat/")
+        assert browser.current_url == f"{url}/chat/login/?next=/chat/"
+        browser.save_screenshot(str(shots / "startproject-sign-in.png"))
+        browser.find_element(By.NAME, "username").send_keys("carol")
+        browser.find_element(By.NAME, "password").send_keys(PASSWORD)
+        browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        wait.until(lambda d: d.execute_script(
+            "const w = document.querySelector('.ragchat'); return w && w.dataset.ready === 'true'"))
+        browser.find_element(By.CSS_SELECTOR, ".ragchat-input").send_keys(QUESTION)
+        browser.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+        wait.until(lambda d: "$699" in d.execute_script(
+            "const a = document.querySelectorAll('.ragchat-assistant .ragchat-body'); return a.length ? "
+            "a[a.length - 1].textContent : ''"))
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant .ragchat-sources > li"))
+        assert "Signed in as carol" in browser.find_element(By.CSS_SELECTOR, ".ragchat-account").text
+        browser.save_screenshot(str(shots / "startproject-customer-chat.png"))
+
+        browser.delete_all_cookies()
+        browser.get(f"{url}/admin/")
+        browser.find_element(By.ID, "id_username").send_keys("rita")
+        browser.find_element(By.ID, "id_password").send_keys(PASSWORD)
+        browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
+        wait.until(lambda d: d.find_elements(By.ID, "user-tools"))
+        browser.get(f"{url}/admin/django_ragchat/conversation/")
+        row = browser.find_element(By.CSS_SELECTOR, "#result_list tbody tr")
+        assert QUESTION in row.text and "carol" in row.text
+        browser.save_screenshot(str(shots / "startproject-reviewer-conversations.png"))
+        row.find_element(By.CSS_SELECTOR, "th a").click()
+        wait.until(lambda d: d.find_elements(By.ID, "ragchat-transcript"))
+        trace = browser.find_element(By.CSS_SELECTOR, "details.ragchat-trace")
+        browser.execute_script("arguments[0].scrollIntoView({block: 'start'})", trace)
+        trace.find_element(By.TAG_NAME, "summary").click()
+        wait.until(lambda d: trace.find_element(By.CSS_SELECTOR, ".ragchat-trace-documents").is_displayed())
+        browser.save_screenshot(str(shots / "startproject-reviewer-trace.png"))
+
+        browser.get(f"{url}/admin/django_ragchat/conversation/")
+        browser.find_element(By.LINK_TEXT, "carol").click()  # the owner: their chat data page
+        wait.until(lambda d: d.find_elements(By.ID, "ragchat-user-data-counts"))
+        assert "Chat data of carol" in browser.title or "carol" in browser.find_element(By.ID, "content").text
+        export = browser.find_element(By.LINK_TEXT, "Export as JSON").get_attribute("href")
+        browser.save_screenshot(str(shots / "startproject-reviewer-user-data.png"))
+        for path in ("/admin/django_ragchat/memoryrecord/", "/admin/django_ragchat/feedback/",
+                     "/admin/django_ragchat/message/", "/admin/django_ragchat/document/",
+                     "/admin/django_ragchat/conversation/user-data/?q=car"):
+            browser.get(url + path)
+            assert "403" not in browser.title and browser.find_elements(By.ID, "content"), path
+        cookies = {c["name"]: c["value"] for c in browser.get_cookies()}
+        with httpx.Client(cookies=cookies, timeout=30) as client:
+            exported = client.get(export)
+        assert exported.status_code == 200 and exported.json()["user"]["id"]
+    assert "Traceback" not in log.read_text(), log.read_text()

@@ -204,3 +204,23 @@ def test_the_feedback_list_filters_by_conversation(client, user, other_user):
     assert response.status_code == 400 and "conversation" in json.dumps(response.json())
     assert len(client.get("/api/ragchat/feedback/").json()["results"]) == 2
 
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("setting", "anonymous", "signed_in"), [
+    ("signed_out", True, False), (True, True, True), (False, False, False)])
+def test_cited_sources_only_follows_the_setting_and_who_is_asking(rf, user, ragchat_settings_override,
+                                                                  setting, anonymous, signed_in):
+    from django.contrib.auth.models import AnonymousUser
+
+    from django_ragchat.conf import DEFAULTS
+
+    assert DEFAULTS["CITED_SOURCES_ONLY"] == "signed_out"  # on by default for signed-out pages
+    ragchat_settings_override(CITED_SOURCES_ONLY=setting, ALLOW_ANONYMOUS=True)
+    shown = {}
+    for who, caller in (("anonymous", AnonymousUser()), ("signed_in", user)):
+        request = rf.get("/products/")
+        request.user = caller
+        request.session = SessionStore()
+        shown[who] = widget_config(render_tag(request))["citedSourcesOnly"]
+    assert shown == {"anonymous": anonymous, "signed_in": signed_in}

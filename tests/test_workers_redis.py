@@ -83,3 +83,24 @@ def test_an_idle_socket_outlives_redis_py_s_default_socket_timeout(tabs):
     for tab in (tab_a, tab_b):
         send(tab, type="ping")
         assert receive(tab)["type"] == "pong"
+
+
+def test_a_logout_on_one_worker_closes_the_sessions_socket_on_the_other(redis_workers, user):
+    import httpx
+    import websockets
+    from django.contrib.sessions.backends.db import SessionStore
+
+    worker_1, worker_2 = redis_workers
+    caller = caller_for(user)
+    with open_socket(worker_2, caller) as ws:
+        with httpx.Client(cookies=caller.cookies, timeout=10) as client:
+            response = client.post(f"{worker_1.url}/accounts/logout/", headers={"X-CSRFToken": caller.csrftoken})
+            assert response.status_code in (200, 302)
+        assert not SessionStore().exists(caller.sessionid)
+        frame = receive(ws, 5)  # at once, not at the socket's next frame
+        assert (frame["type"], frame["code"]) == ("error", "session_ended")
+        try:
+            receive(ws, 5)
+            raise AssertionError("the socket stayed open")
+        except websockets.ConnectionClosed as closed:
+            assert closed.rcvd.code == 4401

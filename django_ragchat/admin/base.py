@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.admin import widgets
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, IntegerField, Subquery, Value
 from django.db.models.functions import Coalesce
@@ -25,6 +27,61 @@ def admin_link(obj, text=None, *, site_name: str = "admin") -> str:
     except NoReverseMatch:
         return format_html("{}", text)
     return format_html('<a href="{}">{}</a>', url, text)
+
+
+def user_link(user, *, site_name: str = "admin") -> str:
+    """A user's name linked to their chat data page (``user_data_view``): the page about them
+    that anyone reading conversations may open. The site's user admin needs ``auth``
+    permissions that chat reviewers do not have, so it is not linked from the chat's lists."""
+    if user is None:
+        return "—"
+    try:
+        url = reverse(f"{site_name}:django_ragchat_user_data", args=[user.pk])
+    except NoReverseMatch:
+        return format_html("{}", str(user))
+    return format_html('<a href="{}" title="Their chat data">{}</a>', url, str(user))
+
+
+def may_open_user_admin(user) -> bool:
+    """Whether ``user`` may open the site's user admin (chat reviewers may not: their group has
+    the chat's permissions only). Links to it are shown only to those who may follow them."""
+    opts = get_user_model()._meta
+    return any(user.has_perm(f"{opts.app_label}.{action}_{opts.model_name}") for action in ("view", "change"))
+
+
+class UserIdWidget(widgets.ForeignKeyRawIdWidget):
+    """The raw-id input of a user field, for staff who may not open the user admin: its label
+    links to the user's chat data page and there is no lookup (both would answer 403)."""
+
+    def __init__(self, rel, admin_site, attrs=None, using=None, *, user_admin: bool = True):
+        super().__init__(rel, admin_site, attrs, using)
+        self.user_admin = user_admin
+
+    def get_context(self, name, value, attrs):
+        context = super().get_context(name, value, attrs)
+        if not self.user_admin:
+            context["related_url"] = None
+        return context
+
+    def label_and_url_for_value(self, value):
+        label, url = super().label_and_url_for_value(value)
+        if self.user_admin or not label:
+            return label, url
+        try:
+            return label, reverse(f"{self.admin_site.name}:django_ragchat_user_data", args=[value])
+        except NoReverseMatch:
+            return label, ""
+
+
+class UserFieldsMixin:
+    """Admin classes with raw-id user fields: ``UserIdWidget`` for staff without the user admin."""
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name in self.raw_id_fields and db_field.related_model is get_user_model() \
+                and not may_open_user_admin(request.user):
+            kwargs["widget"] = UserIdWidget(db_field.remote_field, self.admin_site, using=kwargs.get("using"),
+                                            user_admin=False)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
 
 def short(text: str, limit: int = 80) -> str:

@@ -15,7 +15,16 @@ from django.utils.html import format_html
 
 from django_ragchat.access import principals_of_user_id
 from django_ragchat.admin import views as admin_views
-from django_ragchat.admin.base import RagchatAdmin, admin_link, count_subquery, deletion_summary, short
+from django_ragchat.admin.base import (
+    RagchatAdmin,
+    UserFieldsMixin,
+    admin_link,
+    count_subquery,
+    deletion_summary,
+    may_open_user_admin,
+    short,
+    user_link,
+)
 from django_ragchat.models import (
     Conversation,
     Feedback,
@@ -97,7 +106,7 @@ class LastActivityFilter(admin.DateFieldListFilter):
         self.title = "last activity"
 
 
-class MemoryInline(admin.StackedInline):
+class MemoryInline(UserFieldsMixin, admin.StackedInline):
     """The conversation's own memory records (its summary), editable on its page."""
 
     model = MemoryRecord
@@ -105,6 +114,21 @@ class MemoryInline(admin.StackedInline):
     fields = ("kind", "content", "covers_until_seq", "user")
     raw_id_fields = ("user",)
     verbose_name_plural = "memory of this conversation"
+
+    def get_fields(self, request, obj=None):
+        if may_open_user_admin(request.user):
+            return self.fields
+        # Shown read-only (a conversation's page is read-only to chat reviewers), the user
+        # field would link to the user admin: to the user's chat data page instead. The record's
+        # own page still sets the user.
+        return ("kind", "content", "covers_until_seq", "user_chat_data")
+
+    def get_readonly_fields(self, request, obj=None):
+        return (*super().get_readonly_fields(request, obj), "user_chat_data")
+
+    @admin.display(description="user")
+    def user_chat_data(self, obj):
+        return user_link(obj.user) if obj.user_id else "—"
 
 
 @admin.register(Conversation)
@@ -181,7 +205,7 @@ class ConversationAdmin(RagchatAdmin):
         if obj.owner is None:
             return "anonymous"
         return format_html('{} <a class="ragchat-filter-link" href="?owner={}" title="Only this owner\'s">⌕</a>',
-                           admin_link(obj.owner), obj.owner_id)
+                           user_link(obj.owner), obj.owner_id)
 
     @admin.display(description="messages", ordering="_messages")
     def message_count(self, obj):
@@ -293,9 +317,14 @@ class ConversationAdmin(RagchatAdmin):
                 self.log_change(request, user, f"Erased the django-ragchat chat data: {summary}.")
                 self.message_user(request, f"Erased the chat data of {user}: {summary}.", messages.SUCCESS)
                 return HttpResponseRedirect(reverse("admin:django_ragchat_conversation_changelist"))
+        # The site's user admin, for those who may open it (chat reviewers need not).
+        user_opts = user._meta
+        may_see_user = request.user.has_perm(f"{user_opts.app_label}.view_{user_opts.model_name}") or \
+            request.user.has_perm(f"{user_opts.app_label}.change_{user_opts.model_name}")
         context = {
             **self.admin_site.each_context(request), "opts": self.opts, "subject": user,
-            "subject_link": admin_link(user), "counts": data.counts(), "can_erase": can_erase,
+            "subject_link": admin_link(user) if may_see_user else str(user), "counts": data.counts(),
+            "can_erase": can_erase,
             "title": f"Chat data of {user}",
         }
         return TemplateResponse(request, "admin/django_ragchat/user_data.html", context)

@@ -7,7 +7,7 @@ from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 
-from django_ragchat.admin.base import RagchatAdmin, admin_link, short
+from django_ragchat.admin.base import RagchatAdmin, UserFieldsMixin, admin_link, short, user_link
 from django_ragchat.models import (
     MemoryRecord,
 )
@@ -31,7 +31,7 @@ class MemoryRecordForm(forms.ModelForm):
 
 
 @admin.register(MemoryRecord)
-class MemoryRecordAdmin(RagchatAdmin):
+class MemoryRecordAdmin(UserFieldsMixin, RagchatAdmin):
     """Summaries and facts the model is shown. Staff correct them here; see docs/admin.md for the
     permissions that takes (``ragchat_admin_group`` creates a group with them)."""
 
@@ -61,7 +61,7 @@ class MemoryRecordAdmin(RagchatAdmin):
 
     @admin.display(description="user", ordering="user")
     def user_link(self, obj):
-        return admin_link(obj.user) if obj.user_id else "—"
+        return user_link(obj.user) if obj.user_id else "—"
 
     @admin.display(description="conversation", ordering="conversation")
     def conversation_link(self, obj):

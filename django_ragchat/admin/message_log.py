@@ -13,7 +13,7 @@ from django.utils.safestring import mark_safe
 
 from django_ragchat.access import principals_of_user_id
 from django_ragchat.admin import views as admin_views
-from django_ragchat.admin.base import ReadOnlyAdmin, admin_link, short
+from django_ragchat.admin.base import ReadOnlyAdmin, admin_link, short, user_link
 from django_ragchat.models import (
     Feedback,
     Message,
@@ -303,7 +303,7 @@ class FeedbackAdmin(ReadOnlyAdmin):
 
     @admin.display(description="by", ordering="user")
     def rater(self, obj):
-        return admin_link(obj.user) if obj.user_id else "anonymous visitor"
+        return user_link(obj.user) if obj.user_id else "anonymous visitor"
 
     @admin.display(description="comment")
     def short_comment(self, obj):

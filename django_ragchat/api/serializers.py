@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.models import (
+    MEMORY_MAX_CHARS,
     Conversation,
     Document,
     Feedback,
@@ -222,19 +223,23 @@ class MessageCreateSerializer(serializers.Serializer):
 
     # The view validates with ``pipeline.validate_user_message`` (the same rule on every
     # transport); these constraints only tell the schema what that rule accepts.
-    content = serializers.RegexField(
-        r"^[^\u0000]*[^\s\u0000][^\u0000]*$", min_length=1,
-        help_text="The user's message: not only white space, no NUL characters, at most "
-                  "RAGCHAT['MAX_MESSAGE_CHARS'] characters (longer: 413 `too_long`).")
+    CONTENT = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
+    CONTENT_HELP = ("The user's message: not only white space, no NUL characters, at most "
+                    "RAGCHAT['MAX_MESSAGE_CHARS'] characters (longer: 413 `too_long`).")
+    content = serializers.RegexField(CONTENT, min_length=1, help_text=CONTENT_HELP)
     client_id = serializers.RegexField(
         r"^[^\u0000]*$", required=False, allow_null=True, max_length=100,
         help_text="Your idempotency key for this message (at most 100 characters, no NUL; null: none): a resend with "
                   "the same client_id in the same conversation answers 200 with the first attempt's "
                   "messages instead of a new turn (409 while its answer is still being written).")
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["content"].max_length = ragchat_settings.MAX_MESSAGE_CHARS
+    def get_fields(self):
+        fields = super().get_fields()
+        # The limit is a setting: the field (its validator, the schema's maxLength) is made
+        # with the value of the moment.
+        fields["content"] = serializers.RegexField(self.CONTENT, min_length=1, help_text=self.CONTENT_HELP,
+                                                   max_length=ragchat_settings.MAX_MESSAGE_CHARS)
+        return fields
 
 
 class TurnSerializer(serializers.Serializer):
@@ -263,7 +268,7 @@ class FeedbackSerializer(serializers.ModelSerializer):
 class MemoryRecordSerializer(serializers.ModelSerializer):
     user_id = serializers.IntegerField(read_only=True, allow_null=True)
     conversation_id = serializers.UUIDField(read_only=True, allow_null=True)
-    content = StrictCharField(max_length=20_000)
+    content = StrictCharField(max_length=MEMORY_MAX_CHARS)
 
     class Meta:
         model = MemoryRecord

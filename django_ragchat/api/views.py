@@ -21,7 +21,6 @@ from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooMany
 from django.db.models import BooleanField, Count, ExpressionWrapper, Prefetch, Q
 from django.http import Http404
 from django.urls import reverse
-from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import exceptions, generics, status
@@ -35,6 +34,7 @@ from django_ragchat import permissions as rules
 from django_ragchat import tasks
 from django_ragchat.api import permissions as access
 from django_ragchat.api import serializers as s
+from django_ragchat.api.schema import RagchatAutoSchema
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.exceptions import RagchatError, TurnInProgress
 from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
@@ -127,12 +127,27 @@ class RagchatAPIView(APIView):
 
     # drf-spectacular's inspector, set here rather than in the site's REST_FRAMEWORK settings:
     # the schema of these views then works whatever DEFAULT_SCHEMA_CLASS the site uses.
-    schema = AutoSchema()
+    schema = RagchatAutoSchema()
     permission_classes = [access.CanChat]
     parser_classes = [LimitedJSONParser]
 
     def get_exception_handler(self):
         return api_exception_handler
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        method = request.method.lower()
+        served = method in self.http_method_names and hasattr(self, method)  # else 405, as before
+        if method in ("post", "put", "patch") and served and not has_body(request):
+            # No body is not an empty change: a client that lost its body must not create or
+            # edit anything with the defaults (the same code as a body that is not JSON).
+            raise APIError(400, "parse_error", "The request has no body: send a JSON object.")
+
+
+def has_body(request) -> bool:
+    """Whether the request carries a body (a length above 0, or a chunked one)."""
+    length = request.META.get("CONTENT_LENGTH") or "0"
+    return length.strip("0") != "" or "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
 
 
 #: Sequence numbers and offsets are stored in 32-bit columns on every database.
@@ -322,9 +337,6 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
     def post(self, request, conversation_id):
         conversation = access.get_conversation(request, conversation_id)
         access.check_change(request, conversation)
-        if not request.META.get("CONTENT_LENGTH", "0").strip("0"):
-            # An empty body is not JSON: the same code the server-sent events endpoint gives it.
-            raise APIError(400, "parse_error", 'The body must be JSON: {"content": "..."}.')
         if not isinstance(request.data, dict):
             raise APIError(400, "invalid_type", 'The body must be a JSON object: {"content": "..."}.')
         try:
@@ -337,10 +349,15 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
             raise APIError(exc.http_status, exc.code, exc.message) from None
         session_key = access.caller_session_key(request)
         try:
-            # The slot first, as the streaming transports do: a refused slot costs no turn.
-            with limits.stream_slot(request.user, session_key):
-                limits.check_turn_rate(request.user, session_key)
-                result = run_turn_sync(conversation, text, client_id=client_id, user=request.user)
+            # A resend, or a message refused because another answer is being written, is
+            # answered before the limits: a retry never costs the caller a turn or a slot.
+            persistence.check_pending(conversation.pk, client_id)
+            with limits.admitted(request.user, session_key) as admission:
+                try:
+                    result = run_turn_sync(conversation, text, client_id=client_id, user=request.user)
+                except (TurnInProgress, persistence.DuplicateMessage, Conversation.DoesNotExist):
+                    admission.refund()  # found under the conversation's lock: the turn did not start
+                    raise
         except limits.LimitExceeded as exc:
             raise APIError(429, exc.code, exc.message, retry_after_header(exc.retry_after)) from None
         except TurnInProgress as exc:
@@ -351,7 +368,7 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
             raise APIError(410, exc.code, exc.message) from None
         except persistence.DuplicateMessage as duplicate:
             # A resend (same client_id): the first attempt's messages, nothing new saved.
-            return self._resent(duplicate)
+            return self._resent(persistence.settle(duplicate))
 
         saved = {m.pk: m for m in messages_with_sources(
             Message.objects.filter(pk__in=[result.user_message_id, result.message["id"]]), access.reader(request))}

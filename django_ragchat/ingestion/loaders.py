@@ -127,6 +127,9 @@ def load_document(path: Path) -> LoadedDocument:
     bytes (treated as binary), is not valid UTF-8, or cannot be parsed.
     """
     path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        # Before the type: a folder that is not there ("docs/") is not a file without an extension.
+        raise DocumentLoadError(path, "not found (no such file or folder)")
     content_type = content_type_for(path)
     if content_type is None:
         suffix = path.suffix.lower()

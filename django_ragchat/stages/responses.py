@@ -22,6 +22,7 @@ Built in:
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -70,7 +71,30 @@ class ResponseAugmenter(Component):
         return ""
 
     def on_complete(self, answer: Answer, turn: TurnContext) -> Answer:
-        return self.augment(answer, turn)
+        """The assembled streamed answer (tails included). By default ``augment``, applied as
+        to a whole answer: the tail this augmenter streamed (``finish``) is taken out of the
+        text first, since ``augment`` adds its own; when ``augment`` adds the very text that was
+        streamed (or leaves the text alone), the text stays as the client received it. So an augmenter written as
+        ``finish`` (streamed) plus ``augment`` (whole) adds its line once either way."""
+        raw, sent = turn.streamed_tails.get(self.name, ("", ""))
+        at = answer.text.rfind(sent) if sent else -1
+        if at < 0:
+            return self.augment(answer, turn)
+        whole = answer.replace(text=answer.text[:at] + answer.text[at + len(sent):])
+        result = self.augment(whole, turn)
+        if inspect.isawaitable(result):
+            return _as_streamed(result, answer, whole.text, raw)
+        return _keep_streamed(result, answer, whole.text, raw)
+
+
+def _keep_streamed(result: Answer, streamed: Answer, whole: str, tail: str) -> Answer:
+    # augment() added what finish() streamed, or left the text alone: the text stays as the
+    # client received it (the tail where the stream put it, as the later augmenters passed it).
+    return result.replace(text=streamed.text) if result.text in (whole, whole + tail) else result
+
+
+async def _as_streamed(result, streamed: Answer, whole: str, tail: str) -> Answer:
+    return _keep_streamed(await result, streamed, whole, tail)
 
 
 def _trace_warning(turn: TurnContext, message: str) -> None:

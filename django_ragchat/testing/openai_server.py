@@ -394,6 +394,10 @@ class FakeOpenAIServer:
 
 
 class _HTTPServer(ThreadingHTTPServer):
+    # socketserver's default backlog is 5: a burst of streams opened at once (a worker starting
+    # thirty answers) would see connections reset, which no real model server does.
+    request_queue_size = 128
+
     def __init__(self, address: tuple, handler: type, *, fake: FakeOpenAIServer) -> None:
         self.fake = fake
         self._conns: set = set()

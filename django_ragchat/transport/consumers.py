@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from importlib import import_module
 from typing import Any, ClassVar
@@ -37,10 +38,10 @@ from django.contrib.auth import SESSION_KEY
 from django_ragchat import permissions
 from django_ragchat.events import PROTOCOL_VERSION, Accepted, Completed, Failed
 from django_ragchat.models import Conversation, Message, ToolInvocation
-from django_ragchat.transport import jsonbody
+from django_ragchat.transport import jsonbody, sessions
 from django_ragchat.transport import turns as transport
 from django_ragchat.transport.turns import TurnRefused
-from django_ragchat.turn import persistence
+from django_ragchat.turn import persistence, shutdown
 from django_ragchat.turn.confirmations import DecisionRefused, decide_tool_call
 from django_ragchat.turn.lanes import database_lane
 
@@ -50,6 +51,12 @@ logger = logging.getLogger(__name__)
 CLOSE_NOT_FOUND = 4404
 # Close code when the socket's session ended (logout, expiry, flushed) since it connected.
 CLOSE_SESSION_ENDED = 4401
+# While a turn streams to a watching socket, its session is read again at most this often (a
+# logout closes the socket at once through the channel layer; this bounds what an expired or
+# deleted session still receives). Every frame from the client, and every turn's ack, reads it.
+SESSION_RECHECK_SECONDS = 1.0
+# The longest a group_add, group_discard or group_send may take (they take milliseconds).
+LAYER_CALL_SECONDS = 5.0
 
 
 def group_name(conversation_id) -> str:
@@ -113,8 +120,9 @@ class GroupRelay:
             while self.pending:
                 await asyncio.sleep(self.window)  # let the batch fill
                 frames, self.pending = self.pending, []
-                await self.channel_layer.group_send(
-                    self.group, {"type": "ragchat.events", "origin": self.origin, "frames": frames})
+                await asyncio.wait_for(self.channel_layer.group_send(
+                    self.group, {"type": "ragchat.events", "origin": self.origin, "frames": frames}),
+                    LAYER_CALL_SECONDS)
         except Exception:
             logger.exception("ragchat: could not publish to %s", self.group)
         finally:
@@ -142,6 +150,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.watching: dict[str, bool] = {}  # conversation id -> may this socket send to it
         self.turns: dict[str, asyncio.Task] = {}  # conversation id -> turn run by this socket
         self.closed = False
+        self.session_checked = 0.0  # time.monotonic() of the last read of the session that found it current
         self.layer_groups: list[str] = []  # joined here, not in self.groups: see disconnect()
         self.channel_name: str | None = None  # set by __call__ when there is a channel layer
 
@@ -162,9 +171,15 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 self.channel_layer = None
         receivers = [receive] if self.channel_layer is None else [receive, self._receive_from_layer]
         try:
-            await await_many_dispatch(receivers, self.dispatch)
+            with shutdown.open_connection():  # cancelled if a server shutdown runs out of time
+                await await_many_dispatch(receivers, self.dispatch)
         except StopConsumer:
             pass
+        except asyncio.CancelledError:
+            if not shutdown.stopping():
+                raise
+            # Closed by the shutdown's watchdog: the server is going away, nothing to report.
+            asyncio.current_task().uncancel()
 
     async def _receive_from_layer(self):
         """The next message for this socket's channel; waits out a failing layer (logged)."""
@@ -180,11 +195,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 delay = min(delay * 2, 30.0)
 
     async def _layer_call(self, method: str, *args) -> bool:
-        """``channel_layer.<method>(*args)``, logged instead of raised; False if it did not happen."""
+        """``channel_layer.<method>(*args)``, logged instead of raised; False if it did not happen.
+        Bounded by ``LAYER_CALL_SECONDS``: a layer that does not answer (Redis stalled) neither
+        holds the socket's handshake nor, at its end, keeps the server from shutting down."""
         if self.channel_layer is None:
             return False
         try:
-            await getattr(self.channel_layer, method)(*args)
+            await asyncio.wait_for(getattr(self.channel_layer, method)(*args), LAYER_CALL_SECONDS)
         except Exception:
             logger.exception("ragchat: channel layer %s failed", method)
             return False
@@ -199,6 +216,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.close()  # before accept(): the handshake is answered 403
             return
         await self.accept()
+        self.session_checked = time.monotonic()  # read by the handshake's middleware just now
+        key = getattr(self.scope.get("session"), "session_key", None)
+        if key and await self._layer_call("group_add", sessions.session_group(key), self.channel_name):
+            self.layer_groups.append(sessions.session_group(key))  # told of a logout (left in disconnect)
         bound = self.scope.get("url_route", {}).get("kwargs", {}).get("conversation_id")
         if bound is not None:
             try:
@@ -231,55 +252,97 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             # Turn events relayed through the channel layer: no database work, so the base
             # class's per-message connection cleanup (a thread hop) is skipped.
             if message["origin"] != self.channel_name:  # our own turns were sent directly
-                for frame in message["frames"]:
+                frames = message["frames"]
+                # A turn's first frame (its ack) is relayed only to a session checked just now;
+                # the rest of a turn to one checked within SESSION_RECHECK_SECONDS.
+                if not await self._session_still_open(fresh=any(f.get("type") == "ack" for f in frames)):
+                    return
+                for frame in frames:
                     await self._send_frame(frame)
             return
         await super().dispatch(message)
 
+    # --- the session --------------------------------------------------------------------
+
+    async def _session_still_open(self, client_id: str | None = None, *, fresh: bool = True) -> bool:
+        """Whether the socket's session still stands (``session_is_current``, read again from the
+        session store unless ``fresh`` is false and it was read in the last
+        ``SESSION_RECHECK_SECONDS``). When it does not, the socket is told (``session_ended``) and
+        closed with 4401."""
+        if self.closed:
+            return False
+        now = time.monotonic()
+        if not fresh and now - self.session_checked < SESSION_RECHECK_SECONDS:
+            return True
+        if await sync_to_async(session_is_current)(self.user, self.scope.get("session")):
+            self.session_checked = now
+            return True
+        await self._end_session(client_id)
+        return False
+
+    async def _end_session(self, client_id: str | None = None) -> None:
+        if self.closed:
+            return
+        await self._error("session_ended", "Your session has ended; sign in again and reconnect.", client_id)
+        self.closed = True
+        await self.close(code=CLOSE_SESSION_ENDED)
+
+    async def ragchat_session_ended(self, message):
+        """The session was logged out, on any worker (``sessions.close_session_sockets``)."""
+        await self._end_session()
+
     # --- client frames ------------------------------------------------------------------
 
     async def receive(self, text_data=None, bytes_data=None):
-        if text_data is None:
-            return await self._error("invalid_frame", "Send JSON in text frames.")
-        if len(text_data) > transport.max_request_chars():
-            return await self._error("too_large", f"Frames are limited to {transport.max_request_chars():,} characters.")
-        try:
-            frame = jsonbody.loads(text_data)
-        except jsonbody.JSONRefused:
-            return await self._error("parse_error", "The frame is not valid JSON.")
-        if not isinstance(frame, dict):
-            return await self._error("invalid_frame", 'A frame is a JSON object with a "type".')
-        client_id = frame.get("client_id")
-        try:
-            transport.check_client_id(client_id)  # it is stored (the idempotency key): no NUL either
-        except TurnRefused as refusal:
-            return await self._error("invalid_frame", refusal.message)
+        frame, client_id, problem = self._parse(text_data)
+        # Every frame, whatever it is, first checks that the socket's session still stands.
+        if not await self._session_still_open(client_id):
+            return
+        if problem is not None:
+            return await self._error(*problem, client_id)
         handler = self.frame_handlers.get(frame.get("type")) if isinstance(frame.get("type"), str) else None
         if handler is None:
             return await self._error("unknown_type", 'Unknown frame type; send "message", "cancel", '
                                      '"tool_decision" or "ping".', client_id)
         await handler(self, frame, client_id)
 
+    @staticmethod
+    def _parse(text_data) -> tuple[dict, str | None, tuple[str, str] | None]:
+        """(the frame, its client_id, (code, message) of what is wrong with it or ``None``)."""
+        if text_data is None:
+            return {}, None, ("invalid_frame", "Send JSON in text frames.")
+        if len(text_data) > transport.max_request_chars():
+            return {}, None, ("too_large", f"Frames are limited to {transport.max_request_chars():,} characters.")
+        try:
+            frame = jsonbody.loads(text_data)
+        except jsonbody.TooManyFields as exc:
+            return {}, None, (exc.code, str(exc))
+        except jsonbody.JSONRefused:
+            return {}, None, ("parse_error", "The frame is not valid JSON.")
+        if not isinstance(frame, dict):
+            return {}, None, ("invalid_frame", 'A frame is a JSON object with a "type".')
+        client_id = frame.get("client_id")
+        try:
+            transport.check_client_id(client_id)  # it is stored (the idempotency key): no NUL either
+        except TurnRefused as refusal:
+            return frame, None, ("invalid_frame", refusal.message)
+        return frame, client_id, None
+
     async def on_message(self, frame: dict, client_id: str | None) -> None:
         """``{"type": "message", "content": ..., "conversation_id"?: ...}``: run a turn.
 
-        The session is checked again first: after a logout the socket is closed with code
-        4401. Without a conversation, a new one is created only once the turn is admitted
-        (a refused message creates nothing), unless ``client_id`` names a message this caller
+        Without a conversation, a new one is created only once the turn is admitted (a
+        refused message creates nothing), unless ``client_id`` names a message this caller
         already sent: then that message's conversation answers the resend.
         """
-        if not await sync_to_async(session_is_current)(self.user, self.scope.get("session")):
-            await self._error("session_ended", "Your session has ended; sign in again and reconnect.", client_id)
-            self.closed = True
-            await self.close(code=CLOSE_SESSION_ENDED)
-            return
         content = frame.get("content")
         conversation_id = frame.get("conversation_id", self.conversation_id)
         try:
             transport.validate(content)
             async with database_lane():
                 if conversation_id is None and client_id:
-                    conversation_id = await sync_to_async(self._sent_with)(client_id)
+                    found = await transport.conversation_sent_with(self.user, self.session_key, client_id)
+                    conversation_id = str(found.pk) if found is not None else None
                 conversation = None
                 if conversation_id is not None:
                     conversation = await self._conversation_for_message(conversation_id)
@@ -298,14 +361,6 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 return await self._send_frame(self._frame(refusal.to_event().to_dict(), key, client_id))
             self.conversation_id = key
         self.turns[key] = asyncio.create_task(self._run_turn_in_lane(conversation, content, client_id, key))
-
-    def _sent_with(self, client_id: str) -> str | None:
-        """The conversation of this caller's message sent with ``client_id`` (a resend after a
-        reconnect, when the first attempt started the conversation), or ``None``."""
-        found = (permissions.visible_conversations(self.user, self.session_key)
-                 .filter(messages__client_id=client_id, messages__role=Message.Role.USER)
-                 .values_list("pk", flat=True).first())
-        return str(found) if found is not None else None
 
     async def on_cancel(self, frame: dict, client_id: str | None) -> None:
         """``{"type": "cancel", "conversation_id"?: ...}``: stop the turn being written there,

@@ -3,7 +3,8 @@
 The REST API's parser, the server-sent events endpoint and the websocket consumer all read
 client JSON through ``loads``, so the same body gets the same answer everywhere: a depth past
 ``MAX_DEPTH`` (or one deep enough to exhaust Python's recursion limit) is a ``parse_error``,
-never a ``RecursionError`` that would surface as a 500.
+never a ``RecursionError`` that would surface as a 500, and more object keys than Django's
+``DATA_UPLOAD_MAX_NUMBER_FIELDS`` is ``too_many_fields``, as it is for a form.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
@@ -19,42 +21,64 @@ MAX_DEPTH = 32
 
 
 class JSONRefused(ValueError):
-    """The text is not JSON the server accepts; ``str()`` is safe to show."""
+    """The text is not JSON the server accepts; ``str()`` is safe to show, ``code`` the error's."""
+
+    code = "parse_error"
 
 
-def _depth_exceeds(value: Any, limit: int) -> bool:
+class TooManyFields(JSONRefused):
+    """More keys than ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` (code ``too_many_fields``)."""
+
+    code = "too_many_fields"
+
+
+def max_fields() -> int | None:
+    """The most object keys a body may hold, all objects together: Django's own limit on form
+    fields, ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` (1,000 by default; ``None``: no limit). No request
+    of the app needs more than a handful."""
+    return settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+
+
+def _refusal(value: Any, depth_limit: int, field_limit: int | None) -> JSONRefused | None:
     # Iterative, so a value just under the parser's recursion limit cannot exhaust ours.
     stack = [(value, 1)]
+    keys = 0
     while stack:
         item, depth = stack.pop()
         if isinstance(item, dict):
             children = item.values()
+            keys += len(item)
+            if field_limit is not None and keys > field_limit:
+                return TooManyFields(f"The JSON has more than {field_limit:,} fields.")
         elif isinstance(item, list):
             children = item
         else:
             continue
-        if depth > limit:
-            return True
+        if depth > depth_limit:
+            return JSONRefused(f"The JSON is nested more than {depth_limit} levels deep.")
         stack.extend((child, depth + 1) for child in children)
-    return False
+    return None
 
 
 def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     """``json.loads`` that raises ``JSONRefused`` for invalid JSON and for nesting deeper than
-    ``max_depth`` (objects and arrays count one level each)."""
+    ``max_depth`` (objects and arrays count one level each), ``TooManyFields`` for more object
+    keys than ``max_fields()``."""
     try:
         value = json.loads(text)
     except RecursionError:
         raise JSONRefused(f"The JSON is nested more than {max_depth} levels deep.") from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise JSONRefused(f"The body is not valid JSON ({exc}).") from None
-    if _depth_exceeds(value, max_depth):
-        raise JSONRefused(f"The JSON is nested more than {max_depth} levels deep.")
+    refusal = _refusal(value, max_depth, max_fields())
+    if refusal is not None:
+        raise refusal
     return value
 
 
 class LimitedJSONParser(JSONParser):
-    """DRF's JSON parser with ``loads``'s limits: every refusal is 400 ``parse_error``."""
+    """DRF's JSON parser with ``loads``'s limits: every refusal is 400 ``parse_error`` (or
+    ``too_many_fields``)."""
 
     def parse(self, stream, media_type=None, parser_context=None):
         parser_context = parser_context or {}
@@ -65,4 +89,4 @@ class LimitedJSONParser(JSONParser):
         except UnicodeDecodeError:
             raise ParseError("The body is not valid UTF-8 JSON.", code="parse_error") from None
         except JSONRefused as exc:
-            raise ParseError(str(exc), code="parse_error") from None
+            raise ParseError(str(exc), code=exc.code) from None

@@ -73,6 +73,8 @@ def _read_content(request) -> tuple[Any, str]:
         raise too_large
     try:
         data = jsonbody.loads(body)
+    except jsonbody.TooManyFields as exc:
+        raise TurnRefused(exc.code, str(exc), 400) from None
     except jsonbody.JSONRefused:
         raise TurnRefused("parse_error", 'The body must be JSON: {"content": "..."}.', 400) from None
     if not isinstance(data, dict):
@@ -89,8 +91,10 @@ async def turn_stream(user, session_key: str | None, conversation_id, content: A
     ``conversation_id`` ``None`` starts a new conversation (``new_conversation``: the keyword
     arguments of ``permissions.create_conversation``, e.g. its profile), created only once the
     turn is admitted (``transport.turn_events`` calls ``create``) and removed again if the turn
-    ends before its ``ack``: a refused first message leaves nothing behind. ``turn_options``
-    go to ``transport.turn_events`` (``stream``, ``history``).
+    ends before its ``ack``: a refused first message leaves nothing behind. A first message sent
+    again with its ``client_id`` goes to the conversation its first attempt started
+    (``transport.conversation_sent_with``) and is answered with that attempt's result.
+    ``turn_options`` go to ``transport.turn_events`` (``stream``, ``history``).
     """
     created: list = []  # the conversation create() made, if it ran
 
@@ -103,7 +107,10 @@ async def turn_stream(user, session_key: str | None, conversation_id, content: A
         created.append(conversation)
         return conversation
 
-    if conversation_id is None:
+    found = await transport.conversation_sent_with(user, session_key, client_id) if conversation_id is None else None
+    if found is not None:
+        target = found  # the first message sent again: its conversation answers it (a replay)
+    elif conversation_id is None:
         target = create
     else:
         target, _ = await transport.open_conversation(user, conversation_id, session_key, for_sending=True)

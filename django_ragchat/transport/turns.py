@@ -25,7 +25,7 @@ from django_ragchat import permissions
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import Accepted, Completed, Failed, TurnEvent
 from django_ragchat.exceptions import InvalidMessage, RagchatError, TurnInProgress
-from django_ragchat.models import Conversation
+from django_ragchat.models import Conversation, Message
 from django_ragchat.turn import limits, persistence, pipeline, shutdown
 from django_ragchat.turn.persistence import ConversationGone, DuplicateMessage
 from django_ragchat.types import HistoryMessage
@@ -113,22 +113,31 @@ async def open_conversation(user, conversation_id, session_key: str | None, *,
     return await sync_to_async(open_conversation_sync)(user, conversation_id, session_key, for_sending)
 
 
-def _admit(user, session_key: str | None) -> limits.StreamSlot:
+def _admit(user, session_key: str | None) -> limits.Admission:
     """Take one of the caller's stream slots and count the turn against their rate."""
     try:
-        slot = limits.StreamSlot(user, session_key).acquire()
-        try:
-            limits.check_turn_rate(user, session_key)
-        except BaseException:
-            slot.release()
-            raise
+        return limits.Admission(user, session_key).take()
     except limits.LimitExceeded as exc:
         raise TurnRefused(exc.code, exc.message, 429, exc.retry_after) from None
-    return slot
 
 
-def _release(slot: limits.StreamSlot) -> None:
-    slot.release()
+def _sent_with(user, session_key: str | None, client_id: str) -> Conversation | None:
+    close_stale_connections()
+    found = (permissions.visible_conversations(user, session_key)
+             .filter(messages__client_id=client_id, messages__role=Message.Role.USER).first())
+    if found is None or not permissions.can_change(user, found, session_key):
+        return None
+    return found
+
+
+async def conversation_sent_with(user, session_key: str | None, client_id: str) -> Conversation | None:
+    """The conversation of the caller's message sent with ``client_id``, or ``None``: a message
+    that starts a conversation, sent again (a retry after a lost response or a reconnect), goes
+    to the conversation its first attempt started, where it is answered with that attempt's
+    result instead of starting a second conversation. Every transport asks this first."""
+    if not client_id:
+        return None
+    return await sync_to_async(_sent_with)(user, session_key, client_id)
 
 
 def check_client_id(client_id: Any) -> str:
@@ -157,7 +166,10 @@ def _replay_payload(message_id: int) -> dict[str, Any] | None:
 async def replay(duplicate) -> AsyncIterator[TurnEvent]:
     """The events that answer a resend (``persistence.DuplicateMessage``): the first attempt's
     ``ack``, then its ``done`` or ``error``. ``TurnRefused`` (409 ``turn_in_progress``) while
-    its answer is still being written: sent again later, the resend gets the result."""
+    its answer is still being written: sent again later, the resend gets the result. An answer
+    whose worker is gone (killed, its lease expired) is closed first ("interrupted", the text of
+    its last heartbeat kept) and replayed as an ``error`` ``interrupted``."""
+    duplicate = await sync_to_async(persistence.settle)(duplicate)
     user, assistant = duplicate.user_message, duplicate.assistant_message
     if assistant is None or assistant.status == assistant.Status.STREAMING:
         raise TurnRefused("turn_in_progress", "The answer to this message is still being written; "
@@ -182,7 +194,10 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
     """Run one turn in ``conversation`` and yield its events (``pipeline.stream_turn``).
 
     ``conversation`` may be an async callable that creates it: called once the turn is
-    admitted, so a refused turn creates no conversation.
+    admitted, so a refused turn creates no conversation. With a ``client_id``, ask
+    ``conversation_sent_with`` first (a resend belongs to the conversation its first attempt
+    started); two first sends at once with the same ``client_id`` start one conversation, the
+    other is refused ``turn_in_progress`` (send it again to get the answer).
 
     Before the first event it may raise ``TurnRefused``: the message is invalid (400/413), the
     caller is over a limit (``rate_limited`` or ``too_many_streams``, 429 with
@@ -194,8 +209,11 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
 
     A resend with the ``client_id`` of a message already in the conversation yields that
     message's ``ack`` and its answer's ``done``/``error`` (``replay``); nothing is saved. A
-    conversation deleted during the turn ends it with ``error`` ``conversation_deleted``; a
-    server shutdown (SIGTERM) with ``error`` ``server_shutdown`` and the partial answer saved.
+    resend, and a message refused because another answer is being written, are answered
+    before the limits are applied: neither takes a stream slot nor counts against
+    ``TURNS_PER_MINUTE``. A conversation deleted during the turn ends it with ``error``
+    ``conversation_deleted``; a server shutdown (SIGTERM) with ``error`` ``server_shutdown``
+    and the partial answer saved.
     ``stream``, ``history`` and ``origin`` are ``pipeline.stream_turn``'s (``False``: the model
     answers whole; ``history``: the earlier messages as a stateless caller sent them;
     ``origin``: kept in the trace).
@@ -204,6 +222,46 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
     if shutdown.stopping():
         raise shutdown_refusal()
     text = validate(content)
+    first_send = None
+    if callable(conversation) and client_id:
+        first_send = limits.FirstSend(user, session_key, client_id)
+    try:
+        if first_send is not None:
+            await _claim_first_send(first_send, user, session_key, client_id)
+        elif not callable(conversation):
+            try:
+                await sync_to_async(persistence.check_pending)(conversation.pk, client_id)
+            except DuplicateMessage as duplicate:
+                async with contextlib.aclosing(replay(duplicate)) as replayed:
+                    async for event in replayed:
+                        yield event
+                return
+            except (TurnInProgress, Conversation.DoesNotExist) as exc:
+                raise _refusal(exc) from None
+        options = {"stream": stream, "history": history, "origin": origin}
+        async with contextlib.aclosing(_admitted_turn(conversation, text, user, session_key, client_id,
+                                                      first_send, options)) as events:
+            async for event in events:
+                yield event
+    finally:
+        if first_send is not None:
+            await sync_to_async(first_send.release, thread_sensitive=False)()
+
+
+async def _claim_first_send(first_send: limits.FirstSend, user, session_key: str | None, client_id: str) -> None:
+    refusal = TurnRefused("turn_in_progress", "This message is already being sent; send it again (same client_id) "
+                          "to get its answer.", 409, retry_after=1)
+    if not await sync_to_async(first_send.claim, thread_sensitive=False)():
+        raise refusal
+    if await conversation_sent_with(user, session_key, client_id) is not None:
+        raise refusal  # its first attempt got through meanwhile: the resend finds it now
+
+
+async def _admitted_turn(conversation, text: str, user, session_key: str | None, client_id: str,
+                         first_send: limits.FirstSend | None, options: dict[str, Any]) -> AsyncIterator[TurnEvent]:
+    """The turn once the message may be sent: admitted through the limits (which a resend or
+    a refusal found only now, under the conversation's lock, gives back), then run
+    (``options``: ``pipeline.stream_turn``'s ``stream``, ``history`` and ``origin``)."""
     # The limits live in Django's cache, which may be a network round trip: off the loop, but
     # not on the thread that serialises database work.
     slot = _HeldSlot(await sync_to_async(_admit, thread_sensitive=False)(user, session_key))
@@ -212,18 +270,21 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
             if callable(conversation):
                 conversation = await conversation()
             # The sender is who asks: tools run as them.
-            events = pipeline.stream_turn(conversation, text, client_id=client_id, stream=stream, history=history,
-                                          origin=origin, user=user)
+            events = pipeline.stream_turn(conversation, text, client_id=client_id, user=user, **options)
             async with contextlib.aclosing(events):
                 try:
                     first = await anext(events)
                 except DuplicateMessage as duplicate:
+                    await slot.refund()
                     async with contextlib.aclosing(replay(duplicate)) as replayed:
                         async for event in replayed:
                             yield event
                     return
                 except (TurnInProgress, Conversation.DoesNotExist) as exc:
+                    await slot.refund()
                     raise _refusal(exc) from None
+                if first_send is not None:  # saved: a resend finds it from now on
+                    await sync_to_async(first_send.release, thread_sensitive=False)()
                 yield first
                 async with contextlib.aclosing(_after_the_ack(events, first, slot)) as rest:
                     async for event in rest:
@@ -241,16 +302,23 @@ def _refusal(exc: Exception) -> TurnRefused:
 class _HeldSlot:
     """The caller's stream slot while its turn runs (the heartbeat renews it), released once."""
 
-    def __init__(self, slot: limits.StreamSlot):
-        self.slot = slot
+    def __init__(self, admission: limits.Admission):
+        self.admission = admission
+        self.slot = admission.slot
         self.held = True
-        limits.hold(slot)
+        limits.hold(self.slot)
 
     async def release(self) -> None:
         limits.unhold(self.slot)
         if self.held:
             self.held = False
-            await sync_to_async(_release, thread_sensitive=False)(self.slot)
+            await sync_to_async(self.slot.release, thread_sensitive=False)()
+
+    async def refund(self) -> None:
+        """The turn did not start: free the slot and take back the turn counted."""
+        limits.unhold(self.slot)
+        self.held = False
+        await sync_to_async(self.admission.refund, thread_sensitive=False)()
 
 
 async def _after_the_ack(events: AsyncIterator[TurnEvent], accepted: Accepted,

@@ -8,12 +8,12 @@ Everything the widget shows that comes from the model or the documents is insert
 
 from __future__ import annotations
 
-from django.contrib.auth.views import redirect_to_login
+from django.contrib.auth.views import LoginView, LogoutView, redirect_to_login
 from django.core.exceptions import ImproperlyConfigured
 from django.core.handlers.asgi import ASGIRequest
 from django.middleware.csrf import get_token
 from django.shortcuts import render
-from django.urls import NoReverseMatch, get_script_prefix, reverse
+from django.urls import NoReverseMatch, get_script_prefix, reverse, reverse_lazy
 from django.views.decorators.http import require_safe
 
 from django_ragchat.conf import ragchat_settings
@@ -52,7 +52,18 @@ def page_config(request) -> dict:
         "websocket": get_script_prefix() + WEBSOCKET_PATH if isinstance(request, ASGIRequest) else None,
         "csrfToken": get_token(request),
         "maxMessageChars": ragchat_settings.MAX_MESSAGE_CHARS,
+        "citedSourcesOnly": cited_sources_only(request),
     }
+
+
+def cited_sources_only(request) -> bool:
+    """Whether the widget shows this caller only the passages an answer cites
+    (``CITED_SOURCES_ONLY``: ``True``, ``False`` or ``"signed_out"``)."""
+    setting = ragchat_settings.CITED_SOURCES_ONLY
+    if setting == "signed_out":
+        user = getattr(request, "user", None)
+        return not (user is not None and user.is_authenticated)
+    return bool(setting)
 
 
 def may_chat(request) -> bool:
@@ -83,3 +94,22 @@ def chat_page(request):
     notice = ("Answers are sentences quoted from the documents, with their sources, until a language "
               "model is configured." if extractive else "")
     return render(request, "django_ragchat/chat.html", {"notice": notice})
+
+
+class SignInView(LoginView):
+    """The chat's own sign-in page, for any active user of the site (customers, not only staff:
+    the admin's sign-in page refuses non-staff). A site without a sign-in page of its own points
+    ``LOGIN_URL`` here (``"ragchat:login"``); after signing in, the visitor goes back where they
+    were sent from (``?next=``), or to the chat page. Its template,
+    ``django_ragchat/login.html``, can be overridden like any other."""
+
+    template_name = "django_ragchat/login.html"
+    redirect_authenticated_user = True
+    next_page = reverse_lazy("ragchat:chat")
+
+
+class SignOutView(LogoutView):
+    """Signing out (POST, as Django's ``LogoutView``): back to the sign-in page. The chat's open
+    websockets of that session are closed at once (``transport.sessions``)."""
+
+    next_page = reverse_lazy("ragchat:login")

@@ -139,6 +139,11 @@ class TurnContext:
     state: dict[str, Any] = field(default_factory=dict)
     trace: dict[str, Any] = field(default_factory=dict)
     _embeddings: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    #: Whether the turn used the embedder (the trace lists it only then).
+    embedded: bool = False
+    #: Streamed answers: each response augmenter's tail (what its ``finish`` returned, and that
+    #: text as sent, after the later augmenters' ``on_delta``), by augmenter name.
+    streamed_tails: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def warn(self, message: str) -> None:
         """Record a warning in the trace (and the log)."""
@@ -147,6 +152,7 @@ class TurnContext:
 
     async def embed(self, texts: list[str]) -> np.ndarray:
         """Embeddings of ``texts`` in the profile's space, computed once per text per turn."""
+        self.embedded = True
         missing = [t for t in dict.fromkeys(texts) if t not in self._embeddings]
         if missing:
             vectors = await self.components.embedder.aembed(missing)

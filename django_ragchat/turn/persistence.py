@@ -21,7 +21,7 @@ from django_ragchat.conf import ragchat_settings
 from django_ragchat.exceptions import RagchatError, TurnInProgress
 from django_ragchat.models import Conversation, Message, MessageSource, ToolInvocation, TurnTrace
 from django_ragchat.tokens import count_tokens
-from django_ragchat.turn import limits
+from django_ragchat.turn import limits, workers
 from django_ragchat.types import Answer
 
 if TYPE_CHECKING:
@@ -60,13 +60,27 @@ def lease_deadline(now=None):
     return (now or timezone.now()) + timedelta(seconds=ragchat_settings.STREAM_LEASE_SECONDS)
 
 
-def _live_streaming(conversation_id, now):
-    streaming = Message.objects.filter(conversation_id=conversation_id, status=Message.Status.STREAMING)
+def _unexpired(now) -> Q:
     # Rows written before leases existed have no lease: their last write stands for it.
-    live = Q(lease_expires_at__gt=now) | Q(
+    return Q(lease_expires_at__gt=now) | Q(
         lease_expires_at__isnull=True,
         updated_at__gt=now - timedelta(seconds=ragchat_settings.STREAM_LEASE_SECONDS))
-    return streaming, streaming.filter(live)
+
+
+def _live_streaming(conversation_id, now):
+    streaming = Message.objects.filter(conversation_id=conversation_id, status=Message.Status.STREAMING)
+    return streaming, streaming.filter(_unexpired(now))
+
+
+def _any_alive(holders) -> bool:
+    """Whether any of these unexpired leases' holders may still be writing (``workers.is_dead``:
+    a holder known to be dead does not block the conversation)."""
+    return any(not workers.is_dead(holder) for holder in holders)
+
+
+def _close(queryset, now) -> int:
+    return queryset.update(status=Message.Status.INTERRUPTED, lease_expires_at=None,
+                           metadata={"error": INTERRUPTED_ERROR}, updated_at=now)
 
 
 def _duplicate(conversation_id, client_id: str) -> DuplicateMessage | None:
@@ -85,9 +99,10 @@ def begin_turn(conversation_id, text: str, client_id: str = "") -> tuple[Message
 
     One transaction: the UPDATE of the conversation's sequence counter takes its row lock, so
     the "no other turn is streaming" check and the two inserts cannot interleave with another
-    turn's. A streaming answer whose lease has expired belongs to a worker that died: it is
-    marked "interrupted" (keeping the text of its last heartbeat) instead of blocking the
-    conversation; one whose lease is alive raises ``TurnInProgress``.
+    turn's. A streaming answer whose lease has expired, or whose worker is known to be gone
+    (``workers.is_dead``: a process of this machine that no longer runs), belongs to a worker
+    that died: it is marked "interrupted" (keeping the text of its last heartbeat) instead of
+    blocking the conversation; one whose lease is alive raises ``TurnInProgress``.
 
     With a ``client_id`` already used by a user message of this conversation, nothing is saved
     and ``DuplicateMessage`` carries the first attempt's messages. Found through the unique
@@ -102,18 +117,18 @@ def begin_turn(conversation_id, text: str, client_id: str = "") -> tuple[Message
             if not updated:
                 raise Conversation.DoesNotExist(f"No conversation {conversation_id}")
             streaming, live = _live_streaming(conversation_id, now)
-            if live.exists():
+            if _any_alive(live.values_list("lease_holder", flat=True)):
                 duplicate = _duplicate(conversation_id, client_id) if client_id else None
                 if duplicate is not None:
                     raise duplicate
                 raise TurnInProgress()
-            streaming.update(status=Message.Status.INTERRUPTED, lease_expires_at=None,
-                             metadata={"error": INTERRUPTED_ERROR}, updated_at=now)
+            _close(streaming, now)  # expired, or held by a worker that is gone
             last_seq = Conversation.objects.filter(pk=conversation_id).values_list("last_seq", flat=True).get()
             user = Message(conversation_id=conversation_id, seq=last_seq - 1, role=Message.Role.USER,
                            content=text, token_count=count_tokens(text), client_id=client_id or "")
             assistant = Message(conversation_id=conversation_id, seq=last_seq, role=Message.Role.ASSISTANT,
-                                content="", status=Message.Status.STREAMING, lease_expires_at=lease_deadline(now))
+                                content="", status=Message.Status.STREAMING, lease_expires_at=lease_deadline(now),
+                                lease_holder=workers.identity())
             Message.objects.bulk_create([user, assistant])
     except IntegrityError:
         duplicate = _duplicate(conversation_id, client_id) if client_id else None
@@ -134,16 +149,55 @@ def renew_lease(message_id: int, text: str | None) -> bool:
 
 
 def close_expired_leases(now=None, exclude=()) -> int:
-    """Mark every "streaming" answer whose lease has expired "interrupted" (its text is that of
-    its last heartbeat); the number closed. The sweep: run by ``ragchat_purge`` and, at most
+    """Mark every "streaming" answer whose lease has expired, or whose worker on this machine is
+    gone (``workers.is_dead``), "interrupted" (its text is that of its last heartbeat); the
+    number closed. The sweep: run by ``ragchat_purge`` and, at most
     once per lease period, by each process writing answers (``exclude``: its own)."""
     now = now or timezone.now()
-    stale = Message.objects.filter(status=Message.Status.STREAMING).exclude(pk__in=exclude).filter(
-        Q(lease_expires_at__lte=now) | Q(
-            lease_expires_at__isnull=True,
-            updated_at__lte=now - timedelta(seconds=ragchat_settings.STREAM_LEASE_SECONDS)))
-    return stale.update(status=Message.Status.INTERRUPTED, lease_expires_at=None,
-                        metadata={"error": INTERRUPTED_ERROR}, updated_at=now)
+    streaming = Message.objects.filter(status=Message.Status.STREAMING).exclude(pk__in=exclude)
+    stale = ~_unexpired(now)
+    if workers.machine():
+        # Answers of this machine's workers that are gone: closed now, not at their expiry.
+        here = streaming.filter(lease_holder__startswith=workers.machine() + "/").filter(_unexpired(now))
+        dead = [pk for pk, holder in here.values_list("pk", "lease_holder") if workers.is_dead(holder)]
+        if dead:
+            stale |= Q(pk__in=dead)
+    return _close(streaming.filter(stale), now)
+
+
+def check_pending(conversation_id, client_id: str = "") -> None:
+    """Before a turn is admitted (and counted against the caller's limits): raise
+    ``DuplicateMessage`` for a resend of a message already in the conversation, or
+    ``TurnInProgress`` while another answer is being written there. One query (two for a
+    resend). ``begin_turn`` checks both again under the conversation's lock, so this is only
+    a way to answer without taking a stream slot or counting the turn."""
+    now = timezone.now()
+    wanted = Q(status=Message.Status.STREAMING) & _unexpired(now)
+    if client_id:
+        wanted |= Q(role=Message.Role.USER, client_id=client_id)
+    rows = list(Message.objects.filter(conversation_id=conversation_id).filter(wanted)
+                .values_list("role", "client_id", "lease_holder"))
+    if client_id and any(role == Message.Role.USER and sent == client_id for role, sent, _ in rows):
+        duplicate = _duplicate(conversation_id, client_id)
+        if duplicate is not None:
+            raise duplicate
+    if _any_alive(holder for role, _, holder in rows if role == Message.Role.ASSISTANT):
+        raise TurnInProgress()
+
+
+def settle(duplicate: DuplicateMessage) -> DuplicateMessage:
+    """``duplicate`` with its answer closed ("interrupted") if the worker writing it is gone or
+    its lease expired, so that a resend after a crash is answered at once with what was saved.
+    An answer still being written stays "streaming"."""
+    assistant = duplicate.assistant_message
+    if assistant is None or assistant.status != Message.Status.STREAMING:
+        return duplicate
+    now = timezone.now()
+    expired = assistant.lease_expires_at is not None and assistant.lease_expires_at <= now
+    if expired or workers.is_dead(assistant.lease_holder):
+        _close(Message.objects.filter(pk=assistant.pk, status=Message.Status.STREAMING), now)
+        assistant.refresh_from_db()
+    return duplicate
 
 
 _last_sweep = 0.0

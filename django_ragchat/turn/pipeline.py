@@ -53,6 +53,7 @@ from django_ragchat.events import (
     Completed,
     Delta,
     Failed,
+    Replace,
     Retry,
     SourcesFound,
     StageChanged,
@@ -147,6 +148,7 @@ async def run_stage(turn: TurnContext, name: str, stage: Callable[[TurnContext],
     when it ends the turn; not when it raises: the turn then fails). Searches made by the
     stage's components read as the asker (``access.reading_as``)."""
     started = time.perf_counter()
+    turn.state.setdefault("_stages_run", []).append(name)
     with reading_as(turn.principals):
         result = await stage(turn)
     elapsed = (time.perf_counter() - started) * 1000
@@ -434,6 +436,22 @@ class _Answering:
         """The answer so far, as the client saw it (what a stopped or failed turn saves)."""
         return "".join(self.parts[:self.delivered] if self.streaming else self.parts)
 
+    def settle(self) -> TurnEvent | None:
+        """On a streamed turn, the event that makes what the client assembled the final answer:
+        the whole answer as one ``delta`` when nothing was streamed (a turn ended early, an
+        advisor that answered itself), a ``replace`` when the streamed text differs from it
+        (changed after the model: an advisor, an output guardrail, an augmenter's rebuild)."""
+        if not self.streaming or self.answer is None:
+            return None
+        final = self.answer.text
+        if self.delivered == 0 and not self.parts:
+            return self.delta(final) if final else None
+        if self.partial() == final:
+            return None
+        self.parts[:] = [final]
+        self.delivered = 1
+        return Replace(text=final)
+
 
 async def _stream(turn: TurnContext, run: _Answering, prompt: Prompt, calls: list[ToolCall], *,
                   add: bool = False) -> AsyncIterator[TurnEvent]:
@@ -471,11 +489,12 @@ async def _tails(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]
     augmenters after it, streams like the model's text."""
     augmenters = turn.components.response_augmenters
     for position, augmenter in enumerate(augmenters):
-        chunk = await await_me_maybe(augmenter.finish(turn)) or ""
+        raw = chunk = await await_me_maybe(augmenter.finish(turn)) or ""
         for later in augmenters[position + 1:]:
             if chunk:
                 chunk = await await_me_maybe(later.on_delta(chunk, turn))
         if chunk:
+            turn.streamed_tails[augmenter.name] = (raw, chunk)  # on_complete keeps it once
             yield run.delta(chunk)
 
 
@@ -559,6 +578,7 @@ async def answer_stages(turn: TurnContext, run: _Answering) -> AsyncIterator[Tur
     yield SourcesFound(sources=[d.as_source(i) for i, d in enumerate(turn.prompt.documents, start=1)])
     yield StageChanged(stage="generating")
     started = time.perf_counter()
+    turn.state.setdefault("_stages_run", []).append("llm")
     async for event in generate(turn, run):
         yield event
     if run.streaming:
@@ -572,6 +592,7 @@ async def answer_stages(turn: TurnContext, run: _Answering) -> AsyncIterator[Tur
     answer = await run_stage(turn, "response_augmenters",
                              lambda t: augment_response(t, text, streamed=run.streaming))
     started = time.perf_counter()
+    turn.state.setdefault("_stages_run", []).append("output_guardrails")
     async for event in check_output(turn, answer, run):
         yield event
     elapsed = (time.perf_counter() - started) * 1000
@@ -755,6 +776,10 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
             async for event in stages:
                 run.sent(event)
                 yield event
+        final = run.settle()
+        if final is not None:
+            run.sent(final)
+            yield final
         payload = await _save(turn, run, run.answer, Message.Status.COMPLETE)
         finished = True
         await notify("on_turn_completed", turn=turn, message=turn.assistant_message)
@@ -811,12 +836,55 @@ def _begin_turn(conversation: Conversation, text: str, client_id: str):
     return persistence.begin_turn(conversation.pk, text, client_id), principals
 
 
+# The component kinds each stage runs (the advisors' around_turn wraps them all).
+STAGE_KINDS = {
+    "input_guardrails": ("guardrail",), "memory": ("memory",), "query_transformers": ("query_transformer",),
+    "query_expanders": ("query_expander",), "retrieval": ("retriever",), "join": ("joiner",),
+    "postprocess": ("document_postprocessor",), "prompt": ("prompt_augmenter",), "llm": ("llm",),
+    "response_augmenters": ("response_augmenter",), "output_guardrails": ("guardrail",),
+}
+
+
+def components_that_ran(turn: TurnContext) -> list[dict[str, str]]:
+    """The trace's ``components`` cut to what the turn ran: the stages it reached (a turn ended
+    early, a retrieval skipped, a failure, ran fewer), within the stage that ended it only the
+    components up to the one that did, the embedder if anything was embedded, the advisors of
+    the calls that happened."""
+    stages = turn.state.get("_stages_run", [])
+    kinds = {kind for stage in stages for kind in STAGE_KINDS.get(stage, ())}
+    if turn.embedded:
+        kinds.add("embedder")
+    advising = {id(a) for a in turn.components.turn_advisors}
+    if "llm" in stages:
+        advising |= {id(a) for a in (*turn.components.llm_advisors, *turn.components.stream_advisors)}
+    ended = turn.trace.get("ended_by") or {}
+    # Within the stage that ended the turn, the components after the one that ended it did not
+    # run (output guardrails excepted: every guardrail ran on the input before).
+    ending_kinds = () if ended.get("stage") == "output_guardrails" else STAGE_KINDS.get(ended.get("stage"), ())
+    if ended.get("stage") == "advisors":  # the advisors inside the one that answered did not run
+        chain = turn.components.turn_advisors
+        names = [a.name for a in chain]
+        if ended.get("component") in names:
+            advising -= {id(a) for a in chain[names.index(ended["component"]) + 1:]}
+    rows, cut = [], False
+    for component, row in zip(turn.components.each(), turn.trace["components"]):
+        if component.kind == "advisor":
+            keep = id(component) in advising
+        else:
+            keep = component.kind in kinds and not (cut and component.kind in ending_kinds)
+            cut = cut or (component.kind in ending_kinds and component.name == ended.get("component"))
+        if keep:
+            rows.append(row)
+    return rows
+
+
 async def _save(turn: TurnContext, run: _Answering, answer: Answer, status: str,
                 error: dict | None = None) -> dict[str, Any]:
     """Save the answer with its sources and trace; its payload for the ``done`` event."""
     turn.trace["timings"]["total"] = round((time.perf_counter() - run.started) * 1000, 3)
     if turn.tool_runs:  # also when the turn failed or stopped between its calls
         turn.trace["tools"] = [r.trace() for r in turn.tool_runs]
+    turn.trace["components"] = components_that_ran(turn)
     message = await sync_to_async(persistence.finish_turn)(turn, answer, status, error)
     tool_calls = [r.payload() for r in turn.tool_runs]
     return persistence.message_payload(message, answer, turn.prompt.documents if turn.prompt else (), tool_calls)

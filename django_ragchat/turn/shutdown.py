@@ -12,6 +12,16 @@ The handler cancels every registered turn with ``SHUTDOWN`` as the message; the 
 that cancellation from a client's cancel by ``stopping()``. A thread waits (at most
 ``SHUTDOWN_GRACE_SECONDS``) for those turns to end, then calls the server's handler, which
 closes the connections. New turns are refused meanwhile (``server_shutdown``, 503).
+
+**The shutdown is bounded.** A server waits for every connection's task to end (uvicorn:
+"Waiting for background tasks to complete", with no limit by default), and a websocket's task
+ends only once its consumer has left the channel layer; a layer that does not answer (Redis
+stalled, a socket stuck in a read) would hold the process forever, and a deploy would need
+SIGKILL, which loses the answers' last text. So ``SHUTDOWN_GRACE_SECONDS`` after the signal a
+watchdog thread (``_bound``) cancels every chat connection still open (``open_connection``
+registers them), asks the server again (its second signal: uvicorn then stops waiting), and
+one second later logs the stack of every task still running and ends the process (status
+143, "terminated by SIGTERM") whatever is left.
 """
 
 from __future__ import annotations
@@ -39,6 +49,8 @@ SERVER_SHUTDOWN_ERROR = {
 CANCELLED_ERROR = {"code": "cancelled", "message": "The answer was stopped."}
 
 _turns: dict[asyncio.Task, asyncio.AbstractEventLoop] = {}
+# The tasks serving chat connections (websockets): cancelled when the shutdown runs out of time.
+_connections: dict[asyncio.Task, asyncio.AbstractEventLoop] = {}
 _lock = threading.Lock()
 _stopping = threading.Event()
 _installed: set[int] = set()
@@ -67,6 +79,21 @@ def running_turn():
     finally:
         with _lock:
             _turns.pop(task, None)
+
+
+@contextlib.contextmanager
+def open_connection():
+    """Register the current task as serving a chat connection, for the duration of the block:
+    if the process is still stopping ``SHUTDOWN_GRACE_SECONDS`` after SIGTERM, it is cancelled."""
+    task = asyncio.current_task()
+    install()  # the server has installed its handlers by now: chain to them
+    with _lock:
+        _connections[task] = asyncio.get_running_loop()
+    try:
+        yield
+    finally:
+        with _lock:
+            _connections.pop(task, None)
 
 
 def install() -> None:
@@ -98,6 +125,9 @@ def _on_signal(previous, signum, frame) -> None:
         _chain(previous, signum, frame)
         return
     _stopping.set()
+    deadline = time.monotonic() + ragchat_settings.SHUTDOWN_GRACE_SECONDS
+    threading.Thread(target=_bound, args=(previous, signum, deadline), name="ragchat-shutdown-bound",
+                     daemon=True).start()
     with _lock:
         turns = list(_turns.items())
     for task, loop in turns:
@@ -107,17 +137,50 @@ def _on_signal(previous, signum, frame) -> None:
         _chain(previous, signum, frame)
         return
     logger.warning("ragchat: stopping %d answer(s) being written before shutting down", len(turns))
-    threading.Thread(target=_wait_then_chain, args=(previous, signum, [t for t, _ in turns]),
+    threading.Thread(target=_wait_then_chain, args=(previous, signum, [t for t, _ in turns], deadline),
                      name="ragchat-shutdown", daemon=True).start()
 
 
-def _wait_then_chain(previous, signum, tasks) -> None:
-    deadline = time.monotonic() + ragchat_settings.SHUTDOWN_GRACE_SECONDS
+def _wait_then_chain(previous, signum, tasks, deadline: float) -> None:
     while time.monotonic() < deadline and any(not task.done() for task in tasks):
         time.sleep(0.02)
     # The final events are written to the sockets' buffers; let the loop flush them.
     time.sleep(0.1)
     _chain(previous, signum, None)
+
+
+def _bound(previous, signum, deadline: float) -> None:
+    """The watchdog: the process ends at most about one second after ``deadline``."""
+    time.sleep(max(0.0, deadline - time.monotonic()))
+    with _lock:
+        left = list(_connections.items())
+    if left:
+        logger.warning("ragchat: %d connection(s) still open %s s after SIGTERM: closing them",
+                       len(left), ragchat_settings.SHUTDOWN_GRACE_SECONDS)
+    for task, loop in left:
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(task.cancel, SHUTDOWN)
+    time.sleep(0.5)
+    _chain(previous, signum, None)  # the server's second signal: stop waiting (uvicorn's force exit)
+    time.sleep(1.0)
+    logger.error("ragchat: the process did not stop within SHUTDOWN_GRACE_SECONDS (%s s) of SIGTERM; "
+                 "ending it. Still running:\n%s", ragchat_settings.SHUTDOWN_GRACE_SECONDS, _running_tasks())
+    logging.shutdown()
+    os._exit(128 + signum)
+
+
+def _running_tasks() -> str:
+    """The stack of every task still running on the loops this module knows, for the log."""
+    loops = {loop for loop in [*_turns.values(), *_connections.values()]}
+    lines = []
+    for loop in loops:
+        with contextlib.suppress(RuntimeError):
+            for task in asyncio.all_tasks(loop):
+                stack = task.get_stack(limit=8)
+                where = " <- ".join(f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno} {f.f_code.co_name}"
+                                    for f in reversed(stack))
+                lines.append(f"  {task.get_name()}: {where or task.get_coro()}")
+    return "\n".join(lines) or "  (no task of a known loop)"
 
 
 def _chain(previous, signum, frame) -> None:

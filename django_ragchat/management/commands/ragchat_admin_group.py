@@ -8,15 +8,19 @@ is how staff correct what the model remembers about other users. ``--documents``
 re-ingesting and deleting documents and resyncing model sources; ``--erase`` adds exporting and
 erasing a user's chat data (delete permissions on
 the chat's models). Run it again after upgrading: it only adds what is missing and removes
-nothing. Then add staff to the group (``user.groups.add(...)``, or the user admin page).
+nothing. Then add staff to the group: ``--add alice bob`` does it here (and makes them staff);
+on the user admin page it takes a superuser, or staff with ``auth.change_user``, which
+reviewers do not get.
 """
 
 from __future__ import annotations
 
 from django.apps import apps
+from django.contrib.auth import get_user_model
 from django.contrib.auth.management import create_permissions
 from django.contrib.auth.models import Group, Permission
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
 MODELS = ("conversation", "message", "messagesource", "toolinvocation", "turntrace", "feedback", "memoryrecord",
           "document", "chunk", "sourcestate")
@@ -41,13 +45,33 @@ class Command(BaseCommand):
         parser.add_argument("--name", default="Chat reviewers", help='The group\'s name (default "Chat reviewers").')
         parser.add_argument("--documents", action="store_true", help="Also upload, re-ingest and delete documents.")
         parser.add_argument("--erase", action="store_true", help="Also export and erase a user's chat data.")
+        parser.add_argument("--add", nargs="+", default=[], metavar="USERNAME",
+                            help="Add these users to the group, and make them staff (they sign in to the admin).")
 
-    def handle(self, *args, name, documents, erase, **options):
+    def handle(self, *args, name, documents, erase, add, **options):
         # Permissions are created after migrate; make sure they exist on a fresh database.
         create_permissions(apps.get_app_config("django_ragchat"), verbosity=0)
         codenames = permission_codenames(documents=documents, erase=erase)
         permissions = Permission.objects.filter(content_type__app_label="django_ragchat", codename__in=codenames)
-        group, created = Group.objects.get_or_create(name=name)
-        group.permissions.add(*permissions)
+        with transaction.atomic():
+            group, created = Group.objects.get_or_create(name=name)
+            group.permissions.add(*permissions)
+            members = self._members(add)
+            for user in members:
+                user.is_staff = True
+                user.save(update_fields=["is_staff"])
+                user.groups.add(group)
         self.stdout.write(f"{'Created' if created else 'Updated'} the group {name!r}: "
                           f"{len(codenames)} permissions ({', '.join(sorted(codenames))}).")
+        if members:
+            self.stdout.write(f"Added to it, as staff: {', '.join(str(u) for u in members)}.")
+
+    @staticmethod
+    def _members(usernames: list[str]) -> list:
+        User = get_user_model()
+        found = {getattr(u, User.USERNAME_FIELD): u
+                 for u in User.objects.filter(**{f"{User.USERNAME_FIELD}__in": usernames})}
+        missing = [name for name in usernames if name not in found]
+        if missing:
+            raise CommandError(f"No user named {', '.join(repr(n) for n in missing)}; nothing was changed.")
+        return [found[name] for name in usernames]

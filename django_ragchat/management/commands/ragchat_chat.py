@@ -27,7 +27,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from django_ragchat.events import Completed, Delta, Failed, Retry, ToolCallFinished, ToolCallUpdate
+from django_ragchat.events import Completed, Delta, Failed, Replace, Retry, ToolCallFinished, ToolCallUpdate
 from django_ragchat.exceptions import InvalidMessage, TurnInProgress
 from django_ragchat.models import Conversation
 from django_ragchat.permissions import get_conversation_for
@@ -213,6 +213,8 @@ class Command(BaseCommand):
                 elif isinstance(event, ToolCallFinished):
                     outcome = event.status if event.error is None else f"{event.status}: {event.error['message']}"
                     self.stdout.write(f"[{event.name}: {outcome}]")
+                elif isinstance(event, Replace):
+                    self.stdout.write(f"\n[the answer was changed once written; as saved:]\n{event.text}", ending="")
                 elif isinstance(event, (Completed, Failed)):
                     state["final"] = event
 

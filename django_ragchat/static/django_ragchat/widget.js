@@ -4,7 +4,7 @@
  * config (<script type="application/json">, never inline code). Every element with a
  * data-ragchat-widget attribute (the id of its config) is mounted when the module loads;
  * mount(root, config) does it by hand. docs/widget.md describes the widget; docs/protocol.md
- * the events it reads: ack, status, sources, delta, retry, tool_call, tool_result, done, error.
+ * the events it reads: ack, status, sources, delta, retry, replace, tool_call, tool_result, done, error.
  *
  * Tool calls show in the answer as they happen ("Looking up order ORD-17…"), each result folded
  * under its line; a call that needs the user's approval shows Approve and Reject, sent as a
@@ -302,12 +302,26 @@ class ChatWidget {
       if (text) item.append(el("p", "ragchat-source-snippet", text));
       view.sourceList.append(item);
     }
+    this.showCitedOnly(view, citedIndexes);
   }
 
   markCited(view, citedIndexes) {
     for (const item of view.sourceList.children) {
       item.classList.toggle("ragchat-source-cited", citedIndexes.has(Number(item.value)));
     }
+    this.showCitedOnly(view, citedIndexes);
+  }
+
+  /* CITED_SOURCES_ONLY (docs/widget.md): only the passages the answer cites are shown, so
+     none while it is being written; the others stay in the page's data for its [n] links. */
+  showCitedOnly(view, citedIndexes) {
+    if (!this.config.citedSourcesOnly) return;
+    let shown = 0;
+    for (const item of view.sourceList.children) {
+      item.hidden = !citedIndexes.has(Number(item.value));
+      if (!item.hidden) shown += 1;
+    }
+    view.sourceList.hidden = view.sourcesLabel.hidden = shown === 0;
   }
 
   /* The saved answer's passages: the cited ones first (each keeps its number, so [4] still
@@ -317,6 +331,7 @@ class ChatWidget {
     items.sort((a, b) => citedIndexes.has(Number(b.value)) - citedIndexes.has(Number(a.value)));
     view.sourceList.append(...items);
     view.sourcesLabel.textContent = citedIndexes.size || !items.length ? "Sources" : "Searched, none cited";
+    this.showCitedOnly(view, citedIndexes);
   }
 
   /* A saved message (history, or the end of a turn) shown as the server has it. */
@@ -684,6 +699,13 @@ class ChatWidget {
         break;
       case "tool_result":
         this.showToolResult(answer, event);
+        break;
+      case "replace":
+        // The final text differs from what the deltas spelled (changed after the model).
+        answer.text = event.text || "";
+        turn.nextIndex = null;
+        if (!answer.progress.hidden && answer.text) this.setProgress(answer, "");
+        this.renderBody(answer);
         break;
       case "done":
         this.finishTurn(turn, event.message, null);
