@@ -21,6 +21,7 @@ from django.utils.html import escape
 
 from django_ragchat.admin import views as admin_views
 from django_ragchat.models import (
+    ApiKey,
     Chunk,
     Conversation,
     Document,
@@ -361,12 +362,14 @@ def test_a_users_chat_data_is_counted_exported_and_erased(admin_client, chatted,
     bobs_message = Message.objects.create(conversation=bobs, seq=1, role="assistant", content="Hi")
     Feedback.objects.create(message=bobs_message, user=user, rating="down")  # alice rated bob's answer
     bobs_memory = MemoryRecord.objects.create(user=other_user, kind="fact", content="Bob likes coffee")
+    alices_key, secret = ApiKey.create_key(user, name="laptop")
+    bobs_key, _ = ApiKey.create_key(other_user, name="bob's")
 
     page = admin_client.get(url("user_data", user.pk))
     assert page.status_code == 200
     counts = page.context["counts"]
     assert counts == {"conversations": 1, "messages": 4, "sources": MessageSource.objects.count(),
-                      "tool calls": 0, "traces": 2, "memory records": 2, "feedback": 3}
+                      "tool calls": 0, "traces": 2, "memory records": 2, "feedback": 3, "API keys": 1}
     assert "Yes, erase this chat data" in page.content.decode()
 
     export = admin_client.get(url("user_data_export", user.pk))
@@ -378,6 +381,8 @@ def test_a_users_chat_data_is_counted_exported_and_erased(admin_client, chatted,
     assert conversation["messages"][3]["trace"]["queries"]["final"] and conversation["messages"][3]["sources"]
     assert {m["content"] for m in data["memory"]} == {"Alice likes tea", "About the Aurora X2"}
     assert len(data["feedback"]) == 3
+    assert [k["name"] for k in data["api_keys"]] == ["laptop"] and secret not in export.content.decode()
+    assert alices_key.digest not in export.content.decode()
 
     response = admin_client.post(url("user_data", user.pk), {"confirm": "yes"})
     assert response.status_code == 302
@@ -387,6 +392,8 @@ def test_a_users_chat_data_is_counted_exported_and_erased(admin_client, chatted,
     # Bob's data stays (except his rating of Alice's answer, which went with it).
     assert Message.objects.filter(pk=bobs_message.pk).exists() and MemoryRecord.objects.filter(pk=bobs_memory.pk).exists()
     assert Feedback.objects.count() == 0
+    # Her API key is gone, so it no longer signs in to the OpenAI-compatible endpoint; Bob's stays.
+    assert not ApiKey.objects.filter(pk=alices_key.pk).exists() and ApiKey.objects.filter(pk=bobs_key.pk).exists()
     assert user.__class__.objects.filter(pk=user.pk).exists()  # the account itself stays
     entry = LogEntry.objects.get(object_id=str(user.pk))  # and its admin history says who erased what
     assert "Erased the django-ragchat chat data: 1 conversations, 4 messages" in entry.get_change_message()

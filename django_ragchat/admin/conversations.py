@@ -284,7 +284,7 @@ class ConversationAdmin(RagchatAdmin):
     def _can_erase(self, request) -> bool:
         return all(request.user.has_perm(f"django_ragchat.delete_{m}")
                    for m in ("conversation", "message", "messagesource", "toolinvocation", "turntrace", "memoryrecord",
-                             "feedback"))
+                             "feedback", "apikey"))
 
     def user_data_search_view(self, request):
         if not self._can_export(request):

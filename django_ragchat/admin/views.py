@@ -24,6 +24,7 @@ from django.db.models import Prefetch, Q
 
 from django_ragchat.access import UNRESTRICTED, Principals, principals_of_user_id
 from django_ragchat.models import (
+    ApiKey,
     Chunk,
     Conversation,
     Feedback,
@@ -440,9 +441,10 @@ class UserChatData:
     """Everything the chat stored about one user: counted, exported and erased together.
 
     What belongs to the user: their conversations and, through them, the messages, the
-    messages' sources, tool calls and traces, the memory records of those conversations and the feedback
-    anyone gave on those messages; plus memory records about the user and feedback the user
-    gave elsewhere.
+    messages' sources, tool calls and traces, the memory records of those conversations and the
+    feedback anyone gave on those messages; plus memory records about the user, feedback the user
+    gave elsewhere, and their API keys of the OpenAI-compatible endpoint (exported without their
+    secret; erased, they stop working).
     """
 
     def __init__(self, user):
@@ -469,8 +471,11 @@ class UserChatData:
     def feedback(self):
         return Feedback.objects.filter(Q(user=self.user) | Q(message__conversation__owner=self.user))
 
+    def api_keys(self):
+        return ApiKey.objects.filter(user=self.user)
+
     def counts(self) -> dict[str, int]:
-        """How many rows of each kind would be erased (seven queries)."""
+        """How many rows of each kind would be erased (eight queries)."""
         return {
             "conversations": self.conversations().count(),
             "messages": self.messages().count(),
@@ -479,10 +484,11 @@ class UserChatData:
             "traces": self.traces().count(),
             "memory records": self.memories().count(),
             "feedback": self.feedback().count(),
+            "API keys": self.api_keys().count(),
         }
 
     def export(self) -> dict[str, Any]:
-        """The user's chat data as a JSON-ready dictionary (seven queries)."""
+        """The user's chat data as a JSON-ready dictionary (eight queries)."""
         messages: dict[Any, list] = {}
         by_id = {}
         for row in self.messages().order_by("conversation_id", "seq").values(
@@ -520,6 +526,9 @@ class UserChatData:
                 for row in self.feedback().order_by("created_at").values(
                     "id", "message_id", "user_id", "rating", "comment", "created_at", "updated_at")
             ],
+            # The key itself is never stored; its prefix says which one it was.
+            "api_keys": list(self.api_keys().order_by("created_at").values(
+                "id", "name", "prefix", "created_at", "last_used_at", "expires_at", "revoked_at")),
         }
 
     def export_json(self) -> str:
@@ -531,5 +540,6 @@ class UserChatData:
             counts = self.counts()
             self.feedback().delete()
             self.memories().delete()
-            self.conversations().delete()  # cascades to messages, sources and traces
+            self.api_keys().delete()
+            self.conversations().delete()  # cascades to messages, sources, tool calls and traces
         return counts

@@ -34,7 +34,7 @@ def permission_codenames(*, documents: bool = False, erase: bool = False) -> set
         codenames |= {"add_document", "delete_document", "delete_chunk", "change_sourcestate"}
     if erase:
         codenames |= {f"delete_{m}" for m in ("conversation", "message", "messagesource", "toolinvocation", "turntrace",
-                                              "feedback")}
+                                              "feedback", "apikey")}
     return codenames
 
 
