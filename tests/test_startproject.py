@@ -292,14 +292,14 @@ def test_model_sources_answer_from_products_and_keep_staff_notes_from_users(new_
     answered at once; its supplier notes reach staff only; unpublished, it is gone."""
     manage(new_site, "shell", "-c", (
         "from django.contrib.auth.models import User; from shop.models import Product; "
-        "User.objects.create_user('customer', password='pw'); "
+        "User.objects.create_user('shopper', password='pw'); "
         "Product.objects.create(name='Zorbex 9', description='The Zorbex 9 is a camping stove.', price=321, "
         "supplier_notes='The Zorbex 9 supplier price is $187 a unit.')"))
     answer = chat(new_site, "How much does the Zorbex 9 cost?")
     assert "$321" in answer["answer"], answer
     staff = chat(new_site, "What is the supplier price of the Zorbex 9?", "--user", "admin")
     assert any(s["title"] == "Zorbex 9 (supplier notes)" for s in staff["sources"]), staff
-    customer = chat(new_site, "What is the supplier price of the Zorbex 9?", "--user", "customer")
+    customer = chat(new_site, "What is the supplier price of the Zorbex 9?", "--user", "shopper")
     assert not any("supplier" in s["title"] for s in customer["sources"]), customer
     assert "$187" not in json.dumps(customer)
     manage(new_site, "shell", "-c", "from shop.models import Product; p = Product.objects.get(); "
