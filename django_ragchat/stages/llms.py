@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from django_ragchat import hookimpl
-from django_ragchat.answerer.selector import DEFAULT_MIN_COVERAGE, AnswerSelector
+from django_ragchat.answerer.selector import DEFAULT_MIN_COVERAGE, MIN_SIMILARITY, SEMANTIC_WEIGHT, AnswerSelector
+from django_ragchat.answerer.semantic import SentenceSimilarity
 from django_ragchat.backends.openai import (
     CHAT_OPTIONS,
     CONNECTION_OPTIONS,
@@ -70,12 +71,19 @@ class ExtractiveAnswerer(LLMBackend):
     name = "extractive"
     model = "extractive"
     uses_vocabulary = True
+    uses_embedder = True
 
-    def __init__(self, profile, *, vocabulary: Vocabulary, min_coverage: float = DEFAULT_MIN_COVERAGE,
-                 max_sentences: int = 4, no_answer: str | None = None, **options: Any):
+    def __init__(self, profile, *, vocabulary: Vocabulary, embedder: Any = None,
+                 min_coverage: float = DEFAULT_MIN_COVERAGE, max_sentences: int = 4, no_answer: str | None = None,
+                 semantic_weight: float = SEMANTIC_WEIGHT, min_similarity: float = MIN_SIMILARITY, **options: Any):
         super().__init__(profile, **options)
+        # The profile's embedder reads meaning when it is a semantic model in this process
+        # (wordllama); then sentences are also scored by their similarity to the question.
+        semantic = embedder is not None and getattr(embedder, "local_semantic", False)
         self.selector = AnswerSelector(vocabulary=vocabulary, min_coverage=min_coverage,
-                                       max_sentences=max_sentences, no_answer=no_answer)
+                                       max_sentences=max_sentences, no_answer=no_answer,
+                                       similarity=SentenceSimilarity(embedder.embed) if semantic else None,
+                                       semantic_weight=semantic_weight, min_similarity=min_similarity)
 
     def answer(self, prompt: Prompt) -> str:
         return self.selector.answer(prompt)
