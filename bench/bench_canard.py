@@ -283,6 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--embedders", type=lambda s: s.split(","), default=None,
                         help="comma-separated embedders to run one after the other in this process (default: the "
                              "default profile's; e.g. hashing,wordllama)")
+    parser.add_argument("--plugins", type=lambda s: s.split(","), default=[],
+                        help="comma-separated plugin modules to load (e.g. bench.static_candidate)")
     parser.add_argument("--retrievers", type=lambda s: s.split(","), default=["vector"],
                         help="comma-separated: vector (the default profile's), hybrid (vector + full text)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run in seconds")
@@ -304,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
                 for retriever in args.retrievers:
                     for label, overrides in variants.items():
                         default = {**overrides, **({"embedder": embedder} if embedder else {})}
-                        with override_settings(RAGCHAT={"LOAD_ENTRY_POINTS": False,
+                        with override_settings(RAGCHAT={"LOAD_ENTRY_POINTS": False, "PLUGINS": args.plugins,
                                                         "PROFILES": {"default": default}}):
                             results = run(dialogs=args.dialogs, tune_dialogs=tune, index=index, retriever=retriever)
                             print(label + report(results, database))

@@ -48,7 +48,7 @@ CORPORA = {
 }
 VARIANTS = {
     "none": {"query_transformers": []},
-    "before": {"options": {"followup": {"track_subjects": False}}},
+    "before": {"options": {"followup": {"track_subjects": False, "carry_opening": False}}},
     "after": {},
 }
 AFTER_SWITCH = {"switch_inherit", "switch_new", "switch_back", "pronoun_after_switch"}

@@ -15,6 +15,8 @@ ragchat.W030  an ASGI site without a channel layer: sockets work alone (no live 
 ragchat.W031  settings.LOGIN_URL does not resolve: the chat page would send visitors to a 404
 ragchat.W011  an embedding space with chunks has no valid HNSW index (PostgreSQL); run by plain
               ``check`` too (one query; skipped quietly when the database cannot be reached)
+ragchat.W041  a profile that names no embedder gets the word-hashing fallback because the
+              semantic extra (the wordllama package) is not installed
 ragchat.W040  a component warns about its configuration (``check_warnings()``), e.g. the sources
               filter with an embedder whose similarities never reach its threshold
 
@@ -40,7 +42,7 @@ from django_ragchat import plugins
 from django_ragchat.backends.openai import OpenAIConnection
 from django_ragchat.conf import DEFAULTS, ragchat_settings
 from django_ragchat.models import Chunk
-from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, InvalidProfile, build_profile
+from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, InvalidProfile, build_profile, default_embedder
 from django_ragchat.search import configured_text_configs, postgres, sqlite
 from django_ragchat.search.postgres import MIN_PGVECTOR_VERSION, parse_version
 from django_ragchat.turn.context import components_for
@@ -213,6 +215,24 @@ def check_openai_keys(app_configs=None, **kwargs):
                     id="ragchat.W020",
                 ))
     return warnings
+
+
+@register(Tags.compatibility)
+def check_semantic_embedder(app_configs=None, **kwargs):
+    """W041: a profile that names no embedder, on an install without the semantic extra, gets
+    the ``hashing`` fallback (words, not meaning), which the site may not have meant."""
+    if default_embedder() != "hashing":
+        return []
+    profiles = ragchat_settings.PROFILES if isinstance(ragchat_settings.PROFILES, dict) else {}
+    unnamed = sorted(name for name, config in profiles.items() if "embedder" not in (config or {}))
+    if not unnamed:
+        return []
+    return [Warning(
+        f"Profile(s) {unnamed} name no embedder and the semantic extra is not installed, so they embed with "
+        f"'hashing' (shared words, not meaning).",
+        hint='pip install "django-ragchat[semantic]" (then manage.py ragchat_reembed), or set "embedder": "hashing" '
+             "in the profile to keep the fallback and silence this warning.",
+        id="ragchat.W041")]
 
 
 @register(Tags.compatibility)

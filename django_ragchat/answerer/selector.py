@@ -60,10 +60,10 @@ FAULT_QUALIFIER_EVIDENCE = 0.5
 SUBJECT_OPENING_BONUS = 0.15
 #: With a semantic model: a sentence's similarity to what was asked, times this, is added to its
 #: score (docs/answerer.md; calibrated on the tuning sets, bench/README.md).
-SEMANTIC_WEIGHT = 1.0
+SEMANTIC_WEIGHT = 0.5
 #: ... and a sentence this close answers even when it states less than ``min_coverage`` of the
 #: asked words (a paraphrase: "When will it turn up?" for the delivery time).
-MIN_SIMILARITY = 0.5
+MIN_SIMILARITY = 0.99
 #: With a semantic model: a passage word whose vector is this close to an asked word states it
 #: (as a synonym would), with NEAR_WORD_EVIDENCE.
 NEAR_WORD_SIMILARITY = 0.45

@@ -58,9 +58,15 @@ def package_file(package: str, *parts: str) -> Path:
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     """The tensors of a safetensors file, memory-mapped read-only (the format is an 8-byte
     little-endian header length, a JSON header of dtype, shape and byte offsets, then the data)."""
+    size = path.stat().st_size
     with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
+        try:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length)) if 8 + length <= size else None
+        except (struct.error, ValueError):
+            header = None
+    if not isinstance(header, dict):
+        raise StaticModelUnavailable(f"{path} is not a safetensors file (its header cannot be read)")
     tensors = {}
     for name, meta in header.items():
         if name == "__metadata__":
@@ -70,7 +76,7 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
             raise StaticModelUnavailable(f"{path}: tensor {name!r} has dtype {meta['dtype']}, not supported")
         start, end = meta["data_offsets"]
         count = int(np.prod(meta["shape"])) if meta["shape"] else 1
-        if (end - start) != count * np.dtype(dtype).itemsize:
+        if (end - start) != count * np.dtype(dtype).itemsize or 8 + length + end > size:
             raise StaticModelUnavailable(f"{path}: tensor {name!r} has {end - start} bytes for shape {meta['shape']}")
         tensors[name] = np.memmap(path, dtype=dtype, mode="r", offset=8 + length + start,
                                   shape=tuple(meta["shape"]))
