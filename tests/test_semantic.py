@@ -4,6 +4,7 @@ loaded with no network, as the default profile's embedder, and the components th
 from __future__ import annotations
 
 import socket
+
 import numpy as np
 import pytest
 from django.core.checks import run_checks
