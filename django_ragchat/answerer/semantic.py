@@ -60,8 +60,8 @@ class SentenceSimilarity:
         """The similarity of each of ``texts`` to ``query`` (-1 to 1)."""
         if not texts:
             return []
-        query_vector = self.encode([query])[0]
-        return [float(s) for s in self.vectors(texts) @ query_vector]
+        found = self.vectors([query, *texts])
+        return [float(s) for s in found[1:] @ found[0]]
 
 
 class NearWords:
@@ -74,8 +74,9 @@ class NearWords:
                  surface: dict[str, str], *, threshold: float, evidence: float):
         self._vocabulary = vocabulary
         self._similarity = similarity
+        self._passage_words = passage_words
         self._stems = list(passage_words)
-        self._matrix = similarity.vectors(list(passage_words.values())) if passage_words else None
+        self._matrix: np.ndarray | None = None  # built when a word the table lacks is first asked
         self._surface = surface
         self._threshold = threshold
         self._evidence = evidence
@@ -89,6 +90,8 @@ class NearWords:
         if word not in self._near:
             found: frozenset[str] = frozenset()
             surface = self._surface.get(word)
+            if surface and self._matrix is None and self._passage_words:
+                self._matrix = self._similarity.vectors(list(self._passage_words.values()))
             if surface and self._matrix is not None:
                 sims = self._matrix @ self._similarity.vectors([surface])[0]
                 found = frozenset(s for s, sim in zip(self._stems, sims, strict=True)

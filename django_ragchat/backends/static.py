@@ -94,10 +94,12 @@ class StaticModel:
     def __init__(self, tokenizer, table: np.ndarray, *, name: str, mapping: np.ndarray | None = None,
                  token_weights: np.ndarray | None = None):
         self.tokenizer = tokenizer
-        self.table = table
+        # Plain ndarray views of the mapped file (no copy): numpy.memmap's subclass hooks make a
+        # gather of rows some 30 times slower.
+        self.table = np.asarray(table)
         self.name = name
-        self.mapping = mapping
-        self.token_weights = token_weights
+        self.mapping = None if mapping is None else np.asarray(mapping)
+        self.token_weights = None if token_weights is None else np.asarray(token_weights)
         self.dimension = int(table.shape[1])
         self.rows = int(table.shape[0] if mapping is None else mapping.shape[0])
         self._lock = threading.Lock()  # a Tokenizer is not documented as safe to share across threads
@@ -136,8 +138,11 @@ class StaticModel:
         rows = self.table[ids if self.mapping is None else self.mapping[ids]].astype(np.float32)
         if self.token_weights is not None:
             rows *= self.token_weights[ids].astype(np.float32)[:, None]
-        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))[filled]
-        out[filled] = np.add.reduceat(rows, starts, axis=0)
+        # Each text's sum as a difference of running sums (much faster than np.add.reduceat).
+        running = np.zeros((len(ids) + 1, self.dimension), dtype=np.float32)
+        np.cumsum(rows, axis=0, out=running[1:])
+        ends = np.cumsum(lengths)
+        out[:] = running[ends] - running[ends - lengths]
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         np.divide(out, norms, out=out, where=norms > 0)
         return out
