@@ -319,7 +319,10 @@ class FollowUpEnricher(QueryTransformer):
     ``use_answers`` (True) lets names from the latest answer stand in when the user never
     named anything; ``min_own_terms`` (3); ``decay`` (0.7), the weight of a mention one user
     turn older than another; ``track_subjects`` (True; False is the subject-blind behaviour
-    of earlier versions, kept for comparison in ``bench/bench_followup.py``).
+    of earlier versions, kept for comparison in ``bench/bench_followup.py``); ``carry_opening``
+    (None: on when the profile's embedder, handed in as ``embedder``, is a local semantic
+    model): search every question that does not start afresh or switch subjects with the
+    conversation's opening message appended, instead of the ranked names (``enrich``).
 
     Tuned on the first 100 dialogs of CANARD with ``bench/bench_canard.py`` (see
     bench/README.md): against the first version (names and topic words of the last 3 user
