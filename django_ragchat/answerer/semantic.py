@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from django_ragchat.answerer.passages import clear_passage_cache
+from django_ragchat.answerer.vocabulary import Vocabulary
 
 Encode = Callable[[list[str]], np.ndarray]
 
@@ -64,15 +65,16 @@ class SentenceSimilarity:
         return [float(s) for s in found[1:] @ found[0]]
 
 
-class NearWords:
+class NearWords(Vocabulary):
     """The profile's vocabulary for one turn, with the model's word neighbours added: an asked
     word that neither a sentence nor the synonym table states is stated, with ``evidence``, by a
     word of the turn's passages whose vector is at least ``threshold`` close to it ("heavy" is
-    stated by "weighs", "guarantee" by "warranty"). Everything else is the vocabulary's."""
+    stated by "weighs", "guarantee" by "warranty"). Everything else is the vocabulary's (its
+    compiled tables are shared, not copied)."""
 
-    def __init__(self, vocabulary, similarity: SentenceSimilarity, passage_words: dict[str, str],
+    def __init__(self, vocabulary: Vocabulary, similarity: SentenceSimilarity, passage_words: dict[str, str],
                  surface: dict[str, str], *, threshold: float, evidence: float):
-        self._vocabulary = vocabulary
+        self.__dict__.update(vocabulary.__dict__)
         self._similarity = similarity
         self._passage_words = passage_words
         self._stems = list(passage_words)
@@ -82,13 +84,11 @@ class NearWords:
         self._evidence = evidence
         self._near: dict[str, frozenset[str]] = {}
 
-    def __getattr__(self, name: str):
-        return getattr(self._vocabulary, name)
-
     def near(self, word: str) -> frozenset[str]:
         """The passages' stems whose words the model finds close to ``word`` (a stem)."""
-        if word not in self._near:
-            found: frozenset[str] = frozenset()
+        found = self._near.get(word)
+        if found is None:
+            found = frozenset()
             surface = self._surface.get(word)
             if surface and self._matrix is None and self._passage_words:
                 self._matrix = self._similarity.vectors(list(self._passage_words.values()))
@@ -97,11 +97,11 @@ class NearWords:
                 found = frozenset(s for s, sim in zip(self._stems, sims, strict=True)
                                   if sim >= self._threshold and s != word)
             self._near[word] = found
-        return self._near[word]
+        return found
 
     def covers(self, key: str, text_stems: frozenset[str]) -> float:
-        found = self._vocabulary.covers(key, text_stems)
+        found = super().covers(key, text_stems)
         if found or key.startswith("~"):
             return found
         word = key.partition("=")[0]
-        return self._evidence if word and self.near(word) & text_stems else 0.0
+        return self._evidence if word and not self.near(word).isdisjoint(text_stems) else 0.0
