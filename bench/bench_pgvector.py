@@ -28,6 +28,8 @@ Measured:
   ``search.vector_ids`` and ``search.vector_search`` (the retriever's call, chunk text included);
 * hybrid p50 against its two raw queries (vector and full-text ids, run one after the other),
   and full text alone against its raw query;
+* every app search here reads as ``UNRESTRICTED`` (no access condition), as its raw reference
+  does; what access costs is measured by ``bench_sources.py``;
 * on SQLite with 20,000 of the chunks: ``store_chunks`` (``bulk_create`` + FTS5 triggers), and
   vector, full-text and hybrid retrieval, with numpy's product + top-k as the raw reference.
 """
@@ -212,12 +214,12 @@ def raw_copy(conn, corpus: Corpus, documents, rows: range, space: str, batch: in
         for start in range(rows.start, rows.stop, batch):
             with conn.transaction(), cur.copy(
                     f"COPY {table} (document_id, ordinal, text, heading, space, embedding, token_count, "
-                    "metadata) FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(["int8", "int4", "text", "text", "text", "vector", "int4", "jsonb"])
+                    "metadata, access) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["int8", "int4", "text", "text", "text", "vector", "int4", "jsonb", "jsonb"])
                 for i in range(start, min(start + batch, rows.stop)):
                     copy.write_row((documents[int(corpus.doc_of[i])], i % PER_DOCUMENT, corpus.texts[i],
                                     corpus.headings[i], space, corpus.vectors[i], len(corpus.texts[i]) // 4,
-                                    Jsonb(corpus.metadata[i])))
+                                    Jsonb(corpus.metadata[i]), Jsonb(["public"])))
     return time.perf_counter() - t0
 
 
@@ -287,6 +289,7 @@ def _recall(found: list[list[int]], truth: list[list[int]], k: int) -> float:
 
 def measure_vector(corpus: Corpus, conn, truth, k: int, efs=(40, 100)) -> list[list]:
     from django_ragchat import search
+    from django_ragchat.access import UNRESTRICTED  # the raw queries filter on nothing either
 
     queries = list(range(len(corpus.query_vectors)))
     warm = queries[: min(20, len(queries))]
@@ -313,11 +316,11 @@ def measure_vector(corpus: Corpus, conn, truth, k: int, efs=(40, 100)) -> list[l
 
         def app_ids(q):
             found.setdefault("ids", []).append(
-                [cid for cid, _ in search.vector_ids(SPACE, corpus.query_vectors[q], k, ef_search=ef)])
+                [cid for cid, _ in search.vector_ids(SPACE, corpus.query_vectors[q], k, ef_search=ef, principals=UNRESTRICTED)])
 
         def app_full(q):
             found.setdefault("full", []).append(
-                [h.chunk_id for h in search.vector_search(SPACE, corpus.query_vectors[q], k, ef_search=ef)])
+                [h.chunk_id for h in search.vector_search(SPACE, corpus.query_vectors[q], k, ef_search=ef, principals=UNRESTRICTED)])
 
         cases = [("raw: ids", raw_ids, "raw"), ("raw: same columns as the app", raw_full, "rawfull"),
                  ("app: search.vector_ids", app_ids, "ids"), ("app: search.vector_search (retriever)", app_full, "full")]
@@ -338,6 +341,7 @@ def measure_vector(corpus: Corpus, conn, truth, k: int, efs=(40, 100)) -> list[l
 
 def measure_text(corpus: Corpus, conn, k: int, candidates: int = 20, ef: int = 40) -> list[list]:
     from django_ragchat import search
+    from django_ragchat.access import UNRESTRICTED  # the raw queries filter on nothing either
     from django_ragchat.search import postgres, query_terms
 
     queries = list(range(len(corpus.query_vectors)))
@@ -364,10 +368,10 @@ def measure_text(corpus: Corpus, conn, k: int, candidates: int = 20, ef: int = 4
 
     def app_hybrid(q):
         search.hybrid_search(SPACE, corpus.query_vectors[q], corpus.query_texts[q], k, ef_search=ef,
-                             candidates=candidates)
+                             candidates=candidates, principals=UNRESTRICTED)
 
     def app_text(q):
-        search.fulltext_search(SPACE, corpus.query_texts[q], candidates)
+        search.fulltext_search(SPACE, corpus.query_texts[q], candidates, principals=UNRESTRICTED)
 
     cases = {"raw_both": raw_both, "hybrid": app_hybrid, "raw_text": raw_text, "text": app_text}
     times: dict[str, list] = {}
@@ -377,7 +381,7 @@ def measure_text(corpus: Corpus, conn, k: int, candidates: int = 20, ef: int = 4
         for key, fn in _rotated(list(cases.items()), q):
             times.setdefault(key, []).extend(timed(fn, [q]))
     cur.close()
-    matches = np.mean([len(search.fulltext_search(SPACE, corpus.query_texts[q], 10_000)) for q in queries[:20]])
+    matches = np.mean([len(search.fulltext_search(SPACE, corpus.query_texts[q], 10_000, principals=UNRESTRICTED)) for q in queries[:20]])
     assert postgres.COLUMN_CONFIG == "english"
     return [
         ["hybrid", f"raw: vector ids + text ids ({candidates} each), two queries", len(queries),
@@ -393,6 +397,7 @@ def measure_text(corpus: Corpus, conn, k: int, candidates: int = 20, ef: int = 4
 
 def measure_sqlite(corpus: Corpus, count: int, k: int) -> tuple[list[list], float]:
     from django_ragchat import search
+    from django_ragchat.access import UNRESTRICTED  # the raw queries filter on nothing either
     from django_ragchat.models import Chunk
     from django_ragchat.search.vectorindex import vector_index
 
@@ -411,13 +416,13 @@ def measure_sqlite(corpus: Corpus, count: int, k: int) -> tuple[list[list], floa
         top[np.argsort(-s[top], kind="stable")]
 
     def vector(q):
-        found.append([h.chunk_id for h in search.vector_search(SPACE, corpus.query_vectors[q], k, using="sqlite")])
+        found.append([h.chunk_id for h in search.vector_search(SPACE, corpus.query_vectors[q], k, using="sqlite", principals=UNRESTRICTED)])
 
     def text(q):
-        search.fulltext_search(SPACE, corpus.query_texts[q], k, using="sqlite")
+        search.fulltext_search(SPACE, corpus.query_texts[q], k, using="sqlite", principals=UNRESTRICTED)
 
     def hybrid(q):
-        search.hybrid_search(SPACE, corpus.query_vectors[q], corpus.query_texts[q], k, using="sqlite")
+        search.hybrid_search(SPACE, corpus.query_vectors[q], corpus.query_texts[q], k, using="sqlite", principals=UNRESTRICTED)
 
     vector_index.search(SPACE, corpus.query_vectors[0], k, using="sqlite")  # the cold load
     rows = []

@@ -12,10 +12,13 @@ class RagchatConfig(AppConfig):
         from django.contrib.auth.signals import user_logged_in  # noqa: PLC0415
 
         from django_ragchat import checks  # noqa: F401, PLC0415  (registers the system checks)
+        from django_ragchat.sources import live  # noqa: PLC0415
         from django_ragchat.transport import sessions  # noqa: PLC0415
         from django_ragchat.turn import shutdown  # noqa: PLC0415
 
         user_logged_in.connect(sessions.move_anonymous_conversations, dispatch_uid="ragchat_move_anonymous")
+        # Model sources' live sync: every model's saves and deletes, looked up in the registry.
+        live.connect()
         # Chained to the server's handlers: saves the answers being written on SIGTERM (see
         # shutdown.py; turns on the main thread install it again if the server replaced it).
         shutdown.install()

@@ -2,9 +2,9 @@
 a hint that says how to fix it, never by a traceback on the first request.
 
 ragchat.E001  unknown key in RAGCHAT (a typo)
-ragchat.E002  invalid profile (unknown option, unknown component, bad value)
+ragchat.E002  invalid profile (unknown option, unknown component or tool, bad value)
 ragchat.E003  DEFAULT_PROFILE is not a defined profile
-ragchat.E004  a plugin could not be loaded or failed while registering components
+ragchat.E004  a plugin could not be loaded or failed while registering components or tools
 ragchat.E005  a hook implementation matches no hook spec (misspelt hook name)
 ragchat.E006  a dotted path in settings cannot be imported
 ragchat.E007  a setting has a value of the wrong type or range
@@ -15,10 +15,25 @@ ragchat.W030  an ASGI site without a channel layer: sockets work alone (no live 
 ragchat.W031  settings.LOGIN_URL does not resolve: the chat page would send visitors to a 404
 ragchat.W011  an embedding space with chunks has no valid HNSW index (PostgreSQL); run by plain
               ``check`` too (one query; skipped quietly when the database cannot be reached)
-ragchat.W041  a profile that names no embedder gets the word-hashing fallback because the
+ragchat.W041  a profile offers tools to an LLM backend that calls none (the extractive answerer)
+ragchat.W042  a profile that names no embedder gets the word-hashing fallback because the
               semantic extra (the wordllama package) is not installed
 ragchat.W040  a component warns about its configuration (``check_warnings()``), e.g. the sources
               filter with an embedder whose similarities never reach its threshold
+
+Model sources (``register_sources``, docs/sources.md); a source with an error is not synced:
+
+ragchat.E050  a class registered in register_sources is not a ModelSource subclass
+ragchat.E051  a source's name is missing, malformed or taken by another source
+ragchat.E052  a source's model is not an installed model
+ragchat.E053  a source has no text: neither text() nor template_name
+ragchat.E054  a source's template_name does not exist
+ragchat.E055  a depends_on entry names no model, or no relation leading to the source's model
+ragchat.E056  a source's updated_field is not a date or date-time field of its model
+ragchat.E057  a source names a profile that does not exist
+ragchat.W050  a source has objects but nothing indexed yet: run ``ragchat_sync`` (two cheap queries
+              a source; nothing when the database cannot be reached). ``ragchat_plugins`` lists
+              the sources.
 
 Database checks (run by ``migrate`` and ``check --database default``):
 
@@ -41,10 +56,11 @@ from django.utils.module_loading import import_string
 from django_ragchat import plugins
 from django_ragchat.backends.openai import OpenAIConnection
 from django_ragchat.conf import DEFAULTS, ragchat_settings
-from django_ragchat.models import Chunk
+from django_ragchat.models import Chunk, Document
 from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, InvalidProfile, build_profile, default_embedder
 from django_ragchat.search import configured_text_configs, postgres, sqlite
 from django_ragchat.search.postgres import MIN_PGVECTOR_VERSION, parse_version
+from django_ragchat.sources import registry as source_registry
 from django_ragchat.turn.context import components_for
 
 
@@ -80,13 +96,28 @@ def check_settings(app_configs=None, **kwargs):
                                 hint="None keeps conversations forever.", id="ragchat.E007"))
     for key, signature in (("CONVERSATION_PERMISSION", "(user, conversation, session_key)"),
                            ("CONVERSATION_CHANGE_PERMISSION", "(user, conversation, session_key)"),
-                           ("DOCUMENT_PERMISSION", "(user)")):
+                           ("DOCUMENT_PERMISSION", "(user)"),
+                           ("PROFILE_PERMISSION", "(user, profile_name)")):
         try:
             import_string(getattr(ragchat_settings, key))
         except ImportError as exc:
             errors.append(Error(f"RAGCHAT[{key!r}] cannot be imported: {exc}",
                                 hint=f"Give the dotted path of a callable{signature} -> bool.",
                                 id="ragchat.E006"))
+    return errors + _choice_errors()
+
+
+#: Settings that take one of a few words.
+CHOICES = {"OPENAI_API_SYSTEM_MESSAGES": ("ignore", "refuse")}
+
+
+def _choice_errors() -> list[Error]:
+    errors = []
+    for key, choices in CHOICES.items():
+        value = getattr(ragchat_settings, key)
+        if value not in choices:
+            errors.append(Error(f"RAGCHAT[{key!r}] must be one of {', '.join(map(repr, choices))}, not {value!r}.",
+                                hint="Remove it to use the default.", id="ragchat.E007"))
     return errors
 
 
@@ -116,7 +147,7 @@ def check_registration_wrappers(app_configs=None, **kwargs):
 
     pm = plugins.get_plugin_manager()
     errors = []
-    for hook_name in plugins.REGISTRATION_HOOKS:
+    for hook_name in (*plugins.REGISTRATION_HOOKS, plugins.SOURCES_HOOK, plugins.TOOL_HOOK):
         for impl in getattr(pm.hook, hook_name).get_hookimpls():
             if impl.wrapper or impl.hookwrapper:
                 option = "wrapper" if impl.wrapper else "hookwrapper"
@@ -145,6 +176,12 @@ def _component_problems(profile, registry) -> list[str]:
             registry.get(kind, component)
         except ImproperlyConfigured as exc:
             problems.append(f"{field}: {exc}")
+    tools = plugins.get_tools()
+    for tool_name in profile.tools:
+        if tools.get(tool_name) is None:
+            known = ", ".join(tools.names()) or "none"
+            problems.append(f"tools: no tool named {tool_name!r} is registered (registered: {known}). Is the plugin "
+                            f"that provides it listed in RAGCHAT['PLUGINS']?")
     if not problems:
         # Build the components once: options they do not accept fail here, not at the first turn.
         try:
@@ -199,6 +236,28 @@ def _built_profiles():
 
 
 @register(Tags.compatibility)
+def check_tool_models(app_configs=None, **kwargs):
+    """W041: a profile offers tools (or retrieval as a tool) to a model that calls none."""
+    warnings = []
+    profiles = ragchat_settings.PROFILES if isinstance(ragchat_settings.PROFILES, dict) else {}
+    for name, config in profiles.items():
+        try:
+            profile = build_profile(name, config or {})
+            llm = components_for(profile).llm
+        except Exception:  # noqa: BLE001 - reported by check_profiles
+            continue
+        if profile.offers_tools and not getattr(llm, "calls_tools", True):
+            offered = ", ".join([*profile.tools, *(["retrieval as a tool"] if profile.retrieval == "tool" else [])])
+            warnings.append(Warning(
+                f"Profile {name!r} offers tools ({offered}), but its LLM backend {profile.llm!r} calls none: they "
+                f"are never offered, and retrieval runs before every answer.",
+                hint="Use a model that calls tools (\"llm\": \"openai\"), or remove them from the profile.",
+                id="ragchat.W041",
+            ))
+    return warnings
+
+
+@register(Tags.compatibility)
 def check_openai_keys(app_configs=None, **kwargs):
     """A Warning, not an Error: the key may be set only where the site runs (not in CI or a
     build step), and every turn would fail with a clear "model unavailable" anyway."""
@@ -219,7 +278,7 @@ def check_openai_keys(app_configs=None, **kwargs):
 
 @register(Tags.compatibility)
 def check_semantic_embedder(app_configs=None, **kwargs):
-    """W041: a profile that names no embedder, on an install without the semantic extra, gets
+    """W042: a profile that names no embedder, on an install without the semantic extra, gets
     the ``hashing`` fallback (words, not meaning), which the site may not have meant."""
     if default_embedder() != "hashing":
         return []
@@ -232,7 +291,7 @@ def check_semantic_embedder(app_configs=None, **kwargs):
         f"'hashing' (shared words, not meaning).",
         hint='pip install "django-ragchat[semantic]" (then manage.py ragchat_reembed), or set "embedder": "hashing" '
              "in the profile to keep the fallback and silence this warning.",
-        id="ragchat.W041")]
+        id="ragchat.W042")]
 
 
 @register(Tags.compatibility)
@@ -383,3 +442,21 @@ def check_component_warnings(app_configs=None, **kwargs):
                 warnings.append(Warning(f"Profile {name!r}, {component.kind} {component.name!r}: {message}",
                                         hint="See docs/plugins.md.", id="ragchat.W040"))
     return warnings
+
+
+@register(Tags.compatibility)
+def check_sources(app_configs=None, **kwargs):
+    """The model sources: each registration left out (E050-E057), and a source with objects but
+    nothing indexed (W050)."""
+    found = [Error(message, hint=hint, id=check_id) for check_id, message, hint in source_registry.problems()]
+    for name, source in source_registry.sources().items():
+        try:
+            unsynced = not Document.objects.filter(origin=name).exists() and source.get_queryset().exists()
+        except DatabaseError:
+            continue  # not migrated yet, or no database: nothing to say
+        if unsynced:
+            found.append(Warning(f"Model source {name!r} ({source.get_model()._meta.label}) has objects but none "
+                                 f"is indexed: the assistant cannot answer from them yet",
+                                 hint="Run manage.py ragchat_sync (live sync then keeps it current).",
+                                 id="ragchat.W050"))
+    return found

@@ -60,6 +60,13 @@ DEFAULTS: dict[str, Any] = {
     "CONVERSATION_CHANGE_PERMISSION": "django_ragchat.permissions.is_owner",
     # Who may add and delete documents through the API: dotted path of a callable(user) -> bool.
     "DOCUMENT_PERMISSION": "django_ragchat.permissions.is_staff",
+    # Which profiles a user may start conversations with: dotted path of a
+    # callable(user, profile_name) -> bool. The default profile is always allowed.
+    "PROFILE_PERMISSION": "django_ragchat.permissions.any_profile",
+    # The OpenAI-compatible endpoint (django_ragchat.openai_api): what to do with a request's own
+    # "system" (or "developer") messages. The site's system prompt is the profile's; "ignore"
+    # leaves them out (the trace says so), "refuse" answers 400 system_message_not_allowed.
+    "OPENAI_API_SYSTEM_MESSAGES": "ignore",
     # The alias in the site's TASKS setting that background work is enqueued on (summary folds,
     # uploads, re-embedding; see django_ragchat.tasks and docs/tasks.md).
     "TASK_BACKEND": "default",

@@ -4,7 +4,9 @@ API, the terminal). ``to_dict()`` gives the wire form documented in docs/protoco
 A turn's events, in order: ``ack`` -> ``status`` ("retrieving") -> ``sources`` -> ``status``
 ("generating") -> ``delta``... -> ``done``; or ``error`` at any point after ``ack``. An output
 guardrail that asks the model again sends ``retry`` after the deltas: the text so far is
-discarded and the new answer's deltas start again at index 0.
+discarded and the new answer's deltas start again at index 0. When the model calls tools, each
+call sends ``tool_call`` (again when it awaits the user's approval, and once approved) and ends
+with ``tool_result``; the model's text goes on after them with the next ``delta`` index.
 """
 
 from __future__ import annotations
@@ -96,3 +98,38 @@ class Failed(TurnEvent):
     message: str
     assistant_message: dict[str, Any] | None = None
     retry_after: float | None = None
+
+
+@dataclass(frozen=True)
+class ToolCallUpdate(TurnEvent):
+    """A tool call the model asked for, and where it stands: ``"requested"`` (sent for every
+    call, as soon as the model asked), ``"awaiting_confirmation"`` (the tool needs the user's
+    approval: decide with ``confirmation_id``, docs/protocol.md) or ``"approved"`` (it runs
+    now). ``id`` is the model's id of the call (the ``tool_result`` carries it too);
+    ``arguments`` as the model wrote them (an object, or the text when it is not one);
+    ``label`` says what is being done, for people ("Looking up order ORD-17…"); ``step`` counts
+    the model's rounds of calls from 1."""
+
+    type: ClassVar[str] = "tool_call"
+    id: str
+    name: str
+    arguments: Any
+    label: str
+    step: int
+    status: str = "requested"
+    confirmation_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ToolCallFinished(TurnEvent):
+    """A tool call ended: ``status`` ``"done"`` (``content`` is the result the model reads),
+    ``"error"``, ``"rejected"``, ``"abandoned"`` or ``"cancelled"`` (``error`` says why, as
+    ``{"code", "message"}``); ``ms`` is how long it took."""
+
+    type: ClassVar[str] = "tool_result"
+    id: str
+    name: str
+    status: str
+    content: str
+    error: dict[str, str] | None = None
+    ms: float = 0.0

@@ -1,4 +1,5 @@
-"""``EmbeddingField``: one model field for vectors on every database.
+"""``EmbeddingField``: one model field for vectors on every database; ``AccessField``: who may
+read a row (see ``django_ragchat.access``).
 
 On PostgreSQL the column is pgvector's untyped ``vector`` (no dimension fixed in migrations: a
 reusable app cannot know whether a site embeds with 384 or 3072 dimensions; HNSW indexes are
@@ -20,6 +21,9 @@ import struct
 
 import numpy as np
 from django.db import models
+from django.db.models import Lookup
+
+from django_ragchat.access import Principals, access_sql, public_access
 
 
 @functools.lru_cache(maxsize=16)
@@ -77,3 +81,37 @@ class EmbeddingField(models.Field):
     def value_to_string(self, obj):
         value = self.value_from_object(obj)
         return None if value is None else [float(x) for x in value]
+
+
+class AccessField(models.JSONField):
+    """The principal tokens a row was indexed with (a JSON list; ``["public"]`` by default).
+
+    ``filter(access__visible_to=principals)`` keeps the rows ``principals`` may read, in SQL on
+    every database (``django_ragchat.access.access_sql``).
+    """
+
+    description = "Principal tokens that may read the row"
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("default", public_access)
+        super().__init__(*args, **kwargs)
+
+
+@AccessField.register_lookup
+class VisibleTo(Lookup):
+    """``access__visible_to=Principals``: the row shares a token with the principals."""
+
+    lookup_name = "visible_to"
+    prepare_rhs = False
+
+    def get_prep_lookup(self):
+        if not isinstance(self.rhs, Principals):
+            raise TypeError(f"visible_to takes a django_ragchat.access.Principals, not {self.rhs!r}")
+        return self.rhs
+
+    def as_sql(self, compiler, connection):
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        sql, params = access_sql(connection.vendor, lhs, self.rhs)
+        if not sql:
+            return "1 = 1", []
+        return sql, [*lhs_params, *params]

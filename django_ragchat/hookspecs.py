@@ -171,8 +171,40 @@ def register_advisors(register):
     user's message is saved (it may short-circuit with its own answer),
     ``around_llm(prompt, turn, call_next)`` the whole-answer model call and
     ``around_llm_stream(prompt, turn, call_next)`` the streamed one (an async iterator in, an
-    async iterator out: it may transform pieces, hold them back and add more after the last).
+    async iterator out: it may transform pieces, hold them back and add more after the last);
+    in a turn that calls tools, each of the model's calls goes through them.
+    ``around_tool(call, turn, call_next)`` wraps one tool call: change its arguments
+    (``call.with_arguments({...})``), change the ``ToolResult`` ``await call_next(call)`` returns,
+    or return a result of its own without calling the tool (a cached lookup, a refusal).
     The first in ``order`` is the outermost. None built in.
+    """
+
+
+@hookspec
+def register_sources(register):
+    """Register ``django_ragchat.sources.ModelSource`` subclasses: the site's own models as
+    knowledge (docs/sources.md).
+
+    A source names a model, what of it is indexed (``get_queryset``), the text of each object
+    (``text`` or ``template_name``), its title, URL, metadata and who may read it (``access``).
+    Sources are kept in sync live (signals, after the transaction commits, through the tasks
+    framework) and by ``manage.py ragchat_sync``. Each source's ``name`` must be unique. None
+    built in.
+    """
+
+
+@hookspec
+def register_tools(register):
+    """Register tools: functions of the site the assistant may call (docs/tools.md).
+
+    Call ``register(function_or_tool)`` for each; a plain function is made a tool as ``@tool``
+    would (``django_ragchat.tools.tool``), and ``register(tool, name="other_name")`` renames it.
+    A profile offers tools by name (``"tools": ["order_status"]``); a tool runs as the asking
+    user (``turn.user``), only if its ``permission`` lets them, and after their approval when
+    it ``requires_confirmation``. Its schema is built when it is registered: a function that
+    cannot be described to the model is reported by the system check ragchat.E004. Built in:
+    ``search_documents``, offered by profiles with ``"retrieval": "tool"``, which is not
+    registered here.
     """
 
 

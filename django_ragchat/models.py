@@ -4,11 +4,15 @@ The message log is the source of truth: messages are appended (with a per-conver
 sequence number allocated under a row lock) and never rewritten by memory; what the model sees
 is computed over the log by a memory strategy. The user's original words are stored, never
 the prompt augmented with retrieved text: the chunks an answer used are referenced through
-``MessageSource`` rows.
+``MessageSource`` rows. ``ApiKey`` rows let a user's tools call the OpenAI-compatible endpoint
+as that user.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import secrets
 import uuid
 from datetime import timedelta
 
@@ -19,7 +23,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.fields import EmbeddingField
+from django_ragchat.fields import AccessField, EmbeddingField
 
 
 class Conversation(models.Model):
@@ -127,19 +131,109 @@ def append_message(conversation_id, **fields) -> Message:
         return Message.objects.create(conversation_id=conversation_id, seq=seq, **fields)
 
 
-class Document(models.Model):
-    """An ingested source (file path or URL); its text lives in its chunks."""
+class ToolInvocation(models.Model):
+    """One tool call of an assistant message: what the model asked, whether it ran, its result.
 
-    source = models.CharField(max_length=1000, unique=True)
-    title = models.CharField(max_length=500, blank=True, default="")
-    checksum = models.CharField(max_length=64, help_text="sha256 of the source's bytes")
-    content_type = models.CharField(max_length=32, blank=True, default="")
-    metadata = models.JSONField(default=dict, blank=True)
+    Saved with the answer (``persistence.finish_turn``), in the order the model asked:
+    ``step`` counts the model's rounds of calls from 1, ``index`` the calls within a round.
+    A call that needs the user's approval is saved at once as ``pending``; the decision
+    (``decide_tool_call``: the websocket frame, the API endpoint, the widget's buttons) makes it
+    ``approved`` or ``rejected``, and nobody deciding in time makes it ``abandoned``.
+    ``content`` is the result as the model read it (``error`` says why it is an error); memory
+    sends the calls and results back to the model on later turns.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending", _("awaiting the user's approval")
+        APPROVED = "approved", _("approved, running")
+        DONE = "done", _("done")
+        ERROR = "error", _("error")
+        REJECTED = "rejected", _("rejected by the user")
+        ABANDONED = "abandoned", _("abandoned (no decision in time)")
+        CANCELLED = "cancelled", _("cancelled (the answer was stopped)")
+
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="tool_invocations")
+    call_id = models.CharField(max_length=200, help_text="The model's id for the call, echoed with its result.")
+    step = models.PositiveSmallIntegerField(default=1)
+    index = models.PositiveSmallIntegerField(default=0)
+    name = models.CharField(max_length=100)
+    # What the user was shown while it ran ("Looking up order ORD-17…").
+    label = models.CharField(max_length=300, blank=True, default="")
+    # As the model wrote them (JSON text, maybe malformed: that is an error to record too); for a
+    # call that needed approval, as the user was shown and approved them (an advisor around the
+    # call may have changed the model's).
+    arguments = models.TextField(blank=True, default="")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    content = models.TextField(blank=True, default="")
+    error = models.JSONField(null=True, blank=True)
+    requires_confirmation = models.BooleanField(default=False)
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    ms = models.FloatField(default=0)
+    # Tokens of the call and its result as memory counts them against the history budget.
+    token_count = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        ordering = ["message", "step", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["message", "step", "index"], name="ragchat_tool_call_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status}) in message {self.message_id}"
+
+    @property
+    def parsed_arguments(self):
+        """The arguments as a dict, or the text as written when it is not a JSON object."""
+        try:
+            value = json.loads(self.arguments or "{}")
+        except ValueError:
+            return self.arguments
+        return value if isinstance(value, dict) else self.arguments
+
+    def payload(self) -> dict:
+        """The JSON form clients receive (in a message's ``tool_calls``)."""
+        return {
+            "id": self.call_id, "name": self.name, "label": self.label, "arguments": self.parsed_arguments,
+            "step": self.step, "status": self.status, "content": self.content, "error": self.error,
+            "ms": round(self.ms, 3), "confirmation_id": self.pk if self.requires_confirmation else None,
+        }
+
+
+class Document(models.Model):
+    """An ingested source (a file path, an upload, or one object of a model source); its text
+    lives in its chunks.
+
+    ``origin`` names the model source (``django_ragchat.sources``) that indexed it, with the
+    object's primary key in ``object_pk``; both are empty for files and uploads. ``access`` is
+    who may read it (``django_ragchat.access``); its chunks carry the same list.
+    """
+
+    source = models.CharField(max_length=1000, unique=True)
+    title = models.CharField(max_length=500, blank=True, default="")
+    checksum = models.CharField(max_length=64, help_text="sha256 of the source's bytes (of a model object: of its "
+                                                         "text, title, URL and metadata)")
+    content_type = models.CharField(max_length=32, blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+    access = AccessField(blank=True, help_text="Principal tokens that may read it: public, authenticated, staff, "
+                                               "user:<pk>, group:<pk>, perm:<app_label.codename>.")
+    origin = models.CharField(max_length=100, blank=True, default="", db_index=True,
+                              help_text="The model source that indexed it (empty for files and uploads).")
+    object_pk = models.CharField(max_length=100, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Indexed: the in-process vector index and the subject index watch its maximum (an
+    # access change updates no chunk id, but always this).
+    updated_at = models.DateTimeField(auto_now=True, db_index=True)
+
+    class Meta:
         ordering = ["source"]
+        constraints = [
+            models.UniqueConstraint(fields=["origin", "object_pk"], condition=~Q(origin=""),
+                                    name="ragchat_document_object_unique"),
+        ]
 
     def __str__(self) -> str:
         return self.title or self.source
@@ -160,6 +254,8 @@ class Chunk(models.Model):
     token_count = models.PositiveIntegerField(default=0)
     # The document's metadata merged with the chunk's own: what retriever filters match on.
     metadata = models.JSONField(default=dict, blank=True)
+    # The document's access, copied onto each chunk so a search filters without a join.
+    access = AccessField(blank=True)
 
     class Meta:
         ordering = ["document", "ordinal"]
@@ -170,6 +266,26 @@ class Chunk(models.Model):
 
     def __str__(self) -> str:
         return f"{self.document_id}#{self.ordinal}"
+
+
+class SourceState(models.Model):
+    """What the last runs of one model source did (``ragchat_sync``, live sync), for the admin."""
+
+    name = models.CharField(max_length=100, unique=True)
+    last_sync_started_at = models.DateTimeField(null=True, blank=True)
+    last_sync_finished_at = models.DateTimeField(null=True, blank=True)
+    # The counts of the last full or --since run (created, updated, access_updated, unchanged,
+    # removed, failed) and its kind.
+    last_sync = models.JSONField(default=dict, blank=True)
+    last_live_sync_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = _("model source")
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class MessageSource(models.Model):
@@ -300,3 +416,91 @@ class Feedback(models.Model):
 
     def __str__(self) -> str:
         return f"{self.rating} on message {self.message_id}"
+
+
+class ApiKeyQuerySet(models.QuerySet):
+    def usable(self, now=None):
+        """Keys that authenticate now: not revoked, not expired, their user active."""
+        now = now or timezone.now()
+        return self.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now), revoked_at__isnull=True,
+                           user__is_active=True)
+
+
+class ApiKey(models.Model):
+    """A user's key for the OpenAI-compatible endpoint (``Authorization: Bearer <key>``).
+
+    The key itself is shown once, when it is created (``ApiKey.create_key``, the admin's add
+    page, ``manage.py ragchat_apikey``), and never stored: the row keeps its SHA-256 digest
+    (keys are 256 random bits, so a fast digest is as safe as a slow password hash and costs
+    nothing per request) and its first characters, which identify it in lists. A request with
+    a key acts as the key's user: that user's conversations, permissions and limits.
+    """
+
+    #: Every key starts with this, so a leaked one is recognisable (secret scanners, logs).
+    PREFIX = "rck-"
+    #: How many characters of the key are kept to tell keys apart.
+    SHOWN_CHARS = 12
+    #: ``last_used_at`` is written at most this often per key (seconds): not a write per request.
+    LAST_USED_PRECISION = 60
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ragchat_api_keys")
+    name = models.CharField(max_length=100, blank=True, default="", help_text=_("What the key is for, e.g. the tool using it."))
+    prefix = models.CharField(max_length=16, editable=False, help_text=_("The key's first characters."))
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text=_("Empty: the key never expires."))
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = ApiKeyQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = _("API key")
+        verbose_name_plural = _("API keys")
+
+    def __str__(self) -> str:
+        return f"{self.name or _('API key')} ({self.prefix}…)"
+
+    @staticmethod
+    def digest_of(key: str) -> str:
+        return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+    @classmethod
+    def generate(cls) -> str:
+        """A new key: the prefix and 256 random bits, URL-safe."""
+        return cls.PREFIX + secrets.token_urlsafe(32)
+
+    def set_key(self, key: str) -> None:
+        self.digest = self.digest_of(key)
+        self.prefix = key[: self.SHOWN_CHARS]
+
+    @classmethod
+    def create_key(cls, user, name: str = "", *, expires_at=None) -> tuple[ApiKey, str]:
+        """Create a key for ``user``: the saved row and the key, which is never shown again."""
+        key = cls.generate()
+        api_key = cls(user=user, name=name, expires_at=expires_at)
+        api_key.set_key(key)
+        api_key.save()
+        return api_key, key
+
+    @property
+    def status(self) -> str:
+        """One of "active", "revoked" and "expired"."""
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= timezone.now():
+            return "expired"
+        return "active"
+
+    def revoke(self) -> None:
+        if self.revoked_at is None:
+            self.revoked_at = timezone.now()
+            ApiKey.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=self.revoked_at)
+
+    def touch(self, now=None) -> None:
+        """Record a use, at most once per ``LAST_USED_PRECISION`` seconds."""
+        now = now or timezone.now()
+        if self.last_used_at is None or (now - self.last_used_at).total_seconds() >= self.LAST_USED_PRECISION:
+            self.last_used_at = now
+            ApiKey.objects.filter(pk=self.pk).update(last_used_at=now)

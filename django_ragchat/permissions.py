@@ -13,6 +13,10 @@ The rules themselves are swappable, each a dotted path in ``RAGCHAT``:
   It is only asked about conversations the caller may read.
 * ``DOCUMENT_PERMISSION``: who may add and delete documents, ``(user) -> bool``; default
   ``is_staff``.
+* ``PROFILE_PERMISSION``: which profiles a user may start conversations with, ``(user,
+  profile_name) -> bool``; default ``any_profile``. The default profile is always allowed, so
+  every user has an assistant. The REST API and the OpenAI-compatible endpoint (where a profile
+  is a model) ask it; a conversation keeps its profile once it exists.
 """
 
 from __future__ import annotations
@@ -47,6 +51,29 @@ def is_owner(user, conversation, session_key: str | None = None) -> bool:
 
 def is_staff(user) -> bool:
     return bool(user is not None and user.is_authenticated and user.is_staff)
+
+
+def any_profile(user, profile_name: str) -> bool:
+    """Every user may use every profile (the default ``PROFILE_PERMISSION``)."""
+    return True
+
+
+def can_use_profile(user, profile_name: str) -> bool:
+    """May ``user`` start conversations with the profile ``profile_name``? Always for the
+    default profile; ``PROFILE_PERMISSION`` decides for the others (a name that is not a
+    profile is never allowed)."""
+    if profile_name == get_profile().name:
+        return True
+    if profile_name not in ragchat_settings.PROFILES:
+        return False
+    return bool(import_string(ragchat_settings.PROFILE_PERMISSION)(user, profile_name))
+
+
+def usable_profiles(user) -> list[str]:
+    """The names of the profiles ``user`` may use, the default first."""
+    default = get_profile().name
+    return [default] + [name for name in ragchat_settings.PROFILES
+                        if name != default and can_use_profile(user, name)]
 
 
 def can_access(user, conversation, session_key: str | None = None) -> bool:

@@ -29,6 +29,7 @@ from django_ragchat import hookspecs
 from django_ragchat.components import Component, ComponentRegistry
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.profiles import Profile, get_profile
+from django_ragchat.tools import ToolRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "django_ragchat.stages.summary_memory",
 )
 
+#: The registration hook of model sources (classes of ``django_ragchat.sources``, not components).
+SOURCES_HOOK = "register_sources"
+
 # register_* hook name -> the component kind it registers.
 REGISTRATION_HOOKS: dict[str, str] = {
     "register_memory_strategies": "memory",
@@ -65,6 +69,9 @@ REGISTRATION_HOOKS: dict[str, str] = {
     "register_response_augmenters": "response_augmenter",
     "register_advisors": "advisor",
 }
+
+#: The hook that registers tools (functions, not components: docs/tools.md).
+TOOL_HOOK = "register_tools"
 
 _lock = threading.RLock()
 _state: dict[str, Any] = {}
@@ -140,13 +147,52 @@ def build_registry(pm: pluggy.PluginManager) -> ComponentRegistry:
     return registry
 
 
+def collect_sources(pm: pluggy.PluginManager, errors: list[str]) -> list[tuple[Any, str]]:
+    """(class, plugin name) of every model source registered through ``register_sources``, in
+    load order; an implementation that raises adds to ``errors``. What the classes must be is
+    checked by ``django_ragchat.sources`` (a registration module cannot import it)."""
+    found: list[tuple[Any, str]] = []
+    for impl in getattr(pm.hook, SOURCES_HOOK).get_hookimpls():
+        if impl.wrapper or impl.hookwrapper:
+            continue  # reported by the check ragchat.E008
+
+        def register(cls: Any, _plugin: str = impl.plugin_name) -> None:
+            found.append((cls, _plugin))
+
+        try:
+            impl.function(register=register)
+        except Exception as exc:
+            errors.append(f"Plugin {impl.plugin_name!r} failed in {SOURCES_HOOK}: {exc!r}")
+    return found
+
+
+def build_tool_registry(pm: pluggy.PluginManager) -> ToolRegistry:
+    """Call every ``register_tools`` implementation, one plugin at a time, in load order."""
+    tools = ToolRegistry()
+    for impl in pm.hook.register_tools.get_hookimpls():
+        if impl.wrapper or impl.hookwrapper:
+            continue  # reported by the check ragchat.E008
+
+        def register(candidate: Any, *, name: str | None = None, _plugin: str = impl.plugin_name) -> None:
+            tools.add(candidate, _plugin, name=name)
+
+        try:
+            impl.function(register=register)
+        except Exception as exc:
+            tools.errors.append(f"Plugin {impl.plugin_name!r} failed in {TOOL_HOOK}: {exc!r}")
+    return tools
+
+
 def _ensure_loaded() -> dict[str, Any]:
     with _lock:
         if not _state:
             pm, errors = build_plugin_manager()
             registry = build_registry(pm)
             registry.errors[:0] = errors
-            _state.update(pm=pm, registry=registry, instances={})
+            sources = collect_sources(pm, registry.errors)
+            tools = build_tool_registry(pm)
+            registry.errors += tools.errors
+            _state.update(pm=pm, registry=registry, tools=tools, instances={}, sources=sources)
         return _state
 
 
@@ -158,6 +204,11 @@ def get_plugin_manager() -> pluggy.PluginManager:
 def get_registry() -> ComponentRegistry:
     """The process-wide component registry, built on first use."""
     return _ensure_loaded()["registry"]
+
+
+def get_tools() -> ToolRegistry:
+    """The process-wide tool registry (``register_tools``), built with the plugin manager."""
+    return _ensure_loaded()["tools"]
 
 
 def reset() -> None:
@@ -172,6 +223,11 @@ def _reset_on_settings_change(*, setting: str, **kwargs: Any) -> None:
     # Components are built from profiles and plugins; rebuild them on next use.
     if setting == "RAGCHAT":
         reset()
+
+
+def registered_sources() -> list[tuple[Any, str]]:
+    """(class, plugin name) of each model source registered, in load order (``collect_sources``)."""
+    return list(_ensure_loaded()["sources"])
 
 
 def instance_cache() -> dict:
@@ -281,13 +337,14 @@ def hook_implementations() -> dict[str, list[str]]:
     registration hooks in load order (``build_registry``), lifecycle hooks as pluggy calls
     them (``notify``). Registration hooks come first, in ``REGISTRATION_HOOKS`` order."""
     pm = get_plugin_manager()
-    names = list(REGISTRATION_HOOKS) + sorted(
-        name for name in vars(pm.hook) if not name.startswith("_") and name not in REGISTRATION_HOOKS
+    registration = [*REGISTRATION_HOOKS, SOURCES_HOOK, TOOL_HOOK]
+    names = registration + sorted(
+        name for name in vars(pm.hook) if not name.startswith("_") and name not in registration
     )
     found = {}
     for name in names:
         impls = getattr(pm.hook, name).get_hookimpls()
         if impls:
-            ordered = impls if name in REGISTRATION_HOOKS else reversed(impls)
+            ordered = impls if name in registration else reversed(impls)
             found[name] = [impl.plugin_name for impl in ordered]
     return found

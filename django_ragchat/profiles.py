@@ -40,6 +40,13 @@ DEFAULT_SYSTEM_PROMPT = (
     "passages given with it, and cite the passages you use as [1], [2]. If the context does not "
     "contain the answer, say that you don't know rather than guessing."
 )
+# The system prompt of a profile whose model searches for itself ("retrieval": "tool") and
+# that sets none of its own.
+DEFAULT_TOOL_SYSTEM_PROMPT = (
+    "You are a helpful assistant. Search the documents with the search_documents tool when a "
+    "question needs them, and cite the numbered passages you use as [1], [2]. If the documents "
+    "do not contain the answer, say that you don't know rather than guessing."
+)
 
 
 def default_embedder() -> str:
@@ -70,6 +77,18 @@ class Profile:
     response_augmenters: list[str] | None = None
     # Around-advice (django_ragchat.turn.advisors), the first outermost.
     advisors: list[str] | None = None
+    # Tools the model may call, by registered name (register_tools; docs/tools.md).
+    tools: list[str] = field(default_factory=list)
+    # "always": retrieve before every answer; "tool": offer search_documents and let the
+    # model decide when to search, and with which query.
+    retrieval: str = "always"
+    # Rounds of tool calls the model may ask for in one answer; after the last, it is asked to
+    # answer without tools.
+    max_tool_steps: int = 5
+    # Seconds a tool may run (a tool's own ``timeout`` wins), and seconds a call that needs
+    # the user's approval waits for it before it is abandoned (not run).
+    tool_timeout: float = 30.0
+    tool_confirmation_timeout: float = 120.0
     # Per-component options: {"component name": {option: value}}.
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Retrieval.
@@ -100,6 +119,11 @@ class Profile:
     # query components (followup, synonyms) read the table too (None: only when llm is
     # "extractive"). See docs/answerer.md.
     vocabulary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def offers_tools(self) -> bool:
+        """Whether the model is offered tools (the profile's, or the search tool)."""
+        return bool(self.tools) or self.retrieval == "tool"
 
     @property
     def prompt_budget(self) -> int:
@@ -137,6 +161,7 @@ LIST_STAGES = {
     "advisors": "advisor",
 }
 EMPTY_CONTEXT_POLICIES = ("decline", "answer")
+RETRIEVAL_MODES = ("always", "tool")
 VOCABULARY_DEFAULTS: dict[str, Any] = {
     "language": "en", "directory": None, "synonyms": {}, "replace_synonyms": False, "query_synonyms": None,
 }
@@ -182,6 +207,21 @@ def _shape_problems(profile: Profile) -> list[str]:
         problems.append("metadata must be a dict")
     if not isinstance(profile.stream, bool):
         problems.append(f"stream must be True or False, not {profile.stream!r}")
+    if not isinstance(profile.tools, (list, tuple)) or not all(isinstance(t, str) for t in profile.tools):
+        problems.append(f"tools must be a list of tool names, not {profile.tools!r}")
+    return problems
+
+
+def _tool_problems(profile: Profile) -> list[str]:
+    problems = []
+    if profile.retrieval not in RETRIEVAL_MODES:
+        problems.append(f"retrieval must be one of {RETRIEVAL_MODES}, not {profile.retrieval!r}")
+    if not _is_int(profile.max_tool_steps) or profile.max_tool_steps < 0:
+        problems.append(f"max_tool_steps must be a whole number, 0 or more, not {profile.max_tool_steps!r}")
+    for name in ("tool_timeout", "tool_confirmation_timeout"):
+        value = getattr(profile, name)
+        if not _is_number(value) or value <= 0:
+            problems.append(f"{name} must be a positive number of seconds, not {value!r}")
     return problems
 
 
@@ -215,7 +255,8 @@ def profile_problems(profile: Profile) -> list[str]:
     problems = _shape_problems(profile)
     if profile.empty_context not in EMPTY_CONTEXT_POLICIES:
         problems.append(f"empty_context must be one of {EMPTY_CONTEXT_POLICIES}, not {profile.empty_context!r}")
-    return problems + _number_problems(profile) + vocabulary_problems(profile.vocabulary)
+    return (problems + _number_problems(profile) + _tool_problems(profile)
+            + vocabulary_problems(profile.vocabulary))
 
 
 def vocabulary_problems(vocabulary: Any) -> list[str]:
@@ -251,6 +292,8 @@ def build_profile(name: str, config: dict[str, Any]) -> Profile:
             f"Profile {name!r} has unknown option(s) {unknown}; valid options are "
             f"{sorted(PROFILE_FIELDS - {'name'})}."
         )
+    if config.get("retrieval") == "tool" and "system_prompt" not in config:
+        config = {**config, "system_prompt": DEFAULT_TOOL_SYSTEM_PROMPT}
     profile = Profile(**{**config, "name": name})
     problems = profile_problems(profile)
     if problems:

@@ -14,9 +14,11 @@ backend named by ``RAGCHAT["TASK_BACKEND"]`` (an alias of the site's ``TASKS`` s
 
 The tasks (docs/tasks.md):
 
-``fold_summary``  summary memory's fold of older turns (``summary_memory``);
-``ingest_upload`` a document uploaded through the API (``api.views.DocumentList``);
-``reembed_space`` ``ragchat_reembed --background``.
+``fold_summary``         summary memory's fold of older turns (``summary_memory``);
+``ingest_upload``        a document uploaded through the API (``api.views.DocumentList``);
+``reembed_space``        ``ragchat_reembed --background``;
+``sync_source_objects``  live sync of a model source's changed objects (``sources.live``);
+``sync_source``          a whole model source again (the admin's resync action).
 
 Their arguments and results are JSON (a requirement of every backend that stores tasks).
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.apps import apps
 from django.db import connection
 
 from django_ragchat.conf import ragchat_settings
@@ -33,6 +36,8 @@ from django_ragchat.ingestion.pipeline import ingest_text, reembed
 from django_ragchat.plugins import build_component, embedder_for
 from django_ragchat.profiles import get_profile
 from django_ragchat.search import postgres
+from django_ragchat.sources.registry import get_source
+from django_ragchat.sources.sync import parse_since, sync
 
 try:  # Django 6.0 and later
     from django.tasks import TaskResult, TaskResultStatus, task, task_backends
@@ -43,7 +48,7 @@ except ImportError:  # Django 5.2: the backport, same API
 
 __all__ = [
     "TaskResult", "TaskResultStatus", "TaskResultDoesNotExist", "enqueue", "fold_summary", "ingest_upload",
-    "reembed_space", "result_of", "runs_in_background",
+    "pending", "reembed_space", "result_of", "runs_in_background", "sync_source", "sync_source_objects",
 ]
 
 logger = logging.getLogger(__name__)
@@ -80,6 +85,20 @@ def result_of(task_, result_id: str) -> TaskResult | None:
         raise
 
 
+def pending(task_, first_argument: Any) -> int | None:
+    """How many ``task_`` tasks whose first argument is ``first_argument`` wait or run on
+    django-ragchat's backend; ``None`` when the backend keeps no list to count (only
+    django-tasks-db's ``DatabaseBackend`` does: the immediate backend never has any waiting)."""
+    alias = ragchat_settings.TASK_BACKEND
+    if not apps.is_installed("django_tasks_db") or type(backend()).__module__.split(".")[0] != "django_tasks_db":
+        return None
+    config = next(c for c in apps.get_app_configs() if c.name == "django_tasks_db")  # its label differs
+    results = config.get_model("DBTaskResult")
+    return results.objects.filter(
+        task_path=task_.module_path, backend_name=alias, args_kwargs__args__0=first_argument,
+        status__in=[TaskResultStatus.READY, TaskResultStatus.RUNNING]).count()
+
+
 # --- The tasks -----------------------------------------------------------------------------------
 
 
@@ -97,10 +116,12 @@ def fold_summary(profile_name: str, conversation_id: str, budget_tokens: int, un
 
 
 @task
-def ingest_upload(source: str, text: str, title: str, content_type: str, profile: str | None) -> dict:
-    """Ingest a document uploaded through the API (``ingestion.pipeline.ingest_text``)."""
+def ingest_upload(source: str, text: str, title: str, content_type: str, profile: str | None,
+                  access: list[str] | None = None) -> dict:
+    """Ingest a document uploaded through the API or the admin (``ingestion.pipeline.ingest_text``);
+    ``access``: who may read it (tokens; ``None``: everyone)."""
 
-    result = ingest_text(source, text, title=title, content_type=content_type, profile=profile)
+    result = ingest_text(source, text, title=title, content_type=content_type, profile=profile, access=access)
     return {"document_id": result.document_id, "outcome": result.status}
 
 
@@ -116,3 +137,25 @@ def reembed_space(profile: str | None = None, batch_size: int = 64, build_index:
         status, created = postgres.create_hnsw_index(embedder.space)
         result["index"] = status.name
     return result
+
+
+@task
+def sync_source_objects(source_name: str, pks: list[str]) -> dict:
+    """Sync these objects of a model source (live sync, ``sources.live``): index, update or remove
+    each as ``sources.sync`` does. A source no longer registered is skipped."""
+
+    try:
+        source = get_source(source_name)
+    except KeyError as exc:
+        logger.warning("Skipping the sync of %d object(s): %s", len(pks), exc)
+        return {"source": source_name, "skipped": str(exc)}
+    return sync(source, pks=pks).as_dict()
+
+
+@task
+def sync_source(source_name: str, since: str | None = None) -> dict:
+    """Sync a whole model source (``since``: only the objects changed since, see
+    ``sources.sync.parse_since``), as ``manage.py ragchat_sync`` does."""
+
+    source = get_source(source_name)
+    return sync(source, since=parse_since(since) if since else None).as_dict()

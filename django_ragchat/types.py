@@ -10,6 +10,7 @@ the turn early.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,12 +19,34 @@ Role = Literal["user", "assistant", "tool", "system"]
 
 @dataclass(frozen=True)
 class HistoryMessage:
-    """One earlier message of the conversation as the model may see it (original text only)."""
+    """One earlier message of the conversation as the model may see it (original text only).
+
+    A turn that called tools also carries its tool exchange, in the OpenAI chat format: an
+    ``assistant`` message with ``tool_calls`` (the calls of one step, each
+    ``{"id", "type": "function", "function": {"name", "arguments"}}``) followed by one ``tool``
+    message per call (``tool_call_id``, the result as ``content``). Memory sends them back only
+    to profiles that offer tools (docs/tools.md).
+    """
 
     role: Role
     content: str
     seq: int = 0
     token_count: int = 0
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    tool_call_id: str = ""
+
+    @property
+    def is_tool_exchange(self) -> bool:
+        """A tool step (the calls, or a result) rather than words of the user or the answer."""
+        return self.role == "tool" or bool(self.tool_calls)
+
+    def as_message(self) -> dict[str, Any]:
+        """The message in the OpenAI chat format."""
+        if self.tool_calls:
+            return {"role": "assistant", "content": self.content or None, "tool_calls": list(self.tool_calls)}
+        if self.role == "tool":
+            return {"role": "tool", "tool_call_id": self.tool_call_id, "content": self.content}
+        return {"role": self.role, "content": self.content}
 
 
 @dataclass(frozen=True)
@@ -67,6 +90,9 @@ class RetrievedChunk:
     # Each finding retriever's own score (e.g. {"vector": 0.83}): fusion replaces ``score``,
     # these stay comparable for thresholds.
     raw_scores: dict[str, float] = field(default_factory=dict, compare=False, hash=False)
+    # The principals (``django_ragchat.access.Principals``) the search that found it read as;
+    # ``None`` for a chunk made by other means, which the turn checks in SQL before using it.
+    read_as: Any = field(default=None, compare=False, hash=False, repr=False)
 
     def with_score(self, score: float, **changes: Any) -> RetrievedChunk:
         return dataclasses.replace(self, score=score, **changes)
@@ -95,11 +121,16 @@ class Prompt:
     without parsing text, and so citations can be resolved afterwards.
     """
 
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, Any], ...]
     question: str
     search_query: str
     documents: tuple[RetrievedChunk, ...] = ()
     token_count: int = 0
+    #: The tools offered to the model, as OpenAI ``tools`` entries (``{"type": "function",
+    #: "function": {"name", "description", "parameters"}}``); empty: none.
+    tools: tuple[dict[str, Any], ...] = ()
+    #: ``"none"`` forbids calls this time (the last step of the tool loop); ``None``: the model decides.
+    tool_choice: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,23 +144,82 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A call of a tool the model asked for: its ``id`` (the model's, echoed back with the
+    result), the tool's ``name`` and the ``arguments`` exactly as the model wrote them (a JSON
+    object as text, possibly malformed: the tool loop validates it)."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+    @property
+    def parsed_arguments(self) -> dict[str, Any] | None:
+        """The arguments as a dict, or ``None`` when they are not a JSON object."""
+        try:
+            value = json.loads(self.arguments or "{}")
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def with_arguments(self, arguments: dict[str, Any]) -> ToolCall:
+        """A copy with other arguments (an advisor's ``around_tool`` correcting a call)."""
+        return dataclasses.replace(self, arguments=json.dumps(arguments, ensure_ascii=False))
+
+    def as_openai(self) -> dict[str, Any]:
+        """The call as an entry of an assistant message's ``tool_calls``."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What one tool call produced, as the model and the client see it.
+
+    ``content`` is what goes back to the model (the tool's return value as JSON, or its text);
+    ``status`` is ``"done"`` or, when the tool did not run or failed, ``"error"``,
+    ``"rejected"`` (the user said no), ``"abandoned"`` (nobody decided in time) or
+    ``"cancelled"`` (the turn was stopped); ``error`` then says why (``{"code", "message"}``,
+    the codes in docs/tools.md). ``ms`` is the time the call took.
+    """
+
+    call_id: str
+    name: str
+    content: str
+    status: str = "done"
+    error: dict[str, str] | None = None
+    ms: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "done"
+
+    def as_message(self) -> dict[str, Any]:
+        """The ``tool`` message that carries the result back to the model."""
+        return {"role": "tool", "tool_call_id": self.call_id, "content": self.content}
+
+
+@dataclass(frozen=True)
 class LLMResponse:
-    """A whole answer from an LLM backend."""
+    """A whole answer from an LLM backend; ``tool_calls`` when the model asked for tools
+    (``finish_reason`` ``"tool_calls"``)."""
 
     text: str
     model: str = ""
     usage: Usage | None = None
     finish_reason: str = "stop"
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True)
 class LLMDelta:
-    """One piece of a streamed answer. The last piece may carry ``usage`` and ``model`` only."""
+    """One piece of a streamed answer. The last piece may carry ``usage`` and ``model`` only,
+    and the tool calls the model asked for, assembled from the stream's fragments."""
 
     text: str = ""
     model: str = ""
     usage: Usage | None = None
     finish_reason: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True)

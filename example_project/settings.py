@@ -51,6 +51,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files (offline)
     "channels",
     "django_ragchat",
+    "example_project.shop",  # products the assistant answers from (shop/ragchat.py)
+    "example_project.orders",  # the shop's orders and the assistant's tools over them
 ]
 
 MIDDLEWARE = [
@@ -123,6 +125,9 @@ RAGCHAT = {
     "PROFILES": {
         "default": {},
     },
+    # The shop's products, through model sources (docs/sources.md), and the tools over its
+    # orders (example_project/orders/ragchat.py, docs/tools.md).
+    "PLUGINS": ["example_project.shop.ragchat", "example_project.orders.ragchat"],
 }
 # With a model server named by the environment, the demo answers and embeds through it
 # (OpenAI, or any OpenAI-compatible server: Ollama, vLLM, llama.cpp; see docs/openai.md).
@@ -137,7 +142,9 @@ if os.environ.get("OPENAI_API_KEY") or os.environ.get("RAGCHAT_LLM_BASE_URL"):
     # text-embedding-3 models for shorter vectors.
     if os.environ.get("RAGCHAT_EMBEDDING_DIMENSIONS"):
         _openai["embedding_dimensions"] = int(os.environ["RAGCHAT_EMBEDDING_DIMENSIONS"])
-    RAGCHAT["PROFILES"]["default"] = {"llm": "openai", "embedder": "openai", "options": {"openai": _openai}}
+    # A model calls tools: signed-in customers can ask about their orders ("Where is ORD-17?").
+    RAGCHAT["PROFILES"]["default"] = {"llm": "openai", "embedder": "openai", "options": {"openai": _openai},
+                                      "tools": ["order_status", "cancel_order"]}
 
 LOGGING = {
     "version": 1,

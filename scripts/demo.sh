@@ -9,9 +9,12 @@ PY=.venv/bin/python
 # The demo's own key and plain HTTP (example_project/settings.py refuses both without this).
 export DJANGO_DEBUG=${DJANGO_DEBUG:-1}
 $PY manage.py migrate --no-input
-# The sample product documents only: the project's own docs/ are not the demo's subject, and a
-# product question must never cite them.
-$PY manage.py ragchat_ingest example_project/sample_docs --root .
+# The shop's products come from its Product model (example_project/shop/, indexed through the
+# model sources of shop/ragchat.py; later edits in the admin are indexed as they are saved).
+$PY manage.py ragchat_sync
+# The shop's policies stay a document: the sample policies page only (the project's own docs/
+# are not the demo's subject, and a product question must never cite them).
+$PY manage.py ragchat_ingest example_project/sample_docs/support.md --root .
 echo
 echo "Open http://127.0.0.1:${PORT:-8000}/ and ask: How much does the Aurora X2 cost?"
 if [[ -z ${RAGCHAT_LLM_BASE_URL:-}${OPENAI_API_KEY:-} ]]; then

@@ -10,7 +10,7 @@ variables are set by ``tests/live_servers.py``.
 import os
 
 from tests.settings import *  # noqa: F403  (these settings extend the tests')
-from tests.settings import DATABASES, RAGCHAT
+from tests.settings import DATABASES, ISOLATION_PROFILE, RAGCHAT
 
 _database = DATABASES["default"]
 if _database["ENGINE"].endswith("sqlite3"):
@@ -50,7 +50,7 @@ elif _layer in ("redis", "broken-redis"):
 
 RAGCHAT = {
     **RAGCHAT,
-    "PLUGINS": ["tests.streaming_plugin"],
+    "PLUGINS": ["tests.streaming_plugin", "tests.isolation_plugin", "tests.tool_plugins", "example_project.orders.ragchat"],
     "ALLOW_ANONYMOUS": True,
     "TURNS_PER_MINUTE": 25,
     "MAX_CONCURRENT_STREAMS": 3,
@@ -79,8 +79,22 @@ RAGCHAT = {
                 "timeout": 10,
             }},
         },
+        # The fake model with tools: the example's order tools and the tests' (tests/test_browser_tools.py).
+        "fake_tools": {
+            "llm": "openai",
+            "tools": ["order_status", "cancel_order", "slow"],
+            "empty_context": "answer",
+            "options": {"openai": {
+                "base_url": os.environ.get("RAGCHAT_FAKE_OPENAI_URL", "http://127.0.0.1:9/v1"),
+                "model": "gpt-4o-mini",
+                "max_retries": 0,
+                "timeout": 10,
+            }},
+        },
         # The default profile plus a streamed response augmenter (tests/streaming_plugin.py).
         "shouting": {"response_augmenters": ["citations", "shout"]},
+        # Every way a private row could leak into a turn (tests/test_isolation.py).
+        "isolation": ISOLATION_PROFILE,
     },
 }
 

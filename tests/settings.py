@@ -20,6 +20,9 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files (offline)
     "channels",
     "django_ragchat",
+    "tests.sources_app",  # models of the model-source tests (tests/sources_plugin.py)
+    # The example's orders app: its tools are exercised for real (tests/test_tools*.py).
+    "example_project.orders",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -96,4 +99,11 @@ RAGCHAT = {
     # Tests never load whatever plugins happen to be installed; the entry-point test turns
     # this on for itself.
     "LOAD_ENTRY_POINTS": False,
+}
+# The profile of the isolation tests (tests/test_isolation.py; tests/isolation_plugin.py): the
+# built-in retrievers, two plugin retrievers and query expansion, answered by the extractive
+# answerer (whose answers quote what it was given).
+ISOLATION_PROFILE = {
+    "retrievers": ["vector", "hybrid", "raw_words", "plugin_fulltext"],
+    "query_expanders": ["code_expander"],
 }

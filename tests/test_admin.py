@@ -366,7 +366,7 @@ def test_a_users_chat_data_is_counted_exported_and_erased(admin_client, chatted,
     assert page.status_code == 200
     counts = page.context["counts"]
     assert counts == {"conversations": 1, "messages": 4, "sources": MessageSource.objects.count(),
-                      "traces": 2, "memory records": 2, "feedback": 3}
+                      "tool calls": 0, "traces": 2, "memory records": 2, "feedback": 3}
     assert "Yes, erase this chat data" in page.content.decode()
 
     export = admin_client.get(url("user_data_export", user.pk))

@@ -538,6 +538,7 @@ def test_the_schema_is_served_for_these_endpoints_and_validates(alice, tmp_path)
         f"{API}/conversations/{{conversation_id}}/messages/", f"{API}/messages/{{message_id}}/feedback/",
         f"{API}/feedback/", f"{API}/memory/", f"{API}/memory/{{id}}/", f"{API}/documents/",
         f"{API}/documents/{{id}}/", f"{API}/documents/tasks/{{task_id}}/", f"{API}/plugins/",
+        f"{API}/tool-calls/{{confirmation_id}}/", f"{API}/tool-calls/{{confirmation_id}}/decision/",
     }
     post = schema["paths"][f"{API}/conversations/{{conversation_id}}/messages/"]["post"]
     assert set(post["responses"]) == {"200", "201", "400", "403", "404", "409", "410", "413", "429", "500", "502",

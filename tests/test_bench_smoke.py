@@ -84,3 +84,34 @@ def test_answers_bench_runs():
     assert [r[0] for r in rows] == ["default", "acm", "xml"]
     rows, note = bench_answers.turn_cost(chunks=60, turns=1, warmup=0)
     assert [r[0] for r in rows] == ["whole", "streamed"] and "sources kept" in note
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sources_bench_runs(ragchat_settings_override, settings):
+    """bench/bench_sources.py at a tiny size (live sync acts after commits: a committed database)."""
+    from bench import bench_sources
+
+    ragchat_settings_override(PLUGINS=["bench.bench_sources.plugin"], PROFILES={"default": {"embedder": "precomputed"}})
+    settings.ROOT_URLCONF = "bench.bench_sources"
+    results = bench_sources.run(objects=30, saves=10)
+    assert [row[1] for row in results["bulk"]] == [30, 30, 30, 1]
+    assert results["bulk"][2][2] == 0  # the second sync writes nothing
+    saves = {row[0].split(",")[1].strip(): row for row in results["save"]}
+    assert saves["live sync paused (the site without sources)"][2] == 2  # the SELECT and the UPDATE
+    # With a worker, the request that saves pays one query more: the enqueue.
+    assert saves["live sync on the database task backend (worker)"][2] == 3
+    assert "objects/s" in bench_sources.report(results, "test db")
+
+
+@pytest.mark.django_db(transaction=True)  # the tools run in threads of their own
+def test_tools_bench_runs_every_cell_with_the_requests_it_should():
+    from bench import bench_tools
+
+    results = bench_tools.run(rounds=2, warmup=1)
+    assert all(len(ms) == 2 for ms in results["cells"].values())
+    for (kind, tool, mode, with_tool), requests in results["requests"].items():
+        assert requests == {2 if with_tool else 1}, (kind, tool, mode)
+    assert all(len(ms) == 2 and min(ms) > 0 for ms in results["round_trips"].values())
+    assert set(results["traces"]) == {"order_status", "order_status_async"}
+    text = bench_tools.report(results, "test db")
+    assert "added ms" in text and "order_status_async (async)" in text

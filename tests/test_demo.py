@@ -1,9 +1,10 @@
-"""The demo: it ingests the sample product documents only (never this project's docs/), and its
-page says answers are extractive until a model is configured, naming the variables that
-plug one in."""
+"""The demo: its products come from the shop's Product model (synced by ``ragchat_sync``), its
+policies from the sample policies page only (never this project's docs/), and its page says
+answers are extractive until a model is configured, naming the variables that plug one in."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -29,12 +30,42 @@ def demo_page(tmp_path, **env) -> str:
     return result.stdout
 
 
-def test_the_demo_ingests_the_sample_documents_only():
-    lines = [shlex.split(line) for line in (ROOT / "scripts" / "demo.sh").read_text().splitlines()
-             if "ragchat_ingest" in line and not line.lstrip().startswith("#")]
+def test_the_demo_syncs_the_shop_and_ingests_the_sample_policies_only():
+    script = [line for line in (ROOT / "scripts" / "demo.sh").read_text().splitlines()
+              if not line.lstrip().startswith("#")]
+    lines = [shlex.split(line) for line in script if "ragchat_ingest" in line]
     assert len(lines) == 1
     paths = [a for a in lines[0][lines[0].index("ragchat_ingest") + 1:] if not a.startswith("-") and a != "."]
-    assert paths == ["example_project/sample_docs"]
+    assert paths == ["example_project/sample_docs/support.md"]
+    assert any("manage.py ragchat_sync" in line for line in script)
+
+
+@pytest.mark.slow
+def test_the_demo_answers_from_the_shop_and_keeps_staff_notes_from_visitors(tmp_path):
+    """The demo's setup (migrate, ragchat_sync, the policies page) on a fresh database: a visitor's
+    price question is answered from the Product model; the staff-only notes reach staff only."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DJANGO_SETTINGS_MODULE", "OPENAI_API_KEY", "RAGCHAT_LLM_BASE_URL", "DATABASE_URL")}
+    env.update(DJANGO_DEBUG="1", DATABASE_URL=f"sqlite:///{tmp_path / 'demo.sqlite3'}", TMPDIR=str(tmp_path))
+
+    def manage(*argv: str) -> str:
+        result = subprocess.run([sys.executable, "manage.py", *argv], cwd=ROOT, env=env, capture_output=True,
+                                text=True, timeout=180)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    manage("migrate", "--no-input")
+    assert "Synced 2 source(s): 6 created" in manage("ragchat_sync", "--no-progress")
+    manage("ragchat_ingest", "example_project/sample_docs/support.md", "--root", ".", "--no-progress")
+    answer = json.loads(manage("ragchat_chat", "--message", "How much does the Aurora X2 cost?", "--json"))
+    assert "$699" in answer["answer"] and answer["sources"][0]["source"].startswith("products:")
+    question = "What is the supplier cost of the Aurora X2?"
+    visitor = manage("ragchat_chat", "--message", question, "--json")
+    assert "$412" not in visitor and "staff notes" not in visitor
+    manage("shell", "-c", "from django.contrib.auth.models import User; "
+                          "User.objects.create_user('clerk', password='pw', is_staff=True)")
+    staff = json.loads(manage("ragchat_chat", "--message", question, "--json", "--user", "clerk"))
+    assert any(s["source"].startswith("product_notes:") for s in staff["sources"])
 
 
 @pytest.mark.slow

@@ -20,14 +20,14 @@ from django.core.cache import cache
 from django.core.files.uploadedfile import SimpleUploadedFile
 from rest_framework.test import APIClient
 
-from django_ragchat.models import Conversation, Document, Feedback, MemoryRecord, Message
+from django_ragchat.models import Conversation, Document, Feedback, MemoryRecord, Message, ToolInvocation
 
 pytestmark = pytest.mark.django_db
 
 API = "/api/ragchat"
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 UNKNOWN = {"C": "0b3f2a47-0000-4000-8000-000000000000", "A": "987654", "M": "987654", "D": "987654",
-           "T": "0b3f2a47-0000-4000-8000-000000000001"}
+           "T": "0b3f2a47-0000-4000-8000-000000000001", "P": "987654"}
 
 
 def read_matrix(heading: str) -> tuple[list[str], dict[str, list[int]]]:
@@ -82,8 +82,9 @@ def conversation_with_answer(**owner) -> tuple[Conversation, Message]:
 @pytest.fixture
 def world(user, other_user, staff_user, ragchat_settings_override):
     """alice's conversation C with answer A (rated by alice and by staff), alice's memory
-    record M, a document D, a queued upload's task T (on the database task backend), and an
-    anonymous session's conversation with the same."""
+    record M, a document D, a queued upload's task T (on the database task backend), a tool
+    call P awaiting alice's approval in an answer being written in another of her
+    conversations, and an anonymous session's conversation with the same."""
     from django_ragchat import tasks
 
     ragchat_settings_override(TASK_BACKEND="database")
@@ -93,13 +94,19 @@ def world(user, other_user, staff_user, ragchat_settings_override):
     Feedback.objects.create(message=answer, user=staff_user, rating="down")
     memory = MemoryRecord.objects.create(user=user, kind="fact", content="Likes tablets.")
     document = Document.objects.create(source="kb/a.md", title="A", checksum="0" * 64)
+    writing = Conversation.objects.create(owner=user, last_seq=2)
+    Message.objects.create(conversation=writing, seq=1, role="user", content="Cancel ORD-18.")
+    streaming = Message.objects.create(conversation=writing, seq=2, role="assistant", status="streaming")
+    pending = ToolInvocation.objects.create(message=streaming, call_id="c1", name="cancel_order",
+                                            arguments='{"order_number": "ORD-18"}', requires_confirmation=True)
 
     visitor = session_client()
     session_key = visitor.cookies[settings.SESSION_COOKIE_NAME].value
     anon_conversation, anon_answer = conversation_with_answer(session_key=session_key)
     anon_memory = MemoryRecord.objects.create(conversation=anon_conversation, kind="summary", content="Greeted.")
     return {
-        "ids": {"C": conversation.pk, "A": answer.pk, "M": memory.pk, "D": document.pk, "T": queued.id},
+        "ids": {"C": conversation.pk, "A": answer.pk, "M": memory.pk, "D": document.pk, "T": queued.id,
+                "P": pending.pk},
         "anonymous_ids": {"C": anon_conversation.pk, "A": anon_answer.pk, "M": anon_memory.pk},
         "clients": {
             "owner": signed_in(user), "other user": signed_in(other_user), "staff": signed_in(staff_user),
@@ -125,6 +132,7 @@ def call(client: APIClient, endpoint: str, ids: dict):
         "POST conversations/{C}/messages/": {"content": "What is new?"},
         "POST messages/{A}/feedback/": {"rating": "down", "comment": "Too short."},
         "PATCH memory/{M}/": {"content": "Likes phones."},
+        "POST tool-calls/{P}/decision/": {"approve": False},
     }[endpoint]
     return getattr(client, method.lower())(url, json.dumps(body), content_type="application/json")
 

@@ -15,6 +15,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from django_ragchat import search
+from django_ragchat.access import UNRESTRICTED
 from django_ragchat.checks import check_search_indexes, check_vector_indexes
 from django_ragchat.models import Chunk, Document
 from django_ragchat.search import postgres
@@ -106,8 +107,13 @@ def test_hnsw_results_agree_with_exact_search(indexed):
 def test_ef_search_is_set_for_the_query_alone_and_never_below_k(indexed):
     query = clustered(1, 64, seed=3)[0]
     with CaptureQueriesContext(connection) as captured:
+        search.vector_search("test-64", query, 10, ef_search=100, principals=UNRESTRICTED)
         search.vector_search("test-64", query, 10, ef_search=100)
     assert captured.captured_queries[0]["sql"].startswith("SET LOCAL hnsw.ef_search = 100; SELECT")
+    # A search that reads as someone (here, outside a turn, the public) keeps scanning the index
+    # until k rows they may read are found.
+    assert captured.captured_queries[1]["sql"].startswith(
+        "SET LOCAL hnsw.ef_search = 100; SET LOCAL hnsw.iterative_scan = relaxed_order; SELECT")
     # The index yields at most ef_search rows: asking for 60 raises it to 60.
     assert len(search.vector_search("test-64", query, 60, ef_search=20)) == 60
     assert len(search.vector_ids("test-64", query, 60)) == 60
@@ -268,3 +274,35 @@ def test_the_pgvector_benchmark_runs():
     text = bench_pgvector.report(results, "test db")
     assert "search.vector_search (retriever)" in text and "HNSW index build" in text
     assert not Chunk.objects.filter(space__startswith="scratch-").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_access_benchmark_runs():
+    """bench/bench_access_pgvector.py at a tiny size: every reader gets its k results."""
+    from bench import bench_access_pgvector
+
+    results = bench_access_pgvector.run(chunks=600, queries=6)
+    labels = [row[0] for row in results["rows"]]
+    assert labels == ["unfiltered (UNRESTRICTED)", "1% readable", "10% readable", "50% readable", "100% readable"]
+    assert all(row[6] == "100%" for row in results["rows"]), results["rows"]  # k results for every query
+    assert "recall@10" in bench_access_pgvector.report(results, "test db")
+
+
+def test_a_selective_reader_still_gets_k_results_in_order(indexed):
+    """A reader who may read 1 chunk in 16 gets 10 results, the right ones, whichever plan
+    PostgreSQL chooses (the HNSW index scanned iteratively, or the access index and a sort)."""
+    from django_ragchat.access import Principals
+
+    ids = list(Chunk.objects.filter(space="test-64").order_by("pk").values_list("pk", flat=True))
+    readable = set(ids[::16])
+    Chunk.objects.filter(space="test-64").exclude(pk__in=readable).update(access=["group:2"])
+    Chunk.objects.filter(pk__in=readable).update(access=["group:1"])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_ragchat_chunk")
+    reader = Principals(frozenset({"public", "group:1"}))
+    for query in clustered(5, 64, seed=21):
+        exact = search.vector_ids("test-64", query, 10, exact=True, principals=reader)
+        found = search.vector_ids("test-64", query, 10, principals=reader)
+        assert len(found) == 10 and {cid for cid, _ in found} <= readable
+        assert len({cid for cid, _ in found} & {cid for cid, _ in exact}) >= 8
+    assert search.vector_ids("test-64", query, 10, principals=Principals(frozenset({"public"}))) == []

@@ -42,7 +42,7 @@ def test_the_demo_mode_runs_with_the_demo_key(tmp_path):
 def test_check_deploy_passes_with_the_documented_production_settings(tmp_path, extra):
     result = manage("check", "--deploy", "--fail-level", "WARNING", env={**PRODUCTION, **extra}, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "no issues" in result.stdout
+    assert "no issues" in result.stdout, result.stdout + result.stderr
 
 
 def test_the_documented_checklist_names_every_variable():

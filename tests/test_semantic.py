@@ -93,7 +93,7 @@ def test_default_profile_embeds_with_wordllama_and_falls_back_to_hashing(monkeyp
     monkeypatch.setattr(static.importlib.util, "find_spec", without_wordllama)
     assert Profile().embedder == "hashing"
     ragchat_settings_override(PROFILES={"default": {}, "kept": {"embedder": "hashing"}})
-    warnings = [w for w in run_checks() if w.id == "ragchat.W041"]
+    warnings = [w for w in run_checks() if w.id == "ragchat.W042"]
     assert len(warnings) == 1 and "['default']" in warnings[0].msg and "semantic" in warnings[0].hint
     static.wordllama_model.cache_clear()
     try:

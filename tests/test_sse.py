@@ -15,7 +15,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 
 from django_ragchat.events import StageChanged
 from django_ragchat.models import Conversation, Message
-from django_ragchat.transport.sse import _AsyncBody
+from django_ragchat.transport.sse import AsyncEventBody
 from django_ragchat.turn.sync_bridge import ThreadedStream
 from tests.live_servers import (
     anonymous_caller,
@@ -291,7 +291,7 @@ def test_the_asgi_body_stops_the_turn_when_django_cancels_the_response():
     cleaned = []
 
     async def scenario():
-        body = _AsyncBody(blocking_turn(cleaned))
+        body = AsyncEventBody(blocking_turn(cleaned))
         assert b"retrieving" in await anext(body)
         reading = asyncio.ensure_future(anext(body))
         await asyncio.sleep(0.05)
@@ -308,7 +308,7 @@ def test_the_asgi_body_stops_the_turn_when_django_closes_the_response():
     cleaned = []
 
     async def scenario():
-        body = _AsyncBody(blocking_turn(cleaned))
+        body = AsyncEventBody(blocking_turn(cleaned))
         assert b"retrieving" in await anext(body)
         await sync_to_async(body.close)()
         await sync_to_async(body.close)()  # closing twice is harmless

@@ -69,7 +69,9 @@ def commands(code: str) -> list[list[str]]:
 def test_the_readme_marks_every_snippet_the_site_needs():
     found = snippets("README.md", "docs/deployment.md")
     assert set(found) == {"shell install", "append mysite/settings.py", "append mysite/urls.py",
-                          "write mysite/asgi.py", "shell setup", "shell serve-asgi", "shell serve-wsgi"}
+                          "write mysite/asgi.py", "shell setup", "shell serve-asgi", "shell serve-wsgi",
+                          "write shop/models.py", "write shop/ragchat.py", "append mysite/settings.py, sources",
+                          "shell sources"}
     assert commands(found["shell install"])[0][:2] == ["pip", "install"]
     assert "asgi" in commands(found["shell install"])[0][2]  # the extra with the websocket server
 
@@ -136,7 +138,7 @@ def new_site(tmp_path_factory):
 
     # README's snippets, as written.
     for marker, code in found.items():
-        action, _, name = marker.partition(" ")
+        action, _, name = marker.split(", ")[0].partition(" ")  # "append x.py, sources": a second block
         if action == "append":
             path = project / name
             path.write_text(path.read_text() + "\n" + code)
@@ -150,6 +152,8 @@ def new_site(tmp_path_factory):
     for argv in commands(found["shell setup"]):
         if argv[:2] == ["python", "manage.py"] and argv[2] == "createsuperuser":
             argv += ["--noinput", "--username", "admin", "--email", "admin@example.com"]
+        run([str(python), *argv[1:]], project, env)
+    for argv in commands(found["shell sources"]):  # README's "Answer from your models"
         run([str(python), *argv[1:]], project, env)
     return {"python": python, "project": project, "env": env, "snippets": found, "logs": base}
 
@@ -251,3 +255,32 @@ def test_server_sent_events_under_gunicorn(new_site):
         assert events[-1]["type"] == "done", events[-1]
         assert "$699" in events[-1]["message"]["content"]
     assert "Traceback" not in log.read_text(), log.read_text()
+
+
+def manage(site: dict, *argv: str) -> str:
+    return run([str(site["python"]), "manage.py", *argv], site["project"], site["env"])
+
+
+def chat(site: dict, question: str, *user: str) -> dict:
+    return json.loads(manage(site, "ragchat_chat", "--message", question, "--json", *user))
+
+
+def test_model_sources_answer_from_products_and_keep_staff_notes_from_users(new_site):
+    """README's "Answer from your models" on the new site: a product saved in the shell is
+    answered at once; its supplier notes reach staff only; unpublished, it is gone."""
+    manage(new_site, "shell", "-c", (
+        "from django.contrib.auth.models import User; from shop.models import Product; "
+        "User.objects.create_user('customer', password='pw'); "
+        "Product.objects.create(name='Zorbex 9', description='The Zorbex 9 is a camping stove.', price=321, "
+        "supplier_notes='The Zorbex 9 supplier price is $187 a unit.')"))
+    answer = chat(new_site, "How much does the Zorbex 9 cost?")
+    assert "$321" in answer["answer"], answer
+    staff = chat(new_site, "What is the supplier price of the Zorbex 9?", "--user", "admin")
+    assert any(s["title"] == "Zorbex 9 (supplier notes)" for s in staff["sources"]), staff
+    customer = chat(new_site, "What is the supplier price of the Zorbex 9?", "--user", "customer")
+    assert not any("supplier" in s["title"] for s in customer["sources"]), customer
+    assert "$187" not in json.dumps(customer)
+    manage(new_site, "shell", "-c", "from shop.models import Product; p = Product.objects.get(); "
+                                    "p.published = False; p.save()")
+    assert "$321" not in json.dumps(chat(new_site, "How much does the Zorbex 9 cost?"))
+    assert "Synced 2 source(s)" in manage(new_site, "ragchat_sync", "--no-progress")

@@ -4,6 +4,8 @@ from django.urls import include, path
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/ragchat/", include("django_ragchat.api.urls")),
+    # The OpenAI-compatible endpoint: base_url "http://<site>/openai/v1" (docs/openai-endpoint.md).
+    path("openai/v1/", include("django_ragchat.openai_api.urls")),
     path("chat/", include("django_ragchat.urls")),
     # Real sign-in and sign-out views (tests/test_sessions.py).
     path("accounts/", include("django.contrib.auth.urls")),

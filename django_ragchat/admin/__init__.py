@@ -8,6 +8,7 @@
   chat data".
 * Memory records (summaries and facts the model is shown) are editable, which is the point of them.
 * Documents are added by uploading a file, which runs ingestion; chunks are never added by hand.
+* API keys (the OpenAI-compatible endpoint's) are created for a user, shown once, and revoked.
 * "User chat data" (a link on the conversation list, an action on the user admin) exports one
   user's chat data as JSON and erases it after a page counting what will go.
 
@@ -16,9 +17,9 @@ All text shown comes from users, models or documents and is escaped (``format_ht
 See docs/admin.md.
 
 Laid out by what staff work on: ``conversations`` (and a user's chat data), ``message_log``
-(messages, sources, traces, feedback), ``memory``, ``documents``; ``base`` holds what they share
+(messages, sources, traces, feedback), ``memory``, ``documents``, ``api_keys``; ``base`` holds what they share
 and ``views`` the pages beyond Django's defaults.
 """
 
 # Importing the modules registers their ModelAdmins with the default admin site.
-from django_ragchat.admin import conversations, documents, memory, message_log  # noqa: F401
+from django_ragchat.admin import api_keys, conversations, documents, memory, message_log, sources  # noqa: F401

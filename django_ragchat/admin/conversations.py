@@ -13,6 +13,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from django_ragchat.access import principals_of_user_id
 from django_ragchat.admin import views as admin_views
 from django_ragchat.admin.base import RagchatAdmin, admin_link, count_subquery, deletion_summary, short
 from django_ragchat.models import (
@@ -223,7 +224,8 @@ class ConversationAdmin(RagchatAdmin):
         conversation = self.get_object(request, object_id)
         extra_context = dict(extra_context or {})
         if conversation is not None and self.has_view_or_change_permission(request, conversation):
-            page, turns = admin_views.transcript(conversation, request.GET.get("page") or 1)
+            page, turns = admin_views.transcript(conversation, request.GET.get("page") or 1,
+                                                 viewer=principals_of_user_id(request.user.pk))
             extra_context.update(transcript_page=page, turns=turns,
                                  page_range=page.paginator.get_elided_page_range(page.number))
             if not conversation.title:  # the first question says more than "Conversation 63da9061"
@@ -257,7 +259,8 @@ class ConversationAdmin(RagchatAdmin):
 
     def _can_erase(self, request) -> bool:
         return all(request.user.has_perm(f"django_ragchat.delete_{m}")
-                   for m in ("conversation", "message", "messagesource", "turntrace", "memoryrecord", "feedback"))
+                   for m in ("conversation", "message", "messagesource", "toolinvocation", "turntrace", "memoryrecord",
+                             "feedback"))
 
     def user_data_search_view(self, request):
         if not self._can_export(request):

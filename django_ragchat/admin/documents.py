@@ -1,4 +1,8 @@
-"""Documents, added by uploading a file (ingestion runs), and their chunks, read-only."""
+"""Documents, added by uploading a file (ingestion runs), and their chunks, read-only.
+
+Staff see the documents and chunks they may read themselves (``django_ragchat.access``), as the
+documents API shows each caller theirs; each shows who may read it.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from django_ragchat import tasks
+from django_ragchat.access import InvalidAccess, access_tokens, principals_of_user_id
 from django_ragchat.admin.base import RagchatAdmin, ReadOnlyAdmin, admin_link, count_subquery, deletion_summary, short
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
@@ -25,6 +30,15 @@ from django_ragchat.models import (
     Document,
 )
 from django_ragchat.profiles import UnknownProfile
+from django_ragchat.sources import get_source, sync
+
+
+def readers(access) -> str:
+    """A row's access for people: "everyone" for public, else its tokens."""
+    tokens = list(access or ())
+    if not tokens:
+        return "nobody"
+    return "everyone" if "public" in tokens else ", ".join(tokens)
 
 
 class DocumentChangeList(ChangeList):
@@ -55,8 +69,18 @@ class DocumentUploadForm(forms.Form):
                                  ("rst", "reStructuredText"), ("html", "HTML"), ("text", "plain text")])
     profile = forms.CharField(required=False, max_length=100,
                               help_text="Embed with this profile's embedder (default profile if empty).")
+    access = forms.CharField(required=False, max_length=1000,
+                             help_text="Who may read it, separated by spaces: staff, authenticated, user:<id>, "
+                                       "group:<id>, app_label.codename (a permission). Empty: everyone.")
 
     max_upload_bytes = 10 * 1024 * 1024
+
+    def clean_access(self):
+        given = self.cleaned_data.get("access", "").split()
+        try:
+            return list(access_tokens(given)) if given else None
+        except InvalidAccess as exc:
+            raise ValidationError(str(exc)) from None
 
     def clean(self):
         cleaned = super().clean()
@@ -80,10 +104,12 @@ class DocumentUploadForm(forms.Form):
 
 @admin.register(Document)
 class DocumentAdmin(RagchatAdmin):
-    list_display = ("__str__", "source", "content_type", "chunk_count", "embedding_spaces", "updated_at")
-    list_filter = ("content_type",)
+    list_display = ("__str__", "source", "origin", "readers", "content_type", "chunk_count", "embedding_spaces",
+                    "updated_at")
+    list_filter = ("origin", "content_type")
     search_fields = ("title", "source")
-    fields = ("title", "source", "content_type", "checksum", "chunks_by_space", "metadata", "created_at", "updated_at")
+    fields = ("title", "source", "origin", "object_pk", "readers", "content_type", "checksum", "chunks_by_space",
+              "metadata", "created_at", "updated_at")
     readonly_fields = fields
     actions = ["reingest", "delete_selected"]
 
@@ -91,8 +117,12 @@ class DocumentAdmin(RagchatAdmin):
         return DocumentChangeList
 
     def get_queryset(self, request):
-        return super().get_queryset(request).annotate(
+        return super().get_queryset(request).filter(access__visible_to=principals_of_user_id(request.user.pk)).annotate(
             _chunks=count_subquery(Chunk.objects.filter(document=OuterRef("pk")), "document"))
+
+    @admin.display(description="who may read it")
+    def readers(self, obj):
+        return readers(obj.access)
 
     def has_change_permission(self, request, obj=None):
         return False  # a document changes by ingesting it again
@@ -128,7 +158,8 @@ class DocumentAdmin(RagchatAdmin):
                 return HttpResponseRedirect(reverse("admin:django_ragchat_document_changelist"))
             try:
                 result = ingest_text(data["source"], data["text"], title=data["title"],
-                                     content_type=data["content_type"], profile=data["profile"] or None)
+                                     content_type=data["content_type"], profile=data["profile"] or None,
+                                     access=data["access"])
             except (DocumentLoadError, UnknownProfile) as exc:
                 form.add_error(None, getattr(exc, "reason", None) or str(exc))
             except Exception as exc:  # the embedder or the database failed: nothing stored is lost
@@ -159,7 +190,7 @@ class DocumentAdmin(RagchatAdmin):
         if data["file"].size <= threshold or not tasks.runs_in_background():
             return False
         tasks.enqueue(tasks.ingest_upload, data["source"], data["text"], data["title"], data["content_type"],
-                      data["profile"] or None)
+                      data["profile"] or None, data["access"])
         self.message_user(request, f"Queued {data['source']}: it appears here once the task worker "
                                    "has ingested it.", messages.SUCCESS)
         return True
@@ -169,12 +200,17 @@ class DocumentAdmin(RagchatAdmin):
         """Ingest again each selected document whose source is a file the server can read.
 
         Unchanged files are left alone; uploaded documents (``upload/...``) have no file to read
-        again: upload them again.
+        again: upload them again. A document of a model source is synced from its object.
         """
 
-        readable, unreadable = [], []
-        for document in queryset.only("source"):
-            (readable if Path(document.source).is_file() else unreadable).append(document.source)
+        readable, unreadable, objects = [], [], {}
+        for document in queryset.only("source", "origin", "object_pk"):
+            if document.origin:
+                objects.setdefault(document.origin, []).append(document.object_pk)
+            else:
+                (readable if Path(document.source).is_file() else unreadable).append(document.source)
+        for origin, pks in objects.items():
+            self._sync_objects(request, origin, pks)
         if readable:
             report = ingest_paths(readable)
             by_status: dict[str, int] = {}
@@ -189,16 +225,32 @@ class DocumentAdmin(RagchatAdmin):
                               + ("…" if len(unreadable) > 10 else "") + " (upload these again).", messages.WARNING)
 
 
+    def _sync_objects(self, request, origin: str, pks: list[str]) -> None:
+        try:
+            source = get_source(origin)
+        except KeyError:
+            self.message_user(request, f"{origin} is no longer a registered model source.", messages.WARNING)
+            return
+        report = sync(source, pks=pks)
+        level = messages.ERROR if report.failures else messages.SUCCESS
+        self.message_user(request, "Synced from their objects: " + report.summary(), level)
+
+
 @admin.register(Chunk)
 class ChunkAdmin(ReadOnlyAdmin):
-    list_display = ("__str__", "document_link", "ordinal", "space", "heading", "short_text")
+    list_display = ("__str__", "document_link", "ordinal", "space", "heading", "readers", "short_text")
     list_filter = ("space",)
     search_fields = ("text", "heading", "document__title", "document__source")
-    fields = ("document_link", "ordinal", "space", "heading", "chunk_text", "token_count", "metadata")
+    fields = ("document_link", "ordinal", "space", "heading", "readers", "chunk_text", "token_count", "metadata")
     readonly_fields = fields
 
     def get_queryset(self, request):
-        return super().get_queryset(request).select_related("document").defer("embedding")
+        return (super().get_queryset(request).filter(access__visible_to=principals_of_user_id(request.user.pk))
+                .select_related("document").defer("embedding"))
+
+    @admin.display(description="who may read it")
+    def readers(self, obj):
+        return readers(obj.access)
 
     def lookup_allowed(self, lookup, value, request=None):
         if lookup == "document__id__exact":  # the document list's chunk counts link here

@@ -1,23 +1,67 @@
-"""The message log, read-only: messages, their sources, turn traces and feedback."""
+"""The message log, read-only: messages, their sources and tool calls, turn traces and feedback."""
 
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db.models import OuterRef, Subquery
+from django.db.models import BooleanField, ExpressionWrapper, OuterRef, Q, Subquery
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from django_ragchat.access import principals_of_user_id
 from django_ragchat.admin import views as admin_views
 from django_ragchat.admin.base import ReadOnlyAdmin, admin_link, short
 from django_ragchat.models import (
     Feedback,
     Message,
     MessageSource,
+    ToolInvocation,
     TurnTrace,
 )
+
+# --- A source's passage: shown while the asker and the member of staff looking may read it ------
+
+
+def readable_sources(queryset, request):
+    """``queryset`` of ``MessageSource`` with ``chunk_readable``: may the member of staff
+    looking read the chunk now (the asker is checked too, by ``source_chunk_text``)."""
+    viewer = principals_of_user_id(request.user.pk)
+    return queryset.select_related("message__conversation").annotate(chunk_readable=ExpressionWrapper(
+        Q(chunk__access__visible_to=viewer), output_field=BooleanField()))
+
+
+def _asker(message: Message):
+    """The principals of the message's asker, read once per message object."""
+    principals = getattr(message, "_ragchat_asker", None)
+    if principals is None:
+        principals = message._ragchat_asker = principals_of_user_id(message.conversation.owner_id)
+    return principals
+
+
+def source_chunk_text(source: MessageSource, attribute: str) -> str:
+    """The chunk's ``attribute`` (heading, text) if both may read it now, else why not."""
+    if source.chunk is None:
+        return "(chunk replaced since)"
+    if not getattr(source, "chunk_readable", False) or not _asker(source.message).may_read(source.chunk.access):
+        return "(not readable by the asker or by you)"
+    return getattr(source.chunk, attribute)
+
+
+class SourceChangeList(ChangeList):
+    """Reads each listed asker's principals once (two queries an asker), not once a row."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        self.result_list = list(self.result_list)
+        askers = {}
+        for source in self.result_list:
+            owner = source.message.conversation.owner_id
+            if owner not in askers:
+                askers[owner] = principals_of_user_id(owner)
+            source.message._ragchat_asker = askers[owner]
 
 
 class SourceInline(admin.TabularInline):
@@ -35,7 +79,8 @@ class SourceInline(admin.TabularInline):
         return False
 
     def get_queryset(self, request):
-        return super().get_queryset(request).select_related("chunk").defer("chunk__embedding")
+        return readable_sources(super().get_queryset(request).select_related("chunk").defer("chunk__embedding"),
+                                request)
 
     @admin.display(description="document")
     def document(self, obj):
@@ -43,11 +88,56 @@ class SourceInline(admin.TabularInline):
 
     @admin.display(description="heading")
     def heading(self, obj):
-        return obj.chunk.heading if obj.chunk else "(chunk replaced since)"
+        return source_chunk_text(obj, "heading")
 
     @admin.display(description="score")
     def fusion_score(self, obj):
         return f"{obj.score:.4f}"
+
+
+class ToolCallInline(admin.TabularInline):
+    model = ToolInvocation
+    extra = 0
+    can_delete = False
+    fields = ("step", "name", "arguments_shown", "status", "result_shown", "ms", "decided_at")
+    readonly_fields = fields
+    verbose_name_plural = "tool calls"
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="arguments")
+    def arguments_shown(self, obj):
+        return format_html('<pre class="ragchat-text">{}</pre>', admin_views.pretty_json(obj.parsed_arguments))
+
+    @admin.display(description="result")
+    def result_shown(self, obj):
+        text = obj.content if not obj.error else f"{obj.error.get('code')}: {obj.error.get('message')}"
+        return format_html('<div class="ragchat-text">{}</div>', short(text, 400))
+
+
+@admin.register(ToolInvocation)
+class ToolInvocationAdmin(ReadOnlyAdmin):
+    """Every tool call the assistant made or asked to make: who asked, what, what came of it."""
+
+    list_display = ("name", "status", "message_link", "step", "ms", "requires_confirmation", "created_at")
+    list_filter = ("status", "name", "requires_confirmation", ("created_at", admin.DateFieldListFilter))
+    search_fields = ("name", "arguments", "content", "message__conversation__owner__username")
+    list_select_related = ("message",)
+    fields = ("message_link", "step", "index", "call_id", "name", "label", "arguments_shown", "status", "content",
+              "error", "requires_confirmation", "decided_by", "decided_at", "ms", "token_count", "created_at")
+    readonly_fields = fields
+
+    @admin.display(description="message", ordering="message")
+    def message_link(self, obj):
+        return admin_link(obj.message)
+
+    @admin.display(description="arguments")
+    def arguments_shown(self, obj):
+        return format_html('<pre class="ragchat-text">{}</pre>', admin_views.pretty_json(obj.parsed_arguments))
 
 
 @admin.register(Message)
@@ -58,7 +148,7 @@ class MessageAdmin(ReadOnlyAdmin):
     fields = ("conversation_link", "seq", "role", "status", "text", "searched_query", "token_count", "prompt_tokens",
               "completion_tokens", "error", "feedback_given", "trace_link", "created_at")
     readonly_fields = fields
-    inlines = [SourceInline]
+    inlines = [SourceInline, ToolCallInline]
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("conversation").annotate(
@@ -106,8 +196,12 @@ class MessageSourceAdmin(ReadOnlyAdmin):
     fields = ("message_link", "rank", "document", "source", "heading", "fusion_score", "cited", "chunk_text")
     readonly_fields = fields
 
+    def get_changelist(self, request, **kwargs):
+        return SourceChangeList
+
     def get_queryset(self, request):
-        return super().get_queryset(request).select_related("message", "chunk").defer("chunk__embedding")
+        return readable_sources(super().get_queryset(request).select_related("message", "chunk")
+                                .defer("chunk__embedding"), request)
 
     @admin.display(description="message", ordering="message")
     def message_link(self, obj):
@@ -119,7 +213,7 @@ class MessageSourceAdmin(ReadOnlyAdmin):
 
     @admin.display(description="heading")
     def heading(self, obj):
-        return obj.chunk.heading if obj.chunk else "(chunk replaced since)"
+        return source_chunk_text(obj, "heading")
 
     @admin.display(description="score", ordering="score")
     def fusion_score(self, obj):
@@ -127,9 +221,9 @@ class MessageSourceAdmin(ReadOnlyAdmin):
 
     @admin.display(description="text")
     def chunk_text(self, obj):
-        if obj.chunk is None:
-            return "(chunk replaced since)"
-        return format_html('<div class="ragchat-text">{}</div>', obj.chunk.text)
+        text = source_chunk_text(obj, "text")
+        return text if obj.chunk is None or not obj.chunk_readable else format_html(
+            '<div class="ragchat-text">{}</div>', text)
 
 
 @admin.register(TurnTrace)
@@ -172,7 +266,9 @@ class TurnTraceAdmin(ReadOnlyAdmin):
         extra_context = dict(extra_context or {})
         if trace is not None and self.has_view_permission(request, trace):
             sources = list(trace.message.sources.all())
-            chunks = admin_views.load_chunks(admin_views.trace_chunk_ids(trace.data or {}))
+            chunks = admin_views.load_chunks(admin_views.trace_chunk_ids(trace.data or {}),
+                                             principals_of_user_id(trace.message.conversation.owner_id),
+                                             principals_of_user_id(request.user.pk))
             extra_context.update(
                 trace_view=admin_views.build_trace_view(trace.data, chunks, sources),
                 raw_json=admin_views.pretty_json(trace.data),

@@ -22,7 +22,17 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.db.models import Prefetch, Q
 
-from django_ragchat.models import Chunk, Conversation, Feedback, MemoryRecord, Message, MessageSource, TurnTrace
+from django_ragchat.access import UNRESTRICTED, Principals, principals_of_user_id
+from django_ragchat.models import (
+    Chunk,
+    Conversation,
+    Feedback,
+    MemoryRecord,
+    Message,
+    MessageSource,
+    ToolInvocation,
+    TurnTrace,
+)
 
 #: Messages per page of a conversation's transcript in the admin.
 TRANSCRIPT_PAGE_SIZE = 200
@@ -32,6 +42,8 @@ SNIPPET_CHARS = 240
 KNOWN_TRACE_KEYS = frozenset({
     "profile", "question", "queries", "retrieval", "documents", "prompt", "timings", "model",
     "usage", "ended_by", "tokenizer", "history", "warnings", "error", "cancelled", "components",
+    "origin", "supplied_history",
+    "tools", "tools_offered", "tool_steps", "tool_step_limit_reached",
 })
 
 
@@ -104,6 +116,34 @@ class Timing:
 
 
 @dataclass
+class ToolCallView:
+    """One tool call of a turn, as a person reads it."""
+
+    step: Any
+    name: str
+    status: str
+    arguments: str  # pretty JSON (or the text the model wrote, when it is not JSON)
+    result: str  # pretty JSON when the result is JSON
+    ms: float | None
+    error: dict = field(default_factory=dict)
+    confirmation_id: Any = None
+    short_circuited_by: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status not in ("done", "")
+
+
+def _pretty(value: Any) -> str:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return value
+    return pretty_json(value)
+
+
+@dataclass
 class TraceView:
     """A turn trace prepared for the admin's template. ``data`` keeps the raw dictionary."""
 
@@ -125,6 +165,14 @@ class TraceView:
     error: dict = field(default_factory=dict)
     cancelled: bool = False
     components: list[dict] = field(default_factory=list)  # {"stage", "name", "plugin"} per component run
+    # Where the message came from (the OpenAI-compatible endpoint: which API key, which model).
+    origin: list[tuple[str, str]] = field(default_factory=list)
+    # The earlier messages a stateless client sent with the message and the model was shown
+    # (not in the log): {"role", "content"}.
+    supplied_history: list[dict] = field(default_factory=list)
+    tools: list[ToolCallView] = field(default_factory=list)
+    tools_offered: list[str] = field(default_factory=list)
+    tool_step_limit_reached: bool = False
     other: list[tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -147,6 +195,10 @@ class TraceView:
             parts.append(f"{cited} cited")
         if self.ended_by:
             parts.append(f"ended by {self.ended_by.get('stage') or '?'}")
+        if self.tools:
+            failed = sum(1 for t in self.tools if t.failed)
+            parts.append(f"{len(self.tools)} tool call{'s' if len(self.tools) != 1 else ''}"
+                         + (f" ({failed} not done)" if failed else ""))
         if self.error:
             parts.append(f"error {self.error.get('code', '')}".strip())
         if self.warnings:
@@ -171,11 +223,16 @@ def trace_chunk_ids(data: dict) -> set:
     return ids
 
 
-def load_chunks(ids) -> dict[int, Chunk]:
-    """The chunks with these ids and their documents' titles, in one query (no embeddings)."""
+def load_chunks(ids, *readers: Principals) -> dict[int, Chunk]:
+    """The chunks with these ids that every one of ``readers`` may read now (the admin passes
+    the asker of the conversation and the member of staff looking), with their documents'
+    titles, in one query (no embeddings). A chunk left out shows as missing."""
     if not ids:
         return {}
-    chunks = (Chunk.objects.filter(pk__in=list(ids)).select_related("document")
+    chunks = Chunk.objects.filter(pk__in=list(ids))
+    for principals in readers:
+        chunks = chunks.filter(access__visible_to=principals)
+    chunks = (chunks.select_related("document")
               .only("id", "heading", "text", "document__id", "document__title", "document__source"))
     return {c.pk: c for c in chunks}
 
@@ -274,6 +331,27 @@ def _read_outcome(view: TraceView, data: dict) -> None:
                        for row in (components if isinstance(components, list) else []) if isinstance(row, dict)]
 
 
+def _read_request(view: TraceView, data: dict) -> None:
+    view.origin = [(str(k), v if isinstance(v, (str, int, float)) else pretty_json(v))
+                   for k, v in _as_dict(data.get("origin")).items()]
+    view.supplied_history = [{"role": str(m.get("role") or ""), "content": str(m.get("content") or "")}
+                             for m in _as_list(data.get("supplied_history")) if isinstance(m, dict)]
+
+
+def _read_tools(view: TraceView, data: dict) -> None:
+    view.tools_offered = [str(name) for name in _as_list(data.get("tools_offered"))]
+    view.tool_step_limit_reached = bool(data.get("tool_step_limit_reached"))
+    for entry in _as_list(data.get("tools")):
+        entry = _as_dict(entry)
+        view.tools.append(ToolCallView(
+            step=entry.get("step"), name=str(entry.get("name", "")), status=str(entry.get("status", "")),
+            arguments=_pretty(entry.get("arguments", "")), result=_pretty(entry.get("result", "")),
+            ms=_number(entry.get("ms")), error=_as_dict(entry.get("error")),
+            confirmation_id=entry.get("confirmation_id"),
+            short_circuited_by=str(entry.get("short_circuited_by") or ""),
+        ))
+
+
 def build_trace_view(data: Any, chunks: dict[int, Chunk], sources=()) -> TraceView:
     """A ``TraceView`` of one trace dictionary.
 
@@ -289,6 +367,8 @@ def build_trace_view(data: Any, chunks: dict[int, Chunk], sources=()) -> TraceVi
     _read_retrieval(view, data, _Hits(chunks, tuple(sources)))
     _read_timings(view, data)
     _read_outcome(view, data)
+    _read_request(view, data)
+    _read_tools(view, data)
     view.other = [(str(k), pretty_json(v)) for k, v in data.items() if k not in KNOWN_TRACE_KEYS]
     return view
 
@@ -304,11 +384,14 @@ class Turn:
     trace_id: int | None
 
 
-def transcript(conversation: Conversation, page_number: Any = 1, per_page: int = TRANSCRIPT_PAGE_SIZE):
+def transcript(conversation: Conversation, page_number: Any = 1, per_page: int = TRANSCRIPT_PAGE_SIZE, *,
+               viewer: Principals = UNRESTRICTED):
     """(page, turns) of ``conversation``'s messages in order: five queries whatever the page's size.
 
     The queries: the count, the page of messages with their traces, their sources (with their
-    chunks' headings), their feedback (with the raters), and the chunks the traces mention.
+    chunks' headings), their feedback (with the raters), the asker's principals (two), and the
+    chunks the traces and sources mention that the asker and ``viewer`` may read now (the
+    others show no passage and no heading).
     """
     messages = (Message.objects.filter(conversation=conversation).order_by("seq")
                 .select_related("trace")
@@ -324,12 +407,15 @@ def transcript(conversation: Conversation, page_number: Any = 1, per_page: int =
         trace = getattr(message, "trace", None) if _has_trace(message) else None
         if trace is not None:
             traces[message.pk] = trace
-    chunks = load_chunks(set().union(*(trace_chunk_ids(_as_dict(t.data)) for t in traces.values())))
+    ids = set().union(*(trace_chunk_ids(_as_dict(t.data)) for t in traces.values()))
+    ids |= {s.chunk_id for m in rows for s in m.sources.all() if s.chunk_id is not None}
+    chunks = load_chunks(ids, principals_of_user_id(conversation.owner_id), viewer)
     turns = []
     for message in rows:
         sources = list(message.sources.all())
         for source in sources:  # what the template shows beside the title
-            source.display_heading = short_heading(source.chunk.heading, source.title) if source.chunk else ""
+            source.display_heading = (short_heading(source.chunk.heading, source.title)
+                                      if source.chunk_id in chunks else "")
         trace = traces.get(message.pk)
         turns.append(Turn(
             message=message, sources=sources, feedback=list(message.feedback.all()),
@@ -354,7 +440,7 @@ class UserChatData:
     """Everything the chat stored about one user: counted, exported and erased together.
 
     What belongs to the user: their conversations and, through them, the messages, the
-    messages' sources and traces, the memory records of those conversations and the feedback
+    messages' sources, tool calls and traces, the memory records of those conversations and the feedback
     anyone gave on those messages; plus memory records about the user and feedback the user
     gave elsewhere.
     """
@@ -374,6 +460,9 @@ class UserChatData:
     def traces(self):
         return TurnTrace.objects.filter(message__conversation__owner=self.user)
 
+    def tool_calls(self):
+        return ToolInvocation.objects.filter(message__conversation__owner=self.user)
+
     def memories(self):
         return MemoryRecord.objects.filter(Q(user=self.user) | Q(conversation__owner=self.user))
 
@@ -381,29 +470,34 @@ class UserChatData:
         return Feedback.objects.filter(Q(user=self.user) | Q(message__conversation__owner=self.user))
 
     def counts(self) -> dict[str, int]:
-        """How many rows of each kind would be erased (six queries)."""
+        """How many rows of each kind would be erased (seven queries)."""
         return {
             "conversations": self.conversations().count(),
             "messages": self.messages().count(),
             "sources": self.sources().count(),
+            "tool calls": self.tool_calls().count(),
             "traces": self.traces().count(),
             "memory records": self.memories().count(),
             "feedback": self.feedback().count(),
         }
 
     def export(self) -> dict[str, Any]:
-        """The user's chat data as a JSON-ready dictionary (six queries)."""
+        """The user's chat data as a JSON-ready dictionary (seven queries)."""
         messages: dict[Any, list] = {}
         by_id = {}
         for row in self.messages().order_by("conversation_id", "seq").values(
                 "id", "conversation_id", "seq", "role", "status", "content", "prompt_tokens",
                 "completion_tokens", "metadata", "created_at"):
-            row["sources"], row["trace"] = [], None
+            row["sources"], row["tool_calls"], row["trace"] = [], [], None
             messages.setdefault(row["conversation_id"], []).append(row)
             by_id[row["id"]] = row
         for source in self.sources().order_by("message_id", "rank").values(
                 "message_id", "rank", "score", "cited", "source", "title", "chunk_id"):
             by_id[source.pop("message_id")]["sources"].append(source)
+        for call in self.tool_calls().order_by("message_id", "step", "index").values(
+                "message_id", "step", "index", "call_id", "name", "arguments", "status", "content", "error",
+                "requires_confirmation", "decided_at", "created_at"):
+            by_id[call.pop("message_id")]["tool_calls"].append(call)
         for message_id, data in self.traces().values_list("message_id", "data"):
             by_id[message_id]["trace"] = data
         conversations = []

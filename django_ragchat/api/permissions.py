@@ -11,6 +11,8 @@ them to DRF requests:
 * ``get_conversation`` / ``get_message``: the object lookups; an unknown id, a malformed id
   and an id the caller may not read all raise the same ``NotFound``.
 * ``check_change``: ``PermissionDenied`` (403) when the caller may read but not change.
+* ``reader``: the caller's principals (``django_ragchat.access``): the documents listed and the
+  sources' passages shown are those the caller may read.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from rest_framework import exceptions, permissions
 
 from django_ragchat import permissions as rules
+from django_ragchat.access import PUBLIC_ONLY, Principals, principals_of_user_id
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.models import Conversation, MemoryRecord, Message
 
@@ -42,6 +45,15 @@ def caller_session_key(request, *, create: bool = False) -> str | None:
     if session.session_key is None and create:
         session.save()
     return session.session_key
+
+
+def reader(request) -> Principals:
+    """The caller's principals, read once per request (two queries for a signed-in user)."""
+    cached = getattr(request, "_ragchat_principals", None)
+    if cached is None:
+        cached = principals_of_user_id(request.user.pk) if is_signed_in(request) else PUBLIC_ONLY
+        request._ragchat_principals = cached
+    return cached
 
 
 class _CsrfCheck(CsrfViewMiddleware):

@@ -9,7 +9,16 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.models import Conversation, Document, Feedback, MemoryRecord, Message, MessageSource
+from django_ragchat.models import (
+    Conversation,
+    Document,
+    Feedback,
+    MemoryRecord,
+    Message,
+    MessageSource,
+    ToolInvocation,
+)
+from django_ragchat.permissions import can_use_profile
 from django_ragchat.profiles import UnknownProfile, get_profile, profile_names
 
 
@@ -43,6 +52,14 @@ class ConversationSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "profile", "created_at", "updated_at"]
 
 
+def profile_name(value: str | None) -> str:
+    """The name of the profile ``value`` names (the default for ``None``), or a validation error."""
+    try:
+        return get_profile(value).name
+    except UnknownProfile:
+        raise serializers.ValidationError(f"There is no profile named {value!r}.", code="unknown_profile") from None
+
+
 class ProfileNameField(serializers.ChoiceField):
     """A profile name: refused with the same message and code as before it was a choice."""
 
@@ -67,10 +84,12 @@ class ConversationCreateSerializer(serializers.Serializer):
                                                   default=None, help_text=self.fields["profile"].help_text)
 
     def validate_profile(self, value: str | None) -> str:
-        try:
-            return get_profile(value).name
-        except UnknownProfile:
-            raise serializers.ValidationError(f"There is no profile named {value!r}.", code="unknown_profile") from None
+        name = profile_name(value)
+        request = self.context.get("request")
+        if request is not None and not can_use_profile(request.user, name):
+            # Answered as an unknown name: which profiles others may use is not the caller's business.
+            raise serializers.ValidationError(f"There is no profile named {value!r}.", code="unknown_profile")
+        return name
 
 
 class ConversationRenameSerializer(serializers.ModelSerializer):
@@ -81,8 +100,15 @@ class ConversationRenameSerializer(serializers.ModelSerializer):
         fields = ["title"]
 
 
+def _readable_chunk(obj: MessageSource):
+    """The source's chunk when the caller may read it now (``views.messages_with_sources``
+    annotates ``chunk_readable``; a source not annotated shows no passage)."""
+    return obj.chunk if obj.chunk is not None and getattr(obj, "chunk_readable", False) else None
+
+
 class SourceSerializer(serializers.Serializer):
-    """A passage the answer was given, numbered as the model saw it ([1] is index 1)."""
+    """A passage the answer was given, numbered as the model saw it ([1] is index 1). Its
+    heading and snippet are shown only while the caller may read the chunk."""
 
     index = serializers.IntegerField(source="rank")
     chunk_id = serializers.IntegerField(allow_null=True, help_text="Null once the chunk was re-ingested away.")
@@ -95,13 +121,16 @@ class SourceSerializer(serializers.Serializer):
     cited = serializers.BooleanField(help_text="Whether the answer cites it.")
 
     def get_document_id(self, obj: MessageSource) -> int | None:
-        return obj.chunk.document_id if obj.chunk else None
+        chunk = _readable_chunk(obj)
+        return chunk.document_id if chunk else None
 
     def get_heading(self, obj: MessageSource) -> str:
-        return obj.chunk.heading if obj.chunk else ""
+        chunk = _readable_chunk(obj)
+        return chunk.heading if chunk else ""
 
     def get_snippet(self, obj: MessageSource) -> str:
-        return obj.chunk.text[:300] if obj.chunk else ""
+        chunk = _readable_chunk(obj)
+        return chunk.text[:300] if chunk else ""
 
 
 class CitationSerializer(serializers.Serializer):
@@ -116,19 +145,68 @@ class MessageErrorSerializer(serializers.Serializer):
     message = serializers.CharField(required=False)
 
 
+TOOL_STATUS_HELP = "One of: " + ", ".join(f"`{value}` ({label})" for value, label in ToolInvocation.Status.choices)
+
+
+class ToolCallSerializer(serializers.Serializer):
+    """A tool call of an answer, as the ``done`` event's ``message.tool_calls`` carries it."""
+
+    id = serializers.CharField(help_text="The model's id of the call (the protocol's tool_call/tool_result id).")
+    name = serializers.CharField()
+    label = serializers.CharField(help_text="What the user was shown while it ran.")
+    arguments = serializers.JSONField(help_text="As the model wrote them: an object, or the text when it is not one.")
+    step = serializers.IntegerField()
+    # Text, not an enum: the schema's enum names would collide with the message's status.
+    status = serializers.CharField(help_text=TOOL_STATUS_HELP)
+    content = serializers.CharField(help_text="The result the model read.")
+    error = serializers.JSONField(allow_null=True, help_text='{"code", "message"} when it did not run or failed.')
+    ms = serializers.FloatField()
+    confirmation_id = serializers.IntegerField(
+        allow_null=True, help_text="Set when the call needed the user's approval: its id in tool-calls/{id}/.")
+
+
+class ToolInvocationSerializer(serializers.ModelSerializer):
+    """A tool call as a resource (``tool-calls/{id}/``): the call with its decision."""
+
+    conversation_id = serializers.UUIDField(source="message.conversation_id", read_only=True)
+    arguments = serializers.JSONField(source="parsed_arguments", read_only=True)
+    status = serializers.CharField(read_only=True, help_text=TOOL_STATUS_HELP)
+
+    class Meta:
+        model = ToolInvocation
+        fields = ["id", "call_id", "message", "conversation_id", "step", "index", "name", "label", "arguments",
+                  "status", "content", "error", "requires_confirmation", "decided_at", "ms", "created_at"]
+        read_only_fields = fields
+
+
+class ToolDecisionSerializer(serializers.Serializer):
+    approve = serializers.BooleanField(help_text="true runs the call, false rejects it.")
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict) and not isinstance(data.get("approve"), bool):
+            raise serializers.ValidationError({"approve": ["Must be true or false."]}, code="invalid")
+        return super().to_internal_value(data)
+
+
 class MessageSerializer(serializers.ModelSerializer):
-    """A message of the log. Expects ``sources`` prefetched (see ``views.messages_with_sources``)."""
+    """A message of the log. Expects ``sources`` and ``tool_invocations`` prefetched (see
+    ``views.messages_with_sources``)."""
 
     conversation_id = serializers.UUIDField(read_only=True)
     sources = SourceSerializer(many=True, read_only=True)
     citations = serializers.SerializerMethodField()
     error = serializers.SerializerMethodField()
+    tool_calls = serializers.SerializerMethodField()
 
     class Meta:
         model = Message
         fields = ["id", "conversation_id", "seq", "role", "content", "status", "citations", "sources",
-                  "error", "created_at"]
+                  "error", "tool_calls", "created_at"]
         read_only_fields = fields
+
+    @extend_schema_field(ToolCallSerializer(many=True))
+    def get_tool_calls(self, obj: Message) -> list[dict[str, Any]]:
+        return [t.payload() for t in obj.tool_invocations.all()]
 
     @extend_schema_field(CitationSerializer(many=True))
     def get_citations(self, obj: Message) -> list[dict[str, Any]]:
@@ -200,8 +278,8 @@ class DocumentSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Document
-        fields = ["id", "source", "title", "content_type", "checksum", "metadata", "chunk_count",
-                  "created_at", "updated_at"]
+        fields = ["id", "source", "title", "content_type", "checksum", "metadata", "access", "origin", "object_pk",
+                  "chunk_count", "created_at", "updated_at"]
         read_only_fields = fields
 
 
@@ -218,7 +296,8 @@ class DocumentUploadSerializer(serializers.Serializer):
     profile = serializers.CharField(max_length=100, required=False, allow_null=True, default=None,
                                     help_text="Embed with this profile's embedder; the default profile if omitted.")
 
-    validate_profile = ConversationCreateSerializer.validate_profile
+    def validate_profile(self, value: str | None) -> str:
+        return profile_name(value)
 
 
 class IngestResultSerializer(serializers.Serializer):

@@ -18,7 +18,7 @@ from pathlib import PurePath
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
-from django.db.models import Count, Prefetch
+from django.db.models import BooleanField, Count, ExpressionWrapper, Prefetch, Q
 from django.http import Http404
 from django.urls import reverse
 from drf_spectacular.openapi import AutoSchema
@@ -39,11 +39,12 @@ from django_ragchat.conf import ragchat_settings
 from django_ragchat.exceptions import RagchatError, TurnInProgress
 from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
 from django_ragchat.ingestion.pipeline import CREATED, ingest_text
-from django_ragchat.models import Conversation, Document, Feedback, Message, MessageSource
+from django_ragchat.models import Conversation, Document, Feedback, Message, MessageSource, ToolInvocation
 from django_ragchat.plugins import get_registry, plugin_listing
 from django_ragchat.transport import turns as transport
 from django_ragchat.transport.jsonbody import LimitedJSONParser
 from django_ragchat.turn import limits, persistence
+from django_ragchat.turn.confirmations import DecisionRefused, decide_tool_call, parse_invocation_id
 from django_ragchat.turn.pipeline import run_turn_sync
 
 logger = logging.getLogger(__name__)
@@ -206,7 +207,7 @@ class ConversationList(RagchatAPIView, generics.ListCreateAPIView):
         ).order_by("-updated_at", "-created_at", "pk")
 
     def create(self, request, *args, **kwargs):
-        form = s.ConversationCreateSerializer(data=request.data)
+        form = s.ConversationCreateSerializer(data=request.data, context={"request": request})
         form.is_valid(raise_exception=True)
         conversation = rules.create_conversation(
             request.user, access.caller_session_key(request, create=True), **form.validated_data
@@ -252,11 +253,15 @@ class ConversationDetail(RagchatAPIView, generics.GenericAPIView):
 # --- Messages ---------------------------------------------------------------------------------
 
 
-def messages_with_sources(queryset):
-    """Messages with their sources and the sources' chunks in two more queries, whatever the
-    number of messages (the embeddings are not loaded)."""
-    sources = MessageSource.objects.select_related("chunk").defer("chunk__embedding", "chunk__metadata")
-    return queryset.prefetch_related(Prefetch("sources", queryset=sources))
+def messages_with_sources(queryset, principals):
+    """Messages with their sources (and the sources' chunks) and their tool calls in three more
+    queries, whatever the number of messages (the embeddings are not loaded). Each source says
+    whether ``principals`` may read its chunk now (``chunk_readable``): the passage of one they
+    may not is not shown."""
+    sources = (MessageSource.objects.select_related("chunk").defer("chunk__embedding", "chunk__metadata")
+               .annotate(chunk_readable=ExpressionWrapper(Q(chunk__access__visible_to=principals),
+                                                          output_field=BooleanField())))
+    return queryset.prefetch_related(Prefetch("sources", queryset=sources), "tool_invocations")
 
 
 # The HTTP status of a turn that failed after the user's message was saved, by error code.
@@ -312,7 +317,7 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
         after = int_param(self.request, "after")
         if after is not None:
             queryset = queryset.filter(seq__gt=after)
-        return messages_with_sources(queryset)
+        return messages_with_sources(queryset, access.reader(self.request))
 
     def post(self, request, conversation_id):
         conversation = access.get_conversation(request, conversation_id)
@@ -335,7 +340,7 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
             # The slot first, as the streaming transports do: a refused slot costs no turn.
             with limits.stream_slot(request.user, session_key):
                 limits.check_turn_rate(request.user, session_key)
-                result = run_turn_sync(conversation, text, client_id=client_id)
+                result = run_turn_sync(conversation, text, client_id=client_id, user=request.user)
         except limits.LimitExceeded as exc:
             raise APIError(429, exc.code, exc.message, retry_after_header(exc.retry_after)) from None
         except TurnInProgress as exc:
@@ -349,7 +354,7 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
             return self._resent(duplicate)
 
         saved = {m.pk: m for m in messages_with_sources(
-            Message.objects.filter(pk__in=[result.user_message_id, result.message["id"]]))}
+            Message.objects.filter(pk__in=[result.user_message_id, result.message["id"]]), access.reader(request))}
         body = {"user_message": s.MessageSerializer(saved[result.user_message_id]).data,
                 "assistant_message": s.MessageSerializer(saved[result.message["id"]]).data}
         if result.error is None:
@@ -365,10 +370,63 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
             raise APIError(409, TurnInProgress.code, "The answer to this message is still being written; send it "
                            "again (same client_id) to get it when it is done.", retry_after_header(1))
         saved = {m.pk: m for m in messages_with_sources(
-            Message.objects.filter(pk__in=[duplicate.user_message.pk, assistant.pk]))}
+            Message.objects.filter(pk__in=[duplicate.user_message.pk, assistant.pk]), access.reader(self.request))}
         return Response({"user_message": s.MessageSerializer(saved[duplicate.user_message.pk]).data,
                          "assistant_message": s.MessageSerializer(saved[assistant.pk]).data},
                         status=status.HTTP_200_OK)
+
+
+# --- Tool calls -------------------------------------------------------------------------------
+
+
+TOOL_CALL_ID = OpenApiParameter("confirmation_id", OpenApiTypes.INT, OpenApiParameter.PATH,
+                                description="The tool call's id: the confirmation_id of its tool_call event.")
+
+
+def _tool_invocation(request, confirmation_id) -> ToolInvocation:
+    """The tool call if the caller may read its conversation; one 404 for unknown, malformed and foreign."""
+    pk = parse_invocation_id(confirmation_id)
+    invocation = ToolInvocation.objects.select_related("message__conversation").filter(pk=pk).first() if pk else None
+    if invocation is None or not rules.can_access(request.user, invocation.message.conversation,
+                                                  access.caller_session_key(request)):
+        raise exceptions.NotFound()
+    return invocation
+
+
+@extend_schema(summary="A tool call of an answer", parameters=[TOOL_CALL_ID],
+               responses={200: s.ToolInvocationSerializer, **errors(403, 404)})
+class ToolCallDetail(RagchatAPIView):
+    """One tool call the assistant made (or asked to make) in a conversation the caller can read."""
+
+    def get(self, request, confirmation_id):
+        return Response(s.ToolInvocationSerializer(_tool_invocation(request, confirmation_id)).data)
+
+
+NOT_PENDING = OpenApiResponse(s.ErrorSerializer, description="`not_pending`: the call is not waiting for a "
+                                                            "decision (decided, abandoned, or its answer ended).")
+
+
+@extend_schema(
+    summary="Approve or reject a tool call that awaits your decision",
+    description=("A tool declared with requires_confirmation does not run until the conversation's owner "
+                 "approves it here (or with the websocket's tool_decision frame, or the widget's buttons); "
+                 "its tool_call event has status awaiting_confirmation and this id as confirmation_id. "
+                 "Rejected, or not decided within the profile's tool_confirmation_timeout, it never runs."),
+    parameters=[TOOL_CALL_ID], request=s.ToolDecisionSerializer,
+    responses={200: s.ToolInvocationSerializer, **errors(400, 403, 404), 409: NOT_PENDING},
+)
+class ToolCallDecision(RagchatAPIView):
+    """The user's decision on a tool call that needs their approval."""
+
+    def post(self, request, confirmation_id):
+        form = s.ToolDecisionSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            invocation = decide_tool_call(confirmation_id, request.user, access.caller_session_key(request),
+                                          form.validated_data["approve"])
+        except DecisionRefused as exc:
+            raise APIError(exc.http_status, exc.code, exc.message) from None
+        return Response(s.ToolInvocationSerializer(invocation).data)
 
 
 # --- Feedback ---------------------------------------------------------------------------------
@@ -513,7 +571,9 @@ class DocumentViewMixin:
     serializer_class = s.DocumentSerializer
 
     def get_queryset(self):
-        return Document.objects.annotate(chunk_count=Count("chunks")).order_by("source")
+        # The documents the caller may read: listing, reading and deleting alike.
+        return (Document.objects.filter(access__visible_to=access.reader(self.request))
+                .annotate(chunk_count=Count("chunks")).order_by("source"))
 
 
 @extend_schema_view(

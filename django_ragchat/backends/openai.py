@@ -49,7 +49,7 @@ from django.core.exceptions import ImproperlyConfigured
 from openai.types.chat import ChatCompletion
 
 from django_ragchat.exceptions import LLMError
-from django_ragchat.types import LLMDelta, LLMResponse, Usage
+from django_ragchat.types import LLMDelta, LLMResponse, ToolCall, Usage
 
 try:  # the HTTP library of the installed openai client (httpx2 in recent versions)
     import httpx2 as _http
@@ -286,6 +286,60 @@ def _usage_dict(usage: Any) -> Usage | None:
                  completion_tokens=completion if isinstance(completion, int) else 0)
 
 
+# --- Tool calls ----------------------------------------------------------------------------------
+
+
+class ToolCallAssembler:
+    """The tool calls of a streamed answer, assembled from its fragments.
+
+    A stream sends each call in pieces (``delta.tool_calls``): the first with the call's
+    ``index``, ``id`` and function ``name``, the next ones with more of its ``arguments``, to be
+    joined in order; parallel calls have their own index. Some servers (Ollama) give every call
+    of a parallel batch index 0 and tell them apart only by id: a new id at a used index starts
+    a new call.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.by_index: dict[int, dict[str, Any]] = {}
+
+    def add(self, fragment: Any) -> None:
+        if not isinstance(fragment, dict):
+            return
+        index = fragment.get("index")
+        call_id = _str(fragment.get("id"))
+        function = fragment.get("function") if isinstance(fragment.get("function"), dict) else {}
+        call = self.by_index.get(index) if isinstance(index, int) else (self.calls[-1] if self.calls and not call_id
+                                                                        else None)
+        if call is None or (call_id and call["id"] and call_id != call["id"]):
+            call = {"id": call_id, "name": [], "arguments": []}
+            self.calls.append(call)
+            if isinstance(index, int):
+                self.by_index[index] = call
+        elif call_id:
+            call["id"] = call_id
+        call["name"].append(_str(function.get("name")))
+        call["arguments"].append(_str(function.get("arguments")))
+
+    def result(self) -> tuple[ToolCall, ...]:
+        """The assembled calls, in the order they began (a call without an id gets one)."""
+        return tuple(ToolCall(id=call["id"] or f"call_{position}", name="".join(call["name"]),
+                              arguments="".join(call["arguments"]) or "{}")
+                     for position, call in enumerate(self.calls) if "".join(call["name"]))
+
+
+def whole_tool_calls(message: Any) -> tuple[ToolCall, ...]:
+    """The tool calls of a whole answer's message (``message.tool_calls``)."""
+    calls = []
+    for position, call in enumerate(getattr(message, "tool_calls", None) or ()):
+        function = getattr(call, "function", None)
+        name = _str(getattr(function, "name", None))
+        if name:
+            calls.append(ToolCall(id=_str(getattr(call, "id", None)) or f"call_{position}", name=name,
+                                  arguments=_str(getattr(function, "arguments", None)) or "{}"))
+    return tuple(calls)
+
+
 # --- Chat ----------------------------------------------------------------------------------------
 
 
@@ -321,10 +375,15 @@ class ChatModel:
     def __repr__(self) -> str:
         return f"<ChatModel {self.model} at {self.connection.describe()}>"
 
-    def body(self, messages: list[dict[str, str]], *, max_tokens: int | None = None,
-             stream: bool = False) -> dict[str, Any]:
-        """The JSON body of a chat completions request for ``messages``."""
+    def body(self, messages: list[dict[str, Any]], *, max_tokens: int | None = None,
+             stream: bool = False, tools: tuple | list = (), tool_choice: str | None = None) -> dict[str, Any]:
+        """The JSON body of a chat completions request for ``messages`` (and ``tools``, the
+        ``tools`` entries offered; ``tool_choice`` ``"none"`` forbids calling them this time)."""
         body: dict[str, Any] = {"model": self.model, "messages": messages}
+        if tools:
+            body["tools"] = list(tools)
+            if tool_choice:
+                body["tool_choice"] = tool_choice
         limit = max_tokens or self.max_tokens
         if limit:
             body[self.max_tokens_param] = limit
@@ -348,17 +407,20 @@ class ChatModel:
             choice = completion.choices[0]
             text = choice.message.content or getattr(choice.message, "refusal", None) or ""
             return LLMResponse(text=text, model=completion.model or self.model, usage=_usage(completion.usage),
-                               finish_reason=choice.finish_reason or "stop")
+                               finish_reason=choice.finish_reason or "stop",
+                               tool_calls=whole_tool_calls(choice.message))
         except (AttributeError, IndexError, TypeError) as exc:  # no choices, or not a completion at all
             logger.warning("chat completion from %r has an unexpected shape: %r", self, completion)
             raise LLMError("bad_response", USER_MESSAGES["bad_response"]) from exc
 
-    async def complete(self, messages: list[dict[str, str]], *, max_tokens: int | None = None) -> LLMResponse:
-        """The whole reply to ``messages``; raises ``LLMError``."""
+    async def complete(self, messages: list[dict[str, Any]], *, max_tokens: int | None = None,
+                       tools: tuple | list = (), tool_choice: str | None = None) -> LLMResponse:
+        """The whole reply to ``messages``; raises ``LLMError``. With ``tools``, the reply may
+        be ``tool_calls`` instead of (or beside) text."""
         client = await self.connection.async_client()
+        body = self.body(messages, max_tokens=max_tokens, tools=tools, tool_choice=tool_choice)
         with model_errors(repr(self)):
-            completion = await client.post("/chat/completions", body=self.body(messages, max_tokens=max_tokens),
-                                           cast_to=ChatCompletion)
+            completion = await client.post("/chat/completions", body=body, cast_to=ChatCompletion)
         return self._response(completion)
 
     def complete_sync(self, messages: list[dict[str, str]], *, max_tokens: int | None = None) -> LLMResponse:
@@ -369,14 +431,17 @@ class ChatModel:
                                      cast_to=ChatCompletion)
         return self._response(completion)
 
-    async def stream(self, messages: list[dict[str, str]], *, max_tokens: int | None = None) -> AsyncIterator[LLMDelta]:
+    async def stream(self, messages: list[dict[str, Any]], *, max_tokens: int | None = None,
+                     tools: tuple | list = (), tool_choice: str | None = None) -> AsyncIterator[LLMDelta]:
         """The reply as ``LLMDelta`` pieces; the last one carries the model, the usage (when
-        the server reports it) and the finish reason. Raises ``LLMError``, mid-stream too.
-        Closing the iterator early closes the HTTP response."""
+        the server reports it), the finish reason and the tool calls the model asked for,
+        assembled from their fragments. Raises ``LLMError``, mid-stream too. Closing the
+        iterator early closes the HTTP response."""
         client = await self.connection.async_client()
+        body = self.body(messages, max_tokens=max_tokens, stream=True, tools=tools, tool_choice=tool_choice)
         with model_errors(repr(self)):
             response = await client.post(
-                "/chat/completions", body=self.body(messages, max_tokens=max_tokens, stream=True),
+                "/chat/completions", body=body,
                 # Chunks as the decoded JSON (``cast_to`` object), not ``ChatCompletionChunk``
                 # models: building a typed model is ~0.3 ms of CPU a token, the largest cost of
                 # relaying an answer, and what a worker streaming many answers at once spends
@@ -384,6 +449,7 @@ class ChatModel:
                 cast_to=ChatCompletion, stream=True, stream_cls=openai.AsyncStream[object],
             )
         model, usage, finish = self.model, None, None
+        calls = ToolCallAssembler()
         try:
             with model_errors(repr(self), during_stream=True):
                 async for chunk in response:
@@ -397,13 +463,22 @@ class ChatModel:
                         if not isinstance(choice, dict):
                             continue
                         finish = _str(choice.get("finish_reason")) or finish
-                        delta = choice.get("delta")
-                        text = _str(delta.get("content")) + _str(delta.get("refusal")) if isinstance(delta, dict) else ""
+                        text = _delta_text(choice.get("delta"), calls)
                         if text:
                             yield LLMDelta(text=text)
         finally:
             await response.close()
-        yield LLMDelta(model=model, usage=usage, finish_reason=finish or "stop")
+        yield LLMDelta(model=model, usage=usage, finish_reason=finish or "stop", tool_calls=calls.result())
+
+
+def _delta_text(delta: Any, calls: ToolCallAssembler) -> str:
+    """A stream chunk's text; its tool call fragments go to ``calls``."""
+    if not isinstance(delta, dict):
+        return ""
+    fragments = delta.get("tool_calls")
+    for fragment in fragments if isinstance(fragments, list) else ():
+        calls.add(fragment)
+    return _str(delta.get("content")) + _str(delta.get("refusal"))
 
 
 def check_options(component: str, options: dict[str, Any], accepted: tuple[str, ...]) -> None:

@@ -6,11 +6,18 @@
   embedder and stores. Texts are embedded in batches of ``batch_size`` *across* documents (ten
   small files make one embedding call, not ten) and rows are written with ``bulk_create``.
 * ``ingest_text(source, text)`` does the same for text that does not come from a file.
+* ``store_documents(entries)`` stores documents already loaded, each with its own metadata and
+  access (the model sources of ``django_ragchat.sources`` use it).
 * ``reembed(embedder)`` embeds the chunks already stored into another embedder's space
   (``ragchat_reembed`` uses it when a site changes embedding model).
 
+Access: every document and its chunks store who may read them (``access``, principal tokens,
+see ``django_ragchat.access``); public unless given.
+
 Idempotency: a document is *unchanged*, and skipped without being parsed, when its checksum
-and metadata equal the stored ones and it has chunks in the embedder's space. Otherwise its
+and metadata equal the stored ones and it has chunks in the embedder's space. When only its
+access changed, the access of the document and its chunks is updated in place, with nothing
+embedded again (reported as ``updated``). Otherwise its
 chunks are replaced atomically (a savepoint per document; the documents one embedding batch
 finishes share a transaction and a commit), so a failure (unreadable file, embedder down,
 database error) never loses what was stored before: the old chunks stay until the new ones are
@@ -36,7 +43,9 @@ from typing import Any
 import numpy as np
 from django.db import DatabaseError, transaction
 from django.db.models import Count, Q
+from django.utils import timezone
 
+from django_ragchat.access import access_tokens, public_access
 from django_ragchat.ingestion.chunking import chunk_document
 from django_ragchat.ingestion.loaders import (
     DocumentLoadError,
@@ -53,8 +62,8 @@ from django_ragchat.tokens import count_tokens
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CREATED", "FAILED", "STATUSES", "UNCHANGED", "UPDATED", "IngestReport", "IngestResult",
-           "ingest_paths", "ingest_text", "reembed"]
+__all__ = ["CREATED", "FAILED", "STATUSES", "UNCHANGED", "UPDATED", "DocumentEntry", "IngestReport", "IngestResult",
+           "ingest_paths", "ingest_text", "reembed", "set_access", "store_documents"]
 
 CREATED = "created"
 UPDATED = "updated"
@@ -80,7 +89,7 @@ class IngestResult:
     """What happened to one document.
 
     ``status`` is one of ``created``, ``updated``, ``unchanged`` or ``failed`` (then ``reason``
-    says why). ``chunks`` is the number of chunks the document has in the embedding space after
+    says why; an update of the access alone, with nothing embedded, has the reason ``access``). ``chunks`` is the number of chunks the document has in the embedding space after
     the run (0 when it failed). ``path`` is the file as found ("" for text and re-embedding).
     """
 
@@ -260,6 +269,7 @@ class _Existing:
     title: str
     checksum: str
     metadata: dict
+    access: list
     chunks_in_space: int
     chunks_total: int
 
@@ -270,7 +280,7 @@ def _existing_documents(sources: list[str], space: str) -> dict[str, _Existing]:
         rows = (
             Document.objects.filter(source__in=sources[start:start + LOOKUP_BATCH_SIZE])
             .annotate(in_space=Count("chunks", filter=Q(chunks__space=space)), total=Count("chunks"))
-            .values_list("source", "id", "title", "checksum", "metadata", "in_space", "total")
+            .values_list("source", "id", "title", "checksum", "metadata", "access", "in_space", "total")
         )
         for source, *rest in rows:
             found[source] = _Existing(*rest)
@@ -278,9 +288,35 @@ def _existing_documents(sources: list[str], space: str) -> dict[str, _Existing]:
 
 
 def _is_unchanged(existing: _Existing | None, checksum: str | None, metadata: dict) -> bool:
+    """The stored text and metadata are these, and embedded in the space (access aside)."""
     # A document with no chunks at all (an empty file) is complete in every space.
     return (existing is not None and checksum == existing.checksum and existing.metadata == metadata
             and (existing.chunks_in_space > 0 or existing.chunks_total == 0))
+
+
+def set_access(document_id: int, access: list[str]) -> int:
+    """Store ``access`` on a document and its chunks (nothing embedded again); returns the
+    number of chunks. The document's ``updated_at`` changes with it, which the in-process
+    vector index and the subject index watch."""
+    with transaction.atomic():
+        Document.objects.filter(pk=document_id).update(access=list(access), updated_at=timezone.now())
+        return Chunk.objects.filter(document_id=document_id).update(access=list(access))
+
+
+def _checked_access(access) -> list[str]:
+    """``access`` (see ``django_ragchat.access.access_tokens``) as stored; public when ``None``."""
+    return public_access() if access is None else list(access_tokens(access))
+
+
+def _keep_or_set_access(result: IngestResult, stored: _Existing, access: list[str]) -> None:
+    """``result`` of an unchanged document: ``unchanged``, or ``updated`` when only its access
+    changed (stored in place)."""
+    result.document_id, result.chunks = stored.id, stored.chunks_in_space
+    if sorted(stored.access or ()) == sorted(access):
+        result.status = UNCHANGED
+    else:
+        set_access(stored.id, access)
+        result.status, result.reason = UPDATED, "access"
 
 
 class _Run:
@@ -354,32 +390,40 @@ class _Run:
 class _Ingestion(_Run):
     """Loaded documents in, stored documents out."""
 
-    def __init__(self, embedder, *, metadata: dict, **kwargs: Any):
+    def __init__(self, embedder, *, metadata: dict, access: list[str] | None = None, **kwargs: Any):
         super().__init__(embedder, **kwargs)
         self.metadata = metadata
+        self.access = access if access is not None else public_access()
 
-    def submit(self, result: IngestResult, loaded: LoadedDocument, title: str = "") -> None:
-        """Chunk ``loaded`` and queue its texts; documents whose vectors are complete get stored."""
+    def submit(self, result: IngestResult, loaded: LoadedDocument, title: str = "",
+               document: dict | None = None) -> None:
+        """Chunk ``loaded`` and queue its texts; documents whose vectors are complete get stored.
+        ``document`` overrides the run's fields for this one (``metadata``, ``access``,
+        ``origin``, ``object_pk``, ``checksum``)."""
         started = time.perf_counter()
         chunks = chunk_document(loaded)
         self.report.load_seconds += time.perf_counter() - started
-        self.store_finished(self.batcher.add((result, loaded, chunks, title), [c.text for c in chunks]))
+        fields = {"title": (title or loaded.title)[:_TITLE_MAX], "checksum": loaded.checksum,
+                  "content_type": loaded.content_type, "metadata": self.metadata, "access": self.access,
+                  **(document or {})}
+        self.store_finished(self.batcher.add((result, fields, chunks), [c.text for c in chunks]))
 
     def store(self, job: _Job) -> None:
         """Replace the document's chunks (``store_finished`` runs this in a savepoint of its own)."""
-        result, loaded, chunks, title = job.payload
-        fields = {"title": (title or loaded.title)[:_TITLE_MAX], "checksum": loaded.checksum,
-                  "content_type": loaded.content_type, "metadata": self.metadata}
+        result, fields, chunks = job.payload
         document = Document.objects.select_for_update().filter(source=result.source).first()
         if document is None:
             document = Document.objects.create(source=result.source, **fields)
             result.status = CREATED
         else:
             stale = Chunk.objects.filter(document=document)
-            if document.checksum == loaded.checksum and document.metadata == self.metadata:
+            if document.checksum == fields["checksum"] and document.metadata == fields["metadata"]:
                 stale = stale.filter(space=self.space)  # other spaces still describe this text
             # only("id"): the delete collector need not load texts and embeddings.
             stale.only("id").delete()
+            if sorted(document.access or ()) != sorted(fields["access"]):
+                # The chunks of other spaces kept above are read by the same people.
+                Chunk.objects.filter(document=document).update(access=list(fields["access"]))
             for name, value in fields.items():
                 setattr(document, name, value)
             document.save()
@@ -387,8 +431,8 @@ class _Ingestion(_Run):
         insert_chunks([
             Chunk(document=document, ordinal=chunk.ordinal, text=chunk.text,
                   heading=chunk.heading[:_HEADING_MAX], space=self.space, embedding=vector,
-                  token_count=count_tokens(chunk.text),
-                  metadata={**self.metadata, "heading_path": list(chunk.heading_path)})
+                  token_count=count_tokens(chunk.text), access=list(fields["access"]),
+                  metadata={**fields["metadata"], "heading_path": list(chunk.heading_path)})
             for chunk, vector in zip(chunks, job.vectors if job.vectors is not None else ())
         ])
         result.document_id = document.pk
@@ -453,7 +497,7 @@ def _file_checksum(path: Path) -> str | None:
 
 def ingest_paths(paths: Iterable[str | Path], *, profile: str | None = None, root: str | Path | None = None,
                  metadata: dict | None = None, progress: ProgressCallback | None = None,
-                 batch_size: int = 64) -> IngestReport:
+                 batch_size: int = 64, access: Any = None) -> IngestReport:
     """Ingest the Markdown, reStructuredText, HTML and text files in ``paths`` (files or folders).
 
     Each document is stored with ``source`` = its path relative to ``root`` when given (a file
@@ -461,16 +505,21 @@ def ingest_paths(paths: Iterable[str | Path], *, profile: str | None = None, roo
     merged into each chunk's metadata (with the chunk's ``heading_path``). Chunks are embedded
     with ``profile``'s embedder, ``batch_size`` texts per call across documents.
 
+    ``access`` says who may read them (``django_ragchat.access.access_tokens``: users, groups,
+    permissions, tokens; ``None``: everyone).
+
     Unchanged documents are skipped; changed ones have their chunks replaced atomically; a file
     that cannot be read, embedded or stored is reported as failed and what was stored for it
     before is kept. ``progress(done, total, source)`` is called as each document's outcome
-    becomes final. Raises ``ValueError`` for a bad ``root`` or ``batch_size``, ``TypeError``
-    for non-dict metadata, and ``UnknownProfile`` for a profile that does not exist.
+    becomes final. Raises ``ValueError`` for a bad ``root``, ``batch_size`` or ``access``
+    (``InvalidAccess``), ``TypeError`` for non-dict metadata, and ``UnknownProfile`` for a
+    profile that does not exist.
     """
     started = time.perf_counter()
     if isinstance(paths, (str, Path)):
         paths = [paths]
     metadata = _check_metadata(metadata)
+    access = _checked_access(access)
     root_path = None
     if root is not None:
         root_path = Path(root).resolve()
@@ -479,7 +528,7 @@ def ingest_paths(paths: Iterable[str | Path], *, profile: str | None = None, roo
     embedder = _embedder_for(profile)
     report = IngestReport(space=embedder.space)
     report.results = _expand(paths, root_path)
-    run = _Ingestion(embedder, metadata=metadata, batch_size=batch_size, progress=progress,
+    run = _Ingestion(embedder, metadata=metadata, access=access, batch_size=batch_size, progress=progress,
                      total=len(report.results), report=report)
     pending = [r for r in report.results if r.status != FAILED]
     for result in report.results:
@@ -488,42 +537,48 @@ def ingest_paths(paths: Iterable[str | Path], *, profile: str | None = None, roo
     report.load_seconds += time.perf_counter() - started
 
     for start in range(0, len(pending), LOOKUP_BATCH_SIZE):
-        group = pending[start:start + LOOKUP_BATCH_SIZE]
-        existing = _existing_documents([r.source for r in group], run.space)
-        for result in group:
-            t0 = time.perf_counter()
-            path = Path(result.path)
-            stored = existing.get(result.source)
-            # Unchanged files are recognised from their bytes alone, without parsing them.
-            if stored is not None and _is_unchanged(stored, _file_checksum(path), metadata):
-                result.status, result.chunks, result.document_id = UNCHANGED, stored.chunks_in_space, stored.id
-                report.load_seconds += time.perf_counter() - t0
-                run.finalize(result)
-                continue
-            try:
-                loaded = load_document(path)
-            except DocumentLoadError as exc:
-                report.load_seconds += time.perf_counter() - t0
-                run.fail(result, exc.reason, exc)
-                continue
-            report.load_seconds += time.perf_counter() - t0
-            run.submit(result, loaded)
+        _ingest_files(run, pending[start:start + LOOKUP_BATCH_SIZE])
     run.finish()
     report.elapsed = time.perf_counter() - started
     return report
 
 
+def _ingest_files(run: _Ingestion, group: list[IngestResult]) -> None:
+    """Load and submit one lookup group of files (unchanged ones are only counted)."""
+    existing = _existing_documents([r.source for r in group], run.space)
+    for result in group:
+        t0 = time.perf_counter()
+        path = Path(result.path)
+        stored = existing.get(result.source)
+        # Unchanged files are recognised from their bytes alone, without parsing them.
+        if stored is not None and _is_unchanged(stored, _file_checksum(path), run.metadata):
+            _keep_or_set_access(result, stored, run.access)
+            run.report.load_seconds += time.perf_counter() - t0
+            run.finalize(result)
+            continue
+        try:
+            loaded = load_document(path)
+        except DocumentLoadError as exc:
+            run.report.load_seconds += time.perf_counter() - t0
+            run.fail(result, exc.reason, exc)
+            continue
+        run.report.load_seconds += time.perf_counter() - t0
+        run.submit(result, loaded)
+
+
 def ingest_text(source: str, text: str, *, title: str = "", content_type: str = "markdown",
-                metadata: dict | None = None, profile: str | None = None) -> IngestResult:
+                metadata: dict | None = None, profile: str | None = None, access: Any = None) -> IngestResult:
     """Ingest ``text`` (Markdown, reStructuredText, HTML or plain text) as the document ``source``.
 
     The same rules as ``ingest_paths``: unchanged text (same checksum of the UTF-8 text, same
     metadata and title) is skipped; changed text replaces the document's chunks atomically. ``title``
-    overrides the title found in the text. Raises ``DocumentLoadError`` for text that cannot be
+    overrides the title found in the text; ``access`` is who may read it (as for
+    ``ingest_paths``). Raises ``DocumentLoadError`` for text that cannot be
     ingested (unknown content type, NUL characters, empty or too long source), and re-raises
     the embedder's or the database's exception when those fail; nothing stored is lost then.
     """
     metadata = _check_metadata(metadata)
+    access = _checked_access(access)
     if not source or len(source) > _SOURCE_MAX:
         raise DocumentLoadError(source or "<text>", f"the source must have 1 to {_SOURCE_MAX} characters")
     if not isinstance(text, str):
@@ -533,15 +588,85 @@ def ingest_text(source: str, text: str, *, title: str = "", content_type: str = 
     result = IngestResult(source=source)
     stored = _existing_documents([source], embedder.space).get(source)
     if _is_unchanged(stored, loaded.checksum, metadata) and stored.title == (title or loaded.title)[:_TITLE_MAX]:
-        result.status, result.chunks, result.document_id = UNCHANGED, stored.chunks_in_space, stored.id
+        _keep_or_set_access(result, stored, access)
         return result
-    run = _Ingestion(embedder, metadata=metadata, batch_size=64, progress=None, total=1,
+    run = _Ingestion(embedder, metadata=metadata, access=access, batch_size=64, progress=None, total=1,
                      report=IngestReport(space=embedder.space, results=[result]))
     run.submit(result, loaded, title)
     run.finish()
     if result.status == FAILED:
         raise result.error
     return result
+
+
+@dataclass
+class DocumentEntry:
+    """One document for ``store_documents``: its unique ``source``, its text (``loaded``, or
+    ``text`` in ``content_type``, parsed only when the document changed), and what is stored
+    with it. ``checksum`` defaults to the parsed text's; ``access`` is a list of tokens."""
+
+    source: str
+    loaded: LoadedDocument | None = None
+    title: str = ""
+    metadata: dict = field(default_factory=dict)
+    access: list[str] = field(default_factory=public_access)
+    origin: str = ""
+    object_pk: str = ""
+    checksum: str = ""
+    text: str = ""
+    content_type: str = "markdown"
+
+    def load(self) -> LoadedDocument:
+        """The parsed text (``DocumentLoadError`` when it cannot be)."""
+        if self.loaded is None:
+            self.loaded = load_text(self.text, self.content_type, source=self.source)
+        return self.loaded
+
+
+def store_documents(entries: Iterable[DocumentEntry], embedder, *, batch_size: int = 64,
+                    progress: ProgressCallback | None = None, total: int = 0) -> IngestReport:
+    """Store already loaded documents in ``embedder``'s space with the rules of ``ingest_paths``:
+    unchanged ones (checksum, title, metadata; with chunks in the space) are skipped, an access
+    change alone is stored in place, the others are embedded (``batch_size`` texts per call
+    across documents) and replace their chunks atomically. ``entries`` is read in groups of
+    ``LOOKUP_BATCH_SIZE`` (one lookup query each), so it may be a generator over a large table."""
+    started = time.perf_counter()
+    report = IngestReport(space=embedder.space)
+    run = _Ingestion(embedder, metadata={}, batch_size=batch_size, progress=progress, total=total, report=report)
+    group: list[DocumentEntry] = []
+
+    def flush() -> None:
+        existing = _existing_documents([e.source for e in group], run.space)
+        for entry in group:
+            result = IngestResult(source=entry.source)
+            report.results.append(result)
+            checksum = entry.checksum or entry.load().checksum
+            stored = existing.get(entry.source)
+            if (_is_unchanged(stored, checksum, entry.metadata)
+                    and stored.title == (entry.title or entry.load().title)[:_TITLE_MAX]):
+                _keep_or_set_access(result, stored, entry.access)
+                run.finalize(result)
+                continue
+            try:
+                loaded = entry.load()
+            except DocumentLoadError as exc:
+                run.fail(result, exc.reason, exc)
+                continue
+            title = (entry.title or loaded.title)[:_TITLE_MAX]
+            run.submit(result, loaded, title, {
+                "metadata": entry.metadata, "access": list(entry.access), "origin": entry.origin,
+                "object_pk": entry.object_pk, "checksum": checksum})
+        group.clear()
+
+    for entry in entries:
+        group.append(entry)
+        if len(group) >= LOOKUP_BATCH_SIZE:
+            flush()
+    if group:
+        flush()
+    run.finish()
+    report.elapsed = time.perf_counter() - started
+    return report
 
 
 # --- Re-embedding into another space ----------------------------------------------------------
@@ -558,7 +683,7 @@ class _Reembedding(_Run):
             insert_chunks([
                 Chunk(document_id=result.document_id, ordinal=row["ordinal"], text=row["text"],
                       heading=row["heading"], space=self.space, embedding=vector,
-                      token_count=row["token_count"], metadata=row["metadata"])
+                      token_count=row["token_count"], metadata=row["metadata"], access=row["access"])
                 for row, vector in zip(rows, job.vectors)
             ])
             result.status = CREATED
@@ -602,7 +727,8 @@ def reembed(space_embedder, *, documents=None, batch_size: int = 64,
         source_space: dict[int, str] = {}
         for row in (Chunk.objects.filter(document_id__in=group).exclude(space=run.space)
                     .order_by("document_id", "space", "ordinal")
-                    .values("document_id", "space", "ordinal", "text", "heading", "token_count", "metadata")):
+                    .values("document_id", "space", "ordinal", "text", "heading", "token_count", "metadata",
+                            "access")):
             # One source space per document (the first by name): each holds the same texts.
             if source_space.setdefault(row["document_id"], row["space"]) == row["space"]:
                 rows_of.setdefault(row["document_id"], []).append(row)

@@ -14,6 +14,14 @@ filters            in the SQL of each search                    in SQL: ids reso
 bulk storage       binary ``COPY``                              ``bulk_create``
 =================  ===========================================  ===================================
 
+Access: every search reads as someone (``principals``, see ``django_ragchat.access``): the
+chunks whose ``access`` shares no token with the principals are filtered out inside the query
+(PostgreSQL: ``access ?| principals``, with pgvector's iterative index scan so that a vector
+search still finds ``k`` rows when few are readable; SQLite: the in-process index keeps each
+chunk's access, and the fetch of the winners checks it again in SQL). A search not given
+``principals`` reads as the turn in progress, or outside one as an anonymous visitor
+(``access.current_principals``): nothing built on this package can read past its reader.
+
 Scores: cosine similarity for vector search; the database's text rank (``ts_rank`` or BM25,
 not comparable across databases) for full text; the fused RRF score for hybrid, whose hits
 also carry the similarity and text rank they were found with in ``raw_scores``.
@@ -28,6 +36,7 @@ from typing import Any
 import numpy as np
 from django.db import connections
 
+from django_ragchat.access import Principals, current_principals
 from django_ragchat.models import Chunk
 from django_ragchat.plugins import build_component, embedder_for, get_registry
 from django_ragchat.profiles import get_profile, profile_names
@@ -39,8 +48,8 @@ from django_ragchat.text import STOPWORDS
 from django_ragchat.types import RetrievedChunk
 
 __all__ = [
-    "FILTER_KEYS", "InvalidFilters", "SearchFilters", "configured_spaces", "configured_text_configs", "fetch_chunks", "fulltext_search", "hybrid_search",
-    "query_terms", "store_chunks", "vector_ids", "vector_search",
+    "FILTER_KEYS", "InvalidFilters", "SearchFilters", "configured_spaces", "configured_text_configs", "fetch_chunks",
+    "fulltext_search", "hybrid_search", "query_terms", "reader", "store_chunks", "vector_ids", "vector_search",
 ]
 
 #: Query terms kept for full-text search: a longer question adds noise, not recall.
@@ -68,34 +77,44 @@ def query_terms(text: str, config: str = "english") -> list[str]:
     return list(terms)[:MAX_QUERY_TERMS]
 
 
-def _hit(row: Sequence, score: float, retriever: str, raw_scores: dict[str, float]) -> RetrievedChunk:
+def reader(principals: Principals | None) -> Principals:
+    """Whom a search reads as: ``principals`` when given, else the turn's (or the public's)."""
+    return principals if principals is not None else current_principals()
+
+
+def _hit(row: Sequence, score: float, retriever: str, raw_scores: dict[str, float],
+         principals: Principals) -> RetrievedChunk:
     chunk_id, text, heading, ordinal, metadata, document_id, source, title = row[:8]
     return RetrievedChunk(
         chunk_id=int(chunk_id), text=text, score=float(score), document_id=int(document_id), source=source,
         title=title, heading=heading, ordinal=ordinal, retriever=retriever, metadata=decode_metadata(metadata),
-        raw_scores=raw_scores,
+        raw_scores=raw_scores, read_as=principals,
     )
 
 
 def fetch_chunks(scored: list[tuple[int, float]], retriever: str, using: str = "default",
-                 raw_scores: dict[int, dict[str, float]] | None = None) -> list[RetrievedChunk]:
+                 raw_scores: dict[int, dict[str, float]] | None = None, *,
+                 principals: Principals | None = None) -> list[RetrievedChunk]:
     """``RetrievedChunk`` objects for (chunk id, score) pairs, in the given order (one query).
 
     Each hit's ``raw_scores`` is ``raw_scores[chunk id]`` when given, else ``{retriever: score}``.
+    Chunks ``principals`` may not read (see ``reader``) are left out, whoever found their ids.
     """
 
     if not scored:
         return []
+    principals = reader(principals)
     rows = {
         row[0]: row
-        for row in Chunk.objects.using(using).filter(id__in=[cid for cid, _ in scored]).values_list(
+        for row in Chunk.objects.using(using).filter(id__in=[cid for cid, _ in scored],
+                                                     access__visible_to=principals).values_list(
             "id", "text", "heading", "ordinal", "metadata", "document_id", "document__source", "document__title",
         )
     }
     return [
-        _hit(rows[cid], score, retriever, raw_scores[cid] if raw_scores else {retriever: score})
+        _hit(rows[cid], score, retriever, raw_scores[cid] if raw_scores else {retriever: score}, principals)
         for cid, score in scored
-        if cid in rows  # a chunk deleted between the search and the fetch is skipped
+        if cid in rows  # a chunk deleted between the search and the fetch (or not readable) is skipped
     ]
 
 
@@ -104,43 +123,53 @@ def _zero(vector) -> bool:
 
 
 def vector_ids(space: str, vector, k: int, *, filters: Any = None, ef_search: int | None = None,
-               exact: bool = False, using: str = "default") -> list[tuple[int, float]]:
-    """(chunk id, cosine similarity) of the ``k`` chunks of ``space`` nearest ``vector``, best first.
+               exact: bool = False, using: str = "default",
+               principals: Principals | None = None) -> list[tuple[int, float]]:
+    """(chunk id, cosine similarity) of the ``k`` chunks of ``space`` nearest ``vector`` that
+    ``principals`` may read (see ``reader``), best first.
 
     On PostgreSQL the space's HNSW index answers (``ef_search`` candidates, default 40 and never
-    fewer than ``k``) unless ``exact``; elsewhere the search is always exact.
+    fewer than ``k``; an iterative scan goes on while filters or access leave fewer than ``k``)
+    unless ``exact``; elsewhere the search is always exact.
     """
     filters = SearchFilters.parse(filters)
+    principals = reader(principals)
     if k <= 0 or _zero(vector):
         return []
     if _is_postgres(using):
-        return postgres.vector_ids(space, vector, k, filters=filters, ef_search=ef_search, exact=exact, using=using)
+        return postgres.vector_ids(space, vector, k, filters=filters, ef_search=ef_search, exact=exact, using=using,
+                                   principals=principals)
 
     allowed = sqlite.allowed_ids(space, filters, using) if filters else None
     if allowed is not None and allowed.size == 0:
         return []
-    return vector_index.search(space, vector, k, using=using, allowed_ids=allowed)
+    return vector_index.search(space, vector, k, using=using, allowed_ids=allowed, principals=principals)
 
 
 def vector_search(space: str, vector, k: int, *, filters: Any = None, ef_search: int | None = None,
-                  exact: bool = False, using: str = "default", retriever: str = "vector") -> list[RetrievedChunk]:
+                  exact: bool = False, using: str = "default", retriever: str = "vector",
+                  principals: Principals | None = None) -> list[RetrievedChunk]:
     """The ``k`` chunks of ``space`` nearest ``vector`` (see ``vector_ids``), with their text.
 
     One query on PostgreSQL; the in-process search and one fetch elsewhere.
     """
     filters = SearchFilters.parse(filters)
+    principals = reader(principals)
     if k <= 0 or _zero(vector):
         return []
     if _is_postgres(using):
         rows = postgres.vector_search(space, vector, k, filters=filters, ef_search=ef_search, exact=exact,
-                                      using=using)
-        return [_hit(row, row[8], retriever, {retriever: float(row[8])}) for row in rows]
-    return fetch_chunks(vector_ids(space, vector, k, filters=filters, using=using), retriever, using)
+                                      using=using, principals=principals)
+        return [_hit(row, row[8], retriever, {retriever: float(row[8])}, principals) for row in rows]
+    return fetch_chunks(vector_ids(space, vector, k, filters=filters, using=using, principals=principals),
+                        retriever, using, principals=principals)
 
 
 def fulltext_search(space: str, text: str, k: int, *, filters: Any = None, config: str = "english",
-                    using: str = "default", retriever: str = "fulltext") -> list[RetrievedChunk]:
-    """The ``k`` chunks of ``space`` that best match any word of ``text``, best first.
+                    using: str = "default", retriever: str = "fulltext",
+                    principals: Principals | None = None) -> list[RetrievedChunk]:
+    """The ``k`` chunks of ``space`` that ``principals`` may read and that best match any word
+    of ``text``, best first.
 
     ``config`` is PostgreSQL's text search configuration (stemming and stop words); SQLite's
     FTS5 index always uses the Porter stemmer. Raises ``sqlite.FullTextUnavailable`` on a SQLite
@@ -148,15 +177,18 @@ def fulltext_search(space: str, text: str, k: int, *, filters: Any = None, confi
     """
 
     filters = SearchFilters.parse(filters)
+    principals = reader(principals)
     postgres.check_config(config)
     terms = query_terms(text, config)
     if k <= 0 or not terms:
         return []
     if _is_postgres(using):
-        rows = postgres.fulltext_search(space, terms, k, filters=filters, config=config, using=using)
-        return [_hit(row, row[8], retriever, {retriever: float(row[8])}) for row in rows]
+        rows = postgres.fulltext_search(space, terms, k, filters=filters, config=config, using=using,
+                                        principals=principals)
+        return [_hit(row, row[8], retriever, {retriever: float(row[8])}, principals) for row in rows]
 
-    return fetch_chunks(sqlite.fulltext_ids(space, terms, k, filters=filters, using=using), retriever, using)
+    return fetch_chunks(sqlite.fulltext_ids(space, terms, k, filters=filters, using=using, principals=principals),
+                        retriever, using, principals=principals)
 
 
 def rrf(ranked: Sequence[Sequence[tuple[int, float]]], weights: Sequence[float], rrf_k: int) -> list[tuple[int, float]]:
@@ -172,7 +204,7 @@ def rrf(ranked: Sequence[Sequence[tuple[int, float]]], weights: Sequence[float],
 def hybrid_search(space: str, vector, text: str, k: int, *, filters: Any = None, ef_search: int | None = None,
                   exact: bool = False, config: str = "english", weights: tuple[float, float] = (1.0, 1.0),
                   rrf_k: int = 60, candidates: int | None = None, using: str = "default",
-                  retriever: str = "hybrid") -> list[RetrievedChunk]:
+                  retriever: str = "hybrid", principals: Principals | None = None) -> list[RetrievedChunk]:
     """Vector and full-text search fused by reciprocal rank: the ``k`` best chunks of ``space``.
 
     Each search contributes ``candidates`` hits (default ``max(2 * k, 20)``); a chunk's score is
@@ -182,6 +214,7 @@ def hybrid_search(space: str, vector, text: str, k: int, *, filters: Any = None,
     """
 
     filters = SearchFilters.parse(filters)
+    principals = reader(principals)
     postgres.check_config(config)
     candidates = candidates or max(2 * k, 20)
     terms = query_terms(text, config)
@@ -192,7 +225,7 @@ def hybrid_search(space: str, vector, text: str, k: int, *, filters: Any = None,
     if _is_postgres(using):
         rows = postgres.hybrid_search(space, vector, terms, k, candidates=candidates, weights=tuple(weights),
                                       rrf_k=rrf_k, filters=filters, ef_search=ef_search, exact=exact,
-                                      config=config, using=using)
+                                      config=config, using=using, principals=principals)
         hits = []
         for row in rows:
             raw = {retriever: float(row[8])}
@@ -200,18 +233,20 @@ def hybrid_search(space: str, vector, text: str, k: int, *, filters: Any = None,
                 raw["vector"] = float(row[9])
             if row[10] is not None:
                 raw["fulltext"] = float(row[10])
-            hits.append(_hit(row, row[8], retriever, raw))
+            hits.append(_hit(row, row[8], retriever, raw, principals))
         return hits
 
-    by_vector = vector_ids(space, vector, candidates, filters=filters, using=using) if vector is not None else []
-    by_text = sqlite.fulltext_ids(space, terms, candidates, filters=filters, using=using) if terms else []
+    by_vector = (vector_ids(space, vector, candidates, filters=filters, using=using, principals=principals)
+                 if vector is not None else [])
+    by_text = (sqlite.fulltext_ids(space, terms, candidates, filters=filters, using=using, principals=principals)
+               if terms else [])
     fused = rrf([by_vector, by_text], weights, rrf_k)[:k]
     raw: dict[int, dict[str, float]] = {cid: {retriever: score} for cid, score in fused}
     for name, hits in (("vector", by_vector), ("fulltext", by_text)):
         for cid, score in hits:
             if cid in raw:
                 raw[cid][name] = score
-    return fetch_chunks(fused, retriever, using, raw_scores=raw)
+    return fetch_chunks(fused, retriever, using, raw_scores=raw, principals=principals)
 
 
 def store_chunks(chunks: Iterable, *, using: str = "default", batch_size: int = 500) -> int:

@@ -9,7 +9,9 @@ drops the triggers: the system check ``ragchat.W012`` notices and ``manage.py ra
 puts them back and rebuilds the index.
 
 Vector search stays in process (``django_ragchat.search.vectorindex``); filters are resolved first by
-one query to the ids of the chunks that pass them.
+one query to the ids of the chunks that pass them. Access (``django_ragchat.access``) is checked
+in the SQL of the full-text search and of the fetch that follows every search; the in-process
+index keeps each chunk's access so that a vector search finds ``k`` readable chunks.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 from django.db import OperationalError, connections
 
+from django_ragchat.access import UNRESTRICTED, Principals, access_sql
 from django_ragchat.models import Chunk, Document
 from django_ragchat.search.filters import SearchFilters
 
@@ -88,11 +91,15 @@ class FullTextUnavailable(RuntimeError):
 
 
 def fulltext_ids(space: str, terms: list[str], k: int, *, filters: SearchFilters = SearchFilters(),
-                 using: str = "default") -> list[tuple[int, float]]:
-    """(chunk id, BM25 score, higher is better) of the best ``k`` chunks matching any term."""
+                 using: str = "default", principals: Principals = UNRESTRICTED) -> list[tuple[int, float]]:
+    """(chunk id, BM25 score, higher is better) of the best ``k`` chunks matching any term that
+    ``principals`` may read."""
     connection = connections[using]
     chunk, document, fts, _ = _names(connection)
     where, params = filters.sql("sqlite", document)
+    readable, access_params = access_sql("sqlite", "c.access", principals)
+    if readable:
+        where, params = f"{where} AND {readable}", [*params, *access_params]
     match = " OR ".join(f'"{term}"' for term in terms)  # terms are \w+ tokens: no quotes inside
     try:
         with connection.cursor() as cursor:

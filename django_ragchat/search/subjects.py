@@ -16,6 +16,11 @@ no configuration:
 ``subject_index(space)`` returns the names of one embedding space, cached per process and
 reloaded when the documents change: one cheap aggregate query over the documents table per call
 (row count, highest id, newest update), like the in-process vector index's freshness stamp.
+
+Only the documents the reader may read name subjects (``principals``, see
+``django_ragchat.access``): "the tablet" never resolves to the title of a document its reader
+may not read. The index of everything is built once; each reader's view keeps the subjects of
+their readable documents (cached per set of principals, a few hundred at most).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 
 from django.db.models import Count, Max
 
+from django_ragchat.access import Principals, current_principals
 from django_ragchat.language import Language, load_language
 from django_ragchat.models import Chunk, Document
 from django_ragchat.text import HEADING_SEPARATOR, STOPWORDS, normalize, stem, words
@@ -99,6 +105,7 @@ class SubjectIndex:
     def __init__(self, subjects: list[Subject], kinds: dict[str, str] | None = None,
                  language: Language | None = None):
         self.subjects = subjects
+        self.kinds = kinds or {}
         self.language = language or load_language()
         self._by_token: dict[str, list[Subject]] = {}
         # "the tablet" names the one subject the corpus defines as a tablet ({subject name: kind}).
@@ -113,6 +120,17 @@ class SubjectIndex:
 
     def __len__(self) -> int:
         return len(self.subjects)
+
+    def restricted_to(self, documents: set[int]) -> SubjectIndex:
+        """The index of the subjects named by ``documents`` (ids) alone."""
+        kept = []
+        for subject in self.subjects:
+            readable = subject.documents & documents
+            if readable:
+                kept.append(subject if readable == subject.documents else
+                            Subject(subject.name, subject.tokens, frozenset(readable)))
+        names = {s.name for s in kept}
+        return SubjectIndex(kept, {n: k for n, k in self.kinds.items() if n in names}, self.language)
 
     @classmethod
     def from_rows(cls, rows, *, named_in_text=None, openings: dict[int, str] | None = None,
@@ -224,15 +242,41 @@ def _kinds(subjects, openings: dict[int, str], language: Language) -> dict[str, 
     return kinds
 
 
-_cache: dict[tuple[str, str, str], tuple[tuple, SubjectIndex]] = {}
+@dataclass
+class _Cached:
+    stamp: tuple
+    index: SubjectIndex
+    access: dict[int, list[str]]
+    views: dict[frozenset[str], SubjectIndex]
+
+
+#: Readers' views kept per cached index (one per distinct set of principals).
+MAX_VIEWS = 256
+_cache: dict[tuple[str, str, str], _Cached] = {}
 _lock = threading.Lock()
 
 
-def subject_index(space: str, using: str = "default", language: Language | None = None) -> SubjectIndex:
-    """The subjects of the documents stored in embedding space ``space`` (cached, see module
+def subject_index(space: str, using: str = "default", language: Language | None = None,
+                  principals: Principals | None = None) -> SubjectIndex:
+    """The subjects of the documents stored in embedding space ``space`` that ``principals``
+    (default: the reader of the turn in progress, else the public) may read, cached (see module
     docstring), read with ``language``'s words (the default language when not given). Call from
     synchronous code (it queries the database)."""
-    language = language or load_language()
+    cached = _full_index(space, using, language or load_language())
+    principals = principals if principals is not None else current_principals()
+    if principals.unrestricted:
+        return cached.index
+    view = cached.views.get(principals.tokens)
+    if view is None:
+        readable = {d for d, access in cached.access.items() if principals.may_read(access or ())}
+        view = cached.index if len(readable) == len(cached.access) else cached.index.restricted_to(readable)
+        if len(cached.views) >= MAX_VIEWS:
+            cached.views.clear()
+        cached.views[principals.tokens] = view
+    return view
+
+
+def _full_index(space: str, using: str, language: Language) -> _Cached:
     # Ingestion saves the Document row whenever it replaces its chunks (a new updated_at), and
     # ids are never reused, so this stamp changes with every change to titles or headings. The
     # documents table is far smaller than the chunks table: the check stays cheap per turn.
@@ -240,13 +284,15 @@ def subject_index(space: str, using: str = "default", language: Language | None 
         n=Count("id"), top=Max("id"), changed=Max("updated_at")).values())
     key = (using, space, str(language.directory))
     cached = _cache.get(key)
-    if cached is not None and cached[0] == stamp:
-        return cached[1]
+    if cached is not None and cached.stamp == stamp:
+        return cached
     with _lock:
         cached = _cache.get(key)
-        if cached is None or cached[0] != stamp:
-            titles = dict(Document.objects.using(using).filter(chunks__space=space)
-                          .values_list("id", "title").distinct())
+        if cached is None or cached.stamp != stamp:
+            found = (Document.objects.using(using).filter(chunks__space=space)
+                     .values_list("id", "title", "access").distinct())
+            titles = {document_id: title for document_id, title, _ in found}
+            access = {document_id: list(tokens or ()) for document_id, _, tokens in found}
             headings = (Chunk.objects.using(using).filter(space=space)
                         .values_list("document_id", "heading").distinct())
             rows = [(document_id, titles.get(document_id, ""), heading.split(HEADING_SEPARATOR))
@@ -271,10 +317,10 @@ def subject_index(space: str, using: str = "default", language: Language | None 
             # Each document's first chunk defines what it is about ("... is an 11-inch tablet").
             openings = dict(Chunk.objects.using(using).filter(space=space, ordinal=0, document_id__in=list(titles))
                             .values_list("document_id", "text"))
-            cached = (stamp, SubjectIndex.from_rows(rows, named_in_text=named_in_text, openings=openings,
-                                                    language=language))
+            cached = _Cached(stamp, SubjectIndex.from_rows(rows, named_in_text=named_in_text, openings=openings,
+                                                           language=language), access, {})
             _cache[key] = cached
-    return cached[1]
+    return cached
 
 
 def clear_cache() -> None:

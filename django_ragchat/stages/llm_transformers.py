@@ -102,6 +102,8 @@ def format_history(history: tuple[HistoryMessage, ...], *, messages: int, max_ch
     """The last ``messages`` messages as "User: ..." / "Assistant: ..." lines, each shortened."""
     lines = []
     for message in history[-messages:] if messages else ():
+        if message.is_tool_exchange:
+            continue
         role = "User" if message.role == "user" else "Assistant"
         content = " ".join(message.content.split())
         if len(content) > max_chars:

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django_ragchat import hookimpl
 from django_ragchat.answerer.selector import (
@@ -45,23 +45,34 @@ if TYPE_CHECKING:
 
 class LLMBackend(Component):
     """Base class. Implement ``complete`` or ``stream`` (or both); each has a default in terms
-    of the other. ``model`` names the model for traces."""
+    of the other. ``model`` names the model for traces.
+
+    A backend that calls tools reads ``prompt.tools`` (the ``tools`` entries offered) and
+    ``prompt.tool_choice``, and returns the calls the model asked for as
+    ``LLMResponse.tool_calls`` (streamed: on the last ``LLMDelta``); the turn runs them and
+    asks again with the results (docs/tools.md). One that calls none ignores them.
+    """
 
     kind = "llm"
     model: str = ""
+    #: False for a backend that never calls tools: the turn then offers it none, and a profile
+    #: with ``"retrieval": "tool"`` retrieves before every answer instead.
+    calls_tools: ClassVar[bool] = True
 
     async def complete(self, prompt: Prompt, turn: TurnContext) -> LLMResponse:
-        parts, usage, model = [], None, self.model
+        parts, usage, model, calls, finish = [], None, self.model, (), "stop"
         async for delta in self.stream(prompt, turn):
             parts.append(delta.text)
             usage = delta.usage or usage
             model = delta.model or model
-        return LLMResponse(text="".join(parts), model=model, usage=usage)
+            calls = delta.tool_calls or calls
+            finish = delta.finish_reason or finish
+        return LLMResponse(text="".join(parts), model=model, usage=usage, finish_reason=finish, tool_calls=calls)
 
     async def stream(self, prompt: Prompt, turn: TurnContext) -> AsyncIterator[LLMDelta]:
         response = await self.complete(prompt, turn)
         yield LLMDelta(text=response.text, model=response.model, usage=response.usage,
-                       finish_reason=response.finish_reason)
+                       finish_reason=response.finish_reason, tool_calls=response.tool_calls)
 
 
 
@@ -70,15 +81,18 @@ class ExtractiveAnswerer(LLMBackend):
     about, each cited as ``[n]``; a plain decline naming what the documents do describe when
     none does. Options: ``min_coverage`` (0.5), ``max_sentences`` (4), ``no_answer`` (used when
     no passage was given; default: the language's); with a semantic embedder (``wordllama``)
-    also ``semantic_weight`` (0.5), ``min_similarity`` (0.7) and ``near_word_similarity`` (0.45). It reads with the profile's vocabulary
-    (``vocabulary`` setting: language, synonym groups). The engine is
-    ``django_ragchat.answerer.selector.AnswerSelector``; docs/answerer.md. It calls no tools.
+    also ``semantic_weight`` (0.5), ``min_similarity`` (0.7) and ``near_word_similarity`` (0.45).
+    It reads with the profile's vocabulary (``vocabulary`` setting: language, synonym groups) and,
+    when that is a semantic model running in process, its embedder. The engine is
+    ``django_ragchat.answerer.selector.AnswerSelector``; docs/answerer.md. It calls no tools:
+    a profile's ``tools`` are never offered to it (the system check ragchat.W041 says so).
     """
 
     name = "extractive"
     model = "extractive"
     uses_vocabulary = True
     uses_embedder = True
+    calls_tools = False
 
     def __init__(self, profile, *, vocabulary: Vocabulary, embedder: Any = None,
                  min_coverage: float = DEFAULT_MIN_COVERAGE, max_sentences: int = 4, no_answer: str | None = None,
@@ -143,13 +157,14 @@ class OpenAIChatBackend(LLMBackend):
             turn.warn(f"the answer was cut at {self.chat.max_tokens} tokens (max_tokens)")
 
     async def complete(self, prompt, turn):
-        response = await self.chat.complete(list(prompt.messages))
+        response = await self.chat.complete(list(prompt.messages), tools=prompt.tools, tool_choice=prompt.tool_choice)
         self._note_finish(turn, response.finish_reason)
         return response
 
     async def stream(self, prompt, turn):
         # aclosing: a turn stopped mid-answer closes the HTTP response now, not at garbage collection.
-        async with contextlib.aclosing(self.chat.stream(list(prompt.messages))) as deltas:
+        deltas = self.chat.stream(list(prompt.messages), tools=prompt.tools, tool_choice=prompt.tool_choice)
+        async with contextlib.aclosing(deltas) as deltas:
             async for delta in deltas:
                 if delta.finish_reason:
                     self._note_finish(turn, delta.finish_reason)

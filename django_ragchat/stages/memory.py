@@ -15,27 +15,61 @@ from asgiref.sync import sync_to_async
 
 from django_ragchat import hookimpl
 from django_ragchat.components import Component
-from django_ragchat.models import Message
+from django_ragchat.models import Message, ToolInvocation
 from django_ragchat.types import HistoryMessage
 
 if TYPE_CHECKING:
     from django_ragchat.turn.context import TurnContext
 
 
-def load_recent_messages(conversation_id, before_seq: int, limit: int) -> list[HistoryMessage]:
+def load_recent_messages(conversation_id, before_seq: int, limit: int, *,
+                         with_tools: bool = False) -> list[HistoryMessage]:
     """The last ``limit`` messages before ``before_seq`` that the model may see, oldest first.
 
     Failed assistant messages are left out (their partial text would mislead the model);
-    incomplete ones (cancelled by the user) are kept, as the user saw them.
+    incomplete ones (cancelled by the user) are kept, as the user saw them. ``with_tools``
+    adds each answer's tool calls and results before it, in the OpenAI format (one more
+    query, whatever the number of messages).
     """
 
-    rows = (
+    rows = list(
         Message.objects.filter(conversation_id=conversation_id, seq__lt=before_seq)
         .exclude(status__in=[Message.Status.ERROR, Message.Status.STREAMING])
         .order_by("-seq")
-        .values_list("role", "content", "seq", "token_count")[:limit]
+        .values_list("pk", "role", "content", "seq", "token_count")[:limit]
     )
-    return [HistoryMessage(role=r, content=c, seq=s, token_count=t) for r, c, s, t in reversed(rows)]
+    rows.reverse()
+    exchanges = tool_exchanges([pk for pk, role, *_ in rows if role == Message.Role.ASSISTANT]) if with_tools else {}
+    messages = []
+    for pk, role, content, seq, tokens in rows:
+        messages += exchanges.get(pk, ())
+        messages.append(HistoryMessage(role=role, content=content, seq=seq, token_count=tokens))
+    return messages
+
+
+#: What the model reads of a call whose answer ended before it had a result.
+NOT_RUN = '{"error": "not_run", "message": "The answer ended before this call had a result."}'
+
+
+def tool_exchanges(message_ids: list[int]) -> dict[int, list[HistoryMessage]]:
+    """The tool calls of these assistant messages, as the history messages that go before
+    each: per step, an assistant message with its ``tool_calls``, then one ``tool`` message
+    per result. A result's tokens count on its ``tool`` message. One query."""
+    if not message_ids:
+        return {}
+    steps: dict[tuple[int, int], list] = {}
+    for row in (ToolInvocation.objects.filter(message_id__in=message_ids).order_by("message_id", "step", "index")
+                .values_list("message_id", "step", "call_id", "name", "arguments", "content", "token_count")):
+        steps.setdefault(row[:2], []).append(row)
+    found: dict[int, list[HistoryMessage]] = {}
+    for (message_id, _), calls in steps.items():
+        exchange = found.setdefault(message_id, [])
+        exchange.append(HistoryMessage(role="assistant", content="", token_count=4, tool_calls=tuple(
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments or "{}"}}
+            for _, _, call_id, name, arguments, _, _ in calls)))
+        exchange += [HistoryMessage(role="tool", content=content or NOT_RUN, tool_call_id=call_id, token_count=tokens)
+                     for _, _, call_id, _, _, content, tokens in calls]
+    return found
 
 
 def split_turns(messages: list[HistoryMessage]) -> list[list[HistoryMessage]]:
@@ -59,13 +93,14 @@ def newest_turns_within(turns: list[list[HistoryMessage]], *, max_tokens: int,
     tokens = messages = 0
     for turn in reversed(turns):
         turn_tokens = sum(m.token_count for m in turn)
+        said = sum(1 for m in turn if not m.is_tool_exchange)  # tool steps count by tokens, not as messages
         if tokens + turn_tokens > max_tokens:
             break
-        if max_messages is not None and messages + len(turn) > max_messages:
+        if max_messages is not None and messages + said > max_messages:
             break
         kept.append(turn)
         tokens += turn_tokens
-        messages += len(turn)
+        messages += said
     return [m for turn in reversed(kept) for m in turn]
 
 
@@ -73,7 +108,9 @@ class MemoryStrategy(Component):
     """Base class: choose the history the model sees for this turn.
 
     ``select`` receives the turn and the history token budget and returns ``HistoryMessage``
-    objects, oldest first. ``fetch_limit`` bounds how many recent messages are read.
+    objects, oldest first. ``fetch_limit`` bounds how many recent messages are read. A strategy
+    that reads the log itself instead of through ``recent`` must use ``turn.supplied_history``
+    when it is set (see ``TurnContext``).
     """
 
     kind = "memory"
@@ -83,8 +120,15 @@ class MemoryStrategy(Component):
         self.fetch_limit = fetch_limit
 
     async def recent(self, turn: TurnContext) -> list[HistoryMessage]:
+        """The newest ``fetch_limit`` messages before this turn's, oldest first: from the log
+        (one query; with their tool calls when the profile offers tools: a model offered none may
+        refuse a history that has them), or the ones the caller sent with the message
+        (``turn.supplied_history``, no query)."""
+        if turn.supplied_history is not None:
+            return turn.supplied_history[-self.fetch_limit:] if self.fetch_limit > 0 else []
+        with_tools = turn.profile.offers_tools and turn.components.llm.calls_tools
         return await sync_to_async(load_recent_messages)(
-            turn.conversation.pk, turn.user_message.seq, self.fetch_limit
+            turn.conversation.pk, turn.user_message.seq, self.fetch_limit, with_tools=with_tools
         )
 
     async def select(self, turn: TurnContext, budget_tokens: int) -> list[HistoryMessage]:

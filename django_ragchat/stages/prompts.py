@@ -88,11 +88,17 @@ class ContextPromptAugmenter(PromptAugmenter):
         else:
             user_content = question
         messages = [{"role": "system", "content": self.profile.system_prompt}]
-        messages += [{"role": m.role, "content": m.content} for m in history if m.role in ("user", "assistant")]
+        messages += [m.as_message() for m in history if m.role in ("user", "assistant", "tool")]
         messages.append({"role": "user", "content": user_content})
-        token_count = sum(count_tokens(m["content"]) + 4 for m in messages)
+        # A tool step's tokens were counted when it was saved (its calls are not "content").
+        token_count = sum(count_tokens(m["content"]) + 4 for m in messages if not _is_tool_step(m)) + sum(
+            m.token_count + 4 for m in history if m.is_tool_exchange)
         return Prompt(messages=tuple(messages), question=question, search_query=query.text,
                       documents=tuple(kept), token_count=token_count)
+
+
+def _is_tool_step(message: dict) -> bool:
+    return message["role"] == "tool" or "tool_calls" in message
 
 
 @hookimpl

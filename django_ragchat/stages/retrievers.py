@@ -20,6 +20,12 @@ so the default profile stays vector-only. Options come from the profile
 Filters (``{"metadata": {...}, "sources": [...], "source_prefixes": [...]}``, see
 ``django_ragchat.search.filters``) are applied inside the search's SQL: a profile's ``filters``
 option always, and a request's ``query.metadata["filters"]`` on top (both must hold).
+
+Access: every search reads as the turn's asker (``turn.principals``, see
+``django_ragchat.access``), inside its SQL. A plugin retriever built on ``django_ragchat.search``
+(or ``search_vectors`` and ``fetch_chunks`` here) reads as the asker without asking: the turn
+sets the reader of its stages. Chunks a retriever makes another way are checked by the turn
+in SQL before anything sees them.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
 from django_ragchat import hookimpl, search
+from django_ragchat.access import Principals
 from django_ragchat.components import Component
 from django_ragchat.models import Chunk
 from django_ragchat.search import SearchFilters, fetch_chunks
@@ -62,10 +69,11 @@ class Retriever(Component):
 
 def search_vectors(space: str, vector: np.ndarray, k: int, *, using: str = "default",
                    filters: Any = None, ef_search: int | None = None,
-                   exact: bool = False) -> list[tuple[int, float]]:
-    """Nearest chunk ids in ``space`` with cosine similarities, best first
-    (``django_ragchat.search.vector_ids``)."""
-    return search.vector_ids(space, vector, k, filters=filters, ef_search=ef_search, exact=exact, using=using)
+                   exact: bool = False, principals: Principals | None = None) -> list[tuple[int, float]]:
+    """Nearest chunk ids in ``space`` readable by ``principals`` (by default the turn's asker),
+    with cosine similarities, best first (``django_ragchat.search.vector_ids``)."""
+    return search.vector_ids(space, vector, k, filters=filters, ef_search=ef_search, exact=exact, using=using,
+                             principals=principals)
 
 
 def check_space_has_chunks(space: str, using: str = "default") -> None:
@@ -118,16 +126,19 @@ class VectorRetriever(_FilteredRetriever):
         self.ef_search = _check_ef_search(ef_search)
         self.exact = bool(exact)
 
-    def search(self, space: str, vector: np.ndarray, k: int, filters: Any = None) -> list[RetrievedChunk]:
-        """The search itself, synchronous (``filters`` on top of the profile's)."""
+    def search(self, space: str, vector: np.ndarray, k: int, filters: Any = None, *,
+               principals: Principals | None = None) -> list[RetrievedChunk]:
+        """The search itself, synchronous (``filters`` on top of the profile's), reading as
+        ``principals`` (by default the turn's asker, else the public)."""
         hits = search.vector_search(space, vector, k, filters=self.filters & SearchFilters.parse(filters),
-                                    ef_search=self.ef_search, exact=self.exact, retriever=self.name)
+                                    ef_search=self.ef_search, exact=self.exact, retriever=self.name,
+                                    principals=principals)
         return self._found(hits, space)
 
     async def retrieve(self, query, turn, k):
         vector = (await turn.embed([query.text]))[0]
         return await sync_to_async(self.search)(turn.components.embedder.space, vector, k,
-                                                query.metadata.get("filters"))
+                                                query.metadata.get("filters"), principals=turn.principals)
 
 
 class FullTextRetriever(_FilteredRetriever):
@@ -142,14 +153,15 @@ class FullTextRetriever(_FilteredRetriever):
         super().__init__(profile, **options)
         self.config = check_config(config)
 
-    def search(self, space: str, text: str, k: int, filters: Any = None) -> list[RetrievedChunk]:
+    def search(self, space: str, text: str, k: int, filters: Any = None, *,
+               principals: Principals | None = None) -> list[RetrievedChunk]:
         hits = search.fulltext_search(space, text, k, filters=self.filters & SearchFilters.parse(filters),
-                                      config=self.config, retriever=self.name)
+                                      config=self.config, retriever=self.name, principals=principals)
         return self._found(hits, space)
 
     async def retrieve(self, query, turn, k):
         return await sync_to_async(self.search)(turn.components.embedder.space, query.text, k,
-                                                query.metadata.get("filters"))
+                                                query.metadata.get("filters"), principals=turn.principals)
 
 
 class HybridRetriever(VectorRetriever):
@@ -179,18 +191,19 @@ class HybridRetriever(VectorRetriever):
         self.config = check_config(config)
 
     def search(self, space: str, vector: np.ndarray, k: int, filters: Any = None, *,
-               text: str = "") -> list[RetrievedChunk]:
+               text: str = "", principals: Principals | None = None) -> list[RetrievedChunk]:
         hits = search.hybrid_search(
             space, vector, text, k, filters=self.filters & SearchFilters.parse(filters), ef_search=self.ef_search,
             exact=self.exact, config=self.config, weights=self.weights, rrf_k=self.rrf_k,
-            candidates=self.candidates, retriever=self.name,
+            candidates=self.candidates, retriever=self.name, principals=principals,
         )
         return self._found(hits, space)
 
     async def retrieve(self, query, turn, k):
         vector = (await turn.embed([query.text]))[0]
         return await sync_to_async(self.search)(turn.components.embedder.space, vector, k,
-                                                query.metadata.get("filters"), text=query.text)
+                                                query.metadata.get("filters"), text=query.text,
+                                                principals=turn.principals)
 
 
 @hookimpl

@@ -148,9 +148,13 @@ class SummaryMemory(MemoryStrategy):
         """Tokens the memory message (summary and facts, with the acknowledgement) may take."""
         return int(budget_tokens * self.summary_share)
 
-    def load(self, conversation, before_seq: int) -> tuple[dict | None, list[str], list[HistoryMessage], bool]:
+    def load(self, conversation, before_seq: int,
+             supplied: list[HistoryMessage] | None = None) -> tuple[dict | None, list[str], list[HistoryMessage], bool]:
         """(summary row, facts, unsummarised messages before ``before_seq`` (the newest
-        ``fetch_limit``, oldest first), whether that limit cut them). Two queries."""
+        ``fetch_limit``, oldest first), whether that limit cut them). Two queries.
+
+        With ``supplied`` (the messages a stateless caller sent, ``TurnContext.supplied_history``)
+        those are the messages and there is no summary: one query, for the facts."""
 
         kinds = Q(conversation_id=conversation.pk, kind=MemoryRecord.Kind.SUMMARY)
         if self.include_facts:
@@ -167,6 +171,8 @@ class SummaryMemory(MemoryStrategy):
         )
         summary = records[0] if records and records[0]["kind"] == MemoryRecord.Kind.SUMMARY else None
         facts = [r["content"] for r in records if r["kind"] == MemoryRecord.Kind.FACT][: self.max_facts]
+        if supplied is not None:
+            return None, facts, supplied[-self.fetch_limit:], len(supplied) >= self.fetch_limit
         covers = (summary or {}).get("covers_until_seq") or 0
         rows = list(
             _visible(Message.objects.filter(conversation_id=conversation.pk, seq__gt=covers, seq__lt=before_seq))
@@ -193,7 +199,8 @@ class SummaryMemory(MemoryStrategy):
                                token_count=acknowledgement_tokens)]
 
     async def select(self, turn: TurnContext, budget_tokens: int) -> list[HistoryMessage]:
-        summary, facts, messages, cut = await sync_to_async(self.load)(turn.conversation, turn.user_message.seq)
+        summary, facts, messages, cut = await sync_to_async(self.load)(turn.conversation, turn.user_message.seq,
+                                                                       turn.supplied_history)
         memory = self.memory_messages(summary, facts, self.memory_cap(budget_tokens))
         memory_tokens = sum(m.token_count for m in memory)
         recent = newest_turns_within(split_turns(messages), max_tokens=budget_tokens - memory_tokens)
@@ -216,8 +223,8 @@ class SummaryMemory(MemoryStrategy):
         """Enqueue a fold (the ``fold_summary`` task) when the unsummarised messages no longer
         fit beside a full summary."""
         state = turn.state.get(STATE_KEY)
-        if not state:
-            return
+        if not state or turn.supplied_history is not None:
+            return  # nothing to fold: the caller keeps the history, the log does not hold it
         budget = state["budget"]
         unsummarized = state["unsummarized_tokens"] + turn.user_message.token_count + message.token_count
         if state["cut"] or unsummarized > budget - self.memory_cap(budget):

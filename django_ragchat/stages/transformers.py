@@ -442,7 +442,8 @@ class FollowUpEnricher(QueryTransformer):
 
     async def _resolve_with_subjects(self, query, turn):
         index = await sync_to_async(subject_index)(turn.components.embedder.space,
-                                                   language=self.vocabulary.language)
+                                                   language=self.vocabulary.language,
+                                                   principals=getattr(turn, "principals", None))
         return self.resolve(query, turn, index)
 
     def state_of(self, query: Query, index: SubjectIndex) -> tuple[ConversationState, ConversationState, Reading]:

@@ -13,6 +13,14 @@ Standard library only, so it can ship inside the package::
         server.script("Hello!")
         client = openai.OpenAI(base_url=server.base_url, api_key="test")
 
+Tool calling: a scripted reply may ask for tools instead of (or beside) text,
+``server.script(tool_calls(call("order_status", order_number="ORD-17")), "It shipped.")``:
+the first request is answered with the call (whole, or streamed as the API streams them:
+the call's id and name, then its arguments in fragments, ``finish_reason`` ``"tool_calls"``),
+the next one with the text. Requests are checked as the API checks them: every ``tool``
+message must answer a call of the assistant message before it, and every call must be
+answered (400 otherwise); ``tool_choice: "none"`` gets no calls.
+
 Standalone: ``python -m django_ragchat.testing.openai_server --port 8001``.
 """
 
@@ -41,11 +49,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, NamedTuple, Union
 from urllib.parse import urlsplit
 
-__all__ = ["FakeOpenAIServer", "RecordedRequest", "embed", "FAULT_KINDS"]
+__all__ = ["FakeOpenAIServer", "RecordedRequest", "embed", "FAULT_KINDS", "call", "tool_calls"]
 
 log = logging.getLogger(__name__)
 
-Reply = Union[str, Callable[[dict], str]]
+# A reply: text, a tool_calls(...) dict, or a callable of the request returning either.
+Reply = Union[str, dict, Callable[[dict], Union[str, dict]]]
 FAULT_KINDS = frozenset({"latency", "rate_limit", "server_error", "cut_stream", "malformed_json"})
 DEFAULT_MODELS = ("gpt-4o-mini", "gpt-4o", "text-embedding-3-small", "text-embedding-3-large")
 # Tokens are words together with the whitespace around them, so that joining
@@ -121,6 +130,62 @@ def embed(text: str, dimensions: int = 64) -> list[float]:
     return [x / norm for x in vec]
 
 
+def call(name: str, arguments: Any = None, *, id: str | None = None, **kwargs: Any) -> dict:
+    """One tool call for :func:`tool_calls`: ``call("order_status", order_number="ORD-17")``.
+    ``arguments`` may be a dict (sent as JSON) or text sent as is (malformed JSON, to test
+    how a client copes); ``id`` defaults to ``call_<n>``."""
+    if arguments is None:
+        arguments = kwargs
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": id, "name": name, "arguments": text}
+
+
+def tool_calls(*calls: dict, content: str = "") -> dict:
+    """A reply asking for tool calls (several: parallel calls), with optional text before them."""
+    return {"content": content, "tool_calls": list(calls)}
+
+
+@dataclass
+class _Answer:
+    """A chosen reply: its text and the tool calls it asks for (OpenAI's shape)."""
+
+    content: str
+    tool_calls: list = field(default_factory=list)
+
+
+def _answer(value: Any, ids: Callable[[], str]) -> _Answer:
+    if not isinstance(value, dict):
+        return _Answer(str(value))
+    calls = []
+    for position, item in enumerate(value.get("tool_calls") or ()):
+        calls.append({"id": item.get("id") or f"{ids()}-{position}", "type": "function",
+                      "function": {"name": item["name"], "arguments": item.get("arguments", "{}")}})
+    return _Answer(str(value.get("content") or ""), calls)
+
+
+def tool_protocol_error(body: dict) -> str | None:
+    """What the API would answer 400 for in a request's tools and tool messages, or None."""
+    for tool in body.get("tools") or ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not (isinstance(function, dict) and tool.get("type") == "function" and function.get("name")):
+            return "Invalid 'tools': each tool must be {'type': 'function', 'function': {'name': ...}}."
+    expected: set = set()
+    for message in body.get("messages") or ():
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "tool":
+            if message.get("tool_call_id") not in expected:
+                return "messages with role 'tool' must be a response to a preceeding message with 'tool_calls'."
+            expected.discard(message.get("tool_call_id"))
+            continue
+        if expected:
+            return (f"An assistant message with 'tool_calls' must be followed by tool messages responding to "
+                    f"each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+                    f"{', '.join(sorted(expected))}")
+        if role == "assistant" and message.get("tool_calls"):
+            expected = {c.get("id") for c in message["tool_calls"] if isinstance(c, dict)}
+    return None
+
+
 def default_reply(request: dict) -> str:
     """The answer given when nothing is scripted: echoes the last user message."""
     messages = request.get("messages") or []
@@ -133,7 +198,7 @@ class FakeOpenAIServer:
 
     Args:
         host, port: where to listen; port 0 picks a free port.
-        token_delay: seconds to wait before each streamed token.
+        token_delay: seconds to wait before each streamed token (and tool call fragment).
         embedding_dimensions: default embedding size when a request gives no
             ``dimensions``.
         models: ids listed by ``GET /v1/models``.
@@ -155,8 +220,11 @@ class FakeOpenAIServer:
         embedding_dimensions: int = 64,
         models: tuple = DEFAULT_MODELS,
         default_reply: Callable[[dict], str] = default_reply,
+        argument_fragment_chars: int = 7,
     ) -> None:
         self.host, self.port = host, port
+        # A streamed tool call's arguments arrive in pieces of this many characters.
+        self.argument_fragment_chars = argument_fragment_chars
         self.token_delay = self._initial_token_delay = token_delay
         self.embedding_dimensions = embedding_dimensions
         self.models = tuple(models)
@@ -233,7 +301,8 @@ class FakeOpenAIServer:
         self._released.set()
 
     def script(self, *replies: Reply) -> None:
-        """Queue chat replies, used in order; each a string or ``(request_json) -> str``."""
+        """Queue chat replies, used in order; each a string, a :func:`tool_calls` reply, or
+        ``(request_json) -> str | dict``."""
         with self._lock:
             self._script.extend(replies)
 
@@ -296,7 +365,7 @@ class FakeOpenAIServer:
                     return fault
         return None
 
-    def _choose_reply(self, body: dict) -> str:
+    def _choose_reply(self, body: dict) -> _Answer:
         messages = body.get("messages") or []
         texts = [_text(m.get("content")) for m in messages]
         last_user = next((t for m, t in zip(reversed(messages), reversed(texts)) if m.get("role") == "user"), "")
@@ -315,7 +384,10 @@ class FakeOpenAIServer:
         if reply is None:
             reply = self.default_reply
         # Callables run outside the lock: they may be slow or call back in.
-        return str(reply(body)) if callable(reply) else str(reply)
+        answer = _answer(reply(body) if callable(reply) else reply, lambda: self._next_id("call"))
+        if body.get("tool_choice") == "none" or not body.get("tools"):
+            answer.tool_calls = []  # a model is never given the chance
+        return answer
 
     def _next_id(self, prefix: str) -> str:
         return f"{prefix}-{next(self._ids)}"
@@ -514,18 +586,23 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _chat(self, body: dict, fault: _Fault | None) -> None:
         fake = self.server.fake
+        problem = tool_protocol_error(body)
+        if problem:
+            return self._error(400, problem, "invalid_request_error", code="invalid_request")
         try:
-            reply = fake._choose_reply(body)
+            answer = fake._choose_reply(body)
         except Exception as exc:  # a scripted callable failed: tell the test, loudly
             log.exception("reply callable failed")
             return self._error(500, f"Scripted reply raised {exc!r}", "server_error")
+        reply = answer.content
         tokens = _TOKEN_RE.findall(reply) or ([reply] if reply else [])
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        finish = "stop"
+        finish = "tool_calls" if answer.tool_calls else "stop"
         if limit and len(tokens) > int(limit):
             tokens, finish = tokens[: int(limit)], "length"
         prompt = sum(_words(_text(m.get("content"))) for m in body.get("messages") or [])
-        completion = sum(_words(t) for t in tokens)
+        completion = sum(_words(t) for t in tokens) + sum(
+            _words(c["function"]["arguments"].replace('"', " ")) for c in answer.tool_calls)
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
         base = {
             "id": fake._next_id("chatcmpl"),
@@ -534,12 +611,16 @@ class _Handler(BaseHTTPRequestHandler):
             "system_fingerprint": "fp_ragchat",
         }
         if body.get("stream"):
-            return self._stream(base, tokens, finish, usage, body, fault)
-        message = {"role": "assistant", "content": "".join(tokens), "refusal": None}
+            return self._stream(base, tokens, finish, usage, body, fault, answer.tool_calls)
+        message = {"role": "assistant", "content": "".join(tokens) if tokens or not answer.tool_calls else None,
+                   "refusal": None}
+        if answer.tool_calls:
+            message["tool_calls"] = answer.tool_calls
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         self._json(200, {**base, "object": "chat.completion", "choices": [choice], "usage": usage})
 
-    def _stream(self, base: dict, tokens: list, finish: str, usage: dict, body: dict, fault: _Fault | None) -> None:
+    def _stream(self, base: dict, tokens: list, finish: str, usage: dict, body: dict, fault: _Fault | None,
+                calls: list = ()) -> None:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         base = {**base, "object": "chat.completion.chunk"}
 
@@ -562,6 +643,9 @@ class _Handler(BaseHTTPRequestHandler):
             if i == self.server.fake._hold_after:
                 self.server.fake._released.wait(10)
             self._event(chunk({"content": token}))
+        for position, tool_call in enumerate(calls):
+            if self._stream_tool_call(chunk, position, tool_call):
+                return self._abort()
         if fault and fault.kind == "cut_stream":
             return self._abort()
         if fault and fault.kind == "malformed_json":
@@ -572,6 +656,20 @@ class _Handler(BaseHTTPRequestHandler):
                 self._event({**base, "choices": [], "usage": usage})
         self._event("[DONE]")
         self.wfile.write(b"0\r\n\r\n")
+
+    def _stream_tool_call(self, chunk: Callable[[dict], dict], position: int, tool_call: dict) -> bool:
+        """Stream one call as the API does: id, type and name first, then the arguments in
+        fragments. True when the server is stopping (the caller drops the connection)."""
+        fake = self.server.fake
+        function = tool_call["function"]
+        self._event(chunk({"tool_calls": [{"index": position, "id": tool_call["id"], "type": "function",
+                                           "function": {"name": function["name"], "arguments": ""}}]}))
+        text, size = function["arguments"], max(1, fake.argument_fragment_chars)
+        for start in range(0, len(text), size):
+            if fake.token_delay and fake._stopping.wait(fake.token_delay):
+                return True
+            self._event(chunk({"tool_calls": [{"index": position, "function": {"arguments": text[start:start + size]}}]}))
+        return False
 
     def _event(self, payload: Any) -> None:
         text = payload if isinstance(payload, str) else json.dumps(payload)

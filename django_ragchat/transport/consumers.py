@@ -1,6 +1,6 @@
 """The websocket consumer: chat over one socket, with the JSON protocol of docs/protocol.md.
 
-The client sends ``message``, ``cancel`` and ``ping`` frames; the server relays the events of
+The client sends ``message``, ``cancel``, ``tool_decision`` and ``ping`` frames; the server relays the events of
 each turn (``transport.turn_events``, the same path as server-sent events) and answers
 malformed frames with an ``error`` event, keeping the connection open.
 
@@ -36,11 +36,12 @@ from django.contrib.auth import SESSION_KEY
 
 from django_ragchat import permissions
 from django_ragchat.events import PROTOCOL_VERSION, Accepted, Completed, Failed
-from django_ragchat.models import Conversation, Message
+from django_ragchat.models import Conversation, Message, ToolInvocation
 from django_ragchat.transport import jsonbody
 from django_ragchat.transport import turns as transport
 from django_ragchat.transport.turns import TurnRefused
 from django_ragchat.turn import persistence
+from django_ragchat.turn.confirmations import DecisionRefused, decide_tool_call
 from django_ragchat.turn.lanes import database_lane
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,10 @@ def group_name(conversation_id) -> str:
 
 def _stopped_payload(message_id: int) -> dict[str, Any] | None:
     message = Message.objects.filter(pk=message_id).first()
-    return persistence.message_payload(message) if message is not None else None
+    if message is None:
+        return None
+    tool_calls = [t.payload() for t in ToolInvocation.objects.filter(message_id=message_id)]
+    return persistence.message_payload(message, tool_calls=tool_calls)
 
 
 def session_is_current(user, session) -> bool:
@@ -252,8 +256,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return await self._error("invalid_frame", refusal.message)
         handler = self.frame_handlers.get(frame.get("type")) if isinstance(frame.get("type"), str) else None
         if handler is None:
-            return await self._error("unknown_type", 'Unknown frame type; send "message", "cancel" or "ping".',
-                                     client_id)
+            return await self._error("unknown_type", 'Unknown frame type; send "message", "cancel", '
+                                     '"tool_decision" or "ping".', client_id)
         await handler(self, frame, client_id)
 
     async def on_message(self, frame: dict, client_id: str | None) -> None:
@@ -320,7 +324,27 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def on_ping(self, frame: dict, client_id: str | None) -> None:
         await self._send_frame(self._frame({"type": "pong"}, None, client_id))
 
-    frame_handlers: ClassVar[dict] = {"message": on_message, "cancel": on_cancel, "ping": on_ping}
+    async def on_tool_decision(self, frame: dict, client_id: str | None) -> None:
+        """``{"type": "tool_decision", "confirmation_id": int, "approve": bool}``: approve or
+        reject a tool call that awaits the user's decision (its ``tool_call`` event's
+        ``confirmation_id``), whichever socket or worker runs its turn. Answered
+        ``{"type": "tool_decision", "confirmation_id", "status"}``; the turn's own events follow."""
+        confirmation, approve = frame.get("confirmation_id"), frame.get("approve")
+        if not isinstance(approve, bool) or not isinstance(confirmation, int) or isinstance(confirmation, bool):
+            return await self._error("invalid_frame", '"confirmation_id" must be a number and "approve" true or false.',
+                                     client_id)
+        if not await sync_to_async(session_is_current)(self.user, self.scope.get("session")):
+            return await self._error("session_ended", "Your session has ended; sign in again and reconnect.", client_id)
+        try:
+            invocation = await sync_to_async(decide_tool_call)(confirmation, self.user, self.session_key, approve)
+        except DecisionRefused as refusal:
+            return await self._error(refusal.code, refusal.message, client_id)
+        await self._send_frame(self._frame({"type": "tool_decision", "confirmation_id": confirmation,
+                                            "status": str(invocation.status)},
+                                           str(invocation.message.conversation_id), client_id))
+
+    frame_handlers: ClassVar[dict] = {"message": on_message, "cancel": on_cancel, "ping": on_ping,
+                                      "tool_decision": on_tool_decision}
 
     # --- channel-layer messages ---------------------------------------------------------
 

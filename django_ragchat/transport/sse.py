@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import contextvars
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from asgiref.sync import async_to_sync, sync_to_async
@@ -37,7 +37,7 @@ from django.views.decorators.http import require_POST
 
 from django_ragchat import permissions
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.events import PROTOCOL_VERSION, TurnEvent
+from django_ragchat.events import PROTOCOL_VERSION, Delta, TurnEvent
 from django_ragchat.transport import jsonbody
 from django_ragchat.transport import turns as transport
 from django_ragchat.transport.turns import TurnRefused
@@ -81,19 +81,23 @@ def _read_content(request) -> tuple[Any, str]:
 
 
 async def turn_stream(user, session_key: str | None, conversation_id, content: Any,
-                      client_id: str = "") -> AsyncIterator[TurnEvent]:
+                      client_id: str = "", *, new_conversation: dict[str, Any] | None = None,
+                      **turn_options: Any) -> AsyncIterator[TurnEvent]:
     """The events of one turn for this caller: the conversation is opened, then the turn runs
     (``TurnRefused`` before the first event when either cannot happen).
 
-    ``conversation_id`` ``None`` starts a new conversation, created only once the turn is
-    admitted (``transport.turn_events`` calls ``create``) and removed again if the turn ends
-    before its ``ack``: a refused first message leaves nothing behind.
+    ``conversation_id`` ``None`` starts a new conversation (``new_conversation``: the keyword
+    arguments of ``permissions.create_conversation``, e.g. its profile), created only once the
+    turn is admitted (``transport.turn_events`` calls ``create``) and removed again if the turn
+    ends before its ``ack``: a refused first message leaves nothing behind. ``turn_options``
+    go to ``transport.turn_events`` (``stream``, ``history``).
     """
     created: list = []  # the conversation create() made, if it ran
 
     async def create():
         try:
-            conversation = await sync_to_async(permissions.create_conversation)(user, session_key)
+            conversation = await sync_to_async(permissions.create_conversation)(
+                user, session_key, **(new_conversation or {}))
         except PermissionError as exc:
             raise TurnRefused("forbidden", str(exc), 403) from None
         created.append(conversation)
@@ -106,7 +110,8 @@ async def turn_stream(user, session_key: str | None, conversation_id, content: A
     accepted = False
     try:
         async with contextlib.aclosing(
-            transport.turn_events(target, content, user=user, session_key=session_key, client_id=client_id)
+            transport.turn_events(target, content, user=user, session_key=session_key, client_id=client_id,
+                                  **turn_options)
         ) as events:
             async for event in events:
                 accepted = True
@@ -124,9 +129,10 @@ def _event_stream_response(body) -> StreamingHttpResponse:
     return response
 
 
-class _AsyncBody:
+class AsyncEventBody:
     """The response body under ASGI: the turn runs in a task of its own, events pass through a
-    queue.
+    queue, each ``encode``d to bytes (``encode_event`` by default; events it encodes to ``b""``
+    are skipped).
 
     The task runs outside the request's context, so its database work goes to the thread that
     serves the websockets' as well (as Channels does), not to a thread of this request's: an
@@ -139,8 +145,12 @@ class _AsyncBody:
     writing an event at the time, Django calls ``close()`` from a worker thread).
     """
 
-    def __init__(self, make_events):
+    def __init__(self, make_events, encode: Callable[[TurnEvent], bytes] = encode_event, *,
+                 merge_deltas: bool = False):
         self._queue: asyncio.Queue = asyncio.Queue()
+        self._encode = encode
+        self._merge = merge_deltas
+        self._first: TurnEvent | None = None
         self._task = asyncio.get_running_loop().create_task(self._pump(make_events), context=contextvars.Context())
 
     async def _pump(self, make_events) -> None:
@@ -154,6 +164,12 @@ class _AsyncBody:
             self._queue.put_nowait((_ERROR, exc))
         else:
             self._queue.put_nowait((_END, None))
+
+    async def first_event(self) -> TurnEvent:
+        """The first event, read before the response starts (a refusal is raised here); the
+        body sends it first."""
+        self._first = await self.next_event()
+        return self._first
 
     async def next_event(self) -> TurnEvent:
         """The next event; raises what the turn raised, ``StopAsyncIteration`` at the end."""
@@ -169,11 +185,38 @@ class _AsyncBody:
             raise value
         raise StopAsyncIteration
 
-    def __aiter__(self) -> _AsyncBody:
+    async def events(self) -> list[TurnEvent]:
+        """Every remaining event (after ``first_event``'s): a whole answer's."""
+        events = []
+        with contextlib.suppress(StopAsyncIteration):
+            while True:
+                events.append(await self.next_event())
+        return events
+
+    def __aiter__(self) -> AsyncEventBody:
         return self
 
+    def _ready(self) -> TurnEvent | None:
+        try:
+            kind, value = self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+        if kind == _ITEM:
+            return value
+        self._queue.put_nowait((kind, value))  # the end stays last
+        return None
+
     async def __anext__(self) -> bytes:
-        return encode_event(await self.next_event())
+        while True:
+            if self._first is not None:
+                event, self._first = self._first, None
+            else:
+                event = await self.next_event()
+            if self._merge:
+                event, self._first = merge_ready_deltas(event, self._ready)
+            data = self._encode(event)
+            if data:
+                return data
 
     async def _stop(self) -> None:
         if not self._task.done():
@@ -185,55 +228,94 @@ class _AsyncBody:
             async_to_sync(self._stop)()
 
 
-class _prepend:
-    """``first``, then the rest of ``body`` (which ``close()`` stops)."""
+class ThreadedEventBody:
+    """The response body under WSGI: the turn runs on the process's background loop
+    (``ThreadedStream``), events are ``encode``d as ``AsyncEventBody``'s. The server calls
+    ``close()`` when the body was sent or the client is gone (a write failed), which cancels
+    the turn if it is still running."""
 
-    def __init__(self, first: TurnEvent, body: _AsyncBody):
-        self._first: TurnEvent | None = first
-        self._body = body
+    def __init__(self, make_events, encode: Callable[[TurnEvent], bytes] = encode_event, *,
+                 merge_deltas: bool = False):
+        self._stream = ThreadedStream(make_events)
+        self._encode = encode
+        self._merge = merge_deltas
+        self._first: TurnEvent | None = None
 
-    def __aiter__(self) -> _prepend:
-        return self
+    def first_event(self) -> TurnEvent:
+        """As ``AsyncEventBody.first_event``; blocking (call it off the event loop)."""
+        try:
+            self._first = next(self._stream)
+        except BaseException:
+            self._stream.close()
+            raise
+        return self._first
 
-    async def __anext__(self) -> bytes:
-        if self._first is not None:
-            first, self._first = self._first, None
-            return encode_event(first)
-        return await self._body.__anext__()
-
-    def close(self) -> None:
-        self._body.close()
-
-
-class _SyncBody:
-    """The response body under WSGI. The server calls ``close()`` when the body was sent or the
-    client is gone (a write failed), which cancels the turn if it is still running."""
-
-    def __init__(self, first: TurnEvent, stream: ThreadedStream):
-        self._first: TurnEvent | None = first
-        self._stream = stream
+    def events(self) -> list[TurnEvent]:
+        """Every remaining event; blocking."""
+        return list(self._stream)
 
     def __iter__(self) -> Iterator[bytes]:
         return self
 
     def __next__(self) -> bytes:
-        if self._first is not None:
-            first, self._first = self._first, None
-            return encode_event(first)
-        return encode_event(next(self._stream))
+        while True:
+            if self._first is not None:
+                event, self._first = self._first, None
+            else:
+                event = next(self._stream)
+            if self._merge:
+                event, self._first = merge_ready_deltas(event, self._stream.next_ready)
+            data = self._encode(event)
+            if data:
+                return data
 
     def close(self) -> None:
         self._stream.close()
 
 
-def _start_threaded(user, session_key, conversation_id, content, client_id):
-    stream = ThreadedStream(lambda: turn_stream(user, session_key, conversation_id, content, client_id))
-    try:
-        first = next(stream)
-    except BaseException:
-        stream.close()
-        raise
-    return first, stream
+def merge_ready_deltas(event: TurnEvent, ready: Callable[[], TurnEvent | None]) -> tuple[TurnEvent, TurnEvent | None]:
+    """``event`` joined with the deltas after it that are already waiting (``ready()``), and
+    the first other event met (sent next). For bodies whose clients do not count pieces (the
+    OpenAI chunks): the client gets the same text in fewer, larger pieces when it reads slower
+    than the model writes, and nothing waits for a piece to be merged."""
+    if not isinstance(event, Delta):
+        return event, None
+    texts = [event.text]
+    while (following := ready()) is not None:
+        if not isinstance(following, Delta):
+            return Delta(text="".join(texts), index=event.index), following
+        texts.append(following.text)
+    return (Delta(text="".join(texts), index=event.index) if len(texts) > 1 else event), None
+
+
+async def start_events(request, make_events, encode: Callable[[TurnEvent], bytes] = encode_event, *,
+                       merge_deltas: bool = False) -> tuple[TurnEvent, AsyncEventBody | ThreadedEventBody]:
+    """Start the events ``make_events()`` yields for this request, in the way its server needs:
+    the first event (``TurnRefused`` is raised here, before any response exists) and the body
+    that sends it and the rest (``events()`` instead collects them, for a whole answer).
+    ``merge_deltas``: see ``merge_ready_deltas``."""
+    if isinstance(request, ASGIRequest):
+        body = AsyncEventBody(make_events, encode, merge_deltas=merge_deltas)
+        return await body.first_event(), body
+    # Served by WSGI: this coroutine runs in a short-lived loop of its own; the turn runs on
+    # the process's background loop (ThreadedStream), which outlives it.
+    threaded = ThreadedEventBody(make_events, encode, merge_deltas=merge_deltas)
+    return await sync_to_async(threaded.first_event, thread_sensitive=False)(), threaded
+
+
+async def remaining_events(body: AsyncEventBody | ThreadedEventBody) -> list[TurnEvent]:
+    """The events after the first, for a response that waits for the whole answer."""
+    if isinstance(body, AsyncEventBody):
+        return await body.events()
+    return await sync_to_async(body.events, thread_sensitive=False)()
+
+
+async def release_request_connection() -> None:
+    """The request's own database work (session, user) is done, but Django would keep its
+    connection until the end of the stream: release it now, as Django's end-of-request
+    handler would (a site with persistent connections, CONN_MAX_AGE, keeps it). The turn
+    uses connections of its own."""
+    await sync_to_async(transport.close_stale_connections)()
 
 
 @require_POST
@@ -243,25 +325,14 @@ async def stream_view(request, conversation_id=None):
     id is in the ``ack`` event."""
     user = await request.auser()
     session_key = transport.caller_session_key(user, getattr(request, "session", None))
-    # The request's own database work (session, user) is done, but Django would keep its
-    # connection until the end of the stream: release it now, as Django's end-of-request
-    # handler would (a site with persistent connections, CONN_MAX_AGE, keeps it). The turn
-    # uses connections of its own.
-    await sync_to_async(transport.close_stale_connections)()
+    await release_request_connection()
     try:
         if not getattr(user, "is_authenticated", False) and not ragchat_settings.ALLOW_ANONYMOUS:
             # The REST API's answer to the same caller (docs/api.md), not a 404.
             raise TurnRefused("not_authenticated", "Sign in to chat (anonymous conversations are not enabled).", 403)
         content, client_id = _read_content(request)
-        if isinstance(request, ASGIRequest):
-            body = _AsyncBody(lambda: turn_stream(user, session_key, conversation_id, content, client_id))
-            first = await body.next_event()  # refusals are raised here, before any response
-            return _event_stream_response(_prepend(first, body))
-        # Served by WSGI: this coroutine runs in a short-lived loop of its own; the turn runs
-        # on the process's background loop (ThreadedStream), which outlives it.
-        first, stream = await sync_to_async(_start_threaded, thread_sensitive=False)(
-            user, session_key, conversation_id, content, client_id
-        )
-        return _event_stream_response(_SyncBody(first, stream))
+        _, body = await start_events(
+            request, lambda: turn_stream(user, session_key, conversation_id, content, client_id))
+        return _event_stream_response(body)
     except TurnRefused as refusal:
         return refusal_response(refusal)

@@ -28,6 +28,7 @@ from django_ragchat.exceptions import InvalidMessage, RagchatError, TurnInProgre
 from django_ragchat.models import Conversation
 from django_ragchat.turn import limits, persistence, pipeline, shutdown
 from django_ragchat.turn.persistence import ConversationGone, DuplicateMessage
+from django_ragchat.types import HistoryMessage
 
 
 class TurnRefused(RagchatError):
@@ -88,7 +89,8 @@ def close_stale_connections() -> None:
             connection.close_if_unusable_or_obsolete()
 
 
-def _open(user, conversation_id, session_key, for_sending: bool) -> tuple[Conversation, bool]:
+def open_conversation_sync(user, conversation_id, session_key, for_sending: bool) -> tuple[Conversation, bool]:
+    """``open_conversation`` for synchronous callers (a view's preparation, off the loop)."""
     close_stale_connections()
     try:
         conversation = permissions.get_conversation_for(user, conversation_id, session_key)
@@ -108,7 +110,7 @@ async def open_conversation(user, conversation_id, session_key: str | None, *,
     with ``for_sending``, ``forbidden`` (403) when the caller may read but not send (staff in
     someone else's conversation).
     """
-    return await sync_to_async(_open)(user, conversation_id, session_key, for_sending)
+    return await sync_to_async(open_conversation_sync)(user, conversation_id, session_key, for_sending)
 
 
 def _admit(user, session_key: str | None) -> limits.StreamSlot:
@@ -174,7 +176,9 @@ async def replay(duplicate) -> AsyncIterator[TurnEvent]:
 
 
 async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conversation]], content: Any, *,
-                      user, session_key: str | None, client_id: str = "") -> AsyncIterator[TurnEvent]:
+                      user, session_key: str | None, client_id: str = "", stream: bool | None = None,
+                      history: list[HistoryMessage] | None = None,
+                      origin: dict[str, Any] | None = None) -> AsyncIterator[TurnEvent]:
     """Run one turn in ``conversation`` and yield its events (``pipeline.stream_turn``).
 
     ``conversation`` may be an async callable that creates it: called once the turn is
@@ -192,6 +196,9 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
     message's ``ack`` and its answer's ``done``/``error`` (``replay``); nothing is saved. A
     conversation deleted during the turn ends it with ``error`` ``conversation_deleted``; a
     server shutdown (SIGTERM) with ``error`` ``server_shutdown`` and the partial answer saved.
+    ``stream``, ``history`` and ``origin`` are ``pipeline.stream_turn``'s (``False``: the model
+    answers whole; ``history``: the earlier messages as a stateless caller sent them;
+    ``origin``: kept in the trace).
     """
 
     if shutdown.stopping():
@@ -204,7 +211,9 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
         with shutdown.running_turn():
             if callable(conversation):
                 conversation = await conversation()
-            events = pipeline.stream_turn(conversation, text, client_id=client_id)
+            # The sender is who asks: tools run as them.
+            events = pipeline.stream_turn(conversation, text, client_id=client_id, stream=stream, history=history,
+                                          origin=origin, user=user)
             async with contextlib.aclosing(events):
                 try:
                     first = await anext(events)

@@ -34,6 +34,7 @@ def page_config(request) -> dict:
             "messages": reverse("ragchat_api:message-list", args=[ID_PLACEHOLDER]),
             "feedback": reverse("ragchat_api:message-feedback", args=[ID_PLACEHOLDER]),
             "feedbackList": reverse("ragchat_api:feedback-list"),
+            "toolDecision": reverse("ragchat_api:tool-call-decision", args=[ID_PLACEHOLDER]),
         }
     except NoReverseMatch:
         raise ImproperlyConfigured(

@@ -24,6 +24,16 @@ pytest's ``wrapper=True`` hooks). It implements any of three methods; each recei
     after the model's last piece, which then streams to the client like any text. It may
     yield ``LLMDelta`` objects or strings; it may also return a plain list (a cached answer).
 
+``around_tool(call, turn, call_next) -> ToolResult``
+    Wraps one tool call the model asked for (``django_ragchat.types.ToolCall``: ``id``,
+    ``name``, ``arguments`` as the model wrote them): validation, the permission check, the
+    user's approval when the tool needs it, the run and its timeout are all inside
+    ``await call_next(call)``. Change the call first (``call.with_arguments({...})``), change
+    the ``ToolResult`` after, or return one without calling on (a cached lookup, a refusal of
+    your own): the tool does not run, and the trace marks the call ``short_circuited``. It may
+    return a ``ToolResult``, a string (the result the model reads) or any JSON value.
+    Parallel calls are wrapped one by one, concurrently.
+
 The first advisor in ``order`` is the outermost: it sees the request first and the answer
 last. Every method may be ``async def`` or a plain function (a plain ``around_turn`` can
 short-circuit or ``return call_next()``; to work after the answer it must be ``async``).
@@ -41,15 +51,15 @@ from typing import TYPE_CHECKING, Any
 
 from django_ragchat.components import Component
 from django_ragchat.plugins import await_me_maybe
-from django_ragchat.types import Answer, EndTurn, LLMDelta, LLMResponse, Prompt
+from django_ragchat.types import Answer, EndTurn, LLMDelta, LLMResponse, Prompt, ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from django_ragchat.turn.context import TurnContext
 
 
 class Advisor(Component):
-    """Base class. Override any of ``around_turn``, ``around_llm``, ``around_llm_stream``;
-    a method left as inherited is skipped (the chain does not even call it)."""
+    """Base class. Override any of ``around_turn``, ``around_llm``, ``around_llm_stream``,
+    ``around_tool``; a method left as inherited is skipped (the chain does not even call it)."""
 
     kind = "advisor"
 
@@ -63,6 +73,10 @@ class Advisor(Component):
     def around_llm_stream(self, prompt: Prompt, turn: TurnContext,
                           call_next: Callable[[Prompt], AsyncIterator[LLMDelta]]):
         return call_next(prompt)
+
+    def around_tool(self, call: ToolCall, turn: TurnContext,
+                    call_next: Callable[[ToolCall], Awaitable[ToolResult]]):
+        return call_next(call)
 
 
 def advising(advisors: list, method: str) -> list:
@@ -178,3 +192,47 @@ def run_stream_chain(advisors: list, prompt: Prompt, turn: TurnContext,
         return stream
 
     return call(0, prompt)
+
+
+class ToolShortCircuit:
+    """What ``run_tool_chain`` learned: which advisor, if any, answered a call without ``call_next``."""
+
+    def __init__(self) -> None:
+        self.advisor: Any = None
+
+
+def as_tool_result(result: Any, call: ToolCall, advisor: Any, *, content: Callable[[Any], str]) -> ToolResult:
+    """What an advisor's ``around_tool`` returned, as a ``ToolResult`` (``content`` turns a
+    value into the text the model reads)."""
+    if isinstance(result, ToolResult):
+        return result
+    try:
+        return ToolResult(call_id=call.id, name=call.name, content=content(result))
+    except (TypeError, ValueError):
+        raise TypeError(f"Advisor {getattr(advisor, 'name', advisor)!r} returned {type(result).__name__} from "
+                        f"around_tool; return a ToolResult, a string or a JSON value.") from None
+
+
+async def run_tool_chain(advisors: list, call: ToolCall, turn: TurnContext,
+                         innermost: Callable[[ToolCall], Awaitable[ToolResult]], short: ToolShortCircuit, *,
+                         content: Callable[[Any], str]) -> ToolResult:
+    """``innermost(call)`` wrapped by each advisor's ``around_tool``, the first outermost."""
+
+    async def call_at(position: int, call: ToolCall) -> ToolResult:
+        if position == len(advisors):
+            return await innermost(call)
+        advisor = advisors[position]
+        called = False
+
+        async def call_next(changed: ToolCall) -> ToolResult:
+            nonlocal called
+            called = True
+            return await call_at(position + 1, changed)
+
+        result = as_tool_result(await await_me_maybe(advisor.around_tool(call, turn, call_next)), call, advisor,
+                                content=content)
+        if not called and short.advisor is None:
+            short.advisor = advisor
+        return result
+
+    return await call_at(0, call)

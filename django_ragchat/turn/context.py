@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from django_ragchat.access import PUBLIC_ONLY, Principals
 from django_ragchat.answerer.vocabulary import Vocabulary
 from django_ragchat.plugins import build_component, get_registry, instance_cache
 from django_ragchat.turn.advisors import advising
@@ -20,6 +21,8 @@ from django_ragchat.turn.advisors import advising
 if TYPE_CHECKING:
     from django_ragchat.models import Conversation, Message
     from django_ragchat.profiles import Profile
+    from django_ragchat.tools import Tool
+    from django_ragchat.turn.tools import ToolRun
     from django_ragchat.types import HistoryMessage, Prompt, Query, RetrievedChunk, Usage
 
 logger = logging.getLogger("django_ragchat.turn.pipeline")
@@ -57,6 +60,7 @@ class ProfileComponents:
         self.turn_advisors = advising(self.advisors, "around_turn")
         self.llm_advisors = advising(self.advisors, "around_llm")
         self.stream_advisors = advising(self.advisors, "around_llm_stream")
+        self.tool_advisors = advising(self.advisors, "around_tool")
 
 
 def components_for(profile: Profile) -> ProfileComponents:
@@ -96,19 +100,31 @@ def components_for(profile: Profile) -> ProfileComponents:
 
 @dataclass(eq=False)
 class TurnContext:
-    """Everything about the turn in progress; every component and advisor receives it.
+    """Everything about the turn in progress; every component, advisor and tool receives it.
 
-    ``state`` is free scratch space for plugins (keyed by plugin name, by convention).
-    ``trace`` becomes the saved ``TurnTrace.data``.
+    ``user`` is the asking user (an ``AnonymousUser`` for an anonymous visitor): tools run as
+    them. ``tools`` are the tools offered this turn, by name; ``tool_runs`` the calls made so
+    far, with their results. ``state`` is free scratch space for plugins (keyed by plugin name,
+    by convention). ``trace`` becomes the saved ``TurnTrace.data``. ``principals`` are the
+    asker's (the conversation's owner, read at the start of the turn; an anonymous
+    conversation's are ``PUBLIC_ONLY``): every search of the turn reads as them
+    (``django_ragchat.access``).
+
+    ``supplied_history`` is set when the caller sent the earlier messages with this one (a
+    stateless client of the OpenAI-compatible endpoint): they stand for the conversation's log
+    before this message, and memory strategies read them instead of the database
+    (``MemoryStrategy.recent`` does). ``None`` (the usual case): the log is the history.
     """
 
     conversation: Conversation
     profile: Profile
     components: ProfileComponents
     question: str
+    user: Any = None
     user_message: Message | None = None
     assistant_message: Message | None = None
     history: list[HistoryMessage] = field(default_factory=list)
+    supplied_history: list[HistoryMessage] | None = None
     query: Query | None = None
     queries: list[Query] = field(default_factory=list)
     documents: list[RetrievedChunk] = field(default_factory=list)
@@ -118,6 +134,9 @@ class TurnContext:
     usage: Usage | None = None
     model: str = ""
     streaming: bool = False
+    principals: Principals = PUBLIC_ONLY
+    tools: dict[str, Tool] = field(default_factory=dict)
+    tool_runs: list[ToolRun] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
     trace: dict[str, Any] = field(default_factory=dict)
     _embeddings: dict[str, np.ndarray] = field(default_factory=dict, repr=False)

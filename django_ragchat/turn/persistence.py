@@ -19,13 +19,14 @@ from django.utils import timezone
 
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.exceptions import RagchatError, TurnInProgress
-from django_ragchat.models import Conversation, Message, MessageSource, TurnTrace
+from django_ragchat.models import Conversation, Message, MessageSource, ToolInvocation, TurnTrace
 from django_ragchat.tokens import count_tokens
 from django_ragchat.turn import limits
 from django_ragchat.types import Answer
 
 if TYPE_CHECKING:
     from django_ragchat.turn.context import TurnContext
+    from django_ragchat.turn.tools import ToolRun
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +242,50 @@ def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str,
             ended_by=(turn.trace.get("ended_by") or {}).get("stage", ""),
             total_ms=turn.trace["timings"].get("total", 0.0), data=turn.trace,
         )
+        if turn.tool_runs:
+            save_tool_runs(message.pk, turn.tool_runs)
     return message
+
+
+# --- Tool calls -------------------------------------------------------------------------------
+
+#: What an answer's end writes over a tool call's row (the decision, made by the user, stays).
+_TOOL_RUN_FIELDS = ("call_id", "name", "label", "arguments", "status", "content", "error", "requires_confirmation",
+                    "ms", "token_count", "updated_at")
+
+
+def _invocation(message_id: int, run: ToolRun) -> ToolInvocation:
+    call = run.shown  # as the user approved it, when they were asked
+    result = run.result
+    return ToolInvocation(
+        message_id=message_id, call_id=run.call.id[:200], step=run.step, index=run.index, name=call.name[:100],
+        label=run.label[:300], arguments=call.arguments, requires_confirmation=run.requires_confirmation,
+        status=result.status if result else ToolInvocation.Status.PENDING,
+        content=result.content if result else "", error=result.error if result else None,
+        ms=result.ms if result else 0.0, token_count=run.token_count,
+    )
+
+
+def save_pending_tool_call(message_id: int, run: ToolRun) -> int:
+    """Save a call that awaits the user's approval (``ToolInvocation`` ``pending``); its id.
+    One query."""
+    return ToolInvocation.objects.create(**{
+        f.attname: getattr(_invocation(message_id, run), f.attname)
+        for f in ToolInvocation._meta.concrete_fields if not f.primary_key
+    }).pk
+
+
+def save_tool_runs(message_id: int, runs: list[ToolRun]) -> None:
+    """Save an answer's tool calls with their results; a row saved earlier (a pending call)
+    is updated, its decision kept. One query."""
+    now = timezone.now()
+    rows = []
+    for run in runs:
+        row = _invocation(message_id, run)
+        row.created_at = row.updated_at = now
+        rows.append(row)
+    ToolInvocation.objects.bulk_create(rows, update_conflicts=True, unique_fields=["message", "step", "index"],
+                                       update_fields=list(_TOOL_RUN_FIELDS))
 
 
 def stored_sources(answer: Answer | None, documents) -> list[tuple[int, Any]]:
@@ -254,8 +298,10 @@ def stored_sources(answer: Answer | None, documents) -> list[tuple[int, Any]]:
     return [(i, d) for i, d in indexed if d.chunk_id in keep]
 
 
-def message_payload(message: Message, answer: Answer | None = None, documents=()) -> dict[str, Any]:
-    """The JSON form of an assistant message that the ``done`` and ``error`` events carry."""
+def message_payload(message: Message, answer: Answer | None = None, documents=(),
+                    tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The JSON form of an assistant message that the ``done`` and ``error`` events carry
+    (``tool_calls``: its tool calls' payloads, ``ToolInvocation.payload``)."""
     sources = stored_sources(answer, documents)
     by_chunk = {d.chunk_id: (i, d) for i, d in sources}
     citations = []
@@ -277,13 +323,23 @@ def message_payload(message: Message, answer: Answer | None = None, documents=()
         "citations": citations,
         "sources": [d.as_source(i) for i, d in sources],
         "error": message.metadata.get("error"),
+        "usage": usage_of(message),
+        "tool_calls": tool_calls or [],
     }
+
+
+def usage_of(message: Message) -> dict[str, int]:
+    """The tokens the answer cost, as the model reported them; when no model call reported any
+    (a turn ended before the model), no prompt tokens and the answer's own count."""
+    completion = message.completion_tokens if message.completion_tokens is not None else message.token_count
+    return {"prompt_tokens": message.prompt_tokens or 0, "completion_tokens": completion}
 
 
 def saved_payload(message_id: int) -> dict[str, Any] | None:
     """``message_payload`` of a saved assistant message, its sources and citations read back
-    from its ``MessageSource`` rows (a resend's replay, a stopped turn's ``error``); ``None``
-    when the message no longer exists. Two queries."""
+    from its ``MessageSource`` rows and its tool calls from its ``ToolInvocation`` rows (a
+    resend's replay, a stopped turn's ``error``); ``None`` when the message no longer exists.
+    Three queries."""
     message = Message.objects.filter(pk=message_id).first()
     if message is None:
         return None
@@ -299,4 +355,5 @@ def saved_payload(message_id: int) -> dict[str, Any] | None:
     } for row in rows]
     payload["citations"] = [{"index": row.rank, "chunk_id": row.chunk_id, "source": row.source, "title": row.title}
                             for row in rows if row.cited]
+    payload["tool_calls"] = [t.payload() for t in ToolInvocation.objects.filter(message_id=message_id)]
     return payload

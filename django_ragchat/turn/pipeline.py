@@ -12,7 +12,10 @@ Read ``stream_turn`` top to bottom; it is the turn:
 8. the joiner (dedupe, rank fusion), then the document post-processors (threshold, top-k);
 9. the prompt augmenter (context within the rest of the budget; the no-context policy);
 10. the LLM, whole or streamed, wrapped by the advisors' ``around_llm``/``around_llm_stream``,
-    with streamed response augmenters on each piece and their tails after the last;
+    with streamed response augmenters on each piece and their tails after the last; while the
+    model asks for tools (at most ``max_tool_steps`` rounds), their calls run
+    (``turn.tools``, each wrapped by the advisors' ``around_tool``) and the model is asked
+    again with their results;
 11. response augmenters (citations), output guardrails (which may reprompt the model);
 12. the assistant message saved with its sources and its trace.
 
@@ -41,7 +44,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync, sync_to_async
+from django.contrib.auth.models import AnonymousUser
 
+from django_ragchat.access import principals_of_user_id, reading_as
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import (
     Accepted,
@@ -54,24 +59,28 @@ from django_ragchat.events import (
     TurnEvent,
 )
 from django_ragchat.exceptions import InvalidMessage, RagchatError
-from django_ragchat.models import Conversation, Message, TurnTrace
+from django_ragchat.models import Chunk, Conversation, Message, TurnTrace
 from django_ragchat.plugins import await_me_maybe, get_registry, notify
 from django_ragchat.profiles import get_profile
 from django_ragchat.stages.retrievers import EmbeddingSpaceMismatch
 from django_ragchat.tokens import count_tokens, tokenizer_name
+from django_ragchat.tools import Tool
 from django_ragchat.turn import persistence, shutdown
 from django_ragchat.turn.advisors import ShortCircuit, run_llm_chain, run_stream_chain, run_turn_chain
 from django_ragchat.turn.context import ProfileComponents, TurnContext, components_for
 from django_ragchat.turn.sync_bridge import background_loop
+from django_ragchat.turn.tools import offer_tools, tool_round
 from django_ragchat.types import (
     Answer,
     EndTurn,
+    HistoryMessage,
     LLMResponse,
     Prompt,
     Query,
     Reprompt,
     RetrievedChunk,
     SkipRetrieval,
+    ToolCall,
     Usage,
 )
 
@@ -135,9 +144,11 @@ def _end(turn: TurnContext, stage: str, component: Any, ending: EndTurn) -> EndT
 
 async def run_stage(turn: TurnContext, name: str, stage: Callable[[TurnContext], Awaitable[Any]]) -> Any:
     """Run one stage, record its duration in the trace and fire ``on_stage_completed`` (also
-    when it ends the turn; not when it raises: the turn then fails)."""
+    when it ends the turn; not when it raises: the turn then fails). Searches made by the
+    stage's components read as the asker (``access.reading_as``)."""
     started = time.perf_counter()
-    result = await stage(turn)
+    with reading_as(turn.principals):
+        result = await stage(turn)
     elapsed = (time.perf_counter() - started) * 1000
     turn.trace["timings"][name] = round(elapsed, 3)
     await notify("on_stage_completed", turn=turn, stage=name, elapsed_ms=elapsed)
@@ -166,10 +177,17 @@ async def select_history(turn: TurnContext) -> None:
                                 history_tokens=history_tokens, context_budget=turn.context_budget)
     turn.trace["history"] = {"messages": len(turn.history),
                              "seqs": [m.seq for m in turn.history[:1] + turn.history[-1:]]}
+    if turn.supplied_history is not None:
+        # Not in the log: the trace is the only record of what the model was shown. Bounded
+        # by the history budget, so a long history sent with every request is not stored again.
+        turn.trace["history"]["supplied"] = len(turn.supplied_history)
+        turn.trace["supplied_history"] = [{"role": m.role, "content": m.content} for m in turn.history]
 
 
 async def transform_query(turn: TurnContext) -> EndTurn | None:
-    query = Query(text=turn.question, original=turn.question, history=tuple(turn.history))
+    # The words of the conversation; its tool steps are for the model.
+    query = Query(text=turn.question, original=turn.question,
+                  history=tuple(m for m in turn.history if not m.is_tool_exchange))
     steps = turn.trace["queries"]["transformed"]
     for transformer in turn.components.query_transformers:
         result = await await_me_maybe(transformer.transform(query, turn))
@@ -217,12 +235,34 @@ async def retrieve(turn: TurnContext) -> None:
             return query, retriever.name, hits, (time.perf_counter() - t0) * 1000
 
     results = await asyncio.gather(*(one(q, r) for q in turn.queries for r in retrievers))
+    readable = await _readable_ids(turn, [h for _, _, hits, _ in results for h in hits])
+    if readable is not None:
+        results = [(q, name, [h for h in hits if h.chunk_id in readable], ms) for q, name, hits, ms in results]
     turn.trace["retrieval"] = [
         {"query": q.text, "retriever": name, "ms": round(ms, 3),
          "hits": [{"chunk_id": h.chunk_id, "score": round(h.score, 6)} for h in hits]}
         for q, name, hits, ms in results
     ]
     turn.state["_retrieved"] = [(q, name, hits) for q, name, hits, _ in results]
+
+
+async def _readable_ids(turn: TurnContext, chunks: list[RetrievedChunk]) -> set[int] | None:
+    """The ids among ``chunks`` the asker may read, checked in one query when some were not
+    found by a search that read as the asker (``RetrievedChunk.read_as``: a plugin that made
+    them another way); ``None`` when every one was. What the asker may not read never reaches
+    the trace, the prompt or the sources, whichever component produced it."""
+    unchecked = {c.chunk_id for c in chunks if c.read_as is None or not turn.principals.covers(c.read_as)}
+    if not unchecked:
+        return None
+    readable = set(await sync_to_async(_visible)(unchecked, turn.principals))
+    dropped = len(unchecked - readable)
+    if dropped:
+        turn.warn(f"{dropped} chunk(s) the asker may not read (or that do not exist) were dropped")
+    return readable | {c.chunk_id for c in chunks if c.chunk_id not in unchecked}
+
+
+def _visible(ids: set[int], principals) -> list[int]:
+    return list(Chunk.objects.filter(pk__in=ids, access__visible_to=principals).values_list("pk", flat=True))
 
 
 async def join(turn: TurnContext) -> None:
@@ -235,7 +275,9 @@ async def postprocess(turn: TurnContext) -> None:
     documents = turn.documents
     for processor in turn.components.document_postprocessors:
         documents = await await_me_maybe(processor.process(turn.query, list(documents), turn))
-    turn.documents = list(documents)
+    documents = list(documents)
+    readable = await _readable_ids(turn, documents)  # a joiner or post-processor may add chunks too
+    turn.documents = documents if readable is None else [d for d in documents if d.chunk_id in readable]
 
 
 async def augment_prompt(turn: TurnContext) -> EndTurn | None:
@@ -247,12 +289,16 @@ async def augment_prompt(turn: TurnContext) -> EndTurn | None:
         return _end(turn, "prompt", augmenter, result)
     turn.prompt = result
     turn.trace["prompt"]["tokens"] = result.token_count
+    _trace_documents(turn, result.documents)
+    return None
+
+
+def _trace_documents(turn: TurnContext, documents) -> None:
     turn.trace["documents"] = [
         {"index": i, "chunk_id": d.chunk_id, "score": round(d.score, 6), "source": d.source,
          "raw_scores": {k: round(v, 6) for k, v in d.raw_scores.items()}}
-        for i, d in enumerate(result.documents, start=1)
+        for i, d in enumerate(documents, start=1)
     ]
-    return None
 
 
 # The stages before the model, in order; those in RETRIEVAL_STAGES are skipped when a
@@ -268,13 +314,82 @@ STAGES: tuple[tuple[str, Callable[[TurnContext], Awaitable[EndTurn | None]]], ..
     ("prompt", augment_prompt),
 )
 RETRIEVAL_STAGES = frozenset({"query_expanders", "retrieval", "join", "postprocess"})
+# Skipped when the model searches for itself ("retrieval": "tool"): it writes the queries.
+SEARCH_TOOL_SKIPS = RETRIEVAL_STAGES | {"query_transformers"}
+
+
+# --- Retrieval as a tool ("retrieval": "tool") -----------------------------------------------
+
+
+async def search_documents(turn: TurnContext, query: str) -> str:
+    """Search the site's documents. Returns numbered passages; cite the ones you use as [n].
+
+    Args:
+        query: What to look for, as a standalone search query (names rather than pronouns).
+    """
+    lock = turn.state.setdefault("_search_lock", asyncio.Lock())
+    async with lock:  # parallel searches share the turn's documents and numbering
+        turn.query = Query(text=query, original=turn.question, history=tuple(turn.history))
+        earlier = turn.trace["retrieval"]
+        if await expand_query(turn) is not None:  # an expander that ends turns cannot end this one
+            turn.queries = [turn.query]
+        await retrieve(turn)
+        turn.trace["retrieval"] = earlier + turn.trace["retrieval"]
+        await join(turn)
+        await postprocess(turn)
+        return _new_passages(turn)
+
+
+def _new_passages(turn: TurnContext) -> str:
+    """The documents found that the model has not seen, numbered after those it has, within
+    what is left of the context budget; added to the prompt's documents (citations resolve
+    against them)."""
+    given = turn.prompt.documents
+    seen = {d.chunk_id for d in given}
+    augmenter = turn.components.prompt_augmenter
+    used = turn.state.get("_search_tokens", 0)
+    kept, passages = [], []
+    for chunk in turn.documents:
+        if chunk.chunk_id in seen:
+            continue
+        index = len(given) + len(kept) + 1
+        passage = augmenter.passage(index, chunk) if hasattr(augmenter, "passage") else f"[{index}] {chunk.text}"
+        tokens = count_tokens(passage) + 2
+        if used + tokens > turn.context_budget:
+            continue
+        kept.append(chunk)
+        passages.append(passage)
+        used += tokens
+    turn.state["_search_tokens"] = used
+    turn.prompt = dataclasses.replace(turn.prompt, documents=(*given, *kept))
+    _trace_documents(turn, turn.prompt.documents)
+    return "\n\n".join(passages) if passages else "No other passage was found for this query."
+
+
+# The context budget bounds what it returns, not max_result_chars.
+SEARCH_TOOL = Tool(search_documents, label="Searching the documents for “{query}”…", max_result_chars=10**7)
+
+
+def searches_with_a_tool(turn: TurnContext) -> bool:
+    """Whether the model searches for itself: ``"retrieval": "tool"`` and a model that calls
+    tools (with one that calls none, such as the extractive answerer, retrieval runs as usual)."""
+    return turn.profile.retrieval == "tool" and turn.components.llm.calls_tools
+
+
+async def offer(turn: TurnContext) -> None:
+    """The tools stage: the tools the user may use go on the prompt."""
+    tools = await offer_tools(turn, (SEARCH_TOOL,) if searches_with_a_tool(turn) else ())
+    turn.prompt = dataclasses.replace(turn.prompt, tools=tuple(t.spec() for t in tools.values()))
 
 
 # --- The model -------------------------------------------------------------------------------
 
 
-def _record_llm(turn: TurnContext, model: str, usage: Usage | None) -> None:
+def _record_llm(turn: TurnContext, model: str, usage: Usage | None, add: bool = False) -> None:
     turn.model = model or turn.model
+    if add and usage and turn.usage:  # another step of a tool loop: the answer costs all of them
+        usage = Usage(turn.usage.prompt_tokens + usage.prompt_tokens,
+                      turn.usage.completion_tokens + usage.completion_tokens)
     turn.usage = usage or turn.usage
     turn.trace["model"] = turn.model
     if turn.usage:
@@ -282,7 +397,7 @@ def _record_llm(turn: TurnContext, model: str, usage: Usage | None) -> None:
                                "completion_tokens": turn.usage.completion_tokens}
 
 
-async def complete(turn: TurnContext, prompt: Prompt) -> LLMResponse:
+async def complete(turn: TurnContext, prompt: Prompt, *, add: bool = False) -> LLMResponse:
     """A whole answer from the model, through the advisors' ``around_llm``."""
     llm = turn.components.llm
     if turn.components.llm_advisors:
@@ -290,7 +405,7 @@ async def complete(turn: TurnContext, prompt: Prompt) -> LLMResponse:
                                        lambda p: llm.complete(p, turn))
     else:
         response = await llm.complete(prompt, turn)
-    _record_llm(turn, response.model, response.usage)
+    _record_llm(turn, response.model, response.usage, add)
     return response
 
 
@@ -320,21 +435,23 @@ class _Answering:
         return "".join(self.parts[:self.delivered] if self.streaming else self.parts)
 
 
-async def _stream(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]:
-    """The streamed model call (through the advisors' ``around_llm_stream``), each piece
-    through the response augmenters' ``on_delta``, then their tails."""
+async def _stream(turn: TurnContext, run: _Answering, prompt: Prompt, calls: list[ToolCall], *,
+                  add: bool = False) -> AsyncIterator[TurnEvent]:
+    """One streamed model call (through the advisors' ``around_llm_stream``), each piece
+    through the response augmenters' ``on_delta``; the tool calls it asks for go to ``calls``."""
     augmenters = turn.components.response_augmenters
     opened: list = []
     llm = turn.components.llm
     if turn.components.stream_advisors:
-        pieces = run_stream_chain(turn.components.stream_advisors, turn.prompt, turn,
+        pieces = run_stream_chain(turn.components.stream_advisors, prompt, turn,
                                   lambda p: llm.stream(p, turn), opened)
     else:
-        pieces = llm.stream(turn.prompt, turn)
+        pieces = llm.stream(prompt, turn)
         opened.append(pieces)
     try:
         async for piece in pieces:
-            _record_llm(turn, piece.model, piece.usage)
+            _record_llm(turn, piece.model, piece.usage, add)
+            calls.extend(piece.tool_calls)
             chunk = piece.text
             for augmenter in augmenters:
                 chunk = await await_me_maybe(augmenter.on_delta(chunk, turn))
@@ -347,8 +464,12 @@ async def _stream(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
-    # After the model's last piece: each augmenter's tail, passed through the augmenters
-    # after it, streams like the model's text.
+
+
+async def _tails(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]:
+    """After the model's last piece: each response augmenter's tail, passed through the
+    augmenters after it, streams like the model's text."""
+    augmenters = turn.components.response_augmenters
     for position, augmenter in enumerate(augmenters):
         chunk = await await_me_maybe(augmenter.finish(turn)) or ""
         for later in augmenters[position + 1:]:
@@ -395,7 +516,7 @@ async def check_output(turn: TurnContext, answer: Answer, run: _Answering) -> As
                         *turn.prompt.messages,
                         {"role": "assistant", "content": answer.text},
                         {"role": "user", "content": result.feedback},
-                    ))
+                    ), tool_choice="none" if turn.prompt.tools else None)
                     response = await complete(turn, prompt)
                     answer = await augment_response(turn, response.text, streamed=False)
                     run.parts[:] = [answer.text]  # what a cancellation would save
@@ -418,7 +539,12 @@ async def check_output(turn: TurnContext, answer: Answer, run: _Answering) -> As
 async def answer_stages(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]:
     """Every stage after the user's message is saved, as events; sets ``run.answer``."""
     ending = None
+    searching = searches_with_a_tool(turn)
     for name, stage in STAGES:
+        if searching and name in SEARCH_TOOL_SKIPS:
+            turn.retrieval_skipped = True
+            turn.query = turn.query or Query(text=turn.question, original=turn.question, history=tuple(turn.history))
+            continue
         if turn.retrieval_skipped and name in RETRIEVAL_STAGES:
             continue
         if name == "retrieval":
@@ -427,15 +553,17 @@ async def answer_stages(turn: TurnContext, run: _Answering) -> AsyncIterator[Tur
         if ending is not None:
             run.answer = Answer(text=ending.answer)
             return
+    if turn.profile.offers_tools and turn.components.llm.calls_tools:
+        await run_stage(turn, "tools", offer)
 
     yield SourcesFound(sources=[d.as_source(i) for i, d in enumerate(turn.prompt.documents, start=1)])
     yield StageChanged(stage="generating")
     started = time.perf_counter()
+    async for event in generate(turn, run):
+        yield event
     if run.streaming:
-        async for event in _stream(turn, run):
+        async for event in _tails(turn, run):
             yield event
-    else:
-        run.parts.append((await complete(turn, turn.prompt)).text)
     elapsed = (time.perf_counter() - started) * 1000
     turn.trace["timings"]["llm"] = round(elapsed, 3)
     await notify("on_stage_completed", turn=turn, stage="llm", elapsed_ms=elapsed)
@@ -449,6 +577,61 @@ async def answer_stages(turn: TurnContext, run: _Answering) -> AsyncIterator[Tur
     elapsed = (time.perf_counter() - started) * 1000
     turn.trace["timings"]["output_guardrails"] = round(elapsed, 3)
     await notify("on_stage_completed", turn=turn, stage="output_guardrails", elapsed_ms=elapsed)
+
+
+async def generate(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]:
+    """The model's answer. While it asks for tools, the calls run (``tool_round``) and it is
+    asked again with their results, at most ``max_tool_steps`` times; the last time it is
+    asked to answer without them (``tool_choice`` ``"none"``). Its text from every step is the
+    answer."""
+    step = 0
+    if turn.tools:
+        turn.trace["tool_steps"] = 0
+    while True:
+        prompt = turn.prompt
+        final = bool(prompt.tools) and step >= turn.profile.max_tool_steps
+        if final:
+            prompt = dataclasses.replace(prompt, tool_choice="none")
+            turn.trace["tool_step_limit_reached"] = step > 0
+        first_part = len(run.parts)
+        calls: list[ToolCall] = []
+        if run.streaming:
+            async for event in _stream(turn, run, prompt, calls, add=step > 0):
+                yield event
+        else:
+            response = await complete(turn, prompt, add=step > 0)
+            run.parts.append(response.text)
+            calls = list(response.tool_calls)
+        if not calls:
+            break
+        if final or not prompt.tools:
+            why = "after its last step (max_tool_steps)" if final else "that it was not offered"
+            turn.warn(f"the model asked for tools {why} ({', '.join(c.name for c in calls)}): not run")
+            break
+        step += 1
+        turn.trace["tool_steps"] = step
+        documents = len(turn.prompt.documents)
+        async for event in tool_round(turn, tuple(calls), step):
+            yield event
+        _add_results(turn, "".join(run.parts[first_part:]), calls)
+        if len(turn.prompt.documents) != documents:  # the model searched: what it may cite now
+            yield SourcesFound(sources=[d.as_source(i) for i, d in enumerate(turn.prompt.documents, start=1)])
+        yield StageChanged(stage="generating")
+
+
+def _add_results(turn: TurnContext, text: str, calls: list[ToolCall]) -> None:
+    """The model's calls and their results, appended to the prompt for its next step."""
+    runs = turn.tool_runs[-len(calls):]
+    assistant = {"role": "assistant", "content": text or None, "tool_calls": [c.as_openai() for c in calls]}
+    tokens = count_tokens(text) + sum(r.token_count for r in runs)
+    turn.prompt = dataclasses.replace(
+        turn.prompt, messages=(*turn.prompt.messages, assistant, *(r.result.as_message() for r in runs)),
+        token_count=turn.prompt.token_count + tokens)
+    turn.trace["prompt"]["tokens"] = turn.prompt.token_count
+    if turn.prompt.token_count > turn.profile.prompt_budget and not turn.state.get("_tools_over_budget"):
+        turn.state["_tools_over_budget"] = True
+        turn.warn(f"with the tool results the prompt has {turn.prompt.token_count} tokens, more than the "
+                  f"profile's budget of {turn.profile.prompt_budget}")
 
 
 async def _advised(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]:
@@ -467,7 +650,8 @@ async def _advised(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEven
         return run.answer
 
     short = ShortCircuit()
-    task = asyncio.ensure_future(run_turn_chain(turn.components.turn_advisors, turn, innermost, short))
+    with reading_as(turn.principals):  # the task copies the context: advisors' searches read as the asker
+        task = asyncio.ensure_future(run_turn_chain(turn.components.turn_advisors, turn, innermost, short))
     getter = None
     try:
         while True:
@@ -536,7 +720,8 @@ def _new_trace(turn: TurnContext) -> dict[str, Any]:
 
 
 async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | None = None,
-                      client_id: str = "") -> AsyncIterator[TurnEvent]:
+                      client_id: str = "", history: list[HistoryMessage] | None = None,
+                      origin: dict[str, Any] | None = None, user: Any = None) -> AsyncIterator[TurnEvent]:
     """Run one turn, yielding its events (see ``django_ragchat.events``).
 
     Raises ``InvalidMessage`` (nothing saved), ``TurnInProgress`` (nothing saved) or
@@ -545,10 +730,18 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
     client cancelled or went away) saves the partial answer as "incomplete".
     ``stream=False`` asks the model for a whole answer (no ``delta`` events).
     ``client_id`` is the sender's idempotency key: a resend raises ``persistence.DuplicateMessage``
-    (nothing saved). While the answer is written a ``persistence.Heartbeat`` renews its lease
+    (nothing saved). ``history``: the earlier messages as the caller sent them, which memory
+    reads instead of the conversation's log (``TurnContext.supplied_history``; a stateless
+    client's request); they are not saved, the trace keeps those the model was shown.
+    ``origin``: where the message came from, as the transport tells it (e.g. the API key's
+    name), kept in the trace as ``origin``. While the answer is written a ``persistence.Heartbeat`` renews its lease
     and saves the partial text (see docs/architecture.md, "Crash safety").
+    ``user`` is the asking user (the transports pass the sender): tools run as them; ``None``
+    means the conversation's owner (an ``AnonymousUser`` for an anonymous conversation).
     """
-    turn, run = await _begin(conversation, text, stream, client_id)
+    turn, run = await _begin(conversation, text, stream, client_id, history, user)
+    if origin:
+        turn.trace["origin"] = dict(origin)
     finished = False
     heartbeat = persistence.Heartbeat(turn.assistant_message, run.partial).start()
     try:
@@ -581,27 +774,52 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         await heartbeat.stop()
 
 
-async def _begin(conversation: Conversation, text: Any, stream: bool | None,
-                 client_id: str) -> tuple[TurnContext, _Answering]:
+def _owner(conversation: Conversation) -> Any:
+    return conversation.owner
+
+
+async def _asker(conversation: Conversation, user: Any) -> Any:
+    """Who asks: the sender the transport names, else the conversation's owner (one query when
+    it is not loaded yet), else an anonymous user."""
+    if user is not None:
+        return user
+    if conversation.owner_id is None:
+        return AnonymousUser()
+    return await sync_to_async(_owner)(conversation)
+
+
+async def _begin(conversation: Conversation, text: Any, stream: bool | None, client_id: str,
+                 history: list[HistoryMessage] | None, user: Any = None) -> tuple[TurnContext, _Answering]:
     """Validate the message, save it with an empty answer, and make the turn's context."""
     text = validate_user_message(text)
     profile = get_profile(conversation.profile)
     components = components_for(profile)
     run = _Answering(streaming=profile.stream if stream is None else stream)
     turn = TurnContext(conversation=conversation, profile=profile, components=components, question=text,
-                       streaming=run.streaming)
+                       streaming=run.streaming, supplied_history=None if history is None else list(history),
+                       user=await _asker(conversation, user))
     turn.trace = _new_trace(turn)
-    turn.user_message, turn.assistant_message = await sync_to_async(persistence.begin_turn)(
-        conversation.pk, text, client_id)
+    (turn.user_message, turn.assistant_message), turn.principals = await sync_to_async(_begin_turn)(
+        conversation, text, client_id)
     return turn, run
+
+
+def _begin_turn(conversation: Conversation, text: str, client_id: str):
+    """Save the user's message (and the empty answer), and read the asker's principals now, so a
+    change of their groups or permissions applies from this turn on (one thread hop for both)."""
+    principals = principals_of_user_id(conversation.owner_id)  # first: nothing is saved if it fails
+    return persistence.begin_turn(conversation.pk, text, client_id), principals
 
 
 async def _save(turn: TurnContext, run: _Answering, answer: Answer, status: str,
                 error: dict | None = None) -> dict[str, Any]:
     """Save the answer with its sources and trace; its payload for the ``done`` event."""
     turn.trace["timings"]["total"] = round((time.perf_counter() - run.started) * 1000, 3)
+    if turn.tool_runs:  # also when the turn failed or stopped between its calls
+        turn.trace["tools"] = [r.trace() for r in turn.tool_runs]
     message = await sync_to_async(persistence.finish_turn)(turn, answer, status, error)
-    return persistence.message_payload(message, answer, turn.prompt.documents if turn.prompt else ())
+    tool_calls = [r.payload() for r in turn.tool_runs]
+    return persistence.message_payload(message, answer, turn.prompt.documents if turn.prompt else (), tool_calls)
 
 
 async def _failed(turn: TurnContext, run: _Answering, exc: Exception) -> Failed:
@@ -616,10 +834,11 @@ async def _failed(turn: TurnContext, run: _Answering, exc: Exception) -> Failed:
 
 
 async def run_turn(conversation: Conversation, text: Any, *, stream: bool = False,
-                   client_id: str = "") -> TurnResult:
+                   client_id: str = "", user: Any = None) -> TurnResult:
     """Run one turn to the end and return its result (see ``stream_turn`` for the errors)."""
     accepted = final = None
-    async with contextlib.aclosing(stream_turn(conversation, text, stream=stream, client_id=client_id)) as events:
+    events = stream_turn(conversation, text, stream=stream, client_id=client_id, user=user)
+    async with contextlib.aclosing(events) as events:
         async for event in events:
             if isinstance(event, Accepted):
                 accepted = event
@@ -639,7 +858,7 @@ def _load_trace(message_id: int) -> dict[str, Any]:
 
 
 def run_turn_sync(conversation: Conversation, text: Any, *, stream: bool = False,
-                  client_id: str = "") -> TurnResult:
+                  client_id: str = "", user: Any = None) -> TurnResult:
     """``run_turn`` for synchronous callers (WSGI views, management commands, tests).
 
     The turn runs on the process's one background event loop (the one WSGI streams use,
@@ -653,6 +872,6 @@ def run_turn_sync(conversation: Conversation, text: Any, *, stream: bool = False
     saved = getattr(threadlocal, "main_event_loop", None), getattr(threadlocal, "main_event_loop_pid", None)
     threadlocal.main_event_loop, threadlocal.main_event_loop_pid = background_loop(), os.getpid()
     try:
-        return async_to_sync(run_turn)(conversation, text, stream=stream, client_id=client_id)
+        return async_to_sync(run_turn)(conversation, text, stream=stream, client_id=client_id, user=user)
     finally:
         threadlocal.main_event_loop, threadlocal.main_event_loop_pid = saved

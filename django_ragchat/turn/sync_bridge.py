@@ -100,6 +100,20 @@ class ThreadedStream(Iterator):
             raise value
         raise StopIteration
 
+    def next_ready(self) -> Any | None:
+        """The next item if it is already waiting, else ``None``; never blocks (the end and an
+        exception stay for ``next()``)."""
+        if self._exhausted:
+            return None
+        try:
+            kind, value = self._items.get_nowait()
+        except queue.Empty:
+            return None
+        if kind == _ITEM:
+            return value
+        self._items.put((kind, value))  # the last entry: putting it back keeps the order
+        return None
+
     def close(self) -> None:
         """Stop the async iterator if it is still running and wait for it to clean up."""
         self._exhausted = True

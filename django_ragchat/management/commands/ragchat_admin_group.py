@@ -2,10 +2,11 @@
 
 Being staff opens the admin; what a staff member may do there is Django's model permissions.
 The group this command makes ("Chat reviewers" by default) can read every django-ragchat
-model (conversations and their transcripts and traces, messages, sources, feedback, documents
-and chunks) and add, change and delete memory records, which is how staff correct what the
-model remembers about other users. ``--documents`` adds uploading, re-ingesting and deleting
-documents; ``--erase`` adds exporting and erasing a user's chat data (delete permissions on
+model (conversations and their transcripts and traces, messages, sources, tool calls, feedback,
+documents, chunks and the state of model sources) and add, change and delete memory records, which
+is how staff correct what the model remembers about other users. ``--documents`` adds uploading,
+re-ingesting and deleting documents and resyncing model sources; ``--erase`` adds exporting and
+erasing a user's chat data (delete permissions on
 the chat's models). Run it again after upgrading: it only adds what is missing and removes
 nothing. Then add staff to the group (``user.groups.add(...)``, or the user admin page).
 """
@@ -17,7 +18,8 @@ from django.contrib.auth.management import create_permissions
 from django.contrib.auth.models import Group, Permission
 from django.core.management.base import BaseCommand
 
-MODELS = ("conversation", "message", "messagesource", "turntrace", "feedback", "memoryrecord", "document", "chunk")
+MODELS = ("conversation", "message", "messagesource", "toolinvocation", "turntrace", "feedback", "memoryrecord",
+          "document", "chunk", "sourcestate")
 
 
 def permission_codenames(*, documents: bool = False, erase: bool = False) -> set[str]:
@@ -25,9 +27,10 @@ def permission_codenames(*, documents: bool = False, erase: bool = False) -> set
     codenames = {f"view_{model}" for model in MODELS}
     codenames |= {"add_memoryrecord", "change_memoryrecord", "delete_memoryrecord"}
     if documents:
-        codenames |= {"add_document", "delete_document", "delete_chunk"}
+        codenames |= {"add_document", "delete_document", "delete_chunk", "change_sourcestate"}
     if erase:
-        codenames |= {f"delete_{m}" for m in ("conversation", "message", "messagesource", "turntrace", "feedback")}
+        codenames |= {f"delete_{m}" for m in ("conversation", "message", "messagesource", "toolinvocation", "turntrace",
+                                              "feedback")}
     return codenames
 
 

@@ -2,6 +2,8 @@
 
 Interactive by default (``you> `` prompt, answers streamed word by word, then the numbered
 sources); ``--message TEXT`` answers one message; ``--json`` prints one JSON object for scripts.
+Tool calls are shown as they happen (``[Looking up order ORD-17…]``); one that needs approval
+asks ``Allow? [y/N]`` (anything but y rejects it).
 Turns run through ``django_ragchat.turn.pipeline`` exactly as they do on the site, so what you see
 here (and in ``--json``'s trace) is what a visitor gets.
 
@@ -20,16 +22,17 @@ import sys
 import threading
 import uuid
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from django_ragchat.events import Completed, Delta, Failed, Retry
+from django_ragchat.events import Completed, Delta, Failed, Retry, ToolCallFinished, ToolCallUpdate
 from django_ragchat.exceptions import InvalidMessage, TurnInProgress
 from django_ragchat.models import Conversation
 from django_ragchat.permissions import get_conversation_for
 from django_ragchat.profiles import get_profile
+from django_ragchat.turn.confirmations import DecisionRefused, record_decision
 from django_ragchat.turn.pipeline import run_turn_sync, stream_turn, validate_user_message
 
 QUIT_COMMANDS = {"/quit", "/exit"}
@@ -205,8 +208,28 @@ class Command(BaseCommand):
                 elif isinstance(event, Retry):
                     # A terminal cannot take back what it printed: say the next text replaces it.
                     self.stdout.write(f"\n[answer rejected by {event.guardrail}; answering again]\n")
+                elif isinstance(event, ToolCallUpdate):
+                    await self._tool_call(event)
+                elif isinstance(event, ToolCallFinished):
+                    outcome = event.status if event.error is None else f"{event.status}: {event.error['message']}"
+                    self.stdout.write(f"[{event.name}: {outcome}]")
                 elif isinstance(event, (Completed, Failed)):
                     state["final"] = event
+
+    async def _tool_call(self, event: ToolCallUpdate) -> None:
+        """Show a tool call; ask for the approval it needs (the terminal is a trusted context)."""
+        if event.status == "requested":
+            self.stdout.write(f"\n[{event.label}]")
+        elif event.status == "awaiting_confirmation":
+            arguments = json.dumps(event.arguments, ensure_ascii=False)
+            self.stdout.write(f"[{event.label.rstrip('…')} needs your approval: {event.name}({arguments})] "
+                              f"Allow? [y/N] ", ending="")
+            self.stdout.flush()
+            line = await asyncio.to_thread(self.stdin.readline)  # the turn's calls go on meanwhile
+            try:
+                await sync_to_async(record_decision)(event.confirmation_id, self.user, line.strip().lower() == "y")
+            except DecisionRefused as exc:
+                self.stderr.write(exc.message)
 
     def _print_sources(self, message: dict) -> None:
         if not message["sources"]:

@@ -11,17 +11,17 @@ to date after that. ``ragchat_index`` remains for repairs and rebuilds.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections, router
-from tqdm import tqdm
 
+from django_ragchat.access import InvalidAccess, access_tokens
 from django_ragchat.ingestion.loaders import SUPPORTED_SUFFIXES
 from django_ragchat.ingestion.pipeline import FAILED, ingest_paths
+from django_ragchat.management.progress import progress_bar
 from django_ragchat.models import Chunk
 from django_ragchat.search import postgres
 
@@ -37,18 +37,23 @@ class Command(BaseCommand):
                             help="Store sources relative to this folder (default: the paths as given).")
         parser.add_argument("--metadata", metavar="JSON",
                             help='A JSON object stored on every document, e.g. \'{"product": "aurora"}\'.')
+        parser.add_argument("--access", action="append", metavar="WHO",
+                            help="Who may read these documents (default: everyone): staff, authenticated, user:<id>, "
+                                 "group:<id> or app_label.codename (a permission); repeat or separate with commas.")
         parser.add_argument("--batch-size", type=int, default=64, metavar="N",
                             help="Texts per embedding call (default 64).")
         parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
 
     def handle(self, *args, **options):
         metadata = _metadata(options["metadata"])
+        access = _access(options["access"])
         if options["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1.")
-        with self._progress_bar(options["no_progress"]) as progress:
+        with progress_bar(self, off=options["no_progress"], unit="doc", desc="Ingesting") as progress:
             try:
                 report = ingest_paths(options["paths"], profile=options["profile"], root=options["root"],
-                                      metadata=metadata, progress=progress, batch_size=options["batch_size"])
+                                      metadata=metadata, progress=progress, batch_size=options["batch_size"],
+                                      access=access)
             except (ValueError, ImproperlyConfigured) as exc:
                 raise CommandError(str(exc)) from None
 
@@ -60,44 +65,37 @@ class Command(BaseCommand):
                 f"(supported: {', '.join(sorted(SUPPORTED_SUFFIXES))})."
             )
         if report.count(FAILED) < len(report.results):
-            self._build_missing_indexes()
+            build_missing_indexes(self.stdout)
         self.stdout.write(f"Ingested {report.summary()}")  # the last line: the counts
         if report.count(FAILED) == len(report.results):
             raise CommandError("Every document failed to ingest.")
 
-    @contextlib.contextmanager
-    def _progress_bar(self, off: bool):
-        """A ``progress(done, total, source)`` callback drawing a bar on a terminal."""
-        # The bar goes to the real stream: Django's OutputWrapper appends a newline to every
-        # write, which would break tqdm's in-place redraws.
-        stream = getattr(self.stderr, "_out", self.stderr)
-        bar = tqdm(file=stream, unit="doc", desc="Ingesting", leave=False, dynamic_ncols=True) \
-            if not off and stream.isatty() else None
 
-        def progress(done: int, total: int, source: str) -> None:
-            if bar is not None:
-                bar.total = total
-                bar.set_postfix_str(source[-40:], refresh=False)
-                bar.update(done - bar.n)
 
-        try:
-            yield progress
-        finally:
-            if bar is not None:
-                bar.close()
+def build_missing_indexes(stdout) -> None:
+    """On PostgreSQL, build the HNSW index of every embedding space that has none (once, after a
+    bulk load: faster than growing it row by row); say so on ``stdout``."""
+    using = router.db_for_write(Chunk)
+    if connections[using].vendor != "postgresql":
+        return  # SQLite searches in process; nothing to build
 
-    def _build_missing_indexes(self) -> None:
-        using = router.db_for_write(Chunk)
-        if connections[using].vendor != "postgresql":
-            return  # SQLite searches in process; nothing to build
+    for space in postgres.spaces(using):
+        status = postgres.hnsw_index_status(space, using=using)
+        if status.state not in ("missing", "invalid", "mismatch"):
+            continue  # ok, or too many dimensions to index (exact scans)
+        started = time.monotonic()
+        postgres.create_hnsw_index(space, using=using)
+        stdout.write(f"Built the HNSW index of space {space!r} in {time.monotonic() - started:.1f} s")
 
-        for space in postgres.spaces(using):
-            status = postgres.hnsw_index_status(space, using=using)
-            if status.state not in ("missing", "invalid", "mismatch"):
-                continue  # ok, or too many dimensions to index (exact scans)
-            started = time.monotonic()
-            postgres.create_hnsw_index(space, using=using)
-            self.stdout.write(f"Built the HNSW index of space {space!r} in {time.monotonic() - started:.1f} s")
+
+def _access(given: list[str] | None) -> list[str] | None:
+    """``--access``, as stored tokens (``None``: everyone)."""
+    if not given:
+        return None
+    try:
+        return list(access_tokens([token for value in given for token in value.replace(",", " ").split()]))
+    except InvalidAccess as exc:
+        raise CommandError(f"--access: {exc}") from None
 
 
 def _metadata(given: str | None) -> dict | None:

@@ -2,8 +2,9 @@
 
 Lists every plugin (built-in, from ``RAGCHAT["PLUGINS"]`` or from an entry point) with the
 hooks it implements, each hook's implementations in call order, every registered component by
-pipeline stage in call order (its ``order`` value, then registration index), and for each
-profile the components it runs. ``--json`` prints the same as one JSON object.
+pipeline stage in call order (its ``order`` value, then registration index), for each
+profile the components it runs, and the model sources (``register_sources``) with the model
+each indexes. ``--json`` prints the same as one JSON object.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
 
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.plugins import get_registry, hook_implementations, plugin_listing
+from django_ragchat.plugins import get_registry, hook_implementations, plugin_listing, registered_sources
 from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, get_profile, profile_names
+from django_ragchat.sources import registry as source_registry
 
 # Profile fields in the order the turn runs their stages (advisors wrap the rest; guardrails also
 # check the output).
@@ -62,8 +64,24 @@ def describe() -> dict:
         "hooks": hook_implementations(),
         "components": components,
         "profiles": profiles,
-        "errors": list(registry.errors),
+        "sources": _sources(),
+        "errors": list(registry.errors) + [message for _, message, _ in source_registry.problems()],
     }
+
+
+def _sources() -> list[dict]:
+    """Each valid model source: its name, model, class, the plugin that registered it, how it
+    is kept in sync and the models it follows."""
+    plugin_of = {cls: plugin for cls, plugin in registered_sources()}
+    watching = source_registry.current().watching
+    return [
+        {"name": name, "model": source.get_model()._meta.label, "plugin": plugin_of.get(type(source), ""),
+         "class": f"{type(source).__module__}.{type(source).__qualname__}", "live": source.live,
+         "updated_field": source.updated_field,
+         "follows": sorted(m._meta.label for m, pairs in watching.items()
+                           if any(s is source and f.kind != "self" for s, f in pairs))}
+        for name, source in source_registry.sources().items()
+    ]
 
 
 class Command(BaseCommand):
@@ -105,5 +123,17 @@ class Command(BaseCommand):
                 continue
             for field, names in runs.items():
                 write(f"    {field}: {', '.join(names) or '-'}")
+        self._write_sources(data["sources"])
         for error in data["errors"]:
             self.stderr.write(self.style.ERROR(error))
+
+    def _write_sources(self, found: list[dict]) -> None:
+        write = self.stdout.write
+        write("")
+        write("Model sources (register_sources):")
+        for source in found:
+            how = "live" if source["live"] else "ragchat_sync only"
+            follows = f"; follows {', '.join(source['follows'])}" if source["follows"] else ""
+            write(f"  {source['name']}: {source['model']} ({how}{follows}) from {source['plugin']} ({source['class']})")
+        if not found:
+            write("  (none)")

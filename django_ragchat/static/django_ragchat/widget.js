@@ -4,7 +4,11 @@
  * config (<script type="application/json">, never inline code). Every element with a
  * data-ragchat-widget attribute (the id of its config) is mounted when the module loads;
  * mount(root, config) does it by hand. docs/widget.md describes the widget; docs/protocol.md
- * the events it reads: ack, status, sources, delta, retry, done, error.
+ * the events it reads: ack, status, sources, delta, retry, tool_call, tool_result, done, error.
+ *
+ * Tool calls show in the answer as they happen ("Looking up order ORD-17…"), each result folded
+ * under its line; a call that needs the user's approval shows Approve and Reject, sent as a
+ * tool_decision frame on the websocket or to the REST API (docs/tools.md).
  *
  * Conversations are listed through the REST API. A new conversation is never created ahead of
  * its first message: the message goes to the websocket without a conversation id, or to the
@@ -22,6 +26,9 @@ const STAGES = { retrieving: "Searching the documents…", generating: "Writing 
 const STOPPED = "Stopped before the end.";
 const LOST = "The connection was lost before the answer ended.";
 const EXCERPT_CHARS = 220;
+// What a finished tool call says beside its label, by status (docs/protocol.md, tool_result).
+const TOOL_STATES = { done: "Done", error: "Failed", rejected: "Declined", abandoned: "Not confirmed in time",
+                      cancelled: "Stopped", pending: "Waiting for your approval", approved: "Approved" };
 // Refusals a retry cannot fix: the message itself must change.
 const NOT_RETRYABLE = new Set(["empty", "invalid_type", "invalid_characters", "too_long", "too_large",
                                "parse_error", "forbidden", "not_found", "not_authenticated", "session_ended",
@@ -38,6 +45,19 @@ function el(tag, className, text) {
 function newClientId() {
   const bytes = crypto.getRandomValues(new Uint8Array(12));
   return "w" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/* A tool's arguments or result for people: JSON indented, anything else as it is. */
+function pretty(value) {
+  let data = value;
+  if (typeof value === "string") {
+    try {
+      data = JSON.parse(value);
+    } catch {
+      return value;
+    }
+  }
+  return data === null || data === undefined ? "" : JSON.stringify(data, null, 2);
 }
 
 function button(className, text, label) {
@@ -170,6 +190,8 @@ class ChatWidget {
     const view = {
       key: `${this.root.id}-${++this.viewCount}`, node, role, text: "", sources: [], sourceIds: new Map(),
       progress: el("p", "ragchat-progress"),
+      tools: el("ul", "ragchat-tools"),
+      toolItems: new Map(),  // call id -> its <li>
       body: el("div", "ragchat-body"),
       note: el("p", "ragchat-note"),
       actions: el("div", "ragchat-actions"),
@@ -180,10 +202,12 @@ class ChatWidget {
     };
     view.sourcesLabel.id = `${view.key}-sources`;
     view.sourceList.setAttribute("aria-labelledby", view.sourcesLabel.id);
-    for (const part of [view.progress, view.note, view.actions, view.sourcesLabel, view.sourceList, view.feedback]) {
+    for (const part of [view.progress, view.tools, view.note, view.actions, view.sourcesLabel, view.sourceList, view.feedback]) {
       part.hidden = true;
     }
-    node.append(view.progress, view.body, view.note, view.actions, view.sourcesLabel, view.sourceList, view.feedback);
+    view.tools.setAttribute("aria-label", "What the assistant looked up");
+    node.append(view.progress, view.tools, view.body, view.note, view.actions, view.sourcesLabel, view.sourceList,
+                view.feedback);
     this.ui.log.append(node);
     return view;
   }
@@ -299,6 +323,7 @@ class ChatWidget {
   applySavedMessage(view, message) {
     view.text = message.content;
     view.messageId = message.id;
+    for (const call of message.tool_calls || []) this.showToolResult(view, { ...call, type: "tool_result" });
     const cited = new Set((message.citations || []).map((c) => c.index));
     if (message.sources && message.sources.length) this.renderSources(view, message.sources, cited);
     else this.markCited(view, cited);
@@ -319,6 +344,100 @@ class ChatWidget {
     const view = this.addMessageView(message.role);
     this.applySavedMessage(view, message);
     return view;
+  }
+
+  // --- tool calls ------------------------------------------------------------------------
+
+  /* The line of a tool call in the answer (made on its first event): its label, its state, and
+     its result folded under it. */
+  toolItem(view, call) {
+    let item = view.toolItems.get(call.id);
+    if (item) return item;
+    item = el("li", "ragchat-tool");
+    item.dataset.id = call.id;
+    const details = el("details", "ragchat-tool-details");
+    const summary = el("summary", "ragchat-tool-summary");
+    summary.append(el("span", "ragchat-spinner"), el("span", "ragchat-tool-label"), el("span", "ragchat-tool-state"));
+    details.append(summary, el("pre", "ragchat-tool-result"));
+    item.append(details);
+    view.toolItems.set(call.id, item);
+    view.tools.append(item);
+    view.tools.hidden = false;
+    return item;
+  }
+
+  setToolLine(item, call, state) {
+    // A tool_result has no label of its own: the line keeps the one its tool_call gave it.
+    if (call.label) item.dataset.label = call.label;
+    const label = String(item.dataset.label || call.name || "Tool");
+    item.querySelector(".ragchat-tool-label").textContent = state === "running" ? label : label.replace(/…$/, "");
+    item.querySelector(".ragchat-tool-state").textContent = state === "running" ? "" : (TOOL_STATES[state] || state);
+    item.querySelector(".ragchat-spinner").hidden = state !== "running";
+    item.className = `ragchat-tool ragchat-tool-${state}`;
+  }
+
+  /* A tool_call event: the call is running, or it waits for the user's approval. */
+  showToolCall(view, call, turn) {
+    const item = this.toolItem(view, call);
+    item.querySelector(".ragchat-tool-confirm")?.remove();
+    this.setProgress(view, "");
+    if (call.status === "awaiting_confirmation") {
+      this.setToolLine(item, call, "pending");
+      item.querySelector(".ragchat-tool-details").open = true;
+      item.querySelector(".ragchat-tool-result").textContent = pretty(call.arguments);
+      item.append(this.confirmBox(call, turn));
+      this.setStatus(TOOL_STATES.pending + "…");
+    } else {
+      this.setToolLine(item, call, "running");
+      this.setStatus(item.dataset.label || "");
+    }
+    this.scrollToEnd();
+  }
+
+  confirmBox(call, turn) {
+    const box = el("div", "ragchat-tool-confirm");
+    box.setAttribute("role", "group");
+    box.setAttribute("aria-label", "Allow this action?");
+    const approve = button("ragchat-approve", "Approve");
+    const reject = button("ragchat-reject", "Reject");
+    const status = el("span", "ragchat-tool-decision");
+    status.setAttribute("role", "status");
+    box.append(el("span", "ragchat-tool-question", "Allow this?"), approve, reject, status);
+    const decide = async (approved) => {
+      approve.disabled = reject.disabled = true;
+      status.textContent = approved ? "Approving…" : "Rejecting…";
+      try {
+        await this.decide(call.confirmation_id, approved, turn);
+      } catch (error) {
+        status.textContent = error.message;
+        approve.disabled = reject.disabled = false;
+      }
+    };
+    approve.addEventListener("click", () => decide(true));
+    reject.addEventListener("click", () => decide(false));
+    return box;
+  }
+
+  /* The user's decision: over the websocket when this turn uses it, else the REST API. */
+  async decide(confirmationId, approve, turn) {
+    const ws = turn && turn.socket ? turn.socket.ws : (this.socket && this.socket.opened ? this.socket.ws : null);
+    if (ws && ws.readyState === WebSocket.OPEN) {
+      ws.send(JSON.stringify({ type: "tool_decision", confirmation_id: confirmationId, approve }));
+      return;
+    }
+    await this.api("POST", this.urlFor(this.config.api.toolDecision, confirmationId), { approve });
+  }
+
+  /* A tool_result event, or a saved message's tool call: the line says how it ended and its
+     result is folded under it. */
+  showToolResult(view, call) {
+    const item = this.toolItem(view, call);
+    item.querySelector(".ragchat-tool-confirm")?.remove();
+    this.setToolLine(item, call, call.status || "done");
+    const details = item.querySelector(".ragchat-tool-details");
+    details.open = false;
+    const shown = call.error && call.status !== "done" ? call.error.message : call.content;
+    item.querySelector(".ragchat-tool-result").textContent = pretty(shown);
   }
 
   // --- feedback --------------------------------------------------------------------------
@@ -560,6 +679,12 @@ class ChatWidget {
         this.setProgress(answer, "Revising the answer…");
         this.renderBody(answer);
         break;
+      case "tool_call":
+        this.showToolCall(answer, event, turn);
+        break;
+      case "tool_result":
+        this.showToolResult(answer, event);
+        break;
       case "done":
         this.finishTurn(turn, event.message, null);
         break;
@@ -583,6 +708,11 @@ class ChatWidget {
       this.applySavedMessage(answer, message);
     } else {
       this.renderBody(answer);
+      // Nothing saved to say how they ended: the calls still running were stopped with the answer.
+      for (const item of answer.tools.querySelectorAll(".ragchat-tool-running, .ragchat-tool-pending")) {
+        item.querySelector(".ragchat-tool-confirm")?.remove();
+        this.setToolLine(item, {}, "cancelled");
+      }
     }
     const cancelled = error && error.code === "cancelled";
     if (error && !cancelled) {
@@ -728,7 +858,7 @@ class ChatWidget {
       this.ui.log.dataset.live = "websocket";  // for styling and tests: this conversation is live
       return;
     }
-    if (frame.type === "pong") return;
+    if (frame.type === "pong" || frame.type === "tool_decision") return;  // the turn's own events follow
     const turn = this.turn;
     // Our own message's frames are matched by client_id: a refusal may carry no conversation id.
     if (turn && turn.own && frame.client_id !== undefined && frame.client_id === turn.clientId) {

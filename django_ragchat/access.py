@@ -1,0 +1,233 @@
+"""Who may read what the assistant searches: principal tokens on rows, principals of readers.
+
+Every ``Document`` and every ``Chunk`` stores ``access``, the list of principal tokens it was
+indexed with; a reader whose principals share one token with it may read it. The tokens:
+
+====================================  ==========================================================
+``"public"`` (``PUBLIC``)             everyone, anonymous visitors included: the default
+``"authenticated"`` (``AUTHENTICATED``)  every signed-in, active user
+``"staff"`` (``STAFF``)               users with ``is_staff``
+``"user:<pk>"``                       one user
+``"group:<pk>"``                      the members of one group
+``"perm:<app_label>.<codename>"``     users holding that permission, through any authentication
+                                      backend (``user.get_all_permissions()``; superusers hold
+                                      every permission)
+====================================  ==========================================================
+
+A reader's principals (``principals_for``): ``"public"`` always; a signed-in, active user adds
+``"authenticated"``, ``"user:<pk>"``, one ``"group:<pk>"`` per group, one ``"perm:..."`` per
+permission and ``"staff"`` when staff. They are read from the database when asked for, so a
+change of a user's groups or permissions applies to their next turn.
+
+The search layer (``django_ragchat.search``) filters by principals inside its SQL on every
+database, so nothing built on it (retrievers, plugins, query expansion) can return a row its
+reader may not read. A search not told whose it is reads as the turn in progress
+(``reading_as``) or, outside any turn, as an anonymous visitor: ``PUBLIC`` rows only.
+``UNRESTRICTED`` (everything) is for trusted code that says so: management commands, the admin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db.models import Q
+
+PUBLIC = "public"
+AUTHENTICATED = "authenticated"
+STAFF = "staff"
+#: Tokens that name no row: what ``access_tokens`` accepts as is.
+WORD_TOKENS = (PUBLIC, AUTHENTICATED, STAFF)
+
+_TOKEN = re.compile(r"^(?:public|authenticated|staff|user:[\w\-.@+]{1,64}|group:[\w\-.@+]{1,64}"
+                    r"|perm:[\w\-]{1,100}\.[\w\-.]{1,100})$")
+_PERMISSION = re.compile(r"^[\w\-]{1,100}\.[\w\-.]{1,100}$")
+
+
+class InvalidAccess(ValueError):
+    """An access value that names no principal django-ragchat knows (the message says which)."""
+
+
+def public_access() -> list[str]:
+    """The default ``access`` of a document or chunk: everyone may read it."""
+    return [PUBLIC]
+
+
+def _label(value: Any) -> str | None:
+    meta = getattr(value, "_meta", None)
+    return getattr(meta, "label_lower", None) if meta is not None else None
+
+
+def _one_token(value: Any) -> str:
+    if isinstance(value, str):
+        if _TOKEN.match(value):
+            return value
+        if _PERMISSION.match(value):
+            return f"perm:{value}"
+        raise InvalidAccess(f"{value!r} is not an access token: use PUBLIC, AUTHENTICATED, STAFF, a user, a group, "
+                            f"'app_label.codename' (a permission) or 'user:<pk>' / 'group:<pk>'.")
+    label = _label(value)
+    if label is not None and getattr(value, "pk", None) is not None:
+        if label == settings.AUTH_USER_MODEL.lower():
+            return f"user:{value.pk}"
+        if label == "auth.group":
+            return f"group:{value.pk}"
+        if label == "auth.permission":
+            return f"perm:{value.content_type.app_label}.{value.codename}"
+    raise InvalidAccess(f"{value!r} is not a user, a group, a permission or an access token.")
+
+
+def access_tokens(value: Any) -> tuple[str, ...]:
+    """The sorted, distinct tokens of an access value: ``PUBLIC``, a user, a group, a permission
+    (``"app_label.codename"`` or a ``Permission``), a token string, or any iterable of those
+    (a queryset of users included). ``None`` or an empty iterable: nobody. Raises
+    ``InvalidAccess`` for anything else (an unsaved user, an anonymous user, a misspelt token)."""
+    if value is None:
+        return ()
+    if isinstance(value, str) or _label(value) is not None:
+        return (_one_token(value),)
+    if isinstance(value, Iterable):
+        return tuple(sorted({_one_token(item) for item in value}))
+    raise InvalidAccess(f"{value!r} is not an access value.")
+
+
+@dataclass(frozen=True)
+class Principals:
+    """The principal tokens of one reader; ``tokens=None`` reads everything (``UNRESTRICTED``)."""
+
+    tokens: frozenset[str] | None
+
+    @property
+    def unrestricted(self) -> bool:
+        return self.tokens is None
+
+    def may_read(self, access: Iterable[str]) -> bool:
+        """Whether a row stored with ``access`` is readable by these principals."""
+        return self.tokens is None or not self.tokens.isdisjoint(access)
+
+    def covers(self, other: Principals) -> bool:
+        """Whether everything ``other`` may read, these principals may read too."""
+        if self.tokens is None:
+            return True
+        return other.tokens is not None and other.tokens <= self.tokens
+
+    def sorted(self) -> list[str]:
+        return sorted(self.tokens or ())
+
+    def __repr__(self) -> str:
+        return "Principals(UNRESTRICTED)" if self.tokens is None else f"Principals({self.sorted()})"
+
+
+PUBLIC_ONLY = Principals(frozenset({PUBLIC}))
+UNRESTRICTED = Principals(None)
+
+
+def principals_for(user: Any, *, refresh: bool = False) -> Principals:
+    """The principals of ``user`` (``None`` or an anonymous user: ``PUBLIC_ONLY``).
+
+    ``refresh`` reads the user again first (a websocket's user object lives as long as its
+    connection; a turn asks with ``refresh``). Four queries for a signed-in user with Django's
+    own backend (the user, the groups, the user's and the groups' permissions), none for an
+    anonymous one.
+    """
+    if user is None or not getattr(user, "is_authenticated", False):
+        return PUBLIC_ONLY
+    if refresh:
+        user = type(user)._default_manager.filter(pk=user.pk).first()
+        if user is None:
+            return PUBLIC_ONLY
+    if not getattr(user, "is_active", True):
+        return PUBLIC_ONLY
+    tokens = {PUBLIC, AUTHENTICATED, f"user:{user.pk}"}
+    if getattr(user, "is_staff", False):
+        tokens.add(STAFF)
+    if hasattr(user, "groups"):
+        tokens.update(f"group:{pk}" for pk in user.groups.values_list("pk", flat=True))
+    if hasattr(user, "get_all_permissions"):
+        tokens.update(f"perm:{name}" for name in user.get_all_permissions())
+    return Principals(frozenset(tokens))
+
+
+MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
+
+
+def _model_backend_only(user_model) -> bool:
+    """Whether permissions come from Django's ``ModelBackend`` alone, on a user model with its
+    usual fields: then two queries read a user's principals (``principals_of_user_id``)."""
+    names = {f.name for f in user_model._meta.get_fields()}
+    return (list(settings.AUTHENTICATION_BACKENDS) == [MODEL_BACKEND]
+            and {"is_active", "is_staff", "is_superuser", "groups", "user_permissions"} <= names)
+
+
+def principals_of_user_id(user_id: Any) -> Principals:
+    """The principals of the user with primary key ``user_id``, read now (``None``, or a user
+    that no longer exists: ``PUBLIC_ONLY``).
+
+    With Django's ``ModelBackend`` alone (the default), two queries: the user's flags with their
+    groups, then the permissions ``ModelBackend`` would grant (the user's and their groups', or
+    all of them for a superuser). Otherwise the user is loaded and every backend asked
+    (``principals_for``)."""
+    if user_id is None:
+        return PUBLIC_ONLY
+    user_model = get_user_model()
+    if not _model_backend_only(user_model):
+        return principals_for(user_model._default_manager.filter(pk=user_id).first())
+    rows = list(user_model._default_manager.filter(pk=user_id).values_list(
+        "pk", "is_active", "is_staff", "is_superuser", "groups__pk"))
+    if not rows or not rows[0][1]:
+        return PUBLIC_ONLY
+    pk, _, is_staff, is_superuser = rows[0][:4]
+    groups = [row[4] for row in rows if row[4] is not None]
+    tokens = {PUBLIC, AUTHENTICATED, f"user:{pk}", *(f"group:{g}" for g in groups)}
+    if is_staff:
+        tokens.add(STAFF)
+    permission_model = user_model._meta.get_field("user_permissions").related_model
+    permissions = permission_model._default_manager.all()
+    if not is_superuser:
+        related = user_model._meta.get_field("groups").related_query_name()
+        permissions = permissions.filter(Q(**{"user": pk}) | Q(**{f"group__{related}": pk}))
+    tokens.update(f"perm:{app}.{codename}" for app, codename in
+                  permissions.values_list("content_type__app_label", "codename").distinct())
+    return Principals(frozenset(tokens))
+
+
+def access_sql(vendor: str, column: str, principals: Principals) -> tuple[str, list]:
+    """A condition that the JSON list in ``column`` shares a token with ``principals``, and its
+    parameters; ``("", [])`` for ``UNRESTRICTED``. PostgreSQL: ``jsonb ?| text[]`` (the GIN
+    index of migration 0005 serves it). Elsewhere: SQLite's ``json_each``, the tokens passed as
+    one JSON parameter whatever their number (a superuser holds every permission)."""
+    if principals.tokens is None:
+        return "", []
+    tokens = principals.sorted()
+    if vendor == "postgresql":
+        return f"{column} ?| %s::text[]", [tokens]
+    return (f"EXISTS (SELECT 1 FROM json_each({column}) ra WHERE ra.value IN "
+            f"(SELECT rp.value FROM json_each(%s) rp))", [json.dumps(tokens)])
+
+
+# --- Whose search this is ----------------------------------------------------------------------
+
+_reader: contextvars.ContextVar[Principals | None] = contextvars.ContextVar("ragchat_reader", default=None)
+
+
+def current_principals() -> Principals:
+    """The principals searches read as here: the turn's (``reading_as``), else ``PUBLIC_ONLY``."""
+    return _reader.get() or PUBLIC_ONLY
+
+
+@contextlib.contextmanager
+def reading_as(principals: Principals) -> Iterator[None]:
+    """Searches inside this block (and the tasks and threads it starts through asyncio or
+    asgiref, which copy the context) read as ``principals`` unless told otherwise."""
+    token = _reader.set(principals)
+    try:
+        yield
+    finally:
+        _reader.reset(token)

@@ -1,0 +1,108 @@
+"""Model sources in the admin: each source's state, and a resync action.
+
+One row per registered source (rows are made for sources registered since the last visit):
+its model, the objects its queryset holds now, the documents and chunks indexed, the last full
+or ``--since`` sync and what it did, the last live sync, the changes waiting for a worker
+(counted where the task backend keeps a list: django-tasks-db), and the last error. "Resync"
+enqueues a whole sync of each selected source (on the immediate backend it runs before the
+page answers). Staff need ``change_sourcestate`` to resync (``ragchat_admin_group --documents``).
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import OuterRef
+from django.urls import reverse
+from django.utils.html import format_html
+
+from django_ragchat import tasks
+from django_ragchat.admin.base import RagchatAdmin, count_subquery, short
+from django_ragchat.models import Chunk, Document, SourceState
+from django_ragchat.sources import registry as source_registry
+
+
+@admin.register(SourceState)
+class SourceStateAdmin(RagchatAdmin):
+    list_display = ("name", "source_model", "objects", "indexed", "chunks", "last_sync", "last_live_sync_at",
+                    "pending_changes", "error")
+    fields = ("name", "source_model", "objects", "indexed", "chunks", "last_sync", "last_sync_started_at",
+              "last_sync_finished_at", "last_live_sync_at", "pending_changes", "last_error")
+    readonly_fields = fields
+    actions = ["resync"]
+
+    def get_queryset(self, request):
+        documents = Document.objects.filter(origin=OuterRef("name"))
+        return super().get_queryset(request).annotate(
+            _documents=count_subquery(documents, "origin"),
+            _chunks=count_subquery(Chunk.objects.filter(document__origin=OuterRef("name")), "document__origin"))
+
+    def changelist_view(self, request, extra_context=None):
+        names = list(source_registry.sources())
+        if names:  # a source registered since the last visit gets its row
+            SourceState.objects.bulk_create([SourceState(name=n) for n in names], ignore_conflicts=True)
+        return super().changelist_view(request, extra_context)
+
+    def has_add_permission(self, request):
+        return False  # a row per registered source, made by the list itself
+
+    def has_change_permission(self, request, obj=None):
+        return False  # nothing to edit: the action resyncs
+
+    def has_resync_permission(self, request):
+        return request.user.has_perm("django_ragchat.change_sourcestate")
+
+    def _source(self, obj):
+        return source_registry.sources().get(obj.name)
+
+    @admin.display(description="model")
+    def source_model(self, obj):
+        source = self._source(obj)
+        return source.get_model()._meta.label if source else "(no longer registered)"
+
+    @admin.display(description="objects now")
+    def objects(self, obj):
+        source = self._source(obj)
+        return source.get_queryset().count() if source else "—"
+
+    @admin.display(description="indexed", ordering="_documents")
+    def indexed(self, obj):
+        url = reverse("admin:django_ragchat_document_changelist") + f"?origin__exact={obj.name}"
+        return format_html('<a href="{}">{}</a>', url, obj._documents)
+
+    @admin.display(description="chunks", ordering="_chunks")
+    def chunks(self, obj):
+        return obj._chunks
+
+    @admin.display(description="last sync")
+    def last_sync(self, obj):
+        if not obj.last_sync_finished_at:
+            return "never"
+        counts = (obj.last_sync or {}).get("counts", {})
+        done = ", ".join(f"{n} {name}" for name, n in counts.items() if n)
+        return format_html("{} ({}): {}", obj.last_sync_finished_at.strftime("%Y-%m-%d %H:%M"),
+                           (obj.last_sync or {}).get("mode", ""), done or "nothing to do")
+
+    @admin.display(description="pending changes")
+    def pending_changes(self, obj):
+        count = tasks.pending(tasks.sync_source_objects, obj.name)
+        return "— (this task backend keeps no list)" if count is None else count
+
+    @admin.display(description="last error")
+    def error(self, obj):
+        return short(obj.last_error) if obj.last_error else ""
+
+    @admin.action(description="Resync the selected sources", permissions=["resync"])
+    def resync(self, request, queryset):
+        for state in queryset:
+            if self._source(state) is None:
+                self.message_user(request, f"{state.name} is no longer registered.", messages.WARNING)
+                continue
+            result = tasks.enqueue(tasks.sync_source, state.name)
+            if tasks.runs_in_background():
+                self.message_user(request, f"Queued a resync of {state.name} (task {result.id}).", messages.SUCCESS)
+            elif result.status == tasks.TaskResultStatus.SUCCESSFUL:
+                counts = result.return_value.get("counts", {})
+                self.message_user(request, f"Resynced {state.name}: " + ", ".join(
+                    f"{n} {name}" for name, n in counts.items()), messages.SUCCESS)
+            else:
+                self.message_user(request, f"The resync of {state.name} failed; see the logs.", messages.ERROR)

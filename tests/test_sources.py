@@ -1,0 +1,452 @@
+"""Model sources (docs/sources.md): the site's own models as knowledge, kept in sync live and by
+``ragchat_sync``, each answer limited to what the asker may read. On SQLite and PostgreSQL (the
+suite runs on both).
+
+Live sync acts after the transaction commits, so these tests run in autocommit
+(``transactional_db``): a save commits at once, as in a view without ATOMIC_REQUESTS.
+"""
+
+from __future__ import annotations
+
+import io
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Group, Permission
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_ragchat.access import PUBLIC_ONLY, Principals, access_tokens, principals_for, principals_of_user_id
+from django_ragchat.models import Chunk, Conversation, Document, SourceState
+from django_ragchat.sources import get_source, paused, sources, sync
+from django_ragchat.turn.pipeline import run_turn_sync
+from tests.sources_app.models import Article, Note, Page, Tag
+from tests.sources_plugin import CountingEmbedder
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def sources_on(ragchat_settings_override):
+    """The test sources, embedded by the counting embedder (the hashing one, counted)."""
+    CountingEmbedder.embedded.clear()
+    ragchat_settings_override(PLUGINS=["tests.sources_plugin"], PROFILES={"default": {"embedder": "counting"}})
+    yield
+    CountingEmbedder.embedded.clear()
+
+
+def ask(user, question: str):
+    """One turn in a new conversation of ``user`` (``None``: anonymous)."""
+    conversation = Conversation.objects.create(owner=user, session_key="" if user else "anon")
+    return run_turn_sync(conversation, question)
+
+
+def sources_of(result) -> set[str]:
+    return {s["source"] for s in result.message["sources"]}
+
+
+def found(result, obj, name: str = "articles") -> bool:
+    """Whether the answer was given ``obj``'s document as a source."""
+    return f"{name}:{obj.pk}" in sources_of(result)
+
+
+def chunk_texts(article) -> str:
+    return "\n".join(Chunk.objects.filter(document__origin="articles", document__object_pk=str(article.pk))
+                     .values_list("text", flat=True))
+
+
+def indexed(article) -> Document | None:
+    return Document.objects.filter(origin="articles", object_pk=str(article.pk)).first()
+
+
+# --- Create, edit, delete ------------------------------------------------------------------------
+
+
+def test_create_edit_and_delete_reach_answers_when_save_returns(sources_on, user):
+    article = Article.objects.create(title="Zorbex 9", body="The Zorbex 9 costs $321 and weighs two kilos.")
+    result = ask(user, "How much does the Zorbex 9 cost?")
+    assert "$321" in result.answer and f"articles:{article.pk}" in sources_of(result)
+
+    article.body = "The Zorbex 9 costs $299 and weighs two kilos."
+    article.save()
+    result = ask(user, "How much does the Zorbex 9 cost?")
+    assert "$299" in result.answer and "$321" not in result.answer
+
+    article.delete()
+    assert indexed(article) is None
+    result = ask(user, "How much does the Zorbex 9 cost?")
+    assert "$299" not in result.answer and not any(s.startswith("articles:") for s in sources_of(result))
+
+
+def test_an_unchanged_resave_embeds_nothing_and_a_change_embeds_again(sources_on):
+    article = Article.objects.create(title="Quillon", body="The Quillon pen writes for a year.")
+    assert any("Quillon pen" in text for text in CountingEmbedder.embedded)
+    chunks = list(Chunk.objects.filter(document__origin="articles").values_list("pk", flat=True))
+    CountingEmbedder.embedded.clear()
+    article.save()
+    Article.objects.get(pk=article.pk).save()
+    assert CountingEmbedder.embedded == []
+    assert list(Chunk.objects.filter(document__origin="articles").values_list("pk", flat=True)) == chunks
+    article.body = "The Quillon pen writes for two years."
+    article.save()
+    assert any("two years" in text for text in CountingEmbedder.embedded)
+
+
+def test_a_change_of_access_alone_is_stored_without_embedding(sources_on, user, other_user):
+    article = Article.objects.create(title="Vantablue", body="Vantablue paint absorbs light.")
+    CountingEmbedder.embedded.clear()
+    article.owner = user
+    article.save()
+    assert CountingEmbedder.embedded == []
+    document = indexed(article)
+    assert document.access == [f"user:{user.pk}"]
+    assert all(a == [f"user:{user.pk}"] for a in Chunk.objects.filter(document=document).values_list("access", flat=True))
+    assert found(ask(user, "What is Vantablue paint?"), article)
+    assert not found(ask(other_user, "What is Vantablue paint?"), article)
+    assert not found(ask(None, "What is Vantablue paint?"), article)
+
+
+def test_a_row_leaving_the_queryset_leaves_the_index(sources_on, user):
+    article = Article.objects.create(title="Glimmerstone", body="Glimmerstone glows at night.")
+    assert indexed(article) is not None
+    article.published = False
+    article.save()
+    assert indexed(article) is None
+    assert not found(ask(user, "Does Glimmerstone glow?"), article)
+    article.published = True
+    article.save()
+    assert found(ask(user, "Does Glimmerstone glow?"), article)
+
+
+def test_an_object_readable_by_nobody_is_not_indexed(sources_on, ragchat_settings_override):
+    from tests import sources_plugin
+
+    class Nobody(sources_plugin.ArticleSource):
+        def access(self, obj):
+            return []
+
+    source = Nobody()
+    article = Article.objects.create(title="Hushwing", body="Hushwing owls fly silently.")
+    assert indexed(article) is not None
+    report = sync(source, pks=[article.pk])
+    assert report.counts["removed"] == 1 and indexed(article) is None
+
+
+def test_bulk_update_is_caught_by_ragchat_sync_since(sources_on, user):
+    kept = Article.objects.create(title="Brindlecap", body="Brindlecap mushrooms are edible.")
+    hidden = Article.objects.create(title="Sootfern", body="Sootfern grows in caves.")
+    old = Article.objects.create(title="Elderbloom", body="Elderbloom flowers in May.")
+    Article.objects.filter(pk=old.pk).update(updated_at=timezone.now() - timedelta(days=3))
+    # Bulk updates send no signals: the index still has the old texts.
+    Article.objects.filter(pk=kept.pk).update(body="Brindlecap mushrooms are poisonous.", updated_at=timezone.now())
+    Article.objects.filter(pk=hidden.pk).update(published=False)
+    assert "edible" in chunk_texts(kept) and indexed(hidden) is not None
+
+    CountingEmbedder.embedded.clear()
+    out = io.StringIO()
+    call_command("ragchat_sync", "--since", "1h", "--no-progress", stdout=out)
+    lines = out.getvalue().splitlines()
+    articles = next(line for line in lines if line.startswith("articles (since)"))
+    assert "1 updated" in articles and "1 removed" in articles and "0 created" in articles
+    assert lines[-1].startswith("Synced 2 source(s):")
+    # Only the recent object was looked at (the three-day-old one was not even rendered).
+    # (the unpublished one is not in the queryset any more: it is only removed).
+    assert "1 object(s)" in articles and not any("Elderbloom" in t for t in CountingEmbedder.embedded)
+    assert indexed(hidden) is None and "poisonous" in chunk_texts(kept)
+    assert found(ask(user, "Are Brindlecap mushrooms poisonous?"), kept)
+
+
+def test_ragchat_sync_is_idempotent_and_names_unknown_sources(sources_on):
+    with paused():  # a big import: nothing is indexed until ragchat_sync
+        for n in range(5):
+            Article.objects.create(title=f"Item {n}", body=f"Item {n} is number {n}.")
+        Page.objects.create(heading="Opening hours", content="We open at nine.")
+    assert not Document.objects.filter(origin__in=["articles", "pages"]).exists()
+    out = io.StringIO()
+    call_command("ragchat_sync", "--no-progress", stdout=out)
+    assert "5 created" in out.getvalue() and "Synced 2 source(s): 6 created" in out.getvalue()
+    out = io.StringIO()
+    CountingEmbedder.embedded.clear()
+    call_command("ragchat_sync", "articles", "--no-progress", stdout=out)
+    assert out.getvalue().splitlines()[-1].startswith("Synced 1 source(s): 0 created, 0 updated, 0 access only, "
+                                                      "5 unchanged, 0 removed, 0 failed")
+    assert CountingEmbedder.embedded == []
+    state = SourceState.objects.get(name="articles")
+    assert state.last_sync["counts"]["unchanged"] == 5 and state.last_sync_finished_at is not None
+    with pytest.raises(CommandError, match="No model source named nope; registered: articles, pages"):
+        call_command("ragchat_sync", "nope")
+    with pytest.raises(CommandError, match="--since"):
+        call_command("ragchat_sync", "--since", "yesterday-ish")
+
+
+def test_a_template_source_renders_its_template(sources_on, user):
+    page = Page.objects.create(heading="Opening hours", content="The shop opens at nine and closes at six.")
+    document = Document.objects.get(origin="pages", object_pk=str(page.pk))
+    headings = set(Chunk.objects.filter(document=document).values_list("heading", flat=True))
+    assert document.title == "Page object (%d)" % page.pk and "Opening hours > Content" in headings
+    assert found(ask(user, "When does the shop open?"), page, "pages")
+
+
+def test_an_object_whose_text_fails_fails_alone(sources_on, monkeypatch):
+    good = Article.objects.create(title="Goodwood", body="Goodwood is oak.")
+    with paused():
+        bad = Article.objects.create(title="Badwood", body="Badwood is pine.")
+    source = get_source("articles")
+    original = type(source).text
+    monkeypatch.setattr(type(source), "text", lambda self, obj: 1 / 0 if obj.pk == bad.pk else original(self, obj))
+    report = sync(source)
+    assert report.counts["failed"] == 1 and report.failures[0][0] == str(bad.pk)
+    assert "ZeroDivisionError" in report.failures[0][1] and indexed(good) is not None
+    assert "ZeroDivisionError" in SourceState.objects.get(name="articles").last_error
+
+
+# --- What the text depends on --------------------------------------------------------------------
+
+
+def test_a_dependent_model_reaches_its_objects_text(sources_on, user):
+    first = Article.objects.create(title="Pelican case", body="The Pelican case is waterproof.")
+    second = Article.objects.create(title="Heron case", body="The Heron case floats.")
+    note = Note.objects.create(article=first, text="It survives a drop of ten metres.")
+    assert "ten metres" in Chunk.objects.filter(document=indexed(first)).values_list("text", flat=True)[0]
+    note.article = second  # moves: both articles are indexed again
+    note.save()
+    assert not any("ten metres" in t for t in Chunk.objects.filter(document=indexed(first)).values_list("text", flat=True))
+    assert any("ten metres" in t for t in Chunk.objects.filter(document=indexed(second)).values_list("text", flat=True))
+    note.delete()
+    assert not any("ten metres" in t for t in Chunk.objects.filter(document__origin="articles")
+                   .values_list("text", flat=True))
+
+
+def test_many_to_many_changes_on_either_side_reach_the_metadata(sources_on):
+    article = Article.objects.create(title="Loom", body="The Loom weaves.")
+    tag = Tag.objects.create(name="textiles")
+    article.tags.add(tag)
+    assert indexed(article).metadata["tags"] == ["textiles"]
+    tag.name = "weaving"
+    tag.save()
+    assert indexed(article).metadata["tags"] == ["weaving"]
+    tag.articles.clear()  # the reverse side
+    assert indexed(article).metadata["tags"] == []
+    tag.articles.add(article)
+    assert indexed(article).metadata["tags"] == ["weaving"]
+    tag.delete()  # the link goes with it: the article is indexed again without the tag
+    assert indexed(article).metadata["tags"] == []
+    article.tags.add(Tag.objects.create(name="looms"))
+    from django_ragchat import search
+    from django_ragchat.access import UNRESTRICTED
+    from django_ragchat.plugins import embedder_for
+    from django_ragchat.profiles import get_profile
+    embedder = embedder_for(get_profile("default"))
+    hits = search.vector_search(embedder.space, embedder.embed(["loom"])[0], 5,
+                                filters={"metadata": {"tags": ["weaving"]}}, principals=UNRESTRICTED)
+    assert hits == []  # nothing is tagged "weaving" any more
+    hits = search.vector_search(embedder.space, embedder.embed(["loom"])[0], 5,
+                                filters={"metadata": {"tags": ["looms"]}}, principals=UNRESTRICTED)
+    assert {h.document_id for h in hits} == {indexed(article).pk}
+
+
+def test_a_rolled_back_transaction_enqueues_nothing(sources_on):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Article.objects.create(title="Ghost", body="Ghost article.")
+        raise RuntimeError
+    assert not Document.objects.filter(origin="articles").exists()
+    with transaction.atomic():
+        article = Article.objects.create(title="Solid", body="Solid article.")
+        article.body = "Solid article, edited twice."
+        article.save()
+        assert indexed(article) is None  # not before the commit
+    assert "edited twice" in Chunk.objects.filter(document=indexed(article)).values_list("text", flat=True)[0]
+
+
+# --- With a worker: the request pays one enqueue -------------------------------------------------
+
+
+def run_worker() -> None:
+    call_command("db_worker", "--batch", "--backend", "database", "--no-startup-delay", verbosity=0)
+
+
+def test_with_a_worker_a_save_pays_one_enqueue_and_the_worker_indexes(sources_on, ragchat_settings_override, user):
+    ragchat_settings_override(TASK_BACKEND="database")
+    with CaptureQueriesContext(connection) as queries:
+        article = Article.objects.create(title="Cobalt kettle", body="The Cobalt kettle boils in ninety seconds.")
+    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().upper().startswith("INSERT")]
+    assert len(inserts) == 2 and "dbtaskresult" in inserts[1].lower(), inserts
+    assert len(queries.captured_queries) <= 3, [q["sql"] for q in queries.captured_queries]
+    assert CountingEmbedder.embedded == [] and indexed(article) is None
+    from django_ragchat import tasks
+    assert tasks.pending(tasks.sync_source_objects, "articles") == 1
+    run_worker()
+    assert tasks.pending(tasks.sync_source_objects, "articles") == 0
+    assert found(ask(user, "How fast does the Cobalt kettle boil?"), article)
+    pk = article.pk
+    article.delete()
+    assert Document.objects.filter(origin="articles", object_pk=str(pk)).exists()  # until the worker runs
+    run_worker()
+    assert not Document.objects.filter(origin="articles", object_pk=str(pk)).exists()
+
+
+# --- Who may read what ---------------------------------------------------------------------------
+
+
+def test_group_and_permission_changes_apply_to_the_next_turn(sources_on, user):
+    group = Group.objects.create(name="Gardeners")
+    mulch = Article.objects.create(title="Mulch", body="Mulch recipe: three parts bark.", group=group)
+    permission = Permission.objects.get(codename="view_tag")
+    compost = Article.objects.create(title="Compost", body="Compost secret: add coffee grounds.",
+                                     permission="sources_app.view_tag")
+    conversation = Conversation.objects.create(owner=user)
+
+    def sees(article) -> bool:
+        return found(run_turn_sync(conversation, f"Tell me about {article.title}."), article)
+
+    assert not sees(mulch)
+    user.groups.add(group)
+    assert sees(mulch)
+    assert not sees(compost)
+    user.user_permissions.add(permission)
+    assert sees(compost)
+    user.groups.remove(group)
+    assert not sees(mulch)
+
+
+def test_principals_of_a_user(user, staff_user, django_user_model):
+    group = Group.objects.create(name="Readers")
+    user.groups.add(group)
+    user.user_permissions.add(Permission.objects.get(codename="view_tag"))
+    principals = principals_of_user_id(user.pk)
+    assert principals.tokens == {"public", "authenticated", f"user:{user.pk}", f"group:{group.pk}",
+                                 "perm:sources_app.view_tag"}
+    assert principals == principals_for(user)  # the fast path agrees with Django's backends
+    assert "staff" in principals_of_user_id(staff_user.pk).tokens
+    superuser = django_user_model.objects.create_superuser("root", password="pw")
+    assert principals_of_user_id(superuser.pk) == principals_for(superuser)
+    assert len(principals_of_user_id(superuser.pk).tokens) > Permission.objects.count()
+    user.is_active = False
+    user.save()
+    assert principals_of_user_id(user.pk) == PUBLIC_ONLY == principals_of_user_id(None)
+    assert principals_of_user_id(10**9) == PUBLIC_ONLY
+    assert access_tokens([user, group, "sources_app.view_tag", "staff"]) == (
+        f"group:{group.pk}", "perm:sources_app.view_tag", "staff", f"user:{user.pk}")
+    with pytest.raises(ValueError, match="not an access token"):
+        access_tokens("everyone!")
+    assert Principals(frozenset({"public", "user:1"})).covers(PUBLIC_ONLY)
+
+
+def test_the_documents_api_lists_what_the_caller_may_read(sources_on, client, user, other_user, staff_user):
+    public = Article.objects.create(title="Open letter", body="Everyone reads this.")
+    mine = Article.objects.create(title="Diary", body="Only Alice reads this.", owner=user)
+    staff = Article.objects.create(title="Staff memo", body="Staff only.", staff_only=True)
+    listed = {}
+    for who in (user, other_user, staff_user):
+        client.force_login(who)
+        response = client.get("/api/ragchat/documents/?limit=100")
+        assert response.status_code == 200
+        listed[who.username] = {d["source"] for d in response.json()["results"]}
+        detail = client.get(f"/api/ragchat/documents/{indexed(mine).pk}/")
+        assert detail.status_code == (200 if who == user else 404)
+    assert listed["alice"] == {f"articles:{public.pk}", f"articles:{mine.pk}"}
+    assert listed["bob"] == {f"articles:{public.pk}"}
+    assert listed["staff"] == {f"articles:{public.pk}", f"articles:{staff.pk}"}
+
+
+def test_a_source_whose_chunk_became_unreadable_shows_no_passage(sources_on, client, user):
+    article = Article.objects.create(title="Menu", body="The soup of the day is tomato.")
+    conversation = Conversation.objects.create(owner=user)
+    run_turn_sync(conversation, "What is the soup of the day?")
+    client.force_login(user)
+    sources = client.get(f"/api/ragchat/conversations/{conversation.pk}/messages/").json()["results"][1]["sources"]
+    assert any("tomato" in s["snippet"] for s in sources)
+    article.staff_only = True
+    article.save()
+    sources = client.get(f"/api/ragchat/conversations/{conversation.pk}/messages/").json()["results"][1]["sources"]
+    menu = [s for s in sources if s["source"] == f"articles:{article.pk}"]
+    assert menu and all(s["snippet"] == "" and s["heading"] == "" for s in menu)
+
+
+def test_ingest_access_keeps_files_from_those_who_may_not_read_them(sources_on, tmp_path, user, staff_user):
+    path = tmp_path / "handbook.md"
+    path.write_text("# Staff handbook\n\n## Discounts\n\nStaff get 30% off every product.\n")
+    out = io.StringIO()
+    call_command("ragchat_ingest", str(path), "--access", "staff", "--no-progress", stdout=out)
+    document = Document.objects.get(source=str(path))
+    assert document.access == ["staff"] and "1 created" in out.getvalue()
+    assert "30% off" not in ask(user, "What discount do staff get?").answer
+    assert "30% off" in ask(staff_user, "What discount do staff get?").answer
+    CountingEmbedder.embedded.clear()
+    call_command("ragchat_ingest", str(path), "--no-progress", stdout=out)  # back to everyone
+    assert CountingEmbedder.embedded == [] and Document.objects.get(pk=document.pk).access == ["public"]
+    assert "30% off" in ask(user, "What discount do staff get?").answer
+    with pytest.raises(CommandError, match="--access"):
+        call_command("ragchat_ingest", str(path), "--access", "the cleaners")
+
+
+def test_the_in_process_index_sees_an_access_change_at_once(sources_on, user, other_user):
+    article = Article.objects.create(title="Saffron", body="Saffron comes from crocus flowers.", owner=user)
+    assert not found(ask(other_user, "Where does saffron come from?"), article)  # loads the index
+    article.owner = None
+    article.save()  # access only: no chunk id changes
+    assert found(ask(other_user, "Where does saffron come from?"), article)
+    article.owner = user
+    article.save()
+    assert not found(ask(other_user, "Where does saffron come from?"), article)
+
+
+# --- Checks, listing, admin ----------------------------------------------------------------------
+
+
+def test_broken_sources_are_reported_with_stable_ids(ragchat_settings_override):
+    from django_ragchat.checks import check_sources
+
+    ragchat_settings_override(PLUGINS=["tests.sources_plugin", "tests.broken_sources_plugin"])
+    found = {e.id: e.msg for e in check_sources()}
+    assert set(found) == {f"ragchat.E05{n}" for n in range(8)}, found
+    assert "not a ModelSource subclass" in found["ragchat.E050"]
+    assert "articles" in found["ragchat.E051"]
+    assert "no relation 'nowhere'" in found["ragchat.E055"]
+    assert "does not exist" in found["ragchat.E054"]
+    # The valid ones still sync.
+    assert set(sources()) == {"articles", "pages"}
+
+
+def test_a_source_never_synced_is_a_warning_until_synced(sources_on):
+    from django_ragchat.checks import check_sources
+
+    with paused():
+        Article.objects.create(title="Unsynced", body="Not yet indexed.")
+    assert [e.id for e in check_sources()] == ["ragchat.W050"]
+    call_command("ragchat_sync", "articles", "--no-progress", stdout=io.StringIO())
+    assert check_sources() == []
+
+
+def test_ragchat_plugins_lists_the_sources(sources_on):
+    out = io.StringIO()
+    call_command("ragchat_plugins", stdout=out)
+    assert "articles: sources_app.Article (live; follows sources_app.Note, sources_app.Tag) from " \
+           "tests.sources_plugin" in out.getvalue()
+    assert "pages: sources_app.Page (live)" in out.getvalue()
+
+
+def test_the_admin_shows_each_sources_state_and_resyncs(sources_on, client, django_user_model, user):
+    admin = django_user_model.objects.create_superuser("root", password="pw")
+    Article.objects.create(title="Atlas", body="The Atlas is a map.")
+    Article.objects.create(title="Private atlas", body="Alice's map.", owner=user)
+    client.force_login(admin)
+    page = client.get("/admin/django_ragchat/sourcestate/").content.decode()
+    assert "articles" in page and "sources_app.Article" in page and "pages" in page
+    state = SourceState.objects.get(name="articles")
+    response = client.post("/admin/django_ragchat/sourcestate/", {"action": "resync", "_selected_action": [state.pk]},
+                           follow=True)
+    assert "Resynced articles" in response.content.decode()
+    assert SourceState.objects.get(name="articles").last_sync["counts"]["unchanged"] == 2
+    # Documents and chunks: who may read each is shown; what the superuser may not read is not listed.
+    documents = client.get("/admin/django_ragchat/document/").content.decode()
+    assert "Atlas" in documents and "Private atlas" not in documents and "everyone" in documents
+    chunk = Chunk.objects.filter(document__title="Atlas").first()
+    assert "everyone" in client.get(f"/admin/django_ragchat/chunk/{chunk.pk}/change/").content.decode()
+    # "Re-ingest" of a model source's document syncs it from its object.
+    response = client.post("/admin/django_ragchat/document/", {
+        "action": "reingest", "_selected_action": [chunk.document_id]}, follow=True)
+    assert "Synced from their objects: articles (objects): 1 object(s)" in response.content.decode()
