@@ -8,9 +8,9 @@ answerer with the language tables it had before issue 25), per document collecti
     .venv/bin/python bench/bench_extractive.py --no-canard
 
 1. **Labelled sets**, per collection ``bench/data/<collection>/`` (``bench/data/README.md``): its
-   ``subjects.json`` names the documents (``"docs"``: a folder, relative to the repository or to
-   the collection; default ``docs/`` beside it) and the subjects an answer may be off on
-   (``"subjects"``: {name: regular expression}, or a list of names matched as written); its
+   ``subjects.json`` names the subjects an answer may be off on ({name: regular expression}, or
+   a list of names matched as written), alone or as ``"subjects"`` beside ``"docs"`` (a folder,
+   relative to the repository or to the collection; default ``docs/`` beside it); its
    ``tuning.jsonl`` may be read and tuned on, every ``heldout*.jsonl`` is only run (``--heldout``)
    and never printed. The documents are ingested with ``ingest_paths`` (and re-embedded into the
    baseline's space), and each question runs through the whole pipeline (follow-ups after their
@@ -111,8 +111,8 @@ class Collection:
     def load(cls, name: str) -> Collection:
         folder = DATA_DIR / name
         spec = json.loads((folder / "subjects.json").read_text(encoding="utf-8"))
-        if isinstance(spec, list):
-            spec = {"subjects": spec}
+        if isinstance(spec, list) or not ({"subjects", "docs"} & set(spec)):
+            spec = {"subjects": spec}  # the subjects alone: {name: pattern} or [name, ...]
         subjects = spec.get("subjects", {})
         if isinstance(subjects, list):
             subjects = {s: re.escape(s) for s in subjects}
