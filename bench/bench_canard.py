@@ -164,21 +164,28 @@ def follow_ups(dialogs: list[dict], passages: dict[tuple[str, int], int]) -> lis
     return found
 
 
-def rank_all(items: list[FollowUp], k: int) -> None:
+def rank_all(items: list[FollowUp], k: int, retriever: str = "vector") -> None:
     """Search the top ``k`` chunk ids for every variant of every follow-up (the product's path:
-    the profile's embedder, then ``search_vectors``)."""
+    the profile's embedder, then the ``vector`` retriever's search, or the ``hybrid`` one's:
+    vector and full text fused by reciprocal rank)."""
+    from django_ragchat.plugins import build_component
     from django_ragchat.profiles import get_profile
     from django_ragchat.stages.retrievers import search_vectors
     from django_ragchat.turn.context import components_for
 
-    embedder = components_for(get_profile()).embedder
+    profile = get_profile()
+    embedder = components_for(profile).embedder
+    searcher = build_component(profile, "retriever", retriever)
     texts = sorted({t for item in items for t in item.texts.values() if t})
     vectors = dict(zip(texts, embedder.embed(texts)))
+
+    def search(text: str) -> list[int]:
+        if retriever == "hybrid":
+            return [hit.chunk_id for hit in searcher.search(embedder.space, vectors[text], k, text=text)]
+        return [cid for cid, _ in search_vectors(embedder.space, vectors[text], k)]
+
     for item in items:
-        item.ranked = {
-            variant: [cid for cid, _ in search_vectors(embedder.space, vectors[text], k)] if text else []
-            for variant, text in item.texts.items()
-        }
+        item.ranked = {variant: search(text) if text else [] for variant, text in item.texts.items()}
 
 
 def recall(items: list[FollowUp], variant: str, k: int) -> float:
@@ -187,7 +194,8 @@ def recall(items: list[FollowUp], variant: str, k: int) -> float:
     return sum(item.target in item.ranked[variant][:k] for item in items) / len(items)
 
 
-def run(*, dialogs: int | None = None, tune_dialogs: int = TUNE_DIALOGS, index: str = "heading") -> dict:
+def run(*, dialogs: int | None = None, tune_dialogs: int = TUNE_DIALOGS, index: str = "heading",
+        retriever: str = "vector") -> dict:
     """Store the passages (see ``store_passages`` for ``index``), transform and search every
     follow-up, remove the passages again; returns {"index", "passages", "items": [FollowUp],
     "splits": {name: [FollowUp]}, "tune_dialogs", "seconds"}."""
@@ -196,7 +204,7 @@ def run(*, dialogs: int | None = None, tune_dialogs: int = TUNE_DIALOGS, index: 
     passages = store_passages(data, index)
     try:
         items = follow_ups(data, passages)
-        rank_all(items, max(KS))
+        rank_all(items, max(KS), retriever)
     finally:
         remove_passages(data)
     splits = {
@@ -205,7 +213,7 @@ def run(*, dialogs: int | None = None, tune_dialogs: int = TUNE_DIALOGS, index: 
         f"all {len(data)}": items,
     }
     return {"index": index, "passages": len(passages), "items": items, "splits": splits, "tune_dialogs": tune_dialogs,
-            "seconds": time.perf_counter() - started}
+            "retriever": retriever, "seconds": time.perf_counter() - started}
 
 
 # A raw-to-gold gap of fewer turns than this is noise; its ratio would be meaningless.
@@ -238,7 +246,8 @@ def report(results: dict, database: str) -> str:
     return "\n".join([
         f"CANARD conversational retrieval: {results['passages']} answer spans indexed "
         f"({INDEX_MODES[results['index']]}); profile "
-        f"{profile.name!r} (embedder {profile.embedder}, query transformers {transformers})",
+        f"{profile.name!r} (embedder {profile.embedder}, retriever {results['retriever']}, "
+        f"query transformers {transformers})",
         f"{database}; {machine()}; {results['seconds']:.1f} s",
         "",
         table(headers, rows),
@@ -271,6 +280,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--examples", type=int, default=0, help="print N tuning-split misses")
     parser.add_argument("--index", type=lambda s: s.split(","), default=list(INDEX_MODES),
                         help="comma-separated passage formats: heading, bare (default both)")
+    parser.add_argument("--embedders", type=lambda s: s.split(","), default=None,
+                        help="comma-separated embedders to run one after the other in this process (default: the "
+                             "default profile's; e.g. hashing,wordllama)")
+    parser.add_argument("--plugins", type=lambda s: s.split(","), default=[],
+                        help="comma-separated plugin modules to load (e.g. bench.static_candidate)")
+    parser.add_argument("--retrievers", type=lambda s: s.split(","), default=["vector"],
+                        help="comma-separated: vector (the default profile's), hybrid (vector + full text)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run in seconds")
     parser.add_argument("--subject-blind", action="store_true",
                         help="also run the followup transformer with track_subjects off (its behaviour before "
@@ -282,18 +298,21 @@ def main(argv: list[str] | None = None) -> None:
         from django.test import override_settings
 
         tune = TUNE_DIALOGS if not args.quick else 8
-        variants = {"": {}}
-        if args.subject_blind:
-            variants["followup track_subjects off: "] = {
-                "PROFILES": {"default": {"options": {"followup": {"track_subjects": False}}}}}
-        for index in args.index:
-            for label, overrides in variants.items():
-                with override_settings(RAGCHAT={"LOAD_ENTRY_POINTS": False, **overrides}):
-                    results = run(dialogs=args.dialogs, tune_dialogs=tune, index=index)
-                    print(label + report(results, database))
-                if args.examples:
-                    print(examples(results, args.examples))
-                print()
+        for embedder in args.embedders or [None]:
+            variants = {"": {}}
+            if args.subject_blind:
+                variants["followup track_subjects off: "] = {"options": {"followup": {"track_subjects": False}}}
+            for index in args.index:
+                for retriever in args.retrievers:
+                    for label, overrides in variants.items():
+                        default = {**overrides, **({"embedder": embedder} if embedder else {})}
+                        with override_settings(RAGCHAT={"LOAD_ENTRY_POINTS": False, "PLUGINS": args.plugins,
+                                                        "PROFILES": {"default": default}}):
+                            results = run(dialogs=args.dialogs, tune_dialogs=tune, index=index, retriever=retriever)
+                            print(label + report(results, database))
+                        if args.examples:
+                            print(examples(results, args.examples))
+                        print()
 
 
 if __name__ == "__main__":

@@ -1,33 +1,38 @@
-"""Answer quality of the offline extractive answerer, new against the one it replaced.
+"""Answer quality of the offline default (the semantic one: the wordllama embedder, the extractive
+answerer reading with it), beside today's (the hashing embedder and the word-only extractive
+answerer with the language tables it had before issue 25), per document collection.
 
-    .venv/bin/python bench/bench_extractive.py              # labelled set, CANARD, cost (~1 min)
-    .venv/bin/python bench/bench_extractive.py --show tuning  # also print every tuning answer
+    .venv/bin/python bench/bench_extractive.py                      # every collection's tuning set, CANARD, cost
+    .venv/bin/python bench/bench_extractive.py --collection sample_docs --show tuning
+    .venv/bin/python bench/bench_extractive.py --heldout            # also the held-out sets: run ONCE, never read
     .venv/bin/python bench/bench_extractive.py --no-canard
 
-1. **Labelled sets** (``bench/data/sample_docs/tuning.jsonl`` and ``heldout.jsonl``, see
-   ``bench/data/README.md``): 1,048 questions over ``example_project/sample_docs/``, each written
-   before it was first run; the tuning set may be read and tuned on, the held-out set never.
-   The sample docs are ingested with ``ingest_paths`` and each question runs through the
-   whole default pipeline (follow-ups after their ``history`` turns in the same conversation),
-   once with the new answerer and once with the old one (``bench/legacy_answerer.py``), each in
-   its own conversations. Reported per answerer and split:
+1. **Labelled sets**, per collection ``bench/data/<collection>/`` (``bench/data/README.md``): its
+   ``subjects.json`` names the subjects an answer may be off on ({name: regular expression}, or
+   a list of names matched as written), alone or as ``"subjects"`` beside ``"docs"`` (a folder,
+   relative to the repository or to the collection; default ``docs/`` beside it); its
+   ``tuning.jsonl`` may be read and tuned on, every ``heldout*.jsonl`` is only run (``--heldout``)
+   and never printed. The documents are ingested with ``ingest_paths`` (and re-embedded into the
+   baseline's space), and each question runs through the whole pipeline (follow-ups after their
+   ``history`` turns in the same conversation) once per answerer, each in its own conversations:
 
-   - *fact stated*: of the answerable questions, the share whose answer contains every fact;
-   - *false declines*: of the answerable, the share declined;
-   - *declined plainly*: of the not-covered questions, the share answered with a plain decline
-     (and no other product named);
-   - *off-subject*: of all answers, the share naming a product the question is not about;
-   - *mean words*: answer length in words, citations excluded.
+   - ``new``: the default profile (``wordllama`` when the semantic extra is installed);
+   - ``baseline``: the ``hashing`` embedder and the answerer with no model, reading the language
+     files of before issue 25 (``bench/data/baseline_lang/en``: the same words, unpruned).
 
-2. **CANARD** (``bench/data/canard_dev_150.jsonl``, loaded as ``bench/bench_canard.py`` does):
-   for every follow-up turn whose answer span is stored, the top 4 passages for the
-   transformed query are given to each answerer (question = what the user typed, search query =
-   the transformed one); a hit is an answer that quotes a sentence of the turn's gold span.
-   Baseline: the first sentence of the top passage.
+   Reported per answerer and split: *fact stated* (answerable questions whose answer contains
+   every fact), *false declines*, *declined plainly* (not-covered questions answered with a plain
+   decline naming no other subject), *off-subject* (answers naming a subject the question is not
+   about), *mean words*.
 
-3. **Cost**: the answerer's own time per turn at 4 passages (the prompts recorded in part 1),
-   new and old measured in the same process, with the sentence cache cleared before each call
-   ("cold") and not ("warm").
+2. **CANARD** (``bench/data/canard_dev_150.jsonl``, loaded as ``bench/bench_canard.py`` does): for
+   every follow-up turn whose answer span is stored, the top 4 passages for the transformed
+   query (each answerer's own embedder and transformer) are given to it; a hit is an answer that
+   quotes a sentence of the turn's gold span. Baseline: the first sentence of the top passage.
+
+3. **Cost**: each answerer's own time per turn at 4 passages (the prompts recorded in part 1),
+   measured in the same process, with the sentence caches cleared before each call ("cold") and not
+   ("warm").
 """
 
 from __future__ import annotations
@@ -37,77 +42,105 @@ import json
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._setup import ROOT, bench_database, machine, table
-from bench.legacy_answerer import LegacyExtractiveAnswerer
 from django_ragchat import hookimpl
-from django_ragchat.answerer.passages import build_passages
-from django_ragchat.answerer.vocabulary import Vocabulary
-from django_ragchat.stages.llms import ExtractiveAnswerer
 
-# One tuning set and one held-out set per document collection (bench/data/README.md): the
-# tuning set may be read and tuned on; the held-out set is run, never read.
 DATA_DIR = Path(__file__).resolve().parent / "data"
-SPLITS = ("tuning", "heldout")
-SAMPLE_DOCS = ROOT / "example_project" / "sample_docs"
-# A product is named when its distinctive word appears (the Nimbus Pen belongs to the Nimbus Tab).
-PRODUCT_PATTERNS = {"Aurora X2": r"\baurora\b", "Nimbus Tab": r"\bnimbus\b", "Zephyr Buds": r"\bzephyr\b"}
+#: The English language files as they were before issue 25 cut the tables (the baseline reads them).
+BASELINE_LANG = DATA_DIR / "baseline_lang" / "en"
 DECLINE_RE = re.compile(
     r"\b(?:don't|do not|doesn't|does not) (?:say|mention|cover)|can't answer|cannot answer|couldn't find"
     r"|could not find|no information", re.IGNORECASE)
 CITATION_RE = re.compile(r"\s?\[\d+\]")
-ANSWERERS = ("new", "old")
+ANSWERERS = ("new", "baseline")
 # CANARD's questions are open ("What else is interesting?"): the share of the asked words a
 # sentence must state is also reported at this looser setting a profile can choose.
 LOOSE = 0.25
 
-RECORDED: dict[str, list] = {"new": [], "old": []}
+RECORDED: dict[str, list] = {"new": [], "baseline": []}
 
 
-class RecordingNew(ExtractiveAnswerer):
-    """The new answerer, recording each prompt for the cost measurement."""
+def recording(name: str):
+    """The extractive answerer under the name ``bench_<name>``, recording each prompt it answers
+    in ``RECORDED[name]`` (for the cost measurement). Built when the plugin registers, after
+    Django is configured."""
+    from django_ragchat.stages.llms import ExtractiveAnswerer  # noqa: PLC0415 - needs configured settings
 
-    name = "bench_new"
+    class Recording(ExtractiveAnswerer):
+        def answer(self, prompt):
+            RECORDED[name].append(prompt)
+            return super().answer(prompt)
 
-    def answer(self, prompt):
-        RECORDED["new"].append(prompt)
-        return super().answer(prompt)
-
-
-class RecordingOld(LegacyExtractiveAnswerer):
-    """The old answerer, recording each prompt."""
-
-    name = "bench_old"
-
-    def answer(self, prompt):
-        RECORDED["old"].append(prompt)
-        return super().answer(prompt)
+    Recording.name = f"bench_{name}"
+    Recording.__name__ = Recording.__qualname__ = f"Recording{name.title()}"
+    return Recording
 
 
 @hookimpl
 def register_llm_backends(register):
-    register(RecordingNew)
-    register(RecordingOld)
+    # The default answerer, and the same class in the baseline profile (no model there: it
+    # reads words only).
+    for name in ANSWERERS:
+        register(recording(name))
 
 
+BASELINE_PROFILE = {"embedder": "hashing", "vocabulary": {"directory": str(BASELINE_LANG)}}
 RAGCHAT = {
     "LOAD_ENTRY_POINTS": False,
     "PLUGINS": ["bench.bench_extractive"],
-    "PROFILES": {"default": {}, "new": {"llm": "bench_new"}, "old": {"llm": "bench_old"}},
+    "PROFILES": {"default": {}, "new": {"llm": "bench_new"},
+                 "baseline": {"llm": "bench_baseline", **BASELINE_PROFILE}},
 }
 
 
-def load_set(collection: str = "sample_docs", splits: tuple[str, ...] = SPLITS) -> list[dict]:
-    """The labelled questions of ``collection`` (``bench/data/<collection>/<split>.jsonl``);
-    each item's ``split`` says which file it came from and ``set`` which set it was written in."""
+@dataclass
+class Collection:
+    """A document collection with its labelled sets (``bench/data/<name>/``)."""
+
+    name: str
+    docs: Path
+    subjects: dict[str, str]  # subject name -> regular expression naming it
+
+    @classmethod
+    def load(cls, name: str) -> Collection:
+        folder = DATA_DIR / name
+        spec = json.loads((folder / "subjects.json").read_text(encoding="utf-8"))
+        if isinstance(spec, list) or not ({"subjects", "docs"} & set(spec)):
+            spec = {"subjects": spec}  # the subjects alone: {name: pattern} or [name, ...]
+        subjects = spec.get("subjects", {})
+        if isinstance(subjects, list):
+            subjects = {s: re.escape(s) for s in subjects}
+        docs = spec.get("docs", "docs")
+        path = next((p for p in (folder / docs, ROOT / docs) if p.exists()), folder / docs)
+        return cls(name, path, {n: (p or re.escape(n)) for n, p in subjects.items()})
+
+    def split_files(self, heldout: bool) -> list[Path]:
+        """``tuning.jsonl``, and with ``heldout`` every ``heldout*.jsonl`` (only run, never read here)."""
+        folder = DATA_DIR / self.name
+        files = [folder / "tuning.jsonl"]
+        return files + (sorted(folder.glob("heldout*.jsonl")) if heldout else [])
+
+    def names(self, answer: str, subject: str) -> bool:
+        return bool(re.search(self.subjects.get(subject, re.escape(subject)), answer, re.IGNORECASE))
+
+
+def collections() -> list[str]:
+    """Every collection under bench/data/ (a folder with subjects.json and tuning.jsonl)."""
+    return sorted(p.parent.name for p in DATA_DIR.glob("*/subjects.json") if (p.parent / "tuning.jsonl").exists())
+
+
+def load_set(collection: Collection, heldout: bool = False) -> list[dict]:
+    """The labelled questions of ``collection``; each item's ``split`` is the file it came from."""
     items = []
-    for split in splits:
-        with open(DATA_DIR / collection / f"{split}.jsonl", encoding="utf-8") as f:
-            items += [json.loads(line) for line in f if line.strip()]
+    for path in collection.split_files(heldout):
+        with open(path, encoding="utf-8") as f:
+            items += [{**json.loads(line), "split": path.stem} for line in f if line.strip()]
     return items
 
 
@@ -127,23 +160,18 @@ def declined(answer: str) -> bool:
     return bool(DECLINE_RE.search(answer))
 
 
-def off_subject(answer: str, avoid: list[str]) -> bool:
-    return any(re.search(PRODUCT_PATTERNS[name], answer, re.IGNORECASE) for name in avoid)
-
-
-def judge(item: dict, answer: str) -> dict:
+def judge(item: dict, answer: str, collection: Collection) -> dict:
     is_decline = declined(answer)
-    # A decline that names the product the user named ("...a colour swap for Zephyr Buds" after
+    # A decline that names the subject the user named ("...a colour swap for Zephyr Buds" after
     # "I bought Zephyr Buds last week") states nothing of another subject (rule added in stop 19,
     # before fresh11 and fresh12 were first run; their writer flagged such avoid lists).
     said = " ".join([*item["history"], item["question"]])
-    avoid = [p for p in item["avoid"] if not (is_decline and re.search(PRODUCT_PATTERNS.get(p, re.escape(p)), said,
-                                                                       re.IGNORECASE))]
+    avoid = [p for p in item["avoid"] if not (is_decline and collection.names(said, p))]
     return {
         "answerable": not item["not_covered"],
         "fact": (not item["not_covered"] and not is_decline and all(states(answer, f) for f in item["facts"])),
         "declined": is_decline,
-        "off": off_subject(answer, avoid),
+        "off": any(collection.names(answer, p) for p in avoid),
         "words": len(plain(answer).split()),
     }
 
@@ -165,16 +193,24 @@ def summarise(judged: list[dict]) -> list:
     ]
 
 
-# --- Part 1: the labelled set -------------------------------------------------------------------
+# --- Part 1: the labelled sets ------------------------------------------------------------------
+
+
+def ingest(collection: Collection) -> None:
+    """The collection's documents, in the new default's space and the baseline's."""
+    from django_ragchat.ingestion.pipeline import ingest_paths, reembed
+    from django_ragchat.plugins import embedder_for
+    from django_ragchat.profiles import get_profile
+
+    ingest_paths([collection.docs], profile="new")
+    reembed(embedder_for(get_profile("baseline")))
 
 
 def run_labelled(items: list[dict]) -> dict[str, dict[str, str]]:
-    """{answerer: {item id: answer}} through the whole default pipeline."""
-    from django_ragchat.ingestion.pipeline import ingest_paths
+    """{answerer: {item id: answer}} through the whole pipeline of each answerer's profile."""
     from django_ragchat.models import Conversation
     from django_ragchat.turn.pipeline import run_turn_sync
 
-    ingest_paths([SAMPLE_DOCS])
     answers: dict[str, dict[str, str]] = {a: {} for a in ANSWERERS}
     finals: dict[str, str] = {}
     for answerer in ANSWERERS:
@@ -184,92 +220,113 @@ def run_labelled(items: list[dict]) -> dict[str, dict[str, str]]:
                 run_turn_sync(conversation, earlier)
             result = run_turn_sync(conversation, item["question"])
             answers[answerer][item["id"]] = result.message["content"]
-            finals[item["id"]] = ((result.trace or {}).get("queries") or {}).get("final", "")
+            if answerer == "new":
+                finals[item["id"]] = ((result.trace or {}).get("queries") or {}).get("final", "")
     answers["_final_query"] = finals
     return answers
 
 
-def labelled_report(items: list[dict], answers: dict[str, dict[str, str]]) -> str:
+def labelled_report(items: list[dict], answers: dict[str, dict[str, str]], collection: Collection) -> str:
     rows = []
-    for split in (*SPLITS, "all"):
-        part = [i for i in items if split == "all" or i["split"] == split]
-        if not part:
-            continue
+    for split in dict.fromkeys(i["split"] for i in items):
+        part = [i for i in items if i["split"] == split]
         for answerer in ANSWERERS:
-            judged = [judge(i, answers[answerer][i["id"]]) for i in part]
+            judged = [judge(i, answers[answerer][i["id"]], collection) for i in part]
             rows.append([f"{split} ({len(part)})", answerer, *summarise(judged)])
     headers = ["split", "answerer", "fact stated", "false declines", "declined plainly", "off-subject", "mean words"]
     return table(headers, rows)
 
 
-def show(items: list[dict], answers: dict[str, dict[str, str]], split: str) -> str:
+def show(items: list[dict], answers: dict[str, dict[str, str]], split: str, collection: Collection) -> str:
     lines = []
     for item in items:
-        if split != "all" and item["split"] != split or item["split"] == "heldout":
+        if item["split"] != split or item["split"].startswith("heldout"):
             continue  # a held-out split is never printed: reading it would spoil it
         new = answers["new"][item["id"]]
-        j = judge(item, new)
+        j = judge(item, new, collection)
         ok = (j["declined"] and not j["off"]) if item["not_covered"] else (j["fact"] and not j["off"])
         lines.append(f"{'ok ' if ok else 'BAD'} {item['id']} {' / '.join(item['history'] + [item['question']])}"
                      f"   [final: {answers['_final_query'][item['id']]}]")
         lines.append(f"      new: {new}")
-        lines.append(f"      old: {answers['old'][item['id']]}")
+        lines.append(f"      baseline: {answers['baseline'][item['id']]}")
     return "\n".join(lines)
 
 
 # --- Part 2: CANARD -----------------------------------------------------------------------------
 
 
-def run_canard(dialogs: int | None = None, passages_per_turn: int = 4) -> dict:
+def _canard_answers(answerer_profile: str, dialogs: int | None, passages_per_turn: int) -> tuple[list, dict]:
+    """(the follow-ups, {name: [answer per follow-up]}) with ``answerer_profile``'s embedder,
+    transformer and answerer (at its own min_coverage and at ``LOOSE``)."""
+    from django.test.utils import override_settings
+
     from bench import bench_canard
+    from django_ragchat.answerer.passages import build_passages
     from django_ragchat.models import Chunk
+    from django_ragchat.plugins import embedder_for
     from django_ragchat.profiles import get_profile
+    from django_ragchat.stages.llms import ExtractiveAnswerer
+    from django_ragchat.turn.context import components_for
     from django_ragchat.types import Prompt, RetrievedChunk
 
+    config = {k: v for k, v in RAGCHAT["PROFILES"][answerer_profile].items() if k != "llm"}
+    with override_settings(RAGCHAT={**RAGCHAT, "PROFILES": {**RAGCHAT["PROFILES"], "default": config}}):
+        data = bench_canard.load_dialogs(limit=dialogs)
+        stored = bench_canard.store_passages(data, "heading")
+        try:
+            items = bench_canard.follow_ups(data, stored)
+            bench_canard.rank_all(items, passages_per_turn)
+            ids = {cid for item in items for cid in item.ranked["transformed"]}
+            chunks = {c.pk: c for c in Chunk.objects.filter(pk__in=ids).select_related("document")}
+        finally:
+            bench_canard.remove_passages(data)
+        profile = get_profile()
+        vocabulary = components_for(profile).vocabulary
+        embedder = embedder_for(profile)
+        answerers = {"": ExtractiveAnswerer(profile, vocabulary=vocabulary, embedder=embedder),
+                     f", min_coverage {LOOSE}": ExtractiveAnswerer(profile, vocabulary=vocabulary, embedder=embedder,
+                                                                   min_coverage=LOOSE)}
+        outputs: dict[str, list[str]] = {f"{answerer_profile}{suffix}": [] for suffix in answerers}
+        firsts = []
+        for item in items:
+            docs = tuple(
+                RetrievedChunk(chunk_id=c.pk, text=c.text, score=1.0, document_id=c.document_id,
+                               source=c.document.source, title=c.document.title, heading=c.heading)
+                for c in (chunks[cid] for cid in item.ranked["transformed"]))
+            prompt = Prompt(messages=(), question=item.texts["raw"], search_query=item.texts["transformed"] or
+                            item.texts["raw"], documents=docs)
+            for suffix, answerer in answerers.items():
+                outputs[f"{answerer_profile}{suffix}"].append(answerer.answer(prompt))
+            sentences_ = build_passages(docs[:1], vocabulary)[0].sentences if docs else ()
+            firsts.append(sentences_[0].text if sentences_ else "")
+        outputs[f"first sentence of top passage ({answerer_profile})"] = firsts
+    return items, outputs
+
+
+def run_canard(dialogs: int | None = None, passages_per_turn: int = 4) -> dict:
+    from bench import bench_canard
+
     data = bench_canard.load_dialogs(limit=dialogs)
-    stored = bench_canard.store_passages(data, "heading")
-    try:
-        items = bench_canard.follow_ups(data, stored)
-        bench_canard.rank_all(items, passages_per_turn)
-        ids = {cid for item in items for cid in item.ranked["transformed"]}
-        chunks = {c.pk: c for c in Chunk.objects.filter(pk__in=ids).select_related("document")}
-    finally:
-        bench_canard.remove_passages(data)
-    span_of = {}
-    for dialog in data:
-        for turn in dialog["turns"]:
-            span_of[(dialog["dialog_id"], turn["turn"])] = turn["answer"] or ""
-    vocabulary = Vocabulary.for_profile(get_profile())
-    answerers = {"new": ExtractiveAnswerer(get_profile(), vocabulary=vocabulary),
-                 f"new, min_coverage {LOOSE}": ExtractiveAnswerer(get_profile(), vocabulary=vocabulary,
-                                                                  min_coverage=LOOSE),
-                 "old": LegacyExtractiveAnswerer(get_profile())}
-    counts = dict.fromkeys([*answerers, "first sentence of top passage"], 0)
-    declines = dict.fromkeys(answerers, 0)
+    span_of = {(d["dialog_id"], t["turn"]): t["answer"] or "" for d in data for t in d["turns"]}
+    outputs: dict[str, list[str]] = {}
+    items: list = []
+    for answerer in ANSWERERS:
+        items, found = _canard_answers(answerer, dialogs, passages_per_turn)
+        outputs.update(found)
+    counts = dict.fromkeys(outputs, 0)
+    declines = {name: 0 for name in outputs if not name.startswith("first")}
     splits = {"tune": dict.fromkeys(counts, 0), "held out": dict.fromkeys(counts, 0)}
     sizes = {"tune": 0, "held out": 0}
-    for item in items:
-        docs = tuple(
-            RetrievedChunk(chunk_id=c.pk, text=c.text, score=1.0, document_id=c.document_id,
-                           source=c.document.source, title=c.document.title, heading=c.heading)
-            for c in (chunks[cid] for cid in item.ranked["transformed"]))
-        prompt = Prompt(messages=(), question=item.texts["raw"], search_query=item.texts["transformed"] or
-                        item.texts["raw"], documents=docs)
+    for n, item in enumerate(items):
         gold = _fold(span_of[(item.dialog_id, item.turn)])
-        outputs = {name: answerer.answer(prompt) for name, answerer in answerers.items()}
-        first = ""
-        if docs:
-            sentences_ = build_passages(docs[:1], vocabulary)[0].sentences
-            first = sentences_[0].text if sentences_ else ""
-        outputs["first sentence of top passage"] = first
         split = "tune" if item.dialog_index < bench_canard.TUNE_DIALOGS else "held out"
         sizes[split] += 1
-        for name, answer in outputs.items():
-            hit = _quotes(answer, gold)
+        for name, answers in outputs.items():
+            hit = _quotes(answers[n], gold)
             counts[name] += hit
             splits[split][name] += hit
             if name in declines:
-                declines[name] += declined(answer)
+                declines[name] += declined(answers[n])
     return {"n": len(items), "counts": counts, "declines": declines, "splits": splits, "sizes": sizes}
 
 
@@ -296,13 +353,8 @@ def canard_report(results: dict) -> str:
     n = results["n"]
     rows.append([f"all ({n})", *(f"{v / max(1, n):.1%}" for v in results["counts"].values())])
     headers = ["CANARD follow-ups", *results["counts"]]
-    precision = ", ".join(
-        f"{name} {results['counts'][name] / max(1, n - declined_):.1%} of {n - declined_}"
-        for name, declined_ in results["declines"].items())
     return table(headers, rows) + "\ndeclined: " + ", ".join(
-        f"{name} {count}/{n}" for name, count in results["declines"].items()) + (
-        f"\nquoting the gold span, of the turns answered (all): {precision}; "
-        f"first sentence of top passage {results['counts']['first sentence of top passage'] / max(1, n):.1%} of {n}")
+        f"{name} {count}/{n}" for name, count in results["declines"].items())
 
 
 # --- Part 3: cost -------------------------------------------------------------------------------
@@ -311,56 +363,66 @@ def canard_report(results: dict) -> str:
 def measure_cost(repeats: int = 20) -> str:
     # The plugin module's RECORDED: this one may be running as __main__.
     from bench import bench_extractive as registered
-    from django_ragchat.answerer.passages import _analyse_text
+    from django_ragchat.answerer.semantic import clear_caches
     from django_ragchat.profiles import get_profile
+    from django_ragchat.turn.context import components_for
 
-    prompts = [p for p in registered.RECORDED["new"] if len(p.documents) == 4]
-    if not prompts:
+    answerers = {name: components_for(get_profile(name)).llm for name in ANSWERERS}
+    prompts = {name: [p for p in registered.RECORDED[name] if len(p.documents) == 4] for name in ANSWERERS}
+    if not all(prompts.values()):
         return "no prompt with 4 passages recorded"
-    new = ExtractiveAnswerer(get_profile(), vocabulary=Vocabulary.for_profile(get_profile()))
-    old = LegacyExtractiveAnswerer(get_profile())
     rows = []
-    for label, cold in (("cold (sentence cache cleared)", True), ("warm", False)):
+    for label, cold in (("cold (sentence caches cleared)", True), ("warm", False)):
         timings = {}
-        for name, answerer in (("old", old), ("new", new)):
+        for name, answerer in answerers.items():
             started = time.perf_counter()
             for _ in range(repeats):
-                for prompt in prompts:
+                for prompt in prompts[name]:
                     if cold:
-                        _analyse_text.cache_clear()
+                        clear_caches()
                     answerer.answer(prompt)
-            timings[name] = (time.perf_counter() - started) / (repeats * len(prompts)) * 1000
-        rows.append([label, f"{timings['old']:.3f}", f"{timings['new']:.3f}", f"{timings['new'] / timings['old']:.2f}"])
-    return (f"{len(prompts)} recorded prompts with 4 passages, each answered {repeats} times\n"
-            + table(["per turn", "old ms", "new ms", "new/old"], rows))
+            timings[name] = (time.perf_counter() - started) / (repeats * len(prompts[name])) * 1000
+        rows.append([label, *(f"{timings[n]:.3f}" for n in ANSWERERS), f"{timings['new'] / timings['baseline']:.2f}"])
+    return (f"{len(prompts['new'])} and {len(prompts['baseline'])} recorded prompts with 4 passages (new, baseline), "
+            f"each answered {repeats} times\n"
+            + table(["per turn", *(f"{n} ms" for n in ANSWERERS), "new/baseline"], rows))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--show", choices=("tuning",), help="print the answers of the tuning set (never the held-out one)")
+    parser.add_argument("--collection", action="append", choices=collections(),
+                        help="a collection under bench/data/ (repeatable; default every one)")
+    parser.add_argument("--heldout", action="store_true",
+                        help="also run the held-out sets (heldout*.jsonl): once, at the end; never printed")
+    parser.add_argument("--show", choices=("tuning",), help="print the answers of the tuning set (never a held-out one)")
     parser.add_argument("--no-canard", action="store_true")
     parser.add_argument("--dialogs", type=int, default=None, help="CANARD dialogs to use (default all 150)")
     args = parser.parse_args(argv)
     from django.test.utils import override_settings
 
     with bench_database() as database, override_settings(RAGCHAT=RAGCHAT):
+        from django_ragchat.models import Document
+
         started = time.perf_counter()
-        items = load_set()
-        answers = run_labelled(items)
-        print(f"Answers over example_project/sample_docs: {len(items)} questions "
-              f"({sum(not i['not_covered'] for i in items)} answerable, {sum(i['not_covered'] for i in items)} "
-              f"not covered); default pipeline; {database}; {machine()}")
-        print()
-        print(labelled_report(items, answers))
-        if args.show:
+        for name in args.collection or collections():
+            collection = Collection.load(name)
+            items = load_set(collection, args.heldout)
+            ingest(collection)
+            try:
+                answers = run_labelled(items)
+            finally:
+                Document.objects.all().delete()
+            print(f"Answers over {collection.docs.relative_to(ROOT)} ({name}): {len(items)} questions "
+                  f"({sum(not i['not_covered'] for i in items)} answerable, {sum(i['not_covered'] for i in items)} "
+                  f"not covered); {database}; {machine()}")
             print()
-            print(show(items, answers, args.show))
-        print()
+            print(labelled_report(items, answers, collection))
+            if args.show:
+                print()
+                print(show(items, answers, args.show, collection))
+            print()
         print(measure_cost())
         if not args.no_canard:
-            from django_ragchat.models import Document
-
-            Document.objects.all().delete()  # CANARD searches its own passages only
             print()
             print(canard_report(run_canard(args.dialogs)))
         print(f"\n{time.perf_counter() - started:.1f} s")

@@ -48,7 +48,7 @@ CORPORA = {
 }
 VARIANTS = {
     "none": {"query_transformers": []},
-    "before": {"options": {"followup": {"track_subjects": False}}},
+    "before": {"options": {"followup": {"track_subjects": False, "carry_opening": False}}},
     "after": {},
 }
 AFTER_SWITCH = {"switch_inherit", "switch_new", "switch_back", "pronoun_after_switch"}
@@ -99,6 +99,13 @@ def remove_corpus(corpus: str) -> None:
     Document.objects.filter(source__startswith=f"{corpus}/").delete()
 
 
+def _default_overrides() -> dict:
+    """The default profile's settings in force (``run(embedder=...)`` changes them)."""
+    from django_ragchat.conf import ragchat_settings
+
+    return dict(ragchat_settings.PROFILES.get("default") or {})
+
+
 def play(conversations: list[dict], profile_overrides: dict) -> list[TurnOutcome]:
     """Play every conversation through ``run_turn_sync`` with the default profile changed by
     ``profile_overrides``; one ``TurnOutcome`` per turn."""
@@ -126,8 +133,14 @@ def play(conversations: list[dict], profile_overrides: dict) -> list[TurnOutcome
     return outcomes
 
 
-def run(*, limit: int | None = None) -> dict:
-    """Ingest, play every variant; returns {"variants": {name: [TurnOutcome]}, "seconds"}."""
+def run(*, limit: int | None = None, embedder: str | None = None) -> dict:
+    """Ingest, play every variant; returns {"variants": {name: [TurnOutcome]}, "seconds"}.
+    ``embedder`` replaces the default profile's for the whole run (ingestion and every variant)."""
+    from django.test import override_settings
+
+    if embedder:
+        with override_settings(RAGCHAT={"LOAD_ENTRY_POINTS": False, "PROFILES": {"default": {"embedder": embedder}}}):
+            return {**run(limit=limit), "embedder": embedder}
     started = time.perf_counter()
     conversations = load_conversations()
     results: dict[str, list[TurnOutcome]] = {name: [] for name in VARIANTS}
@@ -136,7 +149,7 @@ def run(*, limit: int | None = None) -> dict:
         ingest_corpus(corpus)
         try:
             for name, overrides in VARIANTS.items():
-                results[name] += play(selected, overrides)
+                results[name] += play(selected, {**_default_overrides(), **overrides})
         finally:
             remove_corpus(corpus)
     return {"variants": results, "conversations": len({o.conversation for o in results["after"]}),
@@ -159,7 +172,8 @@ SUBSETS = {
 
 def report(results: dict, database: str) -> str:
     lines = [
-        f"Follow-up subject switches: {results['conversations']} conversations, variants "
+        f"Follow-up subject switches: {results['conversations']} conversations, embedder "
+        f"{results.get('embedder') or 'of the default profile'}, variants "
         f"{', '.join(results['variants'])}; {database}; {machine()}; {results['seconds']:.1f} s", "",
     ]
     headers = ["split", "corpus", "turns", *[f"{v} doc@1 / answer" for v in results["variants"]]]
@@ -200,12 +214,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--misses", action="append", default=[], help="list a variant's misses (repeatable)")
     parser.add_argument("--quick", action="store_true", help="3 conversations per corpus: a smoke run")
+    parser.add_argument("--embedders", type=lambda s: s.split(","), default=[None],
+                        help="comma-separated embedders, one run each in this process (e.g. hashing,wordllama)")
     args = parser.parse_args(argv)
     with bench_database() as database:
-        results = run(limit=3 if args.quick else None)
-        print(report(results, database))
-        for variant in args.misses:
-            print(misses(results, variant))
+        for embedder in args.embedders:
+            results = run(limit=3 if args.quick else None, embedder=embedder)
+            print(report(results, database))
+            for variant in args.misses:
+                print(misses(results, variant))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ ragchat.W033  (``--deploy``) USER_RETENTION_DAYS is None: signed-in users' chat 
 ragchat.W011  an embedding space with chunks has no valid HNSW index (PostgreSQL); run by plain
               ``check`` too (one query; skipped quietly when the database cannot be reached)
 ragchat.W041  a profile offers tools to an LLM backend that calls none (the extractive answerer)
+ragchat.W042  a profile that names no embedder gets the word-hashing fallback because the
+              semantic extra (the wordllama package) is not installed
 ragchat.W040  a component warns about its configuration (``check_warnings()``), e.g. the sources
               filter with an embedder whose similarities never reach its threshold
 
@@ -60,7 +62,7 @@ from django_ragchat import plugins
 from django_ragchat.backends.openai import OpenAIConnection
 from django_ragchat.conf import DEFAULTS, ragchat_settings
 from django_ragchat.models import Chunk, Document
-from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, InvalidProfile, build_profile
+from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, InvalidProfile, build_profile, default_embedder
 from django_ragchat.search import configured_text_configs, postgres, sqlite
 from django_ragchat.search.postgres import MIN_PGVECTOR_VERSION, parse_version
 from django_ragchat.sources import registry as source_registry
@@ -281,6 +283,24 @@ def check_openai_keys(app_configs=None, **kwargs):
                     id="ragchat.W020",
                 ))
     return warnings
+
+
+@register(Tags.compatibility)
+def check_semantic_embedder(app_configs=None, **kwargs):
+    """W042: a profile that names no embedder, on an install without the semantic extra, gets
+    the ``hashing`` fallback (words, not meaning), which the site may not have meant."""
+    if default_embedder() != "hashing":
+        return []
+    profiles = ragchat_settings.PROFILES if isinstance(ragchat_settings.PROFILES, dict) else {}
+    unnamed = sorted(name for name, config in profiles.items() if "embedder" not in (config or {}))
+    if not unnamed:
+        return []
+    return [Warning(
+        f"Profile(s) {unnamed} name no embedder and the semantic extra is not installed, so they embed with "
+        f"'hashing' (shared words, not meaning).",
+        hint='pip install "django-ragchat[semantic]" (then manage.py ragchat_reembed), or set "embedder": "hashing" '
+             "in the profile to keep the fallback and silence this warning.",
+        id="ragchat.W042")]
 
 
 @register(Tags.compatibility)

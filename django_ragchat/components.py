@@ -27,7 +27,10 @@ class Component:
     (``PROFILES[name]["options"][component_name]``); override it to accept named options.
     A component that sets ``uses_vocabulary`` also receives ``vocabulary``: the profile's
     ``answerer.vocabulary.Vocabulary`` (its language's words and synonym table), handed in by
-    the turn runtime so that no component imports word lists of its own.
+    the turn runtime so that no component imports word lists of its own. One that sets
+    ``uses_embedder`` receives ``embedder``: the profile's embedder instance (the one its
+    retrieval uses), so that it can compare texts by meaning when that embedder is a semantic
+    model running in process (``Embedder.local_semantic``), without importing one itself.
     """
 
     kind: ClassVar[str] = ""
@@ -35,6 +38,7 @@ class Component:
     order: ClassVar[int] = 100
     enabled_by_default: ClassVar[bool] = True
     uses_vocabulary: ClassVar[bool] = False
+    uses_embedder: ClassVar[bool] = False
 
     def __init__(self, profile: Profile, **options: Any):
         self.profile = profile

@@ -146,7 +146,9 @@ def register_embedders(register):
     """Register ``django_ragchat.stages.embedders.Embedder`` subclasses.
 
     An embedder turns texts into vectors of one embedding *space* (model and dimension). Built
-    in: ``hashing`` (offline feature hashing), ``openai``.
+    in: ``wordllama`` (a static semantic model shipped in its wheel, no network; the default
+    with the ``semantic`` extra), ``hashing`` (offline feature hashing), ``openai``. One that
+    sets ``local_semantic`` is read with by the components that set ``uses_embedder``.
     """
 
 

@@ -235,10 +235,11 @@ def instance_cache() -> dict:
     return _ensure_loaded()["instances"]
 
 
-def build_component(profile: Profile, kind: str, name: str, *, vocabulary: Any = None) -> Component:
+def build_component(profile: Profile, kind: str, name: str, *, vocabulary: Any = None,
+                    embedder: Any = None) -> Component:
     """The instance of the ``kind`` component ``name`` that ``profile`` runs, built once per
     process and profile with the options the profile gives it (and ``vocabulary`` when its class
-    sets ``uses_vocabulary``)."""
+    sets ``uses_vocabulary``, ``embedder``, the profile's embedder, when it sets ``uses_embedder``)."""
     cache = instance_cache()
     key = (profile.name, kind, name)
     if key not in cache:
@@ -247,6 +248,8 @@ def build_component(profile: Profile, kind: str, name: str, *, vocabulary: Any =
         if cls.uses_vocabulary and vocabulary is None:
             raise ImproperlyConfigured(f"The {kind} {name!r} reads a vocabulary; build it with the profile's "
                                        f"components (django_ragchat.turn.context.components_for).")
+        if cls.uses_embedder:
+            handed["embedder"] = embedder if embedder is not None else embedder_for(profile)
         cache[key] = cls(profile, **profile.options_for(name), **handed)
     return cache[key]
 

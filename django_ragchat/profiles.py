@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,13 @@ DEFAULT_TOOL_SYSTEM_PROMPT = (
 )
 
 
+def default_embedder() -> str:
+    """``wordllama`` (a static semantic model shipped in a wheel, docs/embedders.md) when the
+    ``semantic`` extra is installed, else the ``hashing`` fallback. Found without importing it."""
+    installed = all(importlib.util.find_spec(name) is not None for name in ("wordllama", "tokenizers"))
+    return "wordllama" if installed else "hashing"
+
+
 @dataclass(frozen=True)
 class Profile:
     """One named assistant configuration. Every field has a default; see docs/profiles.md."""
@@ -56,7 +64,7 @@ class Profile:
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     # Single-choice stages: the name of one registered component.
     llm: str = "extractive"
-    embedder: str = "hashing"
+    embedder: str = field(default_factory=default_embedder)
     memory: str = "token_window"
     joiner: str = "rrf"
     prompt_augmenter: str = "context"

@@ -21,6 +21,7 @@ stamp=$VENV/.ragchat-installed
 if [[ ! -f $stamp || pyproject.toml -nt $stamp || -n $(find plugins -name pyproject.toml -newer "$stamp") \
       || $(cat "$stamp") != "$DJANGO" ]]; then
   started=$(date +%s)
+  # [dev] includes [semantic]: the default profile's embedded model (the wordllama wheel).
   say "installing django-ragchat[dev] with $DJANGO (about a minute on a fresh machine; pip is quiet meanwhile)"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
   "$VENV/bin/python" -m pip install --quiet -e ".[dev]" "$DJANGO"

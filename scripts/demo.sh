@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up and runs the demo on the embedded defaults: SQLite, offline embedder and answerer.
-# No network, no API key, no model download. Set DATABASE_URL to run it on PostgreSQL.
+# Sets up and runs the demo on the embedded defaults: SQLite, the semantic embedder shipped in the
+# wordllama wheel (the semantic extra, which bootstrap.sh installs with the dev extras) and the
+# offline answerer. No network, no API key, no model download. Set DATABASE_URL to run it on PostgreSQL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh

@@ -39,7 +39,7 @@ def test_pipeline_bench_runs_and_query_count_is_flat():
 def test_vector_bench_runs():
     [result] = bench_vector_sqlite.run([150], queries=3, warmup=1, k=5)
 
-    assert result["chunks"] == 150 and result["dimension"] == 384
+    assert result["chunks"] == 150 and result["dimension"] == 256  # the default embedder's (wordllama)
     assert result["cold_ms"] > 0
     assert all(len(ms) == 3 for ms in result["rows"].values())
     assert "VectorRetriever.retrieve" in bench_vector_sqlite.report([result], "test db", 5)

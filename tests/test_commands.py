@@ -79,7 +79,7 @@ def test_ingest_reports_failures_and_closes_with_counts(tmp_path):
     closing = out.strip().splitlines()[-1]
     assert re.fullmatch(
         r"Ingested 3 document\(s\): 2 created, 0 updated, 0 unchanged, 1 failed; 2 chunk\(s\) written in space "
-        r"hashing-v1-384 in \d+\.\d\ds \(load \d+\.\d\ds, embed \d+\.\d\ds in 1 call\(s\), store \d+\.\d\ds\)",
+        r"wordllama-l2-supercat-256 in \d+\.\d\ds \(load \d+\.\d\ds, embed \d+\.\d\ds in 1 call\(s\), store \d+\.\d\ds\)",
         closing,
     ), closing
     assert dict(Document.objects.values_list("source", "metadata")) == {"a.md": {"team": "docs"},

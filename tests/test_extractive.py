@@ -183,16 +183,20 @@ def test_answers_bench_runs_and_its_judge_can_fail(db, ragchat_settings_override
     from bench import bench_extractive
 
     ragchat_settings_override(**{k: v for k, v in bench_extractive.RAGCHAT.items() if k != "LOAD_ENTRY_POINTS"})
-    items = [i for i in bench_extractive.load_set() if i["id"] in ("q01", "q15", "q21")]
+    collection = bench_extractive.Collection.load("sample_docs")
+    assert "sample_docs" in bench_extractive.collections()
+    assert [f.name for f in collection.split_files(heldout=False)] == ["tuning.jsonl"]  # held out: only on request
+    items = [i for i in bench_extractive.load_set(collection) if i["id"] in ("q01", "q15", "q21")]
+    bench_extractive.ingest(collection)
     answers = bench_extractive.run_labelled(items)
-    report = bench_extractive.labelled_report(items, answers)
-    assert "fact stated" in report and "tuning (3)" in report
-    judged = bench_extractive.judge(items[0], answers["new"]["q01"])
+    report = bench_extractive.labelled_report(items, answers, collection)
+    assert "fact stated" in report and "tuning (3)" in report and "baseline" in report
+    judged = bench_extractive.judge(items[0], answers["new"]["q01"], collection)
     assert judged["fact"] and not judged["off"] and not judged["declined"]
     # A wrong answer is scored wrong: another product's warranty for the Aurora X2.
-    wrong = bench_extractive.judge(items[1], "Zephyr Buds come with a two-year warranty [1].")
+    wrong = bench_extractive.judge(items[1], "Zephyr Buds come with a two-year warranty [1].", collection)
     assert wrong["off"] and not wrong["declined"]
-    assert "new/old" in bench_extractive.measure_cost(repeats=1)
+    assert "new/baseline" in bench_extractive.measure_cost(repeats=1)
     from django_ragchat.models import Document
 
     Document.objects.all().delete()

@@ -71,8 +71,10 @@ def test_what_about_the_nimbus_tab_after_the_zephyr_buds_battery_asks_the_nimbus
 
 
 def test_the_subject_blind_transformer_searched_the_old_subject(sample_docs, conversation, ragchat_settings_override):
-    """The counter-test: as before issue 13, the old subject is appended, the attribute lost."""
-    ragchat_settings_override(PROFILES={"default": {"options": {"followup": {"track_subjects": False}}}})
+    """The counter-test: as before issue 13, the old subject is appended, the attribute lost
+    (and, as before issue 25, names rather than the opening message)."""
+    ragchat_settings_override(PROFILES={"default": {"options": {"followup": {"track_subjects": False,
+                                                                             "carry_opening": False}}}})
     run_turn_sync(conversation, "What is the battery life of the Zephyr Buds?")
 
     result = run_turn_sync(conversation, "What about the Nimbus Tab?")

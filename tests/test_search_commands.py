@@ -17,7 +17,8 @@ from django_ragchat.turn.pipeline import run_turn_sync
 
 pytestmark = pytest.mark.django_db
 
-OLD, NEW = "hashing-v1-384", "hashing-v1-64"
+# An install of before issue 25 (the hashing embedder) moving to the semantic default.
+OLD, NEW = "hashing-v1-384", "wordllama-l2-supercat-256"
 QUESTION = "How much does the Aurora X2 cost?"
 
 
@@ -32,20 +33,31 @@ def spaces_of(trace) -> set[str]:
     return set(Chunk.objects.filter(pk__in=ids).values_list("space", flat=True))
 
 
-def test_reembed_fills_a_new_space_while_the_old_one_serves_then_switches(product_corpus, ragchat_settings_override,
+@pytest.fixture
+def hashing_corpus(db, ragchat_settings_override):
+    """The product documents as an install of before issue 25 stored them: the hashing embedder."""
+    from django_ragchat.ingestion.pipeline import ingest_text
+
+    from .conftest import PRODUCT_DOCS
+
+    ragchat_settings_override(PROFILES={"default": {"embedder": "hashing"}})
+    return [ingest_text(source, text, content_type="markdown") for source, text in PRODUCT_DOCS.items()]
+
+
+def test_reembed_fills_a_new_space_while_the_old_one_serves_then_switches(hashing_corpus, ragchat_settings_override,
                                                                           user):
     conversation = Conversation.objects.create(owner=user)
     count = Chunk.objects.filter(space=OLD).count()
     assert count > 0
 
-    out = run("ragchat_reembed", "--embedder", "hashing", "--options", '{"dimension": 64}', "--no-progress")
+    out = run("ragchat_reembed", "--embedder", "wordllama", "--no-progress")
     assert f"Embedding into space {NEW} (now 0 chunks); other spaces keep serving: {OLD}" in out
     assert "3 created" in out and f"Space {NEW} is complete. Next: point the profile(s)" in out
     assert Chunk.objects.filter(space=NEW).count() == count
     assert sorted(Chunk.objects.filter(space=NEW).values_list("document__source", "ordinal", "text")) == sorted(
         Chunk.objects.filter(space=OLD).values_list("document__source", "ordinal", "text"))
     if connection.vendor == "postgresql":
-        assert "HNSW index ragchat_hnsw_hashing_v1_64_" in out and search.postgres.hnsw_index_status(NEW).ok
+        assert "HNSW index ragchat_hnsw_wordllama_l2_supercat_256_" in out and search.postgres.hnsw_index_status(NEW).ok
 
     # The profile still answers from the old space, and its space cannot be dropped.
     before = run_turn_sync(conversation, QUESTION)
@@ -54,8 +66,8 @@ def test_reembed_fills_a_new_space_while_the_old_one_serves_then_switches(produc
         run("ragchat_reembed", "--drop-space", OLD)
     assert f"{NEW}: {count} chunks" in run("ragchat_reembed", "--list")
 
-    # Switch: the settings now name the new model; no migration.
-    ragchat_settings_override(PROFILES={"default": {"options": {"hashing": {"dimension": 64}}}})
+    # Switch: the settings now name the new model (here: name none, the default); no migration.
+    ragchat_settings_override(PROFILES={"default": {}})
     after = run_turn_sync(conversation, QUESTION)
     assert spaces_of(after.trace) == {NEW} and "$699" in after.answer
     listing = run("ragchat_reembed", "--list")
@@ -87,7 +99,7 @@ def test_reembed_rejects_bad_arguments(args, message):
         run("ragchat_reembed", *args)
 
 
-def test_ragchat_index_repairs_what_this_database_needs(product_corpus):
+def test_ragchat_index_repairs_what_this_database_needs(hashing_corpus):
     if connection.vendor == "sqlite":
         # A migration that rebuilds the chunk table (SQLite's ALTER TABLE) drops the triggers.
         with connection.cursor() as cursor:

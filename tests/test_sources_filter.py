@@ -171,8 +171,9 @@ def test_off_unless_listed(ragchat_settings_override, product_corpus, conversati
 
 def test_check_warns_with_the_hashing_embedder_and_not_with_a_semantic_one(ragchat_settings_override):
     ragchat_settings_override(PLUGINS=["tests.test_sources_filter.TestPlugin"], PROFILES={
-        "default": {"response_augmenters": ["citations", "sources_filter"]},
+        "default": {"embedder": "hashing", "response_augmenters": ["citations", "sources_filter"]},
         "semantic": profile(),
+        "wordllama": {"response_augmenters": ["citations", "sources_filter"]},  # the default embedder
         "plain": {},
     })
     warnings = [w for w in check_component_warnings() if w.id == "ragchat.W040"]

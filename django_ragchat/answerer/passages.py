@@ -141,6 +141,11 @@ def _analyse_text(text: str, heading: str, title: str,
     return (parts[-1] if len(parts) > 1 else ""), found, subject, mentions_the, kind
 
 
+def clear_passage_cache() -> None:
+    """Forget the cached sentence analyses (``_analyse_text``)."""
+    _analyse_text.cache_clear()
+
+
 def build_passages(documents: Iterable[RetrievedChunk], vocabulary: Vocabulary) -> list[Passage]:
     """The prompt's documents as ``Passage`` objects, numbered from 1 as they are cited."""
     passages = []

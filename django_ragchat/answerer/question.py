@@ -34,6 +34,7 @@ class Need:
     wants_amount: bool = False  # an amount scores higher
     must_amount: bool = False  # only an amount answers ("How much is it?")
     asked: str = ""  # the words that ask (the question's asking clauses, or one part of them)
+    searched: str = ""  # the search query (after the query transformers)
     wants_number: bool = False
     # Asked keys written next to each other ("charge wirelessly", "return postage"): a sentence
     # states them together only where they stand close (see selector.PROXIMITY_WINDOW).
@@ -389,7 +390,7 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], voc
                   asked: str | None = None) -> Need:
     """Split the user's ``question`` and the transformed ``search_query`` into subject and attribute
     (the attribute of ``asked``, one part of the question, when given)."""
-    need = Need()
+    need = Need(searched=search_query)
     known_stems = frozenset().union(*(s.stems for p in passages for s in p.sentences),
                                     *(p.heading_stems for p in passages))
     # "nimbus tab weigth", "retrun policy?", "Zepyhr Buds": one slip of the keys from a word the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from dataclasses import dataclass, replace
@@ -16,6 +17,7 @@ from django_ragchat.answerer.question import (
     question_parts,
     states_charging_time,
 )
+from django_ragchat.answerer.semantic import NearWords, SentenceSimilarity
 from django_ragchat.answerer.vocabulary import (
     SYNONYM_EVIDENCE,
     Vocabulary,
@@ -56,6 +58,17 @@ FAULT_QUALIFIER_EVIDENCE = 0.5
 #: (more than one retrieval rank), so "Zephyr Buds cost $149." answers their price before
 #: "...a single replacement bud costs $39." of a passage ranked above.
 SUBJECT_OPENING_BONUS = 0.15
+#: With a semantic model: a sentence's similarity to what was asked, times this, is added to its
+#: score (docs/answerer.md; calibrated on the tuning sets, bench/README.md).
+SEMANTIC_WEIGHT = 0.5
+#: ... and a sentence this close answers even when it states less than ``min_coverage`` of the
+#: asked words; below it (and below ``min_coverage``) the answer is a decline. Calibrated on the
+#: tuning set: the lowest threshold, in steps of 0.05, at which plain declines stay >= 90%.
+MIN_SIMILARITY = 0.7
+#: With a semantic model: a passage word whose vector is this close to an asked word states it
+#: (as a synonym would), with NEAR_WORD_EVIDENCE.
+NEAR_WORD_SIMILARITY = 0.45
+NEAR_WORD_EVIDENCE = 0.8
 
 _WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*", re.UNICODE)
 _MARKUP_RE = re.compile(r"<(script|style)\b[^>]*>.*?</\1\s*>|<[^<>]{0,200}>", re.IGNORECASE | re.DOTALL)
@@ -91,6 +104,7 @@ class Choice:
     sentence: Sentence
     score: float
     coverage: float
+    similarity: float = 0.0  # to what was asked, by the semantic model (0 without one)
 
 
 def _places(key: str, sentence: Sentence, vocabulary: Vocabulary) -> list[int]:
@@ -137,10 +151,11 @@ def _weights(need: Need, passages: list[Passage], eligible: list[tuple[Passage, 
     for key in need.groups:
         df = sum(vocabulary.covers(key, s.stems) for s in all_sentences)
         idf[key] = math.log(1 + (n + 1) / (1 + df))
-        # A word the subject's passages never use, and no synonym group knows, is as likely
-        # a paraphrase ("patches against hackers") as the point; it weighs less.
+        # A word the subject's passages never use (nor a word the model finds close to it), and
+        # no synonym group knows, is as likely a paraphrase ("patches against hackers") as the
+        # point; it weighs less.
         if "=" not in key and (len(need.own) > SHORT_QUESTION_WORDS or need.promoted) and not any(
-                key in s.stems or key in p.heading_stems for p, s in eligible):
+                vocabulary.covers(key, s.stems) or vocabulary.covers(key, p.heading_stems) for p, s in eligible):
             idf[key] *= UNKNOWN_WORD_WEIGHT
         if (key.startswith("~") or word_of(key) in need.comparatives) and len(need.own) > 1:
             idf[key] *= ANSWER_TYPE_WEIGHT  # "how long", or "bigger" in "bigger storage options"
@@ -217,7 +232,9 @@ class AnswerSelector:
     """The engine, independent of Django and the pipeline: ``answer(prompt) -> str``."""
 
     def __init__(self, *, vocabulary: Vocabulary | None = None, min_coverage: float = DEFAULT_MIN_COVERAGE,
-                 max_sentences: int = 4, rank_prior: float = 0.1, no_answer: str | None = None):
+                 max_sentences: int = 4, rank_prior: float = 0.1, no_answer: str | None = None,
+                 similarity: SentenceSimilarity | None = None, semantic_weight: float = SEMANTIC_WEIGHT,
+                 min_similarity: float = MIN_SIMILARITY, near_word_similarity: float = NEAR_WORD_SIMILARITY):
         if isinstance(min_coverage, bool) or not isinstance(min_coverage, (int, float)) or not 0 <= min_coverage <= 1:
             raise ValueError(f"min_coverage must be a number from 0 to 1, not {min_coverage!r}")
         if isinstance(max_sentences, bool) or not isinstance(max_sentences, int) or max_sentences < 1:
@@ -228,6 +245,14 @@ class AnswerSelector:
         self.max_sentences = max_sentences
         self.rank_prior = rank_prior
         self.no_answer = self.messages["no_answer"] if no_answer is None else no_answer
+        for name, value in (("semantic_weight", semantic_weight), ("min_similarity", min_similarity),
+                            ("near_word_similarity", near_word_similarity)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1 <= value <= 10:
+                raise ValueError(f"{name} must be a number, not {value!r}")
+        self.similarity = similarity
+        self.semantic_weight = float(semantic_weight)
+        self.min_similarity = float(min_similarity)
+        self.near_word_similarity = float(near_word_similarity)
 
     # The subject guard ------------------------------------------------------------------------
     def on_subject(self, passage: Passage, sentence: Sentence, subjects: set[Entity],
@@ -259,6 +284,27 @@ class AnswerSelector:
         passages = build_passages(prompt.documents, self.vocabulary)
         if not any(p.sentences for p in passages):
             return self.no_answer
+        reader = self if self.similarity is None else self.reading_meaning(prompt, passages)
+        return reader.answer_from(prompt, passages)
+
+    def reading_meaning(self, prompt: Prompt, passages: list[Passage]) -> AnswerSelector:
+        """This selector for one turn, its vocabulary widened by the model's word neighbours
+        (``NearWords``) among the words of ``passages``."""
+        v = self.vocabulary
+        light = v.stopwords | v.generic
+        passage_words: dict[str, str] = {}
+        for text in [s.text for p in passages for s in p.sentences] + [p.heading_leaf for p in passages]:
+            for w in words(text):
+                if len(w) > 2 and w.isalpha() and w not in light:
+                    passage_words.setdefault(stem(w), w)
+        surface = {stem(w): w for w in words(f"{prompt.question} {prompt.search_query or ''}") if w.isalpha()}
+        turn = copy.copy(self)
+        turn.vocabulary = NearWords(v, self.similarity, passage_words, surface, threshold=self.near_word_similarity,
+                                    evidence=NEAR_WORD_EVIDENCE)
+        return turn
+
+    def answer_from(self, prompt: Prompt, passages: list[Passage]) -> str:
+        """The answer to ``prompt`` from its ``passages`` (``build_passages``)."""
         # Markup in a message is no part of what it asks ("<script>...</script> How much is it?").
         question = without_markup(prompt.question)
         search_query = without_markup(prompt.search_query or prompt.question)
@@ -385,10 +431,20 @@ class AnswerSelector:
             choices = [c for c in choices if c.sentence.has_number or c.sentence.has_currency]
         if not choices:
             return []
+        if self.similarity is not None:
+            choices = self.with_similarity(need, choices)
         best = max(choices, key=lambda c: (c.score, -c.passage.index, -c.sentence.position))
-        if best.coverage < self.min_coverage:
+        if best.coverage < self.min_coverage and best.similarity < self.min_similarity:
             return []
         return self.compose(best, choices, need)
+
+    def with_similarity(self, need: Need, choices: list[Choice]) -> list[Choice]:
+        """``choices`` scored by their meaning too: each sentence's similarity to what was asked
+        (the asking words, or the search query when the attribute came from it)."""
+        query = need.searched if need.promoted or not need.asked.strip() else need.asked
+        scores = self.similarity.scores(query, [c.sentence.text for c in choices])
+        return [replace(c, score=c.score + self.semantic_weight * sim, similarity=sim)
+                for c, sim in zip(choices, scores, strict=True)]
 
     def compose(self, best: Choice, choices: list[Choice], need: Need) -> list[Choice]:
         """The best sentence, then the sentences that continue its attribute in its passage; the

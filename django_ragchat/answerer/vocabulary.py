@@ -267,8 +267,8 @@ class Vocabulary:
             group_labels = self.of_stem.get(s)
             if group_labels:  # the word itself, and its groups: "wireless charging" prefers "wireless"
                 found.append((s + "=" + "|".join(group_labels), self.noun_of.get(token, token)))
-            else:
-                found.append((s, token))
+            else:  # a word the table lacks (the model may still find it stated) reads as its noun too
+                found.append((s, self.noun_of.get(token, token)))
             positions.setdefault(found[-1][0], i)
         return found
 

@@ -1,6 +1,10 @@
 """Embedders: texts to vectors of one embedding space.
 
-Built in: ``hashing``, an offline embedder that needs no model, no download and no server.
+Built in: ``wordllama`` (the default when installed: ``pip install "django-ragchat[semantic]"``),
+a static semantic model shipped inside the ``wordllama`` wheel and loaded with no network
+(``django_ragchat.backends.static``): 256 dimensions, tens of microseconds a sentence, once per
+process. ``hashing``, an offline embedder that needs no model, no download and no server (the
+fallback for installs without the extra).
 It hashes stemmed content words (weight 1) and their character trigrams (weight 0.25, so
 "pricing" and "prices" share features) into ``dimension`` signed buckets and L2-normalises.
 It is deterministic across processes and machines (CRC32, not Python's salted ``hash``).
@@ -31,6 +35,7 @@ from django_ragchat.backends.openai import (
     check_options,
     model_errors,
 )
+from django_ragchat.backends.static import StaticModelUnavailable, wordllama_model
 from django_ragchat.components import Component
 from django_ragchat.exceptions import LLMError
 from django_ragchat.text import content_terms
@@ -47,6 +52,11 @@ class Embedder(Component):
 
     kind = "embedder"
     dimension: int = 0
+    #: Whether this embedder is a semantic model that runs in process at microseconds a text: the
+    #: components that set ``uses_embedder`` (the extractive answerer, the ``followup``
+    #: transformer) then compare sentences and questions with it; with any other embedder they
+    #: read words only (a remote model would cost a request per turn and sentence).
+    local_semantic: ClassVar[bool] = False
 
     @property
     def space(self) -> str:
@@ -112,6 +122,42 @@ class HashingEmbedder(Embedder):
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         return np.vstack([self.embed_one(t) for t in texts])
+
+
+class WordLlamaEmbedder(Embedder):
+    """WordLlama's static model (256 dimensions), from the installed ``wordllama`` package.
+
+    No options. The model is loaded once per process, not per profile or instance, and never
+    downloaded: without the package (``pip install "django-ragchat[semantic]"``) building the
+    embedder raises ``ImproperlyConfigured``; the ``hashing`` embedder is the fallback.
+    """
+
+    name = "wordllama"
+    local_semantic = True
+    dimension = 256
+
+    def __init__(self, profile, **options: Any):
+        super().__init__(profile, **options)
+        try:
+            self.model = wordllama_model()
+        except StaticModelUnavailable as exc:
+            raise ImproperlyConfigured(
+                f"{exc} Or set the profile {profile.name!r}'s \"embedder\" to \"hashing\" (then run "
+                f"manage.py ragchat_reembed).") from exc
+        self.dimension = self.model.dimension
+
+    @property
+    def space(self) -> str:
+        return self.model.name
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return self.model.embed(texts)
+
+    async def aembed(self, texts: list[str]) -> np.ndarray:
+        # A query is embedded in tens of microseconds: a thread hop would cost more than it saves.
+        if len(texts) <= 8:
+            return self.model.embed(texts)
+        return await super().aembed(texts)
 
 
 class OpenAIEmbedder(Embedder):
@@ -213,5 +259,6 @@ class OpenAIEmbedder(Embedder):
 
 @hookimpl
 def register_embedders(register):
+    register(WordLlamaEmbedder)
     register(HashingEmbedder)
     register(OpenAIEmbedder)

@@ -17,7 +17,14 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django_ragchat import hookimpl
-from django_ragchat.answerer.selector import DEFAULT_MIN_COVERAGE, AnswerSelector
+from django_ragchat.answerer.selector import (
+    DEFAULT_MIN_COVERAGE,
+    MIN_SIMILARITY,
+    NEAR_WORD_SIMILARITY,
+    SEMANTIC_WEIGHT,
+    AnswerSelector,
+)
+from django_ragchat.answerer.semantic import SentenceSimilarity
 from django_ragchat.backends.openai import (
     CHAT_OPTIONS,
     CONNECTION_OPTIONS,
@@ -73,8 +80,10 @@ class ExtractiveAnswerer(LLMBackend):
     """The offline answerer: the sentences that state what was asked about the subject asked
     about, each cited as ``[n]``; a plain decline naming what the documents do describe when
     none does. Options: ``min_coverage`` (0.5), ``max_sentences`` (4), ``no_answer`` (used when
-    no passage was given; default: the language's). It reads with the profile's vocabulary
-    (``vocabulary`` setting: language, synonym groups). The engine is
+    no passage was given; default: the language's); with a semantic embedder (``wordllama``)
+    also ``semantic_weight`` (0.5), ``min_similarity`` (0.7) and ``near_word_similarity`` (0.45).
+    It reads with the profile's vocabulary (``vocabulary`` setting: language, synonym groups) and,
+    when that is a semantic model running in process, its embedder. The engine is
     ``django_ragchat.answerer.selector.AnswerSelector``; docs/answerer.md. It calls no tools:
     a profile's ``tools`` are never offered to it (the system check ragchat.W041 says so).
     """
@@ -82,13 +91,22 @@ class ExtractiveAnswerer(LLMBackend):
     name = "extractive"
     model = "extractive"
     uses_vocabulary = True
+    uses_embedder = True
     calls_tools = False
 
-    def __init__(self, profile, *, vocabulary: Vocabulary, min_coverage: float = DEFAULT_MIN_COVERAGE,
-                 max_sentences: int = 4, no_answer: str | None = None, **options: Any):
+    def __init__(self, profile, *, vocabulary: Vocabulary, embedder: Any = None,
+                 min_coverage: float = DEFAULT_MIN_COVERAGE, max_sentences: int = 4, no_answer: str | None = None,
+                 semantic_weight: float = SEMANTIC_WEIGHT, min_similarity: float = MIN_SIMILARITY,
+                 near_word_similarity: float = NEAR_WORD_SIMILARITY, **options: Any):
         super().__init__(profile, **options)
+        # The profile's embedder reads meaning when it is a semantic model in this process
+        # (wordllama); then sentences are also scored by their similarity to the question.
+        semantic = embedder is not None and getattr(embedder, "local_semantic", False)
         self.selector = AnswerSelector(vocabulary=vocabulary, min_coverage=min_coverage,
-                                       max_sentences=max_sentences, no_answer=no_answer)
+                                       max_sentences=max_sentences, no_answer=no_answer,
+                                       similarity=SentenceSimilarity(embedder.embed) if semantic else None,
+                                       semantic_weight=semantic_weight, min_similarity=min_similarity,
+                                       near_word_similarity=near_word_similarity)
 
     def answer(self, prompt: Prompt) -> str:
         return self.selector.answer(prompt)

@@ -319,7 +319,10 @@ class FollowUpEnricher(QueryTransformer):
     ``use_answers`` (True) lets names from the latest answer stand in when the user never
     named anything; ``min_own_terms`` (3); ``decay`` (0.7), the weight of a mention one user
     turn older than another; ``track_subjects`` (True; False is the subject-blind behaviour
-    of earlier versions, kept for comparison in ``bench/bench_followup.py``).
+    of earlier versions, kept for comparison in ``bench/bench_followup.py``); ``carry_opening``
+    (None: on when the profile's embedder, handed in as ``embedder``, is a local semantic
+    model): search every question that does not start afresh or switch subjects with the
+    conversation's opening message appended, instead of the ranked names (``enrich``).
 
     Tuned on the first 100 dialogs of CANARD with ``bench/bench_canard.py`` (see
     bench/README.md): against the first version (names and topic words of the last 3 user
@@ -330,13 +333,14 @@ class FollowUpEnricher(QueryTransformer):
     name = "followup"
     order = 50
     uses_vocabulary = True
+    uses_embedder = True
     # A mention in an answer counts half a mention by the user: answers name many things in
     # passing, the user names what they ask about.
     ANSWER_WEIGHT = 0.5
 
     def __init__(self, profile, *, max_terms: int = 4, lookback: int = 10, use_answers: bool = True,
                  min_own_terms: int = 3, decay: float = 0.7, track_subjects: bool = True,
-                 vocabulary: Vocabulary, **options: Any):
+                 carry_opening: bool | None = None, vocabulary: Vocabulary, embedder: Any = None, **options: Any):
         super().__init__(profile, **options)
         self.max_terms = max_terms
         self.lookback = lookback
@@ -348,6 +352,11 @@ class FollowUpEnricher(QueryTransformer):
         # shop-policy question when the profile lets query components read it.
         self.vocabulary = vocabulary
         self.grammar = Grammar.of(vocabulary)
+        # A meaning embedder reads a whole message: a dependent question searched with the
+        # conversation's opening message finds its passage more often than with the names
+        # ranked from it (CANARD, bench/README.md). Words hashed one by one do not.
+        semantic = bool(getattr(embedder, "local_semantic", False))
+        self.carry_opening = semantic if carry_opening is None else bool(carry_opening)
 
     def _asks_a_shop_policy(self, text: str) -> bool:
         """"Will I get my money back?": every attribute it asks is of the ``policy`` class (only
@@ -480,7 +489,7 @@ class FollowUpEnricher(QueryTransformer):
             return _noted(query, f"asks a shop policy: nothing carried; {rules}")
         if reading.named and (after.subject_rule != "kept" or after.attribute_rule == "inherited"):
             return self._named(query, after, rules)
-        if not self.is_dependent(query.text):
+        if not self.carry_opening and not self.is_dependent(query.text):
             return _noted(query, f"self-contained; {rules}")
         if after.subject is not None and after.switched:
             # The conversation switched subjects: only the current one is carried, never the
@@ -533,13 +542,31 @@ class FollowUpEnricher(QueryTransformer):
     def enrich(self, query: Query) -> Query:
         """The subject-blind follow-up: salient names of the history appended to a dependent
         question (the behaviour before subjects were tracked, and the fallback when the
-        conversation names no subject of the corpus)."""
+        conversation names no subject of the corpus). With ``carry_opening`` (a semantic
+        embedder), every question that does not start afresh is searched with the conversation's
+        opening message instead, whatever its own words: the embedding reads the question's words
+        and the opening's together."""
+        opening = self.opening_message(query) if self.carry_opening else ""
+        if opening:
+            return _noted(query, f"follow-up: added the opening message {opening!r}", text=f"{query.text} {opening}")
         if not self.is_dependent(query.text):
             return _noted(query, "self-contained")
         terms = self.salient_terms(query)
         if not terms:
             return _noted(query, "no salient terms")
         return _noted(query, f"follow-up: added {terms}", text=f"{query.text} {' '.join(terms)}")
+
+    def opening_message(self, query: Query) -> str:
+        """The user's first message within ``lookback`` user turns (``query``'s history starts at
+        the last fresh start when subjects are tracked): what the conversation is about, in the
+        user's words; "" when there is none or the question already holds all its words."""
+        users = [m.content for m in query.history if m.role == "user"][-self.lookback:] if self.lookback else []
+        if not users:
+            return ""
+        opening = users[0][:_MAX_SCAN_CHARS].strip()
+        if set(content_terms(opening)) <= set(content_terms(query.text)):
+            return ""
+        return opening
 
 
 def _noted(query: Query, note: str, **changes: Any) -> Query:

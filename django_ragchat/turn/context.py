@@ -65,15 +65,16 @@ class ProfileComponents:
 
 def components_for(profile: Profile) -> ProfileComponents:
     """Build (once per process and profile) the components ``profile`` selects, handing each
-    that asks for it the profile's vocabulary."""
+    that asks for it the profile's vocabulary and its embedder."""
     cache = instance_cache()
     key = ("components", profile.name)
     if key not in cache:
         registry = get_registry()
         vocabulary = Vocabulary.for_profile(profile)
+        embedder = build_component(profile, "embedder", profile.embedder)
 
         def build(kind, names):
-            return [build_component(profile, kind, reg.name, vocabulary=vocabulary)
+            return [build_component(profile, kind, reg.name, vocabulary=vocabulary, embedder=embedder)
                     for reg in registry.ordered(kind, names)]
 
         def one(kind, name):
@@ -89,7 +90,7 @@ def components_for(profile: Profile) -> ProfileComponents:
             document_postprocessors=build("document_postprocessor", profile.document_postprocessors),
             prompt_augmenter=one("prompt_augmenter", profile.prompt_augmenter),
             llm=one("llm", profile.llm),
-            embedder=one("embedder", profile.embedder),
+            embedder=embedder,
             response_augmenters=build("response_augmenter", profile.response_augmenters),
             advisors=build("advisor", profile.advisors),
             vocabulary=vocabulary,

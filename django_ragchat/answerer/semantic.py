@@ -1,0 +1,107 @@
+"""Meaning, for the answerer: how close a sentence is to what was asked, by the profile's own
+embedding model when it is a semantic one that runs in process (``Embedder.local_semantic``:
+the ``wordllama`` embedder). The answerer does not import a model: the ``extractive`` component
+is handed the profile's embedder and gives its ``embed`` to ``SentenceSimilarity``.
+
+Sentence vectors are cached per process (a passage's sentences come back turn after turn), so a
+turn embeds its question and the sentences it has not seen before: about 30 µs each.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from django_ragchat.answerer.passages import clear_passage_cache
+from django_ragchat.answerer.vocabulary import Vocabulary
+
+Encode = Callable[[list[str]], np.ndarray]
+
+#: Sentence vectors kept per process (256 floats each: 4,096 of them are 4 MB).
+CACHE_SIZE = 8192
+
+_caches: list[OrderedDict] = []
+
+
+def clear_caches() -> None:
+    """Forget every cached passage analysis and sentence vector (benchmarks' "cold" runs)."""
+    clear_passage_cache()
+    for cache in _caches:
+        cache.clear()
+
+
+class SentenceSimilarity:
+    """Cosine similarities between a query and sentences, by ``encode`` (L2-normalised vectors)."""
+
+    def __init__(self, encode: Encode, cache_size: int = CACHE_SIZE):
+        self.encode = encode
+        self.cache_size = cache_size
+        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        _caches.append(self._vectors)
+
+    def vectors(self, texts: Sequence[str]) -> np.ndarray:
+        with self._lock:
+            missing = [t for t in dict.fromkeys(texts) if t not in self._vectors]
+            if missing:
+                for text, vector in zip(missing, self.encode(missing), strict=True):
+                    self._vectors[text] = vector
+                while len(self._vectors) > self.cache_size:
+                    self._vectors.popitem(last=False)
+            found = []
+            for text in texts:
+                self._vectors.move_to_end(text)
+                found.append(self._vectors[text])
+        return np.vstack(found) if found else np.zeros((0, 0), dtype=np.float32)
+
+    def scores(self, query: str, texts: Sequence[str]) -> list[float]:
+        """The similarity of each of ``texts`` to ``query`` (-1 to 1)."""
+        if not texts:
+            return []
+        found = self.vectors([query, *texts])
+        return [float(s) for s in found[1:] @ found[0]]
+
+
+class NearWords(Vocabulary):
+    """The profile's vocabulary for one turn, with the model's word neighbours added: an asked
+    word that neither a sentence nor the synonym table states is stated, with ``evidence``, by a
+    word of the turn's passages whose vector is at least ``threshold`` close to it ("heavy" is
+    stated by "weighs", "guarantee" by "warranty"). Everything else is the vocabulary's (its
+    compiled tables are shared, not copied)."""
+
+    def __init__(self, vocabulary: Vocabulary, similarity: SentenceSimilarity, passage_words: dict[str, str],
+                 surface: dict[str, str], *, threshold: float, evidence: float):
+        self.__dict__.update(vocabulary.__dict__)
+        self._similarity = similarity
+        self._passage_words = passage_words
+        self._stems = list(passage_words)
+        self._matrix: np.ndarray | None = None  # built when a word the table lacks is first asked
+        self._surface = surface
+        self._threshold = threshold
+        self._evidence = evidence
+        self._near: dict[str, frozenset[str]] = {}
+
+    def near(self, word: str) -> frozenset[str]:
+        """The passages' stems whose words the model finds close to ``word`` (a stem)."""
+        found = self._near.get(word)
+        if found is None:
+            found = frozenset()
+            surface = self._surface.get(word)
+            if surface and self._matrix is None and self._passage_words:
+                self._matrix = self._similarity.vectors(list(self._passage_words.values()))
+            if surface and self._matrix is not None:
+                sims = self._matrix @ self._similarity.vectors([surface])[0]
+                found = frozenset(s for s, sim in zip(self._stems, sims, strict=True)
+                                  if sim >= self._threshold and s != word)
+            self._near[word] = found
+        return found
+
+    def covers(self, key: str, text_stems: frozenset[str]) -> float:
+        found = super().covers(key, text_stems)
+        if found or key.startswith("~"):
+            return found
+        word = key.partition("=")[0]
+        return self._evidence if word and not self.near(word).isdisjoint(text_stems) else 0.0
