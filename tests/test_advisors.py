@@ -65,7 +65,11 @@ def test_the_plugin_guides_sources_line_adds_its_line_once(ragchat_settings_over
     conversation = Conversation.objects.create(owner=user)
     events = collect(conversation, QUESTION, stream=stream)
     saved = events[-1].to_dict()["message"]["content"]
-    assert saved.count("(Sources: ") == 1 and saved.endswith("(Sources: products/aurora-x2.md, products/nimbus-tab.md)")
+    # The line names the prompt's documents (the trace's final documents), sorted, once, at the end.
+    trace = TurnTrace.objects.get(message__conversation=conversation).data
+    in_prompt = sorted({d["source"] for d in trace["documents"]})
+    assert "products/aurora-x2.md" in in_prompt
+    assert saved.count("(Sources: ") == 1 and saved.endswith(f"(Sources: {', '.join(in_prompt)})")
     if stream:
         assert assembled(events) == saved
         assert not any(isinstance(e, Replace) for e in events)  # the stream was right all along
