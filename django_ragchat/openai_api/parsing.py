@@ -6,6 +6,13 @@ A request that names a stored conversation (``conversation`` in the body, or the
 ``X-Ragchat-Conversation`` header) continues it instead: its log is the history, and the earlier
 messages of the request are not read.
 
+An ``Idempotency-Key`` header makes a request safe to send again (a client's retry after a
+timeout or a dropped connection): the key is stored as the user message's ``client_id``, as the
+websocket and server-sent events clients send it, so a resend with the same key is answered with
+the first attempt's answer (or 409 ``turn_in_progress`` while it is still being written), and no
+second turn runs or counts against the limits. Keys are the caller's own: another user's equal
+key is another message.
+
 System (and ``developer``) messages are the request's own instructions; the site's are the
 profile's system prompt. ``OPENAI_API_SYSTEM_MESSAGES`` says what happens to them: ``"ignore"``
 (left out, counted in the trace) or ``"refuse"`` (400 ``system_message_not_allowed``).
@@ -28,11 +35,13 @@ from django_ragchat.conf import ragchat_settings
 from django_ragchat.openai_api.errors import OpenAIError, bad_request
 from django_ragchat.tokens import count_tokens
 from django_ragchat.transport import jsonbody
+from django_ragchat.transport.turns import TurnRefused, check_client_id
 from django_ragchat.types import HistoryMessage
 
 #: OpenAI's limit on messages per request.
 MAX_MESSAGES = 2048
 CONVERSATION_HEADER = "X-Ragchat-Conversation"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 SYSTEM_ROLES = ("system", "developer")
 TOOL_ROLES = ("tool", "function")
 TOOLS_UNSUPPORTED = ("This assistant's tools run on the server; a request cannot bring its own "
@@ -52,6 +61,8 @@ class ChatRequest:
     conversation_id: str | None = None
     #: System and developer messages left out (``OPENAI_API_SYSTEM_MESSAGES = "ignore"``).
     ignored_system_messages: int = 0
+    #: The ``Idempotency-Key`` header ("" for none): the user message's ``client_id``.
+    idempotency_key: str = ""
 
 
 def read_body(request) -> dict[str, Any]:
@@ -80,9 +91,22 @@ def parse(data: dict[str, Any], headers) -> ChatRequest:
     stream, include_usage = _stream_options(data)
     _refuse_unsupported(data)
     conversation_id = _conversation_id(data, headers)
+    idempotency_key = _idempotency_key(headers)
     question, history, ignored = read_messages(data.get("messages"), keep_history=conversation_id is None)
     return ChatRequest(model=model, question=question, history=history, stream=stream, include_usage=include_usage,
-                       conversation_id=conversation_id, ignored_system_messages=ignored)
+                       conversation_id=conversation_id, ignored_system_messages=ignored,
+                       idempotency_key=idempotency_key)
+
+
+def _idempotency_key(headers) -> str:
+    """The ``Idempotency-Key`` header, checked as a ``client_id`` is (400 ``invalid_client_id``:
+    the same code as the other transports give a bad one)."""
+    key = (headers.get(IDEMPOTENCY_HEADER) or "").strip()
+    try:
+        return check_client_id(key)
+    except TurnRefused as refusal:
+        raise bad_request(f"The {IDEMPOTENCY_HEADER} header must be at most 100 characters.",
+                          param=IDEMPOTENCY_HEADER, code=refusal.code) from None
 
 
 def _stream_options(data: dict[str, Any]) -> tuple[bool, bool]:
