@@ -69,7 +69,12 @@ QUESTIONS = (
     "How long does the Zephyr Buds battery last?",
     "What does the Nimbus Tab warranty cover?",
 )
-PATHS = ("model", "pipeline", "websocket", "sse asgi", "sse wsgi")
+PATHS = ("model", "bare relay", "pipeline", "websocket", "websocket before", "sse asgi", "sse wsgi")
+DEFAULT_PATHS = ("model", "pipeline", "websocket", "sse asgi", "sse wsgi")
+# Issue 27's table: 100 clients in the same instant, 50 at once, 100 arriving over 5 s.
+ISSUE_27_LOADS = "100,50,100/5"
+ISSUE_27_PATHS = ("model", "bare relay", "websocket")
+TOKEN = re.compile(r"t(\d+)")
 
 
 def reply_text(tokens: int) -> str:
@@ -124,9 +129,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def process(argv: list[str], env: dict[str, str], port: int, name: str):
+def process(argv: list[str], env: dict[str, str], port: int, name: str, cwd: Path = ROOT):
     log = tempfile.TemporaryFile()
-    child = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    child = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -247,9 +252,15 @@ class Answer:
     marker: str
     sent: float
     first: float  # the first token received
-    tokens: int
-    whole: bool  # every token, in order, exactly the model's text
+    tokens: int  # the model's tokens received (words of the text; a frame may carry several)
+    frames: int  # delta frames received
+    whole: bool  # every token, in order, exactly the model's text, delta indexes without a gap
     reordered: bool
+    lost: int = 0  # the model's tokens missing from the text received
+    duplicated: int = 0  # tokens received more than once
+    text: str = ""  # what was streamed
+    conversation_id: str | None = None
+    saved_differs: bool = False  # the saved answer is not what was streamed
     at_model: float | None = None  # when the model server received the request
 
     @property
@@ -264,13 +275,20 @@ def question(i: int) -> tuple[str, str]:
 
 
 def answer(marker: str, sent: float, first: float, texts: list[str], indexes: list[int] | None,
-           expected: str | None, final: str | None) -> Answer:
+           expected: str | None, final: str | None, conversation_id: str | None = None) -> Answer:
+    """One client's answer, its tokens counted: the model's answer is ``t0 t1 ... tN``, so the
+    text received tells which were lost, duplicated or reordered, however the deltas split it."""
     joined = "".join(texts)
     whole = (expected is None or joined == expected) and (final is None or joined == final)
     if indexes is not None:
         whole = whole and indexes == list(range(len(texts)))
-    reordered = indexes is not None and indexes != sorted(indexes)
-    return Answer(marker, sent, first, len(texts), whole, reordered)
+    got = [int(t) for t in TOKEN.findall(joined)] if expected is not None else joined.split()
+    want = {int(t) for t in TOKEN.findall(expected)} if expected is not None else set()
+    reordered = (indexes is not None and indexes != sorted(indexes)) or (
+        expected is not None and any(a >= b for a, b in zip(got, got[1:])))
+    return Answer(marker, sent, first, len(got), len(texts), whole, reordered,
+                  lost=len(want - set(got)), duplicated=len(got) - len(set(got)), text=joined,
+                  conversation_id=conversation_id)
 
 
 async def staggered(start: asyncio.Event, i: int, count: int, stagger: float) -> None:
@@ -328,7 +346,7 @@ async def pipeline_round(conversation_ids: list[str], expected: str | None, stag
                     indexes.append(event.index)
                 elif isinstance(event, Completed):
                     final = event.message["content"]
-        return answer(marker, sent, first, texts, indexes, expected, final)
+        return answer(marker, sent, first, texts, indexes, expected, final, str(conversation.pk))
 
     return await run_round(start, [one(i, c) for i, c in enumerate(conversations)])
 
@@ -360,7 +378,8 @@ async def websocket_round(addresses: list[str], callers: list[Caller], conversat
                     texts.append(frame["text"])
                     indexes.append(frame["index"])
                 elif frame["type"] == "done":
-                    return answer(marker, sent, first, texts, indexes, expected, frame["message"]["content"])
+                    return answer(marker, sent, first, texts, indexes, expected, frame["message"]["content"],
+                                  conversation_id)
                 elif frame["type"] == "error":
                     raise RuntimeError(f"websocket turn failed: {frame}")
 
@@ -401,7 +420,7 @@ async def sse_round(addresses: list[str], callers: list[Caller], conversation_id
                     final = event["message"]["content"]
                 elif event["type"] == "error":
                     raise RuntimeError(f"server-sent events turn failed: {event}")
-        return answer(marker, sent, first, texts, indexes, expected, final)
+        return answer(marker, sent, first, texts, indexes, expected, final, conversation_id)
 
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=len(callers) + 5), timeout=120) as client:
         return await run_round(start, [one(i, c, k, client) for i, (c, k) in enumerate(zip(callers, conversation_ids))])
@@ -431,30 +450,110 @@ def read_arrivals(path: str) -> dict[str, float]:
     return arrivals
 
 
-def result_row(n: int, path: str, answers: list[Answer], rates: list[float], arrivals: dict[str, float]) -> list:
+def result_row(load: str, path: str, answers: list[Answer], rates: list[float], frame_rates: list[float],
+               arrivals: dict[str, float]) -> list:
     """One row of the table: TTFT, the model's and the app's share of it, throughput, losses."""
     ttft = [a.ttft * 1000 for a in answers]
     timed = [a for a in answers if a.marker in arrivals]
     before = [(arrivals[a.marker] - a.sent) * 1000 for a in timed]
     after = [(a.first - arrivals[a.marker]) * 1000 for a in timed]
     return [
-        str(n), path, percentile(ttft, 50), percentile(ttft, 99),
+        load, path, percentile(ttft, 50), percentile(ttft, 99),
         *((percentile(before, 50), percentile(before, 99), percentile(after, 50),
            percentile(after, 99)) if timed else ("", "", "", "")),
-        f"{median(rates):,.0f}", f"{sum(a.tokens for a in answers):,}",
+        f"{median(rates):,.0f}", f"{median(frame_rates):,.0f}", f"{sum(a.tokens for a in answers):,}",
+        f"{sum(a.lost for a in answers)}/{sum(a.duplicated for a in answers)}/{sum(a.reordered for a in answers)}",
+        str(sum(a.saved_differs for a in answers)),
         f"{sum(not a.whole for a in answers)}/{sum(a.reordered for a in answers)}",
     ]
 
 
-def run(clients: list[int], rounds: int, tokens: int, llm: str, stagger: float, paths: list[str],
-        ws_deflate: bool = False, workers: int = 1) -> list[list]:
+def parse_loads(text: str) -> list[tuple[int, float]]:
+    """``"100,50,100/5"``: 100 clients at once, 50 at once, 100 spread over 5 s."""
+    loads = []
+    for item in text.split(","):
+        clients, _, stagger = item.strip().partition("/")
+        loads.append((int(clients), float(stagger or 0)))
+    return loads
+
+
+def load_name(clients: int, stagger: float) -> str:
+    return f"{clients}/{stagger:g}s" if stagger else str(clients)
+
+
+def check_saved(answers: list[Answer]) -> None:
+    """Mark the answers whose saved assistant message is not exactly what was streamed."""
+    from django_ragchat.models import Message
+
+    saved = {str(c): content for c, content in Message.objects.filter(
+        conversation_id__in=[a.conversation_id for a in answers], role=Message.Role.ASSISTANT,
+    ).values_list("conversation_id", "content")}
+    for a in answers:
+        a.saved_differs = saved.get(a.conversation_id) != a.text
+
+
+def start_servers(stack: contextlib.ExitStack, env: dict, paths: list[str], clients: int, ws_deflate: bool,
+                  workers: int, baseline: str | None) -> dict[str, list[str]]:
+    """The server processes the paths need: their addresses by path."""
+    def uvicorn(app: str, name: str, cwd: Path = ROOT, extra_env: dict | None = None) -> str:
+        port = free_port()
+        return stack.enter_context(process([
+            sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
+            "--ws-per-message-deflate", str(ws_deflate).lower(), "--lifespan", "off", "--no-access-log",
+            "--log-level", "warning",
+        ], {**env, **(extra_env or {})}, port, name, cwd=cwd))
+
+    servers: dict[str, list[str]] = {}
+    if workers > 1:  # the workers' sockets meet through Redis, under a prefix of this run's
+        env["RAGCHAT_BENCH_REDIS_PREFIX"] = f"ragchat-bench-{secrets.token_hex(4)}"
+    if {"websocket", "sse asgi"} & set(paths):
+        servers["asgi"] = [uvicorn("example_project.asgi:application", f"uvicorn {w}") for w in range(workers)]
+    if "websocket before" in paths:  # the same app from another checkout (the code before a change)
+        servers["asgi before"] = [uvicorn("example_project.asgi:application", "uvicorn (baseline)", Path(baseline),
+                                          {"PYTHONPATH": baseline})]
+    if "bare relay" in paths:
+        servers["bare"] = [uvicorn("bench.bare_relay:application", "bare relay")]
+    if "sse wsgi" in paths:
+        wsgi_port = free_port()
+        servers["wsgi"] = [stack.enter_context(process([
+            sys.executable, "-m", "gunicorn", "example_project.wsgi", "--bind", f"127.0.0.1:{wsgi_port}",
+            "--workers", "1", "--worker-class", "gthread", "--threads", str(clients + 4),
+            "--log-level", "warning",
+        ], env, wsgi_port, "gunicorn"))]
+    return servers
+
+
+def measure_round(path: str, n: int, stagger: float, env: dict, servers: dict, callers: list[Caller],
+                  expected: str | None) -> tuple[list[Answer], float]:
+    """One round of ``n`` clients on ``path``; the answers saved by the app are checked."""
+    group = callers[:n]
+    if path == "model":
+        return asyncio.run(model_round(env["RAGCHAT_BENCH_MODEL_URL"], n, expected, stagger))
+    conversation_ids = fresh_conversations(group)
+    if path == "bare relay":
+        return asyncio.run(websocket_round(servers["bare"], group, conversation_ids, expected, stagger))
+    if path == "pipeline":
+        answers, elapsed = asyncio.run(pipeline_round(conversation_ids, expected, stagger))
+    elif path in ("websocket", "websocket before"):
+        addresses = servers["asgi" if path == "websocket" else "asgi before"]
+        answers, elapsed = asyncio.run(websocket_round(addresses, group, conversation_ids, expected, stagger))
+    else:
+        addresses = servers["asgi"] if path == "sse asgi" else servers["wsgi"]
+        answers, elapsed = asyncio.run(sse_round(addresses, group, conversation_ids, expected, stagger))
+    check_saved(answers)
+    return answers, elapsed
+
+
+def run(loads: list[tuple[int, float]], rounds: int, tokens: int, llm: str, paths: list[str],
+        ws_deflate: bool = False, workers: int = 1, baseline: str | None = None) -> list[list]:
     expected = reply_text(tokens) if llm == "openai" else None
     if llm != "openai":
-        paths = [p for p in paths if p != "model"]
+        paths = [p for p in paths if p not in ("model", "bare relay")]
+    most = max(n for n, _ in loads)
     with tempfile.TemporaryDirectory(prefix="ragchat-bench-stream-") as tmpdir:
         arrivals_log = os.path.join(tmpdir, "arrivals.log")
         model_port = free_port()
-        env = {**os.environ, "RAGCHAT_BENCH_LLM": llm,
+        env = {**os.environ, "RAGCHAT_BENCH_LLM": llm, "RAGCHAT_BENCH_TOKENS": str(tokens),
                "RAGCHAT_BENCH_MODEL_URL": f"http://127.0.0.1:{model_port}/v1", "PYTHONPATH": str(ROOT)}
         os.environ.update({k: env[k] for k in ("RAGCHAT_BENCH_LLM", "RAGCHAT_BENCH_MODEL_URL")})
         with contextlib.ExitStack() as stack:
@@ -463,54 +562,57 @@ def run(clients: list[int], rounds: int, tokens: int, llm: str, stagger: float, 
                                         env, model_port, "model server"))
             db_env = stack.enter_context(database(tmpdir))
             env.update(db_env, DJANGO_SETTINGS_MODULE="bench.streaming_settings")
-            if workers > 1:  # the workers' sockets meet through Redis, under a prefix of this run's
-                env["RAGCHAT_BENCH_REDIS_PREFIX"] = f"ragchat-bench-{secrets.token_hex(4)}"
-            asgi = []
-            for w in range(workers):
-                asgi_port = free_port()
-                asgi.append(stack.enter_context(process([
-                    sys.executable, "-m", "uvicorn", "example_project.asgi:application", "--host", "127.0.0.1",
-                    "--port", str(asgi_port), "--ws-per-message-deflate", str(ws_deflate).lower(),
-                    "--lifespan", "off", "--no-access-log", "--log-level", "warning",
-                ], env, asgi_port, f"uvicorn {w}")))
-            wsgi_port = free_port()
-            wsgi = stack.enter_context(process([
-                sys.executable, "-m", "gunicorn", "example_project.wsgi", "--bind", f"127.0.0.1:{wsgi_port}",
-                "--workers", "1", "--worker-class", "gthread", "--threads", str(max(clients) + 4),
-                "--log-level", "warning",
-            ], env, wsgi_port, "gunicorn"))
-            callers = make_callers(max(clients))
-
-            def measure(path: str, n: int) -> tuple[list[Answer], float]:
-                group = callers[:n]
-                if path == "model":
-                    return asyncio.run(model_round(env["RAGCHAT_BENCH_MODEL_URL"], n, expected, stagger))
-                conversation_ids = fresh_conversations(group)
-                if path == "pipeline":
-                    return asyncio.run(pipeline_round(conversation_ids, expected, stagger))
-                if path == "websocket":
-                    return asyncio.run(websocket_round(asgi, group, conversation_ids, expected, stagger))
-                addresses = asgi if path == "sse asgi" else [wsgi]
-                return asyncio.run(sse_round(addresses, group, conversation_ids, expected, stagger))
-
+            servers = start_servers(stack, env, paths, most, ws_deflate, workers, baseline)
+            callers = make_callers(most)
             for path in paths:  # warm-up: connections, vector index, clients
-                measure(path, min(5, max(clients)))
+                measure_round(path, min(5, most), 0.0, env, servers, callers, expected)
             rows = []
-            for n in clients:
-                results = {path: ([], []) for path in paths}
+            for n, stagger in loads:
+                results = {path: ([], [], []) for path in paths}
                 for _ in range(rounds):
                     for path in paths:  # interleaved, so that load from elsewhere spreads evenly
-                        answers, elapsed = measure(path, n)
+                        answers, elapsed = measure_round(path, n, stagger, env, servers, callers, expected)
                         results[path][0].extend(answers)
                         results[path][1].append(sum(a.tokens for a in answers) / elapsed)
+                        results[path][2].append(sum(a.frames for a in answers) / elapsed)
                 arrivals = read_arrivals(arrivals_log) if llm == "openai" else {}
-                rows += [result_row(n, path, *results[path], arrivals) for path in paths]
+                rows += [result_row(load_name(n, stagger), path, *results[path], arrivals) for path in paths]
     return rows
+
+
+def goals(rows: list[list]) -> list[str]:
+    """Issue 27's goals for one worker, from the rows of this run (``--issue27``)."""
+    cell = {(row[0], row[1]): row for row in rows}
+    lines = []
+    for app in ("websocket", "websocket before"):
+        burst, model, bare = cell.get(("100", app)), cell.get(("100", "model")), cell.get(("100", "bare relay"))
+        spread, model_spread = cell.get(("100/5s", app)), cell.get(("100/5s", "model"))
+        if burst and model:
+            over = (burst[2] - model[2]) / 1000
+            lines.append(f"{app}: 100 at once, ttft p50 {over:+.2f} s over the model alone (goal <= 0.4 s): "
+                         f"{'met' if over <= 0.4 else 'missed'}")
+        if burst and bare:
+            share = float(burst[8].replace(",", "")) / float(bare[8].replace(",", ""))
+            lines.append(f"{app}: 100 at once, tokens/s 1/{1 / share:.1f} of the bare relay's (goal >= 1/4): "
+                         f"{'met' if share >= 0.25 else 'missed'}")
+        if spread and model_spread:
+            over = spread[2] - model_spread[2]
+            lines.append(f"{app}: 100 over 5 s, ttft p50 {over:+.1f} ms over the model alone (goal <= 10 ms): "
+                         f"{'met' if over <= 10 else 'missed'}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", default="10,50,100", help="concurrent clients, comma-separated")
+    parser.add_argument("--loads", help='loads, comma-separated: "N" (N clients at once) or "N/S" (N clients '
+                        'spread over S seconds); replaces --clients and --stagger')
+    parser.add_argument("--issue27", action="store_true",
+                        help=f"issue 27's table: --loads {ISSUE_27_LOADS} --paths {','.join(ISSUE_27_PATHS)} "
+                             "(and 'websocket before' with --baseline), and its goals")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="another checkout of the project (e.g. a git archive of the commit before a "
+                             "change): the path 'websocket before' serves its code, in the same run")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per number of clients and path")
     parser.add_argument("--tokens", type=int, default=200, help="tokens per answer")
     parser.add_argument("--llm", choices=["openai", "extractive"], default="openai",
@@ -521,7 +623,8 @@ def main(argv: list[str] | None = None) -> None:
                              "as docs/deployment.md recommends)")
     parser.add_argument("--workers", type=int, default=1,
                         help="uvicorn worker processes; more than one use the Redis channel layer")
-    parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, from: {', '.join(PATHS)}")
+    parser.add_argument("--paths", help=f"comma-separated, from: {', '.join(PATHS)} "
+                        f"(default: {', '.join(DEFAULT_PATHS)})")
     parser.add_argument("--stagger", type=float, default=0.0,
                         help="spread each round's starts evenly over this many seconds (default: all at once)")
     parser.add_argument("--serve-model", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -531,30 +634,40 @@ def main(argv: list[str] | None = None) -> None:
         return serve_model(args.serve_model, args.tokens, args.arrivals)
     if args.quick:
         args.clients, args.rounds, args.tokens = "2,5", 1, 20
-    clients = [int(n) for n in args.clients.split(",")]
-    started = time.perf_counter()
-    paths = [p.strip() for p in args.paths.split(",")]
+    paths = list(ISSUE_27_PATHS if args.issue27 else DEFAULT_PATHS)
+    if args.issue27 and args.baseline:
+        paths.append("websocket before")
+    if args.paths:
+        paths = [p.strip() for p in args.paths.split(",")]
     unknown = set(paths) - set(PATHS)
     if unknown:
         parser.error(f"unknown paths {sorted(unknown)}; choose from {', '.join(PATHS)}")
-    rows = run(clients, args.rounds, args.tokens, args.llm, args.stagger, paths, args.ws_deflate, args.workers)
+    if "websocket before" in paths and not args.baseline:
+        parser.error("the path 'websocket before' needs --baseline DIR")
+    loads = parse_loads(args.loads or (ISSUE_27_LOADS if args.issue27 and not args.quick else
+                                       ",".join(f"{n}/{args.stagger:g}" for n in args.clients.split(","))))
+    started = time.perf_counter()
+    rows = run(loads, args.rounds, args.tokens, args.llm, paths, args.ws_deflate, args.workers, args.baseline)
     from django.db import connection
 
-    start = "all at once" if not args.stagger else f"spread over {args.stagger:g} s"
     deflate = "on" if args.ws_deflate else "off"
     asgi_workers = ("one uvicorn worker (in-memory layer)" if args.workers == 1
                     else f"{args.workers} uvicorn workers (Redis layer)")
-    print(f"Streaming: {args.tokens}-token answers ({args.llm}), N clients starting {start}, "
-          f"{args.rounds} round(s) per cell; {asgi_workers} (websocket compression {deflate}), "
-          f"one gunicorn gthread worker, "
-          f"{connection.vendor}; {machine()}")
-    print("Milliseconds, p50 and p99 over every client of every round. ttft: message sent -> first "
-          "token received. before model: message sent -> the model server receives the request "
-          "(django-ragchat's work: receive, save, retrieve, prompt; and waiting for its turn). "
-          "model -> client: the rest (the model's first token, relayed).")
-    print(table(["clients", "path", "ttft p50", "ttft p99", "before model p50", "before model p99",
-                 "model->client p50", "model->client p99", "tokens/s", "tokens", "incomplete/reordered"],
-                rows))
+    print(f"Streaming: {args.tokens}-token answers ({args.llm}), {args.rounds} round(s) per cell; {asgi_workers} "
+          f"(websocket compression {deflate}), one gunicorn gthread worker, {connection.vendor}; {machine()}")
+    print("load: N clients at once, or N/Ss spread over S seconds. Milliseconds, p50 and p99 over every client "
+          "of every round. ttft: message sent -> first token received. before model: message sent -> the model "
+          "server receives the request (django-ragchat's work: receive, save, retrieve, prompt; and waiting for "
+          "its turn). model -> client: the rest (the model's first token, relayed). tokens/s: the model's tokens "
+          "received per second of the round; frames/s: delta frames (one may carry several tokens). "
+          "lost/dup/reord: tokens lost, duplicated, out of order; saved!=: saved answers that are not the text "
+          "streamed; incomplete/reordered: answers not exactly the model's text or with a gap in the delta "
+          "indexes / answers reordered.")
+    print(table(["load", "path", "ttft p50", "ttft p99", "before model p50", "before model p99",
+                 "model->client p50", "model->client p99", "tokens/s", "frames/s", "tokens", "lost/dup/reord",
+                 "saved!=", "incomplete/reordered"], rows))
+    for line in goals(rows):
+        print(line)
     print(f"load average {os.getloadavg()[0]:.2f}; took {time.perf_counter() - started:.0f} s")
 
 

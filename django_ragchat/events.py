@@ -68,6 +68,10 @@ class Delta(TurnEvent):
     text: str
     index: int  # 0-based position of this piece in the answer: clients can detect gaps
 
+    def to_dict(self) -> dict[str, Any]:
+        # Written out: one per token, and ``dataclasses.asdict`` copies recursively.
+        return {"type": "delta", "text": self.text, "index": self.index}
+
 
 @dataclass(frozen=True)
 class Retry(TurnEvent):

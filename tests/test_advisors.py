@@ -191,7 +191,10 @@ def test_an_around_llm_stream_advisor_streams_text_after_the_models_last_piece_t
     frames = async_to_sync(chat)()
     assert frames[0]["type"] == "ready" and frames[-1]["type"] == "done", frames[-1]
     deltas = [f for f in frames if f["type"] == "delta"]
-    assert [d["text"] for d in deltas[-2:]] == [" -- signed", " by the advisor."]
+    # The advisor's pieces stream as deltas after the model's (the relay may join pieces that
+    # pile up into one delta: transport.relay).
+    assert deltas[-1]["text"].endswith(" -- signed by the advisor.") or [d["text"] for d in deltas[-2:]] == [
+        " -- signed", " by the advisor."]
     assert [d["index"] for d in deltas] == list(range(len(deltas)))
     content = frames[-1]["message"]["content"]
     assert "".join(d["text"] for d in deltas) == content

@@ -42,7 +42,9 @@ def test_a_turn_on_one_worker_streams_to_a_tab_on_the_other(tabs, openai_server)
     seen_by_b = read_turn(tab_b)
     assert seen_by_b == seen_by_a  # every frame, in the same order
     deltas = [f for f in seen_by_b if f["type"] == "delta"]
-    assert len(deltas) == 200 and [d["index"] for d in deltas] == list(range(200))
+    # Deltas that pile up while the relay is behind go out as one (transport.relay): at most
+    # one frame per token, numbered without a gap, spelling the answer.
+    assert 0 < len(deltas) <= 200 and [d["index"] for d in deltas] == list(range(len(deltas)))
     assert "".join(d["text"] for d in deltas) == words(200) == seen_by_b[-1]["message"]["content"]
     assert [f["type"] for f in seen_by_b[:4]] == ["ack", "status", "sources", "status"]
 

@@ -6,9 +6,10 @@ malformed frames with an ``error`` event, keeping the connection open.
 
 Several workers: a socket joins one channel-layer group per conversation it opens. The worker
 that runs a turn sends every event to its own socket directly and ``group_send``s it to the
-conversation's group (``GroupRelay``), so every other socket open on that conversation receives
-the same events in the same order, whichever worker process it is connected to
-(``channels_redis``). A ``cancel`` reaches the turn the same way.
+conversation's group (``transport.relay``: deltas coalesced when the socket is behind, each
+frame encoded once, the group sent to only while another socket is in it), so every other
+socket open on that conversation receives the same events in the same order, whichever worker
+process it is connected to (``channels_redis``). A ``cancel`` reaches the turn the same way.
 
 The channel layer is optional. Without one (no ``CHANNEL_LAYERS``) the socket chats on its
 own: its turns, its cancels and its own answers work; only the sharing between sockets (a
@@ -38,8 +39,9 @@ from django.contrib.auth import SESSION_KEY
 from django_ragchat import permissions
 from django_ragchat.events import PROTOCOL_VERSION, Accepted, Completed, Failed
 from django_ragchat.models import Conversation, Message, ToolInvocation
-from django_ragchat.transport import jsonbody, sessions
+from django_ragchat.transport import jsonbody, relay, sessions
 from django_ragchat.transport import turns as transport
+from django_ragchat.transport.relay import LAYER_CALL_SECONDS, GroupRelay, TurnRelay
 from django_ragchat.transport.turns import TurnRefused
 from django_ragchat.turn import persistence, shutdown
 from django_ragchat.turn.confirmations import DecisionRefused, decide_tool_call
@@ -55,8 +57,6 @@ CLOSE_SESSION_ENDED = 4401
 # logout closes the socket at once through the channel layer; this bounds what an expired or
 # deleted session still receives). Every frame from the client, and every turn's ack, reads it.
 SESSION_RECHECK_SECONDS = 1.0
-# The longest a group_add, group_discard or group_send may take (they take milliseconds).
-LAYER_CALL_SECONDS = 5.0
 
 
 def group_name(conversation_id) -> str:
@@ -87,51 +87,6 @@ def session_is_current(user, session) -> bool:
     if user is not None and user.is_authenticated:
         return str(data.get(SESSION_KEY)) == str(user.pk)
     return True
-
-
-class GroupRelay:
-    """Publishes one turn's frames to its conversation's group, in order, in batches.
-
-    The socket that sent the message gets each frame directly, at once; the group (the other
-    sockets on the conversation, and this one's own channel, which ignores it) gets what
-    accumulated over ``window`` seconds in one message,
-    ``{"type": "ragchat.events", "origin": ..., "frames": [...]}``, one ``group_send`` at a
-    time. A model writing thousands of tokens a second then costs the channel layer tens of
-    messages a second, not thousands, at the price of ``window`` seconds of delay for the
-    watching tabs.
-    """
-
-    window = 0.02
-
-    def __init__(self, channel_layer, group: str, origin: str):
-        self.channel_layer, self.group, self.origin = channel_layer, group, origin
-        self.pending: list[dict] = []
-        self.sending: asyncio.Task | None = None
-
-    def publish(self, frame: dict) -> None:
-        if self.channel_layer is None:
-            return  # no layer: no other socket to tell
-        self.pending.append(frame)
-        if self.sending is None:
-            self.sending = asyncio.create_task(self._send())
-
-    async def _send(self) -> None:
-        try:
-            while self.pending:
-                await asyncio.sleep(self.window)  # let the batch fill
-                frames, self.pending = self.pending, []
-                await asyncio.wait_for(self.channel_layer.group_send(
-                    self.group, {"type": "ragchat.events", "origin": self.origin, "frames": frames}),
-                    LAYER_CALL_SECONDS)
-        except Exception:
-            logger.exception("ragchat: could not publish to %s", self.group)
-        finally:
-            self.sending = None  # no await since the loop's test: publish() starts a new one
-
-    async def flush(self) -> None:
-        """Wait until every frame published so far has been sent."""
-        while self.sending is not None:
-            await asyncio.shield(self.sending)
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
@@ -252,15 +207,25 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             # Turn events relayed through the channel layer: no database work, so the base
             # class's per-message connection cleanup (a thread hop) is skipped.
             if message["origin"] != self.channel_name:  # our own turns were sent directly
-                frames = message["frames"]
-                # A turn's first frame (its ack) is relayed only to a session checked just now;
-                # the rest of a turn to one checked within SESSION_RECHECK_SECONDS.
-                if not await self._session_still_open(fresh=any(f.get("type") == "ack" for f in frames)):
-                    return
-                for frame in frames:
-                    await self._send_frame(frame)
+                await self._relay_from_group(message)
             return
         await super().dispatch(message)
+
+    async def _relay_from_group(self, message: dict) -> None:
+        """Another socket's turn: its frames, encoded once by the worker running it (``texts``;
+        ``frames``, objects, from a worker of an earlier version)."""
+        texts = message.get("texts")
+        if texts is None:
+            texts = [relay.encode(frame) for frame in message.get("frames", ())]
+            ack = any(frame.get("type") == "ack" for frame in message.get("frames", ()))
+        else:
+            ack = bool(message.get("ack"))
+        # A turn's first frame (its ack) is relayed only to a session checked just now; the
+        # rest of a turn to one checked within SESSION_RECHECK_SECONDS.
+        if not await self._session_still_open(fresh=ack):
+            return
+        for text in texts:
+            await self._send_text(text)
 
     # --- the session --------------------------------------------------------------------
 
@@ -448,7 +413,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _run_turn(self, conversation: Conversation | None, content: Any, client_id: str | None,
                         key: str) -> None:
-        group: GroupRelay | None = None
+        relayed: TurnRelay | None = None
         accepted: Accepted | None = None
         ended = False
 
@@ -464,14 +429,16 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 session_key=self.session_key, client_id=client_id or "",
             )) as events:
                 async for event in events:
-                    if group is None:
-                        group = GroupRelay(self.channel_layer, group_name(key), self.channel_name)
+                    if relayed is None:
+                        relayed = TurnRelay(self._send_text,
+                                            GroupRelay(self.channel_layer, group_name(key), self.channel_name))
+                    if isinstance(event, (Completed, Failed)):
+                        ended = True
+                        self._forget(key)  # the answer is saved: the next message may start
                     if isinstance(event, Accepted):
                         accepted = event
-                    ended = isinstance(event, (Completed, Failed))
-                    if ended:
-                        self._forget(key)  # the answer is saved: the next message may start
-                    await self._relay(group, self._frame(event.to_dict(), key, client_id))
+                    # Not awaited: the relay sends while the turn goes on (coalescing deltas).
+                    relayed.push(self._frame(event.to_dict(), key, client_id))
         except TurnRefused as refusal:
             known = None if key.startswith("new:") else key
             await self._send_frame(self._frame(refusal.to_event().to_dict(), known, client_id))
@@ -494,9 +461,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             code = error.get("code", "cancelled")
             stopped = Failed(code=code, message=error.get("message", "The answer was stopped."),
                              assistant_message=payload, retry_after=1 if code == "server_shutdown" else None)
-            await self._relay(group, self._frame(stopped.to_dict(), key, client_id))
-        if group is not None:
-            await group.flush()
+            relayed.push(self._frame(stopped.to_dict(), key, client_id))
+        if relayed is not None:
+            await relayed.flush()
 
     def _forget(self, key: str) -> None:
         if self.turns.get(key) is asyncio.current_task():
@@ -513,14 +480,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             frame["client_id"] = client_id
         return frame
 
-    async def _relay(self, group: GroupRelay, frame: dict) -> None:
-        """Send a turn's frame to this socket and to every other socket on the conversation."""
-        group.publish(frame)
-        await self._send_frame(frame)
-
     async def _send_frame(self, frame: dict) -> None:
         if not self.closed:
-            await self.send_json(frame)
+            await self.send(text_data=relay.encode(frame))
+
+    async def _send_text(self, text: str) -> None:
+        """Send a frame already encoded (``relay.encode``)."""
+        if not self.closed:
+            await self.send(text_data=text)
 
     async def _error(self, code: str, message: str, client_id: str | None = None) -> None:
         await self._send_frame(self._frame(Failed(code=code, message=message).to_dict(), None, client_id))

@@ -1,0 +1,172 @@
+"""Relaying one turn's events to websockets: the socket that sent the message and the other
+sockets watching the conversation (``transport.consumers``).
+
+Per delta, a turn costs as little as the relay can make it:
+
+* **Coalescing.** The turn hands each frame to ``TurnRelay.push`` without waiting for the
+  socket; a writer task sends what is pending. Deltas that pile up while the writer is behind
+  (the worker busy with other turns, the model's pieces arriving faster than they can be
+  sent) go out as one ``delta`` frame carrying their concatenated text. A socket that keeps
+  up gets one frame per piece, as soon as it is written. The relay numbers the deltas it sends
+  (``index`` from 0, with no gap, again from 0 after a ``retry``), so the protocol is
+  unchanged: what a client assembles is the same text.
+* **One encode.** Each frame is encoded to JSON once; the same text goes to the sender's
+  socket and, through the channel layer, to every watching socket.
+* **No publish unwatched.** The conversation's group is sent to only while another socket
+  is in it (``GroupRelay``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+from channels.layers import InMemoryChannelLayer
+
+logger = logging.getLogger(__name__)
+
+# The longest a group_send may take (they take milliseconds).
+LAYER_CALL_SECONDS = 5.0
+
+_encode = json.JSONEncoder().encode  # json.dumps' own output, without its per-call checks
+
+
+def encode(frame: dict) -> str:
+    """A frame's wire text (as ``json.dumps`` writes it)."""
+    return _encode(frame)
+
+
+class GroupRelay:
+    """Publishes one turn's frames, already encoded, to its conversation's group, in order, in
+    batches, while another socket is in the group.
+
+    The group (the other sockets on the conversation, and the sending socket's own channel,
+    which ignores it) gets what accumulated over ``window`` seconds in one message,
+    ``{"type": "ragchat.events", "origin": ..., "texts": [...], "ack": bool}``, one
+    ``group_send`` at a time. A model writing thousands of tokens a second then costs the
+    channel layer tens of messages a second, not thousands, at the price of ``window`` seconds
+    of delay for the watching tabs.
+
+    Whether another socket is in the group is read from the in-memory layer at each frame; on
+    another layer (Redis) it is asked before a batch is sent, at most once every
+    ``watchers_recheck`` seconds, and assumed when the layer cannot tell. A tab that opens the
+    conversation while an answer streams receives the answer from then on.
+    """
+
+    window = 0.02
+    watchers_recheck = 1.0
+
+    def __init__(self, channel_layer, group: str, origin: str | None):
+        self.channel_layer, self.group, self.origin = channel_layer, group, origin
+        self.pending: list[str] = []
+        self.ack = False
+        self.sending: asyncio.Task | None = None
+        self.watched: bool | None = None  # another layer's answer, and when it was asked
+        self.watched_at = 0.0
+
+    def others_here(self) -> bool | None:
+        """Whether another socket is in the group, when the layer tells at no cost; else ``None``."""
+        if isinstance(self.channel_layer, InMemoryChannelLayer):
+            members = self.channel_layer.groups.get(self.group)
+            return bool(members) and any(channel != self.origin for channel in members)
+        return None
+
+    def publish(self, text: str, ack: bool = False) -> None:
+        if self.channel_layer is None or self.others_here() is False:
+            return  # no layer, or nobody else watching: no other socket to tell
+        self.pending.append(text)
+        self.ack = self.ack or ack
+        if self.sending is None:
+            self.sending = asyncio.create_task(self._send())
+
+    async def _send(self) -> None:
+        try:
+            while self.pending:
+                await asyncio.sleep(self.window)  # let the batch fill
+                texts, ack, self.pending, self.ack = self.pending, self.ack, [], False
+                if not await self._watched():
+                    continue
+                await asyncio.wait_for(self.channel_layer.group_send(
+                    self.group, {"type": "ragchat.events", "origin": self.origin, "texts": texts, "ack": ack}),
+                    LAYER_CALL_SECONDS)
+        except Exception:
+            logger.exception("ragchat: could not publish to %s", self.group)
+        finally:
+            self.sending = None  # no await since the loop's test: publish() starts a new one
+
+    async def _watched(self) -> bool:
+        known = self.others_here()
+        if known is not None:
+            return known
+        now = time.monotonic()
+        if self.watched is None or now - self.watched_at >= self.watchers_recheck:
+            self.watched, self.watched_at = await _others_in_group(self.channel_layer, self.group, self.origin), now
+        return self.watched
+
+    async def flush(self) -> None:
+        """Wait until every frame published so far has been sent."""
+        while self.sending is not None:
+            await asyncio.shield(self.sending)
+
+
+async def _others_in_group(layer, group: str, origin: str | None) -> bool:
+    """Whether ``group`` has a member other than ``origin`` on a ``channels_redis`` layer (its
+    sorted set of members); True for a layer that cannot tell, or when asking fails."""
+    try:
+        key = layer._group_key(group)
+        connection = layer.connection(layer.consistent_hash(group))
+        members = await asyncio.wait_for(connection.zrange(key, 0, -1), LAYER_CALL_SECONDS)
+    except Exception:  # not channels_redis, or it failed: publish, as before
+        return True
+    return any(member.decode() != origin for member in members)
+
+
+class TurnRelay:
+    """One turn's frames to the socket that sent the message (``send``) and to the group.
+
+    ``push`` queues a frame and returns at once; the writer task sends, coalescing the deltas
+    pending together into one (module docstring). ``flush`` waits until all is sent.
+    """
+
+    def __init__(self, send: Callable[[str], Awaitable[None]], group: GroupRelay):
+        self.send, self.group = send, group
+        self.pending: deque[dict] = deque()
+        self.index = 0  # the next delta's index on the wire
+        self.writing: asyncio.Task | None = None
+
+    def push(self, frame: dict) -> None:
+        """Queue ``frame`` (owned by the relay from now on: a delta may be extended)."""
+        if frame["type"] == "delta" and self.pending and self.pending[-1]["type"] == "delta":
+            self.pending[-1]["text"] += frame["text"]
+        else:
+            self.pending.append(frame)
+        if self.writing is None:
+            self.writing = asyncio.create_task(self._write())
+
+    async def _write(self) -> None:
+        try:
+            while self.pending:
+                frame = self.pending.popleft()
+                kind = frame["type"]
+                if kind == "delta":
+                    frame["index"], self.index = self.index, self.index + 1
+                elif kind == "retry":
+                    self.index = 0
+                text = encode(frame)
+                self.group.publish(text, ack=kind == "ack")
+                await self.send(text)
+        except Exception:
+            logger.exception("ragchat: could not relay a turn's frame")
+            self.pending.clear()
+        finally:
+            self.writing = None
+
+    async def flush(self) -> None:
+        """Wait until every frame pushed so far has been sent, to the socket and the group."""
+        while self.writing is not None:
+            await asyncio.shield(self.writing)
+        await self.group.flush()

@@ -1,0 +1,127 @@
+"""The websocket relay of a turn's frames (``django_ragchat.transport.relay``), on real channel
+layers (in-memory, and Redis as the suite's two-worker tests run it): deltas that pile up behind a slow socket go out as
+one frame with the same text; a socket that keeps up gets one frame per delta; the group is
+not sent to while no other socket is in it; each frame is encoded once, the same text for the
+sender and the watchers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+
+from channels.layers import InMemoryChannelLayer
+
+from django_ragchat.transport.relay import GroupRelay, TurnRelay, _others_in_group
+
+PIECES = [f" t{i}" for i in range(50)]
+
+
+class Socket:
+    """What a websocket is given to send, in order; ``delay``: each send waits that long (a
+    socket whose writes wait for a slow network)."""
+
+    def __init__(self, delay: float = 0.0):
+        self.delay, self.texts = delay, []
+
+    async def send(self, text: str) -> None:
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        self.texts.append(text)
+
+    def frames(self) -> list[dict]:
+        return [json.loads(t) for t in self.texts]
+
+
+async def stream_a_turn(relay: TurnRelay, pieces: list[str], *, retry_after: int | None = None) -> None:
+    """A turn's frames as the consumer pushes them, each delta in a loop tick of its own."""
+    relay.push({"type": "ack", "conversation_id": "c"})
+    for i, piece in enumerate(pieces):
+        if i == retry_after:
+            relay.push({"type": "retry", "attempt": 1, "guardrail": "g", "conversation_id": "c"})
+        relay.push({"type": "delta", "text": piece, "index": i, "conversation_id": "c"})
+        await asyncio.sleep(0)
+    relay.push({"type": "done", "message": {"content": "".join(pieces)}, "conversation_id": "c"})
+    await relay.flush()
+
+
+def test_deltas_that_pile_up_behind_a_slow_socket_go_out_as_one_frame_with_the_same_text():
+    socket = Socket(delay=0.01)
+    asyncio.run(stream_a_turn(TurnRelay(socket.send, GroupRelay(None, "g", None)), PIECES))
+    frames = socket.frames()
+    deltas = [f for f in frames if f["type"] == "delta"]
+    assert frames[0]["type"] == "ack" and frames[-1]["type"] == "done"
+    assert 1 <= len(deltas) < len(PIECES) / 5  # coalesced: far fewer frames than pieces
+    assert [d["index"] for d in deltas] == list(range(len(deltas)))  # no gap on the wire
+    assert "".join(d["text"] for d in deltas) == "".join(PIECES) == frames[-1]["message"]["content"]
+    assert all(d["conversation_id"] == "c" for d in deltas)
+
+
+def test_a_socket_that_keeps_up_gets_one_frame_per_delta():
+    socket = Socket()
+    asyncio.run(stream_a_turn(TurnRelay(socket.send, GroupRelay(None, "g", None)), PIECES))
+    deltas = [f for f in socket.frames() if f["type"] == "delta"]
+    assert [d["text"] for d in deltas] == PIECES and [d["index"] for d in deltas] == list(range(len(PIECES)))
+
+
+def test_after_a_retry_the_coalesced_deltas_count_from_zero_again():
+    socket = Socket(delay=0.01)
+    asyncio.run(stream_a_turn(TurnRelay(socket.send, GroupRelay(None, "g", None)), PIECES, retry_after=25))
+    frames = socket.frames()
+    at = [f["type"] for f in frames].index("retry")
+    before, after = ([f for f in part if f["type"] == "delta"] for part in (frames[:at], frames[at:]))
+    assert "".join(d["text"] for d in before) == "".join(PIECES[:25])
+    assert "".join(d["text"] for d in after) == "".join(PIECES[25:])
+    assert [d["index"] for d in after] == list(range(len(after))) and after
+
+
+async def pending(layer: InMemoryChannelLayer, channel: str) -> list[dict]:
+    messages = []
+    while not layer.channels.get(channel, asyncio.Queue()).empty():
+        messages.append(await layer.receive(channel))
+    return messages
+
+
+def test_nothing_is_published_while_no_other_socket_watches_then_the_watcher_gets_the_senders_texts():
+    async def scenario():
+        layer = InMemoryChannelLayer()
+        sender, watcher = await layer.new_channel(), await layer.new_channel()
+        await layer.group_add("conv", sender)  # the sending socket is in its conversation's group
+        alone = Socket()
+        await stream_a_turn(TurnRelay(alone.send, GroupRelay(layer, "conv", sender)), PIECES)
+        unwatched = await pending(layer, sender)
+
+        await layer.group_add("conv", watcher)  # a second tab opens the conversation
+        watched = Socket(delay=0.001)
+        await stream_a_turn(TurnRelay(watched.send, GroupRelay(layer, "conv", sender)), PIECES)
+        return alone, unwatched, watched, await pending(layer, watcher), await pending(layer, sender)
+
+    alone, unwatched, watched, to_watcher, to_sender = asyncio.run(scenario())
+    assert unwatched == [] and len(alone.texts) == len(PIECES) + 2  # no group_send at all
+    assert to_watcher and all(m["type"] == "ragchat.events" for m in to_watcher)
+    # The same encoded texts, in the same order, as the sender's socket got; the ack flagged.
+    assert [t for m in to_watcher for t in m["texts"]] == watched.texts
+    assert to_watcher[0]["ack"] is True and len(to_sender) == len(to_watcher)  # its own copy, ignored
+
+
+def test_on_the_redis_layer_the_group_is_asked_whether_another_socket_watches():
+    from channels_redis.core import RedisChannelLayer
+
+    async def scenario():
+        layer = RedisChannelLayer(hosts=[os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")],
+                                  prefix=f"ragchat-test-{secrets.token_hex(4)}")
+        sender, watcher = await layer.new_channel(), await layer.new_channel()
+        try:
+            await layer.group_add("conv", sender)
+            alone = await _others_in_group(layer, "conv", sender)
+            await layer.group_add("conv", watcher)
+            watched = await _others_in_group(layer, "conv", sender)
+            await layer.group_discard("conv", watcher)
+            await layer.group_discard("conv", sender)
+            return alone, watched
+        finally:
+            await layer.flush()
+            await layer.close_pools()
+
+    assert asyncio.run(scenario()) == (False, True)
