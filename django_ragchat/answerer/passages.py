@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from django_ragchat.answerer.vocabulary import Vocabulary, fold, stems, words
+from django_ragchat.answerer.vocabulary import Vocabulary, fold, stem, stems, words
 from django_ragchat.search.subjects import kind_of
 from django_ragchat.text import HEADING_SEPARATOR, normalize, sentences
 from django_ragchat.types import RetrievedChunk
@@ -47,6 +47,9 @@ class Sentence:
     names: tuple[str, ...]  # capitalised name runs it contains, folded ("aurora x2")
     sequence: tuple[frozenset[str], ...] = ()  # the stems at each word position, for proximity
     has_money: bool = False  # an amount of money ("$699", "free"), not only a share ("50%")
+    # The stems of its words outside its name runs: "your card", "books" (so a question's "card"
+    # or "book" is a common word here, not a name of the Adult Card or a Book Bundle).
+    loose: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,14 @@ def name_sequences(text: str, stopwords: frozenset[str]) -> list[tuple[str, str]
     return found
 
 
+def _outside_names(sentence: str, names: tuple[str, ...]) -> frozenset[str]:
+    """The stems of ``sentence``'s words that stand outside its name runs ``names``."""
+    rest = fold(sentence)
+    for name in names:
+        rest = re.sub(rf"\b{re.escape(name)}\b", " ", rest)
+    return frozenset(stem(w) for w in words(rest))
+
+
 def _scorable(body: str, vocabulary: Vocabulary) -> tuple[Sentence, ...]:
     money, share, number = vocabulary.pattern("money"), vocabulary.pattern("share"), vocabulary.pattern("number")
     found = []
@@ -110,14 +121,15 @@ def _scorable(body: str, vocabulary: Vocabulary) -> tuple[Sentence, ...]:
         if len(sentence) < 12 or not is_prose(sentence):
             continue
         has_money = bool(money.search(sentence))
+        names = tuple(dict.fromkeys(folded for _, folded in name_sequences(sentence, vocabulary.stopwords)))
         found.append(Sentence(
             text=sentence, position=position,
             stems=stems(sentence, pairs=True),
             has_currency=has_money or bool(share.search(sentence)),
             has_number=bool(number.search(sentence)),
-            names=tuple(dict.fromkeys(folded for _, folded in name_sequences(sentence, vocabulary.stopwords))),
+            names=names,
             sequence=tuple(stems(word) for word in words(sentence)),
-            has_money=has_money,
+            has_money=has_money, loose=_outside_names(sentence, names),
         ))
     return tuple(found)
 
