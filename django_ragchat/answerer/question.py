@@ -294,6 +294,11 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
         tokens = set(folded.split())
         if not any((tokens | {stem(t) for t in tokens}) & set(e) for e in entities.known) and not tokens <= light:
             need.unknown.append(display)
+    if need.subjects & headed:
+        # "When is Storytime at Central Library?", "Is Millbrook open on Saturdays?": a passage's
+        # subject is what is asked about; the other names are what is asked of it (attribute words).
+        need.subjects &= headed
+        return {w for e in everything | need.subjects if e in headed for w in e}
     return {w for e in everything | need.subjects for w in e}
 
 
