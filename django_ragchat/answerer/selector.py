@@ -136,6 +136,11 @@ def _qualifies_a_fault(key: str, sentence: Sentence, asked: set[str], vocabulary
     return bool(places)
 
 
+def names_subject(sentence: Sentence, subjects: set[Entity]) -> bool:
+    """Whether ``sentence`` has every word of one of ``subjects`` (as a run or not)."""
+    return any(all(stem(t) in sentence.stems for t in subject) for subject in subjects if subject)
+
+
 def _has_other_topic(sentence: Sentence, need: Need, vocabulary: Vocabulary) -> bool:
     """A sentence about a discount or trade-in is not a continuation of a price list."""
     return bool(vocabulary.covers("=discount", sentence.stems)) and not any(
@@ -225,6 +230,10 @@ class _Scoring:
             score -= 0.3
         if self.openings and fold(s.text).startswith(self.openings):
             score += SUBJECT_OPENING_BONUS  # "Zephyr Buds cost $149", not "a replacement bud costs"
+        elif need.subjects and p.subject not in need.subjects and names_subject(s, need.subjects):
+            # A subject no heading is about ("Visitor Card" in "Who can join") is named where it is
+            # stated: "...can buy a Visitor Card for £12 a year", not "...can join for free".
+            score += SUBJECT_OPENING_BONUS
         return Choice(p, s, score, own_cov)
 
 
@@ -264,8 +273,8 @@ class AnswerSelector:
         > Warranty"), or that the sentence opens with. Other names in passing (people, places in
         an encyclopedia article) do not make a sentence off-subject."""
         names = {tuple(n.split()) for n in sentence.names} & known
-        if names & subjects:
-            return True
+        if names & subjects or (passage.subject not in subjects and names_subject(sentence, subjects)):
+            return True  # also "DVDs are lent for one week.": a name that opens a sentence is no run
         if passage.subject not in subjects and not any(
                 {tuple(n.split()) for n in other.names} & subjects for other in passage.sentences):
             return False
