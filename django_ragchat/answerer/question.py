@@ -294,6 +294,9 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
         tokens = set(folded.split())
         if not any((tokens | {stem(t) for t in tokens}) & set(e) for e in entities.known) and not tokens <= light:
             need.unknown.append(display)
+    holding = {h for h in headed for e in need.subjects if set(e) < set(h)}
+    if len(holding) == 1 and not need.subjects & headed:
+        need.subjects |= holding  # "at millbrook": the Millbrook Library, the one subject named so
     if need.subjects & headed:
         # "When is Storytime at Central Library?", "Is Millbrook open on Saturdays?": a passage's
         # subject is what is asked about; the other names are what is asked of it (attribute words).

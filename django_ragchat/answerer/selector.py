@@ -401,6 +401,9 @@ class AnswerSelector:
         known = {p.subject for p in passages if p.subject} | {
             tuple(n.split()) for p in passages for s in p.sentences for n in s.names}
         heads = frozenset(p.subject for p in passages if p.subject)
+        # A name the question asks of its subject ("homework club ... at millbrook") is not
+        # foreign to a passage about that subject, even where a sentence opens with it.
+        known -= need.mentioned - heads
         return [(p, s) for p in passages for s in p.sentences
                 if not need.subjects or self.on_subject(p, s, need.subjects, known, heads)]
 
