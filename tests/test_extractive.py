@@ -627,3 +627,29 @@ def test_a_decline_names_a_narrow_group_as_the_group(sample_docs):
 def test_a_decline_names_the_attribute_not_words_a_question_word_parts(sample_docs):
     answer = ask("we are a company buying 20 aurora x2 for staff what is the warranty on them")
     assert answer.startswith("The documents don't say anything about warranty for the Aurora X2."), answer
+
+
+# --- Markdown tables --------------------------------------------------------------------------
+
+CARD_TABLE = """Who can join and what each card costs:
+
+| Card | Price | Items at a time |
+| --- | --- | --- |
+| Adult Card | free | 20 items |
+| Visitor Card | £12 a year | 4 items |
+"""
+
+
+def test_a_table_row_is_a_sentence_quoted_with_its_column_names():
+    cards = chunk(1, "Library cards > Cards", CARD_TABLE)
+    answer = AnswerSelector().answer(prompt("How much is a Visitor Card?", cards))
+    assert answer == "Visitor Card: price £12 a year; items at a time 4 items [1].", answer
+    answer = AnswerSelector().answer(prompt("How many items at a time on an Adult Card?", cards))
+    assert answer == "Adult Card: price free; items at a time 20 items [1].", answer
+
+
+def test_a_table_row_is_answered_after_ingestion(db, tmp_path):
+    (tmp_path / "cards.md").write_text(f"# Library cards\n\n## Cards\n\n{CARD_TABLE}", encoding="utf-8")
+    ingest_paths([tmp_path])
+    answer = ask("How much does a Visitor Card cost?")
+    assert "Visitor Card: price £12 a year" in answer and "|" not in answer, answer

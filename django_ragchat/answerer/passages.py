@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from django_ragchat.answerer.vocabulary import Vocabulary, fold, stems, words
+from django_ragchat.answerer.vocabulary import Vocabulary, fold, stem, stems, words
 from django_ragchat.search.subjects import kind_of
 from django_ragchat.text import HEADING_SEPARATOR, normalize, sentences
 from django_ragchat.types import RetrievedChunk
@@ -47,6 +47,9 @@ class Sentence:
     names: tuple[str, ...]  # capitalised name runs it contains, folded ("aurora x2")
     sequence: tuple[frozenset[str], ...] = ()  # the stems at each word position, for proximity
     has_money: bool = False  # an amount of money ("$699", "free"), not only a share ("50%")
+    # The stems of its words outside its name runs: "your card", "books" (so a question's "card"
+    # or "book" is a common word here, not a name of the Adult Card or a Book Bundle).
+    loose: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -102,22 +105,79 @@ def name_sequences(text: str, stopwords: frozenset[str]) -> list[tuple[str, str]
     return found
 
 
+_TABLE_RULE_RE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
+_BLOCK_SPLIT_RE = re.compile(r"(\n\s*\n)")
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of a table row: "| a | b |" as written, or "a | b" as the markdown loader
+    stores a row; [] for a line that is no row."""
+    line = line.strip()
+    if line.startswith("|") and line.endswith("|") and len(line) > 1:
+        line = line[1:-1]
+    elif " | " not in line:
+        return []
+    return [" ".join(c.split()) for c in line.split("|")]
+
+
+def _table(block: str) -> str | None:
+    """A block of table rows (its first row the header) as one sentence per row, or None."""
+    lines = [line for line in block.strip().split("\n") if not _TABLE_RULE_RE.match(line)]
+    rows = [_cells(line) for line in lines]
+    if len(rows) < 2 or len({len(r) for r in rows}) != 1 or len(rows[0]) < 2:
+        return None
+    header, body = rows[0], rows[1:]
+    return "\n\n".join(_row_sentence(cells, header) for cells in body)
+
+
+def table_rows(text: str) -> str:
+    """``text`` with each table written as one sentence per row, so a row can be selected and
+    quoted readably: under the header ``Card | Price``, the row ``Visitor Card | £12 a year``
+    reads "Visitor Card: price £12 a year." A table is a block (between blank lines) of rows
+    with the same number of cells, as the markdown loader stores one (``a | b`` per line) or
+    as markdown writes it (``| a | b |`` with a ``| --- |`` rule). Text without one is returned
+    as is. A table a chunk boundary cut reads its first row as the header."""
+    if "|" not in text:
+        return text
+    blocks = _BLOCK_SPLIT_RE.split(text)
+    return "".join(b if "|" not in b else (_table(b) or b) for b in blocks)
+
+
+def _row_sentence(cells: list[str], header: list[str]) -> str:
+    lead, rest = cells[0], cells[1:]
+    # A column name reads in lower case ("price £12 a year"), so it is no name of its own; an
+    # acronym ("RAM") stays as written.
+    names = [h[:1].lower() + h[1:] if h[1:2].islower() else h for h in header[1:]]
+    parts = [f"{h} {c}" if h else c for h, c in zip(names, rest, strict=True) if c]
+    text = f"{lead}: {'; '.join(parts)}" if parts else lead
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def _outside_names(sentence: str, names: tuple[str, ...]) -> frozenset[str]:
+    """The stems of ``sentence``'s words that stand outside its name runs ``names``."""
+    rest = fold(sentence)
+    for name in names:
+        rest = re.sub(rf"\b{re.escape(name)}\b", " ", rest)
+    return frozenset(stem(w) for w in words(rest))
+
+
 def _scorable(body: str, vocabulary: Vocabulary) -> tuple[Sentence, ...]:
     money, share, number = vocabulary.pattern("money"), vocabulary.pattern("share"), vocabulary.pattern("number")
     found = []
-    for position, sentence in enumerate(sentences(body)):
+    for position, sentence in enumerate(sentences(table_rows(body))):
         sentence = sentence.lstrip("-*• ").strip()
         if len(sentence) < 12 or not is_prose(sentence):
             continue
         has_money = bool(money.search(sentence))
+        names = tuple(dict.fromkeys(folded for _, folded in name_sequences(sentence, vocabulary.stopwords)))
         found.append(Sentence(
             text=sentence, position=position,
             stems=stems(sentence, pairs=True),
             has_currency=has_money or bool(share.search(sentence)),
             has_number=bool(number.search(sentence)),
-            names=tuple(dict.fromkeys(folded for _, folded in name_sequences(sentence, vocabulary.stopwords))),
+            names=names,
             sequence=tuple(stems(word) for word in words(sentence)),
-            has_money=has_money,
+            has_money=has_money, loose=_outside_names(sentence, names),
         ))
     return tuple(found)
 

@@ -225,6 +225,9 @@ class _Entities:
 
     known: frozenset[Entity]
     vocabulary: Vocabulary
+    # Stems the passages use outside names ("card" in "your card"): a question's word that is
+    # one of them names no entity on its own ("a library card" is not the Adult Card).
+    common: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, passages: list[Passage], vocabulary: Vocabulary) -> _Entities:
@@ -234,7 +237,7 @@ class _Entities:
                 known.add(p.subject)
             for s in p.sentences:
                 known.update(tuple(n.split()) for n in s.names)
-        return cls(frozenset(known), vocabulary)
+        return cls(frozenset(known), vocabulary, frozenset().union(*(s.loose for p in passages for s in p.sentences)))
 
     def named(self, query_words: set[str], type_words: bool = True) -> set[Entity]:
         """The entities ``query_words`` name. "Zephyr" alone names the Zephyr Buds; a full name
@@ -244,9 +247,10 @@ class _Entities:
         query_words = query_words | {stem(w) for w in query_words}  # "my Zephyrs"
         light = self.vocabulary.stopwords | self.vocabulary.generic
         full = {e for e in self.known if set(e) <= query_words}
+        shared = query_words - light - {w for w in query_words if w in self.common or stem(w) in self.common}
         partial = {e for e in self.known if any(
             type_words or w == e[0] or any(c.isdigit() for c in w)
-            for w in set(e) & query_words - light)} if not full else set()
+            for w in set(e) & shared)} if not full else set()
         # "Zappa" also means the "Frank Zappa" a heading names: add the longer names containing it.
         return (full or partial) | {e for e in self.known if any(set(f) < set(e) for f in full)}
 
@@ -290,6 +294,14 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
         tokens = set(folded.split())
         if not any((tokens | {stem(t) for t in tokens}) & set(e) for e in entities.known) and not tokens <= light:
             need.unknown.append(display)
+    holding = {h for h in headed for e in need.subjects if set(e) < set(h)}
+    if len(holding) == 1 and not need.subjects & headed:
+        need.subjects |= holding  # "at millbrook": the Millbrook Library, the one subject named so
+    if need.subjects & headed:
+        # "When is Storytime at Central Library?", "Is Millbrook open on Saturdays?": a passage's
+        # subject is what is asked about; the other names are what is asked of it (attribute words).
+        need.subjects &= headed
+        return {w for e in everything | need.subjects if e in headed for w in e}
     return {w for e in everything | need.subjects for w in e}
 
 

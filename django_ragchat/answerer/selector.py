@@ -136,6 +136,11 @@ def _qualifies_a_fault(key: str, sentence: Sentence, asked: set[str], vocabulary
     return bool(places)
 
 
+def names_subject(sentence: Sentence, subjects: set[Entity]) -> bool:
+    """Whether ``sentence`` has every word of one of ``subjects`` (as a run or not)."""
+    return any(all(stem(t) in sentence.stems for t in subject) for subject in subjects if subject)
+
+
 def _has_other_topic(sentence: Sentence, need: Need, vocabulary: Vocabulary) -> bool:
     """A sentence about a discount or trade-in is not a continuation of a price list."""
     return bool(vocabulary.covers("=discount", sentence.stems)) and not any(
@@ -225,6 +230,10 @@ class _Scoring:
             score -= 0.3
         if self.openings and fold(s.text).startswith(self.openings):
             score += SUBJECT_OPENING_BONUS  # "Zephyr Buds cost $149", not "a replacement bud costs"
+        elif need.subjects and p.subject not in need.subjects and names_subject(s, need.subjects):
+            # A subject no heading is about ("Visitor Card" in "Who can join") is named where it is
+            # stated: "...can buy a Visitor Card for £12 a year", not "...can join for free".
+            score += SUBJECT_OPENING_BONUS
         return Choice(p, s, score, own_cov)
 
 
@@ -264,8 +273,8 @@ class AnswerSelector:
         > Warranty"), or that the sentence opens with. Other names in passing (people, places in
         an encyclopedia article) do not make a sentence off-subject."""
         names = {tuple(n.split()) for n in sentence.names} & known
-        if names & subjects:
-            return True
+        if names & subjects or (passage.subject not in subjects and names_subject(sentence, subjects)):
+            return True  # also "DVDs are lent for one week.": a name that opens a sentence is no run
         if passage.subject not in subjects and not any(
                 {tuple(n.split()) for n in other.names} & subjects for other in passage.sentences):
             return False
@@ -392,6 +401,9 @@ class AnswerSelector:
         known = {p.subject for p in passages if p.subject} | {
             tuple(n.split()) for p in passages for s in p.sentences for n in s.names}
         heads = frozenset(p.subject for p in passages if p.subject)
+        # A name the question asks of its subject ("homework club ... at millbrook") is not
+        # foreign to a passage about that subject, even where a sentence opens with it.
+        known -= need.mentioned - heads
         return [(p, s) for p in passages for s in p.sentences
                 if not need.subjects or self.on_subject(p, s, need.subjects, known, heads)]
 
@@ -442,9 +454,21 @@ class AnswerSelector:
         """``choices`` scored by their meaning too: each sentence's similarity to what was asked
         (the asking words, or the search query when the attribute came from it)."""
         query = need.searched if need.promoted or not need.asked.strip() else need.asked
-        scores = self.similarity.scores(query, [c.sentence.text for c in choices])
-        return [replace(c, score=c.score + self.semantic_weight * sim, similarity=sim)
-                for c, sim in zip(choices, scores, strict=True)]
+        texts = [c.sentence.text for c in choices]
+        scores = self.similarity.scores(query, texts)
+        # A sentence that states none of the asked words answers on its meaning alone only when it
+        # is close to the question without the subject's name, which every sentence about the
+        # subject shares: "Is there a toy library at Millbrook?" is close to "Millbrook Library is
+        # all on one floor." only by the name (0.83; 0.0 without it).
+        named = {w for subject in need.subjects for w in subject} if query is need.asked else set()
+        unnamed = " ".join(t.group(0) for t in _WORD_RE.finditer(query) if not set(words(t.group(0))) & named)
+        bare = [i for i, c in enumerate(choices) if not c.coverage]
+        gates = list(scores)
+        if named and unnamed and unnamed != query and bare:
+            for i, gate in zip(bare, self.similarity.scores(unnamed, [texts[i] for i in bare]), strict=True):
+                gates[i] = gate
+        return [replace(c, score=c.score + self.semantic_weight * sim, similarity=gate)
+                for c, sim, gate in zip(choices, scores, gates, strict=True)]
 
     def compose(self, best: Choice, choices: list[Choice], need: Need) -> list[Choice]:
         """The best sentence, then the sentences that continue its attribute in its passage; the
