@@ -68,32 +68,28 @@ def stopped_error() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running_turn():
-    """Register the current task as running a turn, for the duration of the block."""
-    task = asyncio.current_task()
-    install()
-    with _lock:
-        _turns[task] = asyncio.get_running_loop()
-    try:
-        yield
-    finally:
-        with _lock:
-            _turns.pop(task, None)
-
-
-@contextlib.contextmanager
-def open_connection():
-    """Register the current task as serving a chat connection, for the duration of the block:
-    if the process is still stopping ``SHUTDOWN_GRACE_SECONDS`` after SIGTERM, it is cancelled."""
+def _registered(registry: dict):
+    """The current task in ``registry`` (with its loop) for the duration of the block."""
     task = asyncio.current_task()
     install()  # the server has installed its handlers by now: chain to them
     with _lock:
-        _connections[task] = asyncio.get_running_loop()
+        registry[task] = asyncio.get_running_loop()
     try:
         yield
     finally:
         with _lock:
-            _connections.pop(task, None)
+            registry.pop(task, None)
+
+
+def running_turn():
+    """Register the current task as running a turn, for the duration of the block."""
+    return _registered(_turns)
+
+
+def open_connection():
+    """Register the current task as serving a chat connection, for the duration of the block:
+    if the process is still stopping ``SHUTDOWN_GRACE_SECONDS`` after SIGTERM, it is cancelled."""
+    return _registered(_connections)
 
 
 def install() -> None:
