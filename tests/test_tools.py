@@ -8,6 +8,7 @@ retrieval offered as a tool. See docs/tools.md."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from decimal import Decimal
@@ -324,7 +325,8 @@ def test_an_anonymous_visitor_is_not_offered_the_order_tools(use_tools, openai_s
 def test_bob_asking_for_alices_order_through_the_tool_gets_nothing_of_it(use_tools, openai_server, user,
                                                                           other_user):
     use_tools(["order_status"])
-    make_order(user, "ORD-17", items="Nimbus Tab with stylus", tracking_number="ALICE-TRACK-1")
+    make_order(user, "ORD-17", items="Nimbus Tab with stylus", tracking_number="ALICE-TRACK-1",
+               total=Decimal("4817.63"))
     make_order(other_user, "ORD-18", items="Zephyr Buds")
     openai_server.script(tool_calls(call("order_status", order_number="ORD-17", id="probe")), echo_tool_results)
     bobs = Conversation.objects.create(owner=other_user)
@@ -334,8 +336,10 @@ def test_bob_asking_for_alices_order_through_the_tool_gets_nothing_of_it(use_too
     assert result["error"] == {"code": "tool_error", "message": "There is no order ORD-17 on this customer's account."}
     everything = json.dumps(events) + json.dumps(chats(openai_server)) + json.dumps(list(
         ToolInvocation.objects.values("content", "arguments"))) + json.dumps(TurnTrace.objects.get().data)
-    for secret in ("Nimbus Tab", "ALICE-TRACK-1", "PostNord", "699"):
+    for secret in ("Nimbus Tab", "ALICE-TRACK-1", "PostNord"):
         assert secret not in everything
+    # Her total as a number on its own: the trace's millisecond timings are digits too.
+    assert not re.search(r"(?<![\d.])4817\.63(?!\d)", everything)
     # The same answer as for an order that exists nowhere: numbers cannot be probed.
     openai_server.script(tool_calls(call("order_status", order_number="ORD-99999")), echo_tool_results)
     other = run_turn_sync(bobs, "And ORD-99999?")
