@@ -7,7 +7,7 @@
 #      .venv         Python 3.11 (python3), Django 5.2 LTS
 #      .venv-django61 Python 3.12, Django 6.1
 #   3. ruff check (pyflakes, pycodestyle errors, isort, bugbear; config in pyproject.toml);
-#   4. the whole suite on each combination, on SQLite and, side by side, on PostgreSQL with pgvector
+#   4. the whole suite on each combination, on SQLite and on PostgreSQL with pgvector, all side by side
 #      (a PostgreSQL test that would skip fails there: RAGCHAT_REQUIRE_POSTGRES=1).
 # pytest's exit 5 (no test collected) is a failure. Extra arguments go to every pytest run
 # (e.g. `bash scripts/test.sh -k pipeline`). RAGCHAT_TEST_MATRIX=5.2 (or 6.1) runs one
@@ -71,20 +71,35 @@ show() {
   [[ $(cat "$logs/$slot.rc") -eq 0 ]]
 }
 
-# The SQLite and the PostgreSQL run of one combination go side by side: a run spends about
-# half its time waiting on the servers, browsers and sockets it starts (on 2 cores: 372 s for
-# both instead of 700 s one after the other). Every live test keys its Redis entries by its own
-# prefix and picks free ports, so the two do not meet; only one run at a time uses PostgreSQL.
-# RAGCHAT_TEST_SERIAL=1 runs them one after the other.
+# Every run goes at once: the four of the matrix (two Django versions, SQLite and PostgreSQL)
+# side by side. One run keeps about half a core busy and spends the rest waiting on the servers,
+# browsers and sockets it starts (49 % of one core over test_sse, test_websocket and
+# test_browser), so on 2 cores four at once take little longer than the slowest alone. Every
+# live test keys its Redis entries by its own prefix and picks free ports, and every run makes
+# its own test database (tests/settings.py), so runs do not meet.
+# RAGCHAT_TEST_JOBS=N runs at most N at a time (RAGCHAT_TEST_SERIAL=1 is RAGCHAT_TEST_JOBS=1).
+jobs=${RAGCHAT_TEST_JOBS:-4}
+[[ -n ${RAGCHAT_TEST_SERIAL:-} ]] && jobs=1
+python_of() { if [[ $1 == 5.2 ]]; then echo .venv/bin/python; else echo .venv-django61/bin/python; fi; }
+running=0
+start_run() {  # start_run SLOT CMD...: in the background, waiting while $jobs runs are going
+  if (( running >= jobs )); then wait -n; running=$(( running - 1 )); fi
+  run "$@" &
+  running=$(( running + 1 ))
+}
+slots=()
 for combo in $matrix; do
-  if [[ $combo == 5.2 ]]; then py=.venv/bin/python; else py=.venv-django61/bin/python; fi
+  py=$(python_of "$combo")
+  start_run "$combo-sqlite" env -u DATABASE_URL "$py" -m pytest -p no:cacheprovider "$@"
+  start_run "$combo-postgres" env DATABASE_URL="$PG_URL" RAGCHAT_REQUIRE_POSTGRES=1 \
+    "$py" -m pytest -p no:cacheprovider "$@"
+  slots+=("$combo")
+done
+echo "=== $(( ${#slots[@]} * 2 )) runs started, at most $jobs at a time ($(elapsed) so far) ==="
+wait
+for combo in "${slots[@]}"; do
+  py=$(python_of "$combo")
   name="Django $("$py" -c 'import django; print(django.get_version())') on Python $("$py" -c 'import platform; print(platform.python_version())')"
-  echo "=== $name: SQLite and PostgreSQL ($(elapsed) so far) ==="
-  run "$combo-sqlite" env -u DATABASE_URL "$py" -m pytest -p no:cacheprovider "$@" &
-  [[ -n ${RAGCHAT_TEST_SERIAL:-} ]] && wait
-  run "$combo-postgres" env DATABASE_URL="$PG_URL" RAGCHAT_REQUIRE_POSTGRES=1 \
-    "$py" -m pytest -p no:cacheprovider "$@" &
-  wait
   show "$combo-sqlite" "$name, SQLite" || status=1
   show "$combo-postgres" "$name, PostgreSQL" || status=1
 done

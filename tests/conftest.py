@@ -55,19 +55,37 @@ Zephyr Buds come with a two-year warranty that covers battery failure.
 }
 
 
+# What a test may not ask for when it says its database is its own.
+DATABASE_FIXTURES = {"db", "transactional_db", "live_server"}
+
+
 def pytest_collection_modifyitems(config, items):
     """On SQLite, PostgreSQL-only tests are deselected (they run in the PostgreSQL pass of
     scripts/test.sh), so the SQLite pass reports no skips. With RAGCHAT_REQUIRE_POSTGRES=1 they
-    are kept, and fail if the database is not PostgreSQL (tests/pg.py)."""
+    are kept, and fail if the database is not PostgreSQL (tests/pg.py).
+
+    On PostgreSQL, ``own_database`` tests are deselected: their sites run on SQLite files of
+    their own whatever the pass, so the PostgreSQL pass would run them a second time for
+    nothing. A test marked so that touches the pass's database is a collection error."""
     from django.conf import settings
 
-    if "postgresql" in settings.DATABASES["default"]["ENGINE"] or os.environ.get("RAGCHAT_REQUIRE_POSTGRES") == "1":
+    for item in items:
+        if item.get_closest_marker("own_database") is not None:
+            used = DATABASE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+            if used or item.get_closest_marker("django_db") is not None:
+                raise pytest.UsageError(f"{item.nodeid} is marked own_database but uses the test database "
+                                        f"({', '.join(sorted(used)) or 'django_db'})")
+    on_postgres = "postgresql" in settings.DATABASES["default"]["ENGINE"]
+    if on_postgres or os.environ.get("RAGCHAT_REQUIRE_POSTGRES") == "1":
+        left_out = "own_database" if on_postgres else None
+    else:
+        left_out = "postgres"
+    if left_out is None:
         return
-    selected = [item for item in items if item.get_closest_marker("postgres") is None]
-    deselected = [item for item in items if item.get_closest_marker("postgres") is not None]
+    deselected = [item for item in items if item.get_closest_marker(left_out) is not None]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
-        items[:] = selected
+        items[:] = [item for item in items if item.get_closest_marker(left_out) is None]
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# Its sites run on SQLite files of their own: the PostgreSQL pass leaves it out (tests/conftest.py).
+pytestmark = pytest.mark.own_database
+
 ROOT = Path(__file__).resolve().parent.parent
 RENDER = (
     "from django.template.loader import render_to_string; from django.test import RequestFactory; "

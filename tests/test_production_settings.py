@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# Its sites run on SQLite files of their own: the PostgreSQL pass leaves it out (tests/conftest.py).
+pytestmark = pytest.mark.own_database
+
 ROOT = Path(__file__).resolve().parent.parent
 DJANGO_VARS = ("DJANGO_DEBUG", "DJANGO_SECRET_KEY", "DJANGO_ALLOWED_HOSTS", "DATABASE_URL", "OPENAI_API_KEY",
                "RAGCHAT_LLM_BASE_URL", "DJANGO_SETTINGS_MODULE", "REDIS_URL", "RAGCHAT_USER_RETENTION_DAYS",

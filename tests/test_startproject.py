@@ -44,7 +44,8 @@ DOCS = {
 }
 PASSWORD = "a-long-test-password-1"
 
-pytestmark = pytest.mark.slow
+# Its sites run on SQLite files of their own: the PostgreSQL pass leaves it out (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.own_database]
 
 
 # --- the snippets --------------------------------------------------------------------------
