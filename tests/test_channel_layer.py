@@ -95,7 +95,9 @@ def test_a_failing_channel_layer_neither_drops_the_socket_nor_loses_the_turn(
         broken_layer_server, cleanup, product_corpus, user):
     conversation = Conversation.objects.create(owner=user)
     assert_answered_and_saved(answer_over(broken_layer_server, user, conversation), conversation)
-    assert "channel layer" in broken_layer_server.log_tail(200)  # the failure is logged
+    # The failure is logged (anywhere in the log: each entry carries redis-py's traceback, whose
+    # length depends on its version).
+    assert "ragchat: channel layer group_add failed" in broken_layer_server.log_tail(100_000)
 
 
 def test_an_idle_socket_on_the_documented_redis_layer_still_answers(redis_layer_server, cleanup, product_corpus, user):

@@ -94,7 +94,7 @@ class GroupRelay:
                     self.group, {"type": "ragchat.events", "origin": self.origin, "texts": texts, "ack": ack}),
                     LAYER_CALL_SECONDS)
         except Exception:
-            logger.exception("ragchat: could not publish to %s", self.group)
+            logger.exception("ragchat: could not publish to channel layer group %s", self.group)
         finally:
             self.sending = None  # no await since the loop's test: publish() starts a new one
 
