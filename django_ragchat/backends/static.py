@@ -37,6 +37,8 @@ WORDLLAMA_WEIGHTS = ("weights", "l2_supercat_256.safetensors")
 WORDLLAMA_TOKENIZER = ("tokenizers", "l2_supercat_tokenizer_config.json")
 #: Texts longer than this many tokens are cut (a chunk's vector is its first 512 tokens' mean).
 MAX_TOKENS = 512
+#: Every float16 bit pattern's float32 value (index: the pattern as an unsigned 16-bit number).
+_HALF_TO_FLOAT = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 class StaticModelUnavailable(Exception):
@@ -103,6 +105,11 @@ class StaticModel:
         self.dimension = int(table.shape[1])
         self.rows = int(table.shape[0] if mapping is None else mapping.shape[0])
         self._lock = threading.Lock()  # a Tokenizer is not documented as safe to share across threads
+        # Half floats are read through a table of every one of their 65,536 bit patterns (256 KB):
+        # the same float32 values as ``astype``, whose element-wise conversion is some 10 times slower.
+        self._halves = _HALF_TO_FLOAT if self.table.dtype == np.float16 else None
+        # The tokenizer's batch call without character offsets (tokenizers >= 0.21): the same ids.
+        self._encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
 
     @classmethod
     def from_files(cls, tokenizer_file: Path, weights_file: Path, *, name: str, tensor: str = "embedding.weight",
@@ -121,8 +128,14 @@ class StaticModel:
 
     def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
         with self._lock:
-            encoded = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
+            encoded = self._encode_batch(list(texts), add_special_tokens=False)
         return [e.ids[:MAX_TOKENS] for e in encoded]
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """The table's rows ``ids`` as float32 (a copy)."""
+        if self._halves is not None:
+            return np.take(self._halves, np.take(self.table.view(np.uint16), ids, axis=0))
+        return self.table[ids].astype(np.float32)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
@@ -135,14 +148,16 @@ class StaticModel:
             return out
         ids = np.fromiter((i for ids in ids_per_text for i in ids), dtype=np.int64, count=int(lengths.sum()))
         np.clip(ids, 0, self.rows - 1, out=ids)
-        rows = self.table[ids if self.mapping is None else self.mapping[ids]].astype(np.float32)
+        rows = self.rows_of(ids if self.mapping is None else self.mapping[ids])
         if self.token_weights is not None:
             rows *= self.token_weights[ids].astype(np.float32)[:, None]
-        # Each text's sum as a difference of running sums (much faster than np.add.reduceat).
-        running = np.zeros((len(ids) + 1, self.dimension), dtype=np.float32)
-        np.cumsum(rows, axis=0, out=running[1:])
+        # Each text's sum as a difference of running sums (much faster than np.add.reduceat), the
+        # sums run along the contiguous axis (dimension-major: the same additions in the same order
+        # as along the tokens' axis, about three times faster).
+        running = np.zeros((self.dimension, len(ids) + 1), dtype=np.float32)
+        np.cumsum(rows.T, axis=1, out=running[:, 1:])
         ends = np.cumsum(lengths)
-        out[:] = running[ends] - running[ends - lengths]
+        out[:] = (running[:, ends] - running[:, ends - lengths]).T
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         np.divide(out, norms, out=out, where=norms > 0)
         return out
