@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from django_ragchat.answerer.vocabulary import Vocabulary, fold, stem, stems, words
+from django_ragchat.answerer.vocabulary import Vocabulary, fold, stem, stems, stems_of, words
 from django_ragchat.search.subjects import kind_of
 from django_ragchat.text import HEADING_SEPARATOR, normalize, sentences
 from django_ragchat.types import RetrievedChunk
@@ -161,6 +161,12 @@ def _outside_names(sentence: str, names: tuple[str, ...]) -> frozenset[str]:
     return frozenset(stem(w) for w in words(rest))
 
 
+@lru_cache(maxsize=65536)
+def _word_stems(word: str) -> frozenset[str]:
+    """``stems(word)`` of one word of a sentence (cached: a passage repeats its words)."""
+    return stems(word)
+
+
 def _scorable(body: str, vocabulary: Vocabulary) -> tuple[Sentence, ...]:
     money, share, number = vocabulary.pattern("money"), vocabulary.pattern("share"), vocabulary.pattern("number")
     found = []
@@ -170,13 +176,14 @@ def _scorable(body: str, vocabulary: Vocabulary) -> tuple[Sentence, ...]:
             continue
         has_money = bool(money.search(sentence))
         names = tuple(dict.fromkeys(folded for _, folded in name_sequences(sentence, vocabulary.stopwords)))
+        tokens = words(sentence)
         found.append(Sentence(
             text=sentence, position=position,
-            stems=stems(sentence, pairs=True),
+            stems=stems_of(tokens, pairs=True),
             has_currency=has_money or bool(share.search(sentence)),
             has_number=bool(number.search(sentence)),
             names=names,
-            sequence=tuple(stems(word) for word in words(sentence)),
+            sequence=tuple(map(_word_stems, tokens)),
             has_money=has_money, loose=_outside_names(sentence, names),
         ))
     return tuple(found)
@@ -202,8 +209,9 @@ def _analyse_text(text: str, heading: str, title: str,
 
 
 def clear_passage_cache() -> None:
-    """Forget the cached sentence analyses (``_analyse_text``)."""
+    """Forget the cached sentence analyses (``_analyse_text``, and the words' stems it keeps)."""
     _analyse_text.cache_clear()
+    _word_stems.cache_clear()
 
 
 def build_passages(documents: Iterable[RetrievedChunk], vocabulary: Vocabulary) -> list[Passage]:

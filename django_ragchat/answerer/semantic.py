@@ -83,6 +83,9 @@ class NearWords(Vocabulary):
         self._threshold = threshold
         self._evidence = evidence
         self._near: dict[str, frozenset[str]] = {}
+        # A turn asks the same (key, sentence) many times (weights, exclusions, coverage, word
+        # places): each answer is kept for the turn, as the words' neighbours are.
+        self._covered: dict[tuple[str, frozenset[str]], float] = {}
 
     def near(self, word: str) -> frozenset[str]:
         """The passages' stems whose words the model finds close to ``word`` (a stem)."""
@@ -94,14 +97,17 @@ class NearWords(Vocabulary):
                 self._matrix = self._similarity.vectors(list(self._passage_words.values()))
             if surface and self._matrix is not None:
                 sims = self._matrix @ self._similarity.vectors([surface])[0]
-                found = frozenset(s for s, sim in zip(self._stems, sims, strict=True)
-                                  if sim >= self._threshold and s != word)
+                found = frozenset(s for s in map(self._stems.__getitem__, np.flatnonzero(sims >= self._threshold))
+                                  if s != word)
             self._near[word] = found
         return found
 
     def covers(self, key: str, text_stems: frozenset[str]) -> float:
-        found = super().covers(key, text_stems)
-        if found or key.startswith("~"):
-            return found
-        word = key.partition("=")[0]
-        return self._evidence if word and not self.near(word).isdisjoint(text_stems) else 0.0
+        found = self._covered.get((key, text_stems))
+        if found is None:
+            found = super().covers(key, text_stems)
+            if not found and not key.startswith("~"):
+                word = key.partition("=")[0]
+                found = self._evidence if word and not self.near(word).isdisjoint(text_stems) else 0.0
+            self._covered[key, text_stems] = found
+        return found

@@ -66,8 +66,12 @@ def stems(text: str, pairs: bool = False) -> frozenset[str]:
     states "inch" (a size), "two-year" states "year". With ``pairs``, also each two neighbouring
     words as one hyphenated stem, as the table stores its two-word phrases ("wireless charging"
     is "wireless-charg"), so a sentence states a phrase group only where it has the phrase."""
+    return stems_of(words(text), pairs)
+
+
+def stems_of(tokens: list[str], pairs: bool = False) -> frozenset[str]:
+    """``stems`` of a text whose ``words`` are ``tokens``."""
     found = set()
-    tokens = words(text)
     for word in tokens:
         found.add(stem(word))
         if "-" in word:
