@@ -92,6 +92,10 @@ def name_sequences(text: str, stopwords: frozenset[str]) -> list[tuple[str, str]
 
     for m in _NAME_TOKEN_RE.finditer(text[:_MAX_SCAN_CHARS]):
         token = m.group(0)
+        if not token[:1].isupper():  # neither a capitalised word nor a code: it ends a run
+            if run:
+                close()
+            continue
         adjacent = bool(run) and text[run[-1].end():m.start()].strip() == ""
         capital = token[:1].isupper() and any(c.islower() for c in token[1:]) if len(token) > 1 else False
         code = bool(run) and adjacent and any(c.isdigit() for c in token) and token[:1].isupper()

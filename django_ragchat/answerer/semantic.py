@@ -57,12 +57,15 @@ class SentenceSimilarity:
                 found.append(self._vectors[text])
         return np.vstack(found) if found else np.zeros((0, 0), dtype=np.float32)
 
-    def scores(self, query: str, texts: Sequence[str]) -> list[float]:
-        """The similarity of each of ``texts`` to ``query`` (-1 to 1)."""
+    def scores(self, query: str, texts: Sequence[str], *others: str) -> list[float] | list[list[float]]:
+        """The similarity of each of ``texts`` to ``query`` (-1 to 1); with ``others`` (more
+        queries), one such list per query, ``query``'s first (all embedded in one batch)."""
         if not texts:
-            return []
-        found = self.vectors([query, *texts])
-        return [float(s) for s in found[1:] @ found[0]]
+            return [[] for _ in range(1 + len(others))] if others else []
+        found = self.vectors([query, *texts, *others])
+        rows = found[1:len(texts) + 1]
+        per_query = [[float(s) for s in rows @ found[i]] for i in (0, *range(len(texts) + 1, len(found)))]
+        return per_query if others else per_query[0]
 
 
 class NearWords(Vocabulary):
@@ -94,7 +97,9 @@ class NearWords(Vocabulary):
             found = frozenset()
             surface = self._surface.get(word)
             if surface and self._matrix is None and self._passage_words:
-                self._matrix = self._similarity.vectors(list(self._passage_words.values()))
+                # The question's words in the same batch: one call to the model for the turn's words.
+                found = self._similarity.vectors([*self._passage_words.values(), *self._surface.values()])
+                self._matrix = found[:len(self._passage_words)]
             if surface and self._matrix is not None:
                 sims = self._matrix @ self._similarity.vectors([surface])[0]
                 found = frozenset(s for s in map(self._stems.__getitem__, np.flatnonzero(sims >= self._threshold))
