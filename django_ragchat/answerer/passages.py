@@ -165,10 +165,10 @@ def _outside_names(sentence: str, names: tuple[str, ...]) -> frozenset[str]:
     return frozenset(stem(w) for w in words(rest))
 
 
-@lru_cache(maxsize=65536)
 def _word_stems(word: str) -> frozenset[str]:
-    """``stems(word)`` of one word of a sentence (cached: a passage repeats its words)."""
-    return stems(word)
+    """``stems(word)`` of one word of a sentence's ``words``: a word of ASCII letters and digits
+    (no apostrophe, no hyphen) is its own only word, so its stems are its stem alone."""
+    return frozenset((stem(word),)) if word.isascii() and word.isalnum() else stems(word)
 
 
 def _scorable(body: str, vocabulary: Vocabulary) -> tuple[Sentence, ...]:
@@ -213,9 +213,8 @@ def _analyse_text(text: str, heading: str, title: str,
 
 
 def clear_passage_cache() -> None:
-    """Forget the cached sentence analyses (``_analyse_text``, and the words' stems it keeps)."""
+    """Forget the cached sentence analyses (``_analyse_text``)."""
     _analyse_text.cache_clear()
-    _word_stems.cache_clear()
 
 
 def build_passages(documents: Iterable[RetrievedChunk], vocabulary: Vocabulary) -> list[Passage]:
