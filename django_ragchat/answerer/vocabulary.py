@@ -160,6 +160,10 @@ class Vocabulary:
             for s in group_stems:
                 of_stem.setdefault(s, []).append(label)
         self.of_stem = {k: tuple(v) for k, v in of_stem.items()}
+        by_initial: dict[str, list[str]] = {}
+        for s in self.of_stem:
+            by_initial.setdefault(s[:1], []).append(s)
+        self.stems_by_initial = {k: tuple(v) for k, v in by_initial.items()}  # the typo check's candidates
         phrases_from: dict[str, list[int]] = {}
         for index, tokens in enumerate(self.stemmed):
             phrases_from.setdefault(tokens[0], []).append(index)
