@@ -6,6 +6,7 @@ answerer with the language tables it had before issue 25), per document collecti
     .venv/bin/python bench/bench_extractive.py --collection sample_docs --show tuning
     .venv/bin/python bench/bench_extractive.py --heldout            # also the held-out sets: run ONCE, never read
     .venv/bin/python bench/bench_extractive.py --no-canard
+    .venv/bin/python bench/bench_extractive.py --no-canard --no-cost --dump answers.jsonl  # to diff two versions
 
 1. **Labelled sets**, per collection ``bench/data/<collection>/`` (``bench/data/README.md``): its
    ``subjects.json`` names the subjects an answer may be off on ({name: regular expression}, or
@@ -237,6 +238,16 @@ def labelled_report(items: list[dict], answers: dict[str, dict[str, str]], colle
     return table(headers, rows)
 
 
+def dump(path: Path, name: str, items: list[dict], answers: dict[str, dict[str, str]]) -> None:
+    """Append each tuning item's answers to ``path``, one JSON line each (held-out ones never)."""
+    with open(path, "a", encoding="utf-8") as f:
+        for item in items:
+            if item["split"].startswith("heldout"):
+                continue
+            f.write(json.dumps({"collection": name, "id": item["id"], "question": item["question"],
+                                **{a: answers[a][item["id"]] for a in ANSWERERS}}, ensure_ascii=False) + "\n")
+
+
 def show(items: list[dict], answers: dict[str, dict[str, str]], split: str, collection: Collection) -> str:
     lines = []
     for item in items:
@@ -397,7 +408,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--show", choices=("tuning",), help="print the answers of the tuning set (never a held-out one)")
     parser.add_argument("--no-canard", action="store_true")
     parser.add_argument("--dialogs", type=int, default=None, help="CANARD dialogs to use (default all 150)")
+    parser.add_argument("--dump", type=Path, default=None,
+                        help="write every tuning answer to this file, one JSON line each (to diff two runs)")
+    parser.add_argument("--no-cost", action="store_true", help="skip part 3 (the answerer's cost)")
     args = parser.parse_args(argv)
+    if args.dump and args.heldout:
+        parser.error("--dump writes tuning answers only: it cannot be used with --heldout")
+    if args.dump:
+        args.dump.write_text("", encoding="utf-8")
     from django.test.utils import override_settings
 
     with bench_database() as database, override_settings(RAGCHAT=RAGCHAT):
@@ -417,11 +435,14 @@ def main(argv: list[str] | None = None) -> None:
                   f"not covered); {database}; {machine()}")
             print()
             print(labelled_report(items, answers, collection))
+            if args.dump:
+                dump(args.dump, name, items, answers)
             if args.show:
                 print()
                 print(show(items, answers, args.show, collection))
             print()
-        print(measure_cost())
+        if not args.no_cost:
+            print(measure_cost())
         if not args.no_canard:
             print()
             print(canard_report(run_canard(args.dialogs)))

@@ -131,6 +131,20 @@ def test_static_model_pools_token_rows_and_weights():
     assert np.allclose(quantised.embed(["a"])[0], [0, 1])  # token 0 reads row 1 of the quantised table
 
 
+def test_a_texts_vector_does_not_depend_on_the_other_texts_of_its_batch():
+    """Each text is summed on its own (the answerer embeds a turn's words and sentences in one
+    batch; ingestion embeds chunks in batches): the same bits as the text embedded alone, in a
+    small batch (tokenized in the calling thread) and a large one (the tokenizer's thread pool)."""
+    model = static.wordllama_model()
+    texts = ["How heavy is the Aurora X2?", "weighs", "", "warranty", "Two-year limited warranty.",
+             "The Nimbus Tab is priced at $449. Students get 10% off the price.", "word " * 600]
+    alone = np.vstack([model.embed([text]) for text in texts])
+    for batch in (texts, texts[::-1], texts * (static.SERIAL_TEXTS // len(texts) + 2)):
+        vectors = model.embed(batch)
+        expected = np.vstack([alone[texts.index(text)] for text in batch])
+        assert np.array_equal(vectors.view(np.uint32), expected.view(np.uint32))
+
+
 # --- The components that read with the model ------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from django_ragchat.answerer.vocabulary import Vocabulary, fold, stem, stems, words
+from django_ragchat.answerer.vocabulary import Vocabulary, fold, stem, stems, stems_of, words
 from django_ragchat.search.subjects import kind_of
 from django_ragchat.text import HEADING_SEPARATOR, normalize, sentences
 from django_ragchat.types import RetrievedChunk
@@ -92,6 +92,10 @@ def name_sequences(text: str, stopwords: frozenset[str]) -> list[tuple[str, str]
 
     for m in _NAME_TOKEN_RE.finditer(text[:_MAX_SCAN_CHARS]):
         token = m.group(0)
+        if not token[:1].isupper():  # neither a capitalised word nor a code: it ends a run
+            if run:
+                close()
+            continue
         adjacent = bool(run) and text[run[-1].end():m.start()].strip() == ""
         capital = token[:1].isupper() and any(c.islower() for c in token[1:]) if len(token) > 1 else False
         code = bool(run) and adjacent and any(c.isdigit() for c in token) and token[:1].isupper()
@@ -161,6 +165,12 @@ def _outside_names(sentence: str, names: tuple[str, ...]) -> frozenset[str]:
     return frozenset(stem(w) for w in words(rest))
 
 
+def _word_stems(word: str) -> frozenset[str]:
+    """``stems(word)`` of one word of a sentence's ``words``: a word of ASCII letters and digits
+    (no apostrophe, no hyphen) is its own only word, so its stems are its stem alone."""
+    return frozenset((stem(word),)) if word.isascii() and word.isalnum() else stems(word)
+
+
 def _scorable(body: str, vocabulary: Vocabulary) -> tuple[Sentence, ...]:
     money, share, number = vocabulary.pattern("money"), vocabulary.pattern("share"), vocabulary.pattern("number")
     found = []
@@ -170,13 +180,14 @@ def _scorable(body: str, vocabulary: Vocabulary) -> tuple[Sentence, ...]:
             continue
         has_money = bool(money.search(sentence))
         names = tuple(dict.fromkeys(folded for _, folded in name_sequences(sentence, vocabulary.stopwords)))
+        tokens = words(sentence)
         found.append(Sentence(
             text=sentence, position=position,
-            stems=stems(sentence, pairs=True),
+            stems=stems_of(tokens, pairs=True),
             has_currency=has_money or bool(share.search(sentence)),
             has_number=bool(number.search(sentence)),
             names=names,
-            sequence=tuple(stems(word) for word in words(sentence)),
+            sequence=tuple(map(_word_stems, tokens)),
             has_money=has_money, loose=_outside_names(sentence, names),
         ))
     return tuple(found)

@@ -164,7 +164,8 @@ class _Corrector:
                 or self.known(word)):
             return match.group(0)
         stemmed = stem(word)
-        found = {c for c in (*self.known_stems, *v.of_stem) if len(c) >= TYPO_MIN_LENGTH and c[0] == word[0]
+        found = {c for c in (*self.known_stems, *v.stems_by_initial.get(word[0], ()))
+                 if len(c) >= TYPO_MIN_LENGTH and c[0] == word[0]
                  and (one_typo(word, c) or one_typo(stemmed, c))}
         if len(found) > 1 and len({v.of_stem.get(c) for c in found}) == 1 and v.of_stem.get(next(iter(found))):
             found = {min(found)}  # "weigth": "weight" or "weigh", the same group either way

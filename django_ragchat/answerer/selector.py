@@ -455,7 +455,6 @@ class AnswerSelector:
         (the asking words, or the search query when the attribute came from it)."""
         query = need.searched if need.promoted or not need.asked.strip() else need.asked
         texts = [c.sentence.text for c in choices]
-        scores = self.similarity.scores(query, texts)
         # A sentence that states none of the asked words answers on its meaning alone only when it
         # is close to the question without the subject's name, which every sentence about the
         # subject shares: "Is there a toy library at Millbrook?" is close to "Millbrook Library is
@@ -463,10 +462,12 @@ class AnswerSelector:
         named = {w for subject in need.subjects for w in subject} if query is need.asked else set()
         unnamed = " ".join(t.group(0) for t in _WORD_RE.finditer(query) if not set(words(t.group(0))) & named)
         bare = [i for i, c in enumerate(choices) if not c.coverage]
-        gates = list(scores)
-        if named and unnamed and unnamed != query and bare:
-            for i, gate in zip(bare, self.similarity.scores(unnamed, [texts[i] for i in bare]), strict=True):
-                gates[i] = gate
+        if named and unnamed and unnamed != query and bare:  # both queries in one batch
+            scores, without_name = self.similarity.scores(query, texts, unnamed)
+            gates = [without_name[i] if not c.coverage else s for i, (c, s) in enumerate(zip(choices, scores, strict=True))]
+        else:
+            scores = self.similarity.scores(query, texts)
+            gates = list(scores)
         return [replace(c, score=c.score + self.semantic_weight * sim, similarity=gate)
                 for c, sim, gate in zip(choices, scores, gates, strict=True)]
 

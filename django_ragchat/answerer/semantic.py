@@ -57,12 +57,15 @@ class SentenceSimilarity:
                 found.append(self._vectors[text])
         return np.vstack(found) if found else np.zeros((0, 0), dtype=np.float32)
 
-    def scores(self, query: str, texts: Sequence[str]) -> list[float]:
-        """The similarity of each of ``texts`` to ``query`` (-1 to 1)."""
+    def scores(self, query: str, texts: Sequence[str], *others: str) -> list[float] | list[list[float]]:
+        """The similarity of each of ``texts`` to ``query`` (-1 to 1); with ``others`` (more
+        queries), one such list per query, ``query``'s first (all embedded in one batch)."""
         if not texts:
-            return []
-        found = self.vectors([query, *texts])
-        return [float(s) for s in found[1:] @ found[0]]
+            return [[] for _ in range(1 + len(others))] if others else []
+        found = self.vectors([query, *texts, *others])
+        rows = found[1:len(texts) + 1]
+        per_query = [[float(s) for s in rows @ found[i]] for i in (0, *range(len(texts) + 1, len(found)))]
+        return per_query if others else per_query[0]
 
 
 class NearWords(Vocabulary):
@@ -83,6 +86,9 @@ class NearWords(Vocabulary):
         self._threshold = threshold
         self._evidence = evidence
         self._near: dict[str, frozenset[str]] = {}
+        # A turn asks the same (key, sentence) many times (weights, exclusions, coverage, word
+        # places): each answer is kept for the turn, as the words' neighbours are.
+        self._covered: dict[tuple[str, frozenset[str]], float] = {}
 
     def near(self, word: str) -> frozenset[str]:
         """The passages' stems whose words the model finds close to ``word`` (a stem)."""
@@ -91,17 +97,22 @@ class NearWords(Vocabulary):
             found = frozenset()
             surface = self._surface.get(word)
             if surface and self._matrix is None and self._passage_words:
-                self._matrix = self._similarity.vectors(list(self._passage_words.values()))
+                # The question's words in the same batch: one call to the model for the turn's words.
+                found = self._similarity.vectors([*self._passage_words.values(), *self._surface.values()])
+                self._matrix = found[:len(self._passage_words)]
             if surface and self._matrix is not None:
                 sims = self._matrix @ self._similarity.vectors([surface])[0]
-                found = frozenset(s for s, sim in zip(self._stems, sims, strict=True)
-                                  if sim >= self._threshold and s != word)
+                found = frozenset(s for s in map(self._stems.__getitem__, np.flatnonzero(sims >= self._threshold))
+                                  if s != word)
             self._near[word] = found
         return found
 
     def covers(self, key: str, text_stems: frozenset[str]) -> float:
-        found = super().covers(key, text_stems)
-        if found or key.startswith("~"):
-            return found
-        word = key.partition("=")[0]
-        return self._evidence if word and not self.near(word).isdisjoint(text_stems) else 0.0
+        found = self._covered.get((key, text_stems))
+        if found is None:
+            found = super().covers(key, text_stems)
+            if not found and not key.startswith("~"):
+                word = key.partition("=")[0]
+                found = self._evidence if word and not self.near(word).isdisjoint(text_stems) else 0.0
+            self._covered[key, text_stems] = found
+        return found

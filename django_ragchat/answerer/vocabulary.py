@@ -66,8 +66,12 @@ def stems(text: str, pairs: bool = False) -> frozenset[str]:
     states "inch" (a size), "two-year" states "year". With ``pairs``, also each two neighbouring
     words as one hyphenated stem, as the table stores its two-word phrases ("wireless charging"
     is "wireless-charg"), so a sentence states a phrase group only where it has the phrase."""
+    return stems_of(words(text), pairs)
+
+
+def stems_of(tokens: list[str], pairs: bool = False) -> frozenset[str]:
+    """``stems`` of a text whose ``words`` are ``tokens``."""
     found = set()
-    tokens = words(text)
     for word in tokens:
         found.add(stem(word))
         if "-" in word:
@@ -156,6 +160,10 @@ class Vocabulary:
             for s in group_stems:
                 of_stem.setdefault(s, []).append(label)
         self.of_stem = {k: tuple(v) for k, v in of_stem.items()}
+        by_initial: dict[str, list[str]] = {}
+        for s in self.of_stem:
+            by_initial.setdefault(s[:1], []).append(s)
+        self.stems_by_initial = {k: tuple(v) for k, v in by_initial.items()}  # the typo check's candidates
         phrases_from: dict[str, list[int]] = {}
         for index, tokens in enumerate(self.stemmed):
             phrases_from.setdefault(tokens[0], []).append(index)
