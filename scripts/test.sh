@@ -72,9 +72,9 @@ show() {
 }
 
 # Every run goes at once: the four of the matrix (two Django versions, SQLite and PostgreSQL)
-# side by side. One run keeps about half a core busy and spends the rest waiting on the servers,
-# browsers and sockets it starts (49 % of one core over test_sse, test_websocket and
-# test_browser), so on 2 cores four at once take little longer than the slowest alone. Every
+# side by side. A run spends part of its time waiting on the servers, browsers and sockets it
+# starts, so on 2 cores four at once end sooner than two pairs one after the other (docs/
+# testing.md has the figures). Every
 # live test keys its Redis entries by its own prefix and picks free ports, and every run makes
 # its own test database (tests/settings.py), so runs do not meet.
 # RAGCHAT_TEST_JOBS=N runs at most N at a time (RAGCHAT_TEST_SERIAL=1 is RAGCHAT_TEST_JOBS=1).
