@@ -88,8 +88,9 @@ def reply_text(tokens: int) -> str:
 MARKER = re.compile(r"#q(\d+)")
 
 
-def serve_model(port: int, tokens: int, arrivals: str) -> None:
-    """The model server; writes ``<marker> <monotonic time>`` to ``arrivals`` for each request."""
+def serve_model(port: int, tokens: int, arrivals: str, token_delay: float = 0.0) -> None:
+    """The model server; writes ``<marker> <monotonic time>`` to ``arrivals`` for each request.
+    ``token_delay``: seconds before each streamed token (0: as fast as the socket takes them)."""
     import socketserver
 
     from django_ragchat.testing.openai_server import FakeOpenAIServer
@@ -111,7 +112,7 @@ def serve_model(port: int, tokens: int, arrivals: str) -> None:
                 log.write(f"{found[-1]} {arrived}\n")
         return answer
 
-    server = FakeOpenAIServer(port=port, default_reply=reply)
+    server = FakeOpenAIServer(port=port, default_reply=reply, token_delay=token_delay)
     server.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -129,9 +130,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def process(argv: list[str], env: dict[str, str], port: int, name: str, cwd: Path = ROOT):
+def process(argv: list[str], env: dict[str, str], port: int, name: str, cwd: Path = ROOT,
+            pids: dict[str, int] | None = None):
+    """Run ``argv`` until the context ends; ``pids[name]`` is its process id (for its RSS and CPU)."""
     log = tempfile.TemporaryFile()
     child = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+    if pids is not None:
+        pids[name] = child.pid
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -493,18 +498,21 @@ def check_saved(answers: list[Answer]) -> None:
 
 
 def start_servers(stack: contextlib.ExitStack, env: dict, paths: list[str], clients: int, ws_deflate: bool,
-                  workers: int, baseline: str | None) -> dict[str, list[str]]:
-    """The server processes the paths need: their addresses by path."""
+                  workers: int, baseline: str | None, redis: bool | None = None,
+                  pids: dict[str, int] | None = None) -> dict[str, list[str]]:
+    """The server processes the paths need: their addresses by path (and their ids in ``pids``).
+    ``redis``: the Redis channel layer (by default with more than one worker)."""
     def uvicorn(app: str, name: str, cwd: Path = ROOT, extra_env: dict | None = None) -> str:
         port = free_port()
         return stack.enter_context(process([
             sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
             "--ws-per-message-deflate", str(ws_deflate).lower(), "--lifespan", "off", "--no-access-log",
             "--log-level", "warning",
-        ], {**env, **(extra_env or {})}, port, name, cwd=cwd))
+        ], {**env, **(extra_env or {})}, port, name, cwd=cwd, pids=pids))
 
     servers: dict[str, list[str]] = {}
-    if workers > 1:  # the workers' sockets meet through Redis, under a prefix of this run's
+    env.pop("RAGCHAT_BENCH_REDIS_PREFIX", None)
+    if workers > 1 if redis is None else redis:  # the workers' sockets meet through Redis, under a prefix of this run's
         env["RAGCHAT_BENCH_REDIS_PREFIX"] = f"ragchat-bench-{secrets.token_hex(4)}"
     if {"websocket", "sse asgi"} & set(paths):
         servers["asgi"] = [uvicorn("example_project.asgi:application", f"uvicorn {w}") for w in range(workers)]
@@ -519,7 +527,7 @@ def start_servers(stack: contextlib.ExitStack, env: dict, paths: list[str], clie
             sys.executable, "-m", "gunicorn", "example_project.wsgi", "--bind", f"127.0.0.1:{wsgi_port}",
             "--workers", "1", "--worker-class", "gthread", "--threads", str(clients + 4),
             "--log-level", "warning",
-        ], env, wsgi_port, "gunicorn"))]
+        ], env, wsgi_port, "gunicorn", pids=pids))]
     return servers
 
 
@@ -544,39 +552,63 @@ def measure_round(path: str, n: int, stagger: float, env: dict, servers: dict, c
     return answers, elapsed
 
 
-def run(loads: list[tuple[int, float]], rounds: int, tokens: int, llm: str, paths: list[str],
-        ws_deflate: bool = False, workers: int = 1, baseline: str | None = None) -> list[list]:
-    expected = reply_text(tokens) if llm == "openai" else None
-    if llm != "openai":
-        paths = [p for p in paths if p not in ("model", "bare relay")]
-    most = max(n for n, _ in loads)
+@dataclass
+class Bench:
+    """What every configuration of a run shares: the model server, the database, the users."""
+
+    env: dict
+    callers: list[Caller]
+    arrivals_log: str
+    expected: str | None
+    pids: dict[str, int]
+
+
+@contextlib.contextmanager
+def bench(tokens: int, llm: str, most: int):
+    """The model server process and a fresh database with ``most`` users logged in."""
     with tempfile.TemporaryDirectory(prefix="ragchat-bench-stream-") as tmpdir:
         arrivals_log = os.path.join(tmpdir, "arrivals.log")
         model_port = free_port()
         env = {**os.environ, "RAGCHAT_BENCH_LLM": llm, "RAGCHAT_BENCH_TOKENS": str(tokens),
                "RAGCHAT_BENCH_MODEL_URL": f"http://127.0.0.1:{model_port}/v1", "PYTHONPATH": str(ROOT)}
         os.environ.update({k: env[k] for k in ("RAGCHAT_BENCH_LLM", "RAGCHAT_BENCH_MODEL_URL")})
+        pids: dict[str, int] = {}
         with contextlib.ExitStack() as stack:
             stack.enter_context(process([sys.executable, __file__, "--serve-model", str(model_port),
                                          "--tokens", str(tokens), "--arrivals", arrivals_log],
-                                        env, model_port, "model server"))
+                                        env, model_port, "model server", pids=pids))
             db_env = stack.enter_context(database(tmpdir))
             env.update(db_env, DJANGO_SETTINGS_MODULE="bench.streaming_settings")
-            servers = start_servers(stack, env, paths, most, ws_deflate, workers, baseline)
-            callers = make_callers(most)
-            for path in paths:  # warm-up: connections, vector index, clients
-                measure_round(path, min(5, most), 0.0, env, servers, callers, expected)
-            rows = []
-            for n, stagger in loads:
-                results = {path: ([], [], []) for path in paths}
-                for _ in range(rounds):
-                    for path in paths:  # interleaved, so that load from elsewhere spreads evenly
-                        answers, elapsed = measure_round(path, n, stagger, env, servers, callers, expected)
-                        results[path][0].extend(answers)
-                        results[path][1].append(sum(a.tokens for a in answers) / elapsed)
-                        results[path][2].append(sum(a.frames for a in answers) / elapsed)
-                arrivals = read_arrivals(arrivals_log) if llm == "openai" else {}
-                rows += [result_row(load_name(n, stagger), path, *results[path], arrivals) for path in paths]
+            yield Bench(env, make_callers(most), arrivals_log, reply_text(tokens) if llm == "openai" else None, pids)
+
+
+def measure_load(b: Bench, servers: dict, paths: list[str], n: int, stagger: float, rounds: int) -> dict:
+    """``rounds`` rounds of ``n`` clients on every path, interleaved (so that load from elsewhere
+    spreads evenly): by path, the answers, tokens/s and frames/s of each round."""
+    results = {path: ([], [], []) for path in paths}
+    for _ in range(rounds):
+        for path in paths:
+            answers, elapsed = measure_round(path, n, stagger, b.env, servers, b.callers, b.expected)
+            results[path][0].extend(answers)
+            results[path][1].append(sum(a.tokens for a in answers) / elapsed)
+            results[path][2].append(sum(a.frames for a in answers) / elapsed)
+    return results
+
+
+def run(loads: list[tuple[int, float]], rounds: int, tokens: int, llm: str, paths: list[str],
+        ws_deflate: bool = False, workers: int = 1, baseline: str | None = None) -> list[list]:
+    if llm != "openai":
+        paths = [p for p in paths if p not in ("model", "bare relay")]
+    most = max(n for n, _ in loads)
+    with bench(tokens, llm, most) as b, contextlib.ExitStack() as stack:
+        servers = start_servers(stack, b.env, paths, most, ws_deflate, workers, baseline)
+        for path in paths:  # warm-up: connections, vector index, clients
+            measure_round(path, min(5, most), 0.0, b.env, servers, b.callers, b.expected)
+        rows = []
+        for n, stagger in loads:
+            results = measure_load(b, servers, paths, n, stagger, rounds)
+            arrivals = read_arrivals(b.arrivals_log) if llm == "openai" else {}
+            rows += [result_row(load_name(n, stagger), path, *results[path], arrivals) for path in paths]
     return rows
 
 
@@ -629,9 +661,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="spread each round's starts evenly over this many seconds (default: all at once)")
     parser.add_argument("--serve-model", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--arrivals", help=argparse.SUPPRESS)
+    parser.add_argument("--token-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_model:
-        return serve_model(args.serve_model, args.tokens, args.arrivals)
+        return serve_model(args.serve_model, args.tokens, args.arrivals, args.token_delay)
     if args.quick:
         args.clients, args.rounds, args.tokens = "2,5", 1, 20
     paths = list(ISSUE_27_PATHS if args.issue27 else DEFAULT_PATHS)
