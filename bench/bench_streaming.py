@@ -612,6 +612,125 @@ def run(loads: list[tuple[int, float]], rounds: int, tokens: int, llm: str, path
     return rows
 
 
+# --- scale-out: 1, 2, 4 workers -------------------------------------------------------------------
+
+SCALEOUT = "1m,1,2,4"  # "1m": one worker on the in-memory layer (the single-process deployment)
+SCALEOUT_LOADS = "100,400"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far, from ``/proc``."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_pids() -> list[int]:
+    """The Redis server's process, if it runs on this machine (its CPU time is counted too)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "redis-server":
+                found.append(int(entry.name))
+    return found
+
+
+def cpu_snapshot(groups: dict[str, list[int]]) -> dict[str, float]:
+    seconds = {}
+    for name, pids in groups.items():
+        total = 0.0
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                total += cpu_seconds(pid)
+        seconds[name] = total
+    return seconds
+
+
+def parse_scaleout(text: str) -> list[tuple[int, bool]]:
+    """``"1m,1,2,4"`` -> (workers, on the Redis layer): ``1m`` is one worker on the in-memory layer."""
+    return [(int(item.strip().rstrip("m")), not item.strip().endswith("m")) for item in text.split(",")]
+
+
+def scaleout(configs: list[tuple[int, bool]], loads: list[tuple[int, float]], rounds: int,
+             tokens: int) -> list[dict]:
+    """The model alone, then the websocket path under each configuration of workers, one after the
+    other, on one database and one model server; per load, the CPU time of each process group."""
+    most = max(n for n, _ in loads)
+    cells = []
+    with bench(tokens, "openai", most) as b:
+        for workers, redis in [(0, False), *configs]:
+            pids: dict[str, int] = {}
+            with contextlib.ExitStack() as stack:
+                path = "websocket" if workers else "model"
+                servers = start_servers(stack, b.env, [path], most, False, workers, None, redis, pids)
+                groups = {"clients": [os.getpid()], "model": [b.pids["model server"]],
+                          "workers": list(pids.values()), "redis": redis_pids()}
+                measure_round(path, min(5, most), 0.0, b.env, servers, b.callers, b.expected)
+                for n, stagger in loads:
+                    cells.append(scaleout_cell(b, servers, path, n, stagger, rounds, groups))
+                    cells[-1].update(workers=workers, redis=redis)
+    return cells
+
+
+def scaleout_cell(b: Bench, servers: dict, path: str, n: int, stagger: float, rounds: int,
+                  groups: dict[str, list[int]]) -> dict:
+    cpu, began = cpu_snapshot(groups), time.perf_counter()
+    results = measure_load(b, servers, [path], n, stagger, rounds)
+    wall, after = time.perf_counter() - began, cpu_snapshot(groups)
+    return {"load": load_name(n, stagger), "row": result_row(load_name(n, stagger), path, *results[path],
+                                                             read_arrivals(b.arrivals_log)),
+            "rate": median(results[path][1]), "cores": {k: (after[k] - cpu[k]) / wall for k in groups}}
+
+
+def scaleout_rows(cells: list[dict]) -> list[list]:
+    """One row per configuration and load; the ratios are to one worker on the Redis layer at the
+    same load (per worker: the ratio / workers, the per-core efficiency while workers <= cores)."""
+    one = {c["load"]: c["rate"] for c in cells if c["workers"] == 1 and c["redis"]}
+    rows = []
+    for c in cells:
+        row, base, cores = c["row"], one.get(c["load"]), c["cores"]
+        name = f"{c['workers']} ({'redis' if c['redis'] else 'memory'})" if c["workers"] else "model alone"
+        rows.append([
+            name, c["load"], row[2], row[3], row[4], row[6],
+            row[8], row[9], f"{c['rate'] / base:.2f}x" if base and c["workers"] else "",
+            f"{c['rate'] / base / c['workers']:.2f}" if base and c["workers"] else "", row[11], row[12], row[13],
+            " / ".join(f"{cores[k]:.2f}" for k in ("clients", "model", "workers", "redis")),
+            f"{sum(cores.values()):.2f}",
+        ])
+    return rows
+
+
+def scaleout_goal(cells: list[dict]) -> list[str]:
+    """Issue 27: 2 workers on Redis at least 1.7x one worker's deltas/s at 100 clients."""
+    rate = {(c["workers"], c["redis"], c["load"]): c["rate"] for c in cells}
+    lines = []
+    for base_redis in (True, False):
+        two, one = rate.get((2, True, "100")), rate.get((1, base_redis, "100"))
+        if two and one:
+            lines.append(f"2 workers (redis) / 1 worker ({'redis' if base_redis else 'memory'}) at 100 clients: "
+                         f"{two / one:.2f}x deltas/s (goal >= 1.7x): {'met' if two / one >= 1.7 else 'missed'}")
+    return lines
+
+
+def print_scaleout(cells: list[dict], args) -> None:
+    from django.db import connection
+
+    print(f"Scale-out: the websocket path, {args.tokens}-token answers, {args.rounds} round(s) per cell, N clients "
+          f"at once split round-robin over the uvicorn workers; {connection.vendor}; {machine()}")
+    print("workers: uvicorn processes (channel layer). Milliseconds, p50/p99 over every client of every round. "
+          "deltas/s: the model's deltas (tokens) received per second of the round, median of the rounds; frames/s: "
+          "websocket delta frames (coalesced). x 1: deltas/s / one worker's on Redis at the same load; per worker: "
+          "that / workers (per-core efficiency up to 2 workers on 2 cores). lost/dup/reord: tokens; saved!=: saved "
+          "answers not the text streamed; incomplete/reordered: answers. CPU cores busy over the rounds (CPU "
+          "seconds / wall seconds) of the client process / the model server / the workers / redis-server "
+          "(shared with the machine), and their sum (2 = both cores).")
+    print(table(["workers", "clients", "ttft p50", "ttft p99", "before model p50", "model->client p50",
+                 "deltas/s", "frames/s", "x 1", "per worker", "lost/dup/reord", "saved!=", "incomplete/reordered",
+                 "cores: clients / model / workers / redis", "cores total"], scaleout_rows(cells)))
+    for line in scaleout_goal(cells):
+        print(line)
+
+
 def goals(rows: list[list]) -> list[str]:
     """Issue 27's goals for one worker, from the rows of this run (``--issue27``)."""
     cell = {(row[0], row[1]): row for row in rows}
@@ -655,6 +774,10 @@ def main(argv: list[str] | None = None) -> None:
                              "as docs/deployment.md recommends)")
     parser.add_argument("--workers", type=int, default=1,
                         help="uvicorn worker processes; more than one use the Redis channel layer")
+    parser.add_argument("--scaleout", nargs="?", const=SCALEOUT, metavar="WORKERS",
+                        help=f"the scale-out table: the websocket path under each number of workers, one after "
+                             f"the other (default {SCALEOUT}; '1m': one worker on the in-memory layer, others on "
+                             f"Redis), at --loads (default {SCALEOUT_LOADS}), with the CPU time of each process")
     parser.add_argument("--paths", help=f"comma-separated, from: {', '.join(PATHS)} "
                         f"(default: {', '.join(DEFAULT_PATHS)})")
     parser.add_argument("--stagger", type=float, default=0.0,
@@ -667,6 +790,11 @@ def main(argv: list[str] | None = None) -> None:
         return serve_model(args.serve_model, args.tokens, args.arrivals, args.token_delay)
     if args.quick:
         args.clients, args.rounds, args.tokens = "2,5", 1, 20
+    if args.scaleout:
+        started = time.perf_counter()
+        loads = parse_loads(args.loads or ("2,5" if args.quick else SCALEOUT_LOADS))
+        print_scaleout(scaleout(parse_scaleout(args.scaleout), loads, args.rounds, args.tokens), args)
+        return print(f"load average {os.getloadavg()[0]:.2f}; took {time.perf_counter() - started:.0f} s")
     paths = list(ISSUE_27_PATHS if args.issue27 else DEFAULT_PATHS)
     if args.issue27 and args.baseline:
         paths.append("websocket before")
