@@ -8,7 +8,8 @@ Processes, on loopback (the helpers of ``bench_streaming.py``): this one (the cl
 loopback OpenAI-compatible model server (``FakeOpenAIServer``) streaming each answer as
 ``--tokens`` one-word tokens, ``--token-delay`` seconds apart (a slow model, so that every
 stream is still open when the worker is measured); and, one after the other, four single
-uvicorn workers, each started fresh so that no phase reuses memory another phase freed:
+uvicorn workers, started together, each measured in one phase only so that no phase reuses
+memory another phase freed:
 
 * ``app``: ``example_project.asgi`` (the chat consumer, in-memory channel layer, a SQLite file
   holding the demo's sample documents), the clients logged in, a user of their own each;
@@ -40,6 +41,7 @@ import resource
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,21 +144,21 @@ async def stream(sock: Socket, expected: str):
             raise RuntimeError(f"turn failed: {frame}")
 
 
-async def idle_phase(address: str, pid: int, callers: list[Caller]) -> dict:
+async def idle_phase(address: str, pid: int, callers: list[Caller], settle: float) -> dict:
     before = rss_kb(pid)
     sockets = await open_sockets(address, callers)
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(settle)
     after = rss_kb(pid)
     await close_sockets(sockets)
     return {"before": before, "after": after, "count": len(sockets)}
 
 
 async def stream_phase(address: str, pid: int, callers: list[Caller], conversation_ids: list[str | None],
-                       expected: str) -> dict:
+                       expected: str, settle: float) -> dict:
     sockets = await open_sockets(address, callers)
     for sock, conversation_id in zip(sockets, conversation_ids):
         sock.conversation_id = conversation_id
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(settle)
     before = rss_kb(pid)
     tasks = [asyncio.ensure_future(stream(s, expected)) for s in sockets]
     started = asyncio.gather(*(s.first.wait() for s in sockets))
@@ -187,36 +189,34 @@ def warm_up(address: str, callers: list[Caller], conversation_ids: list[str | No
     asyncio.run(go())
 
 
-def worker(stack: contextlib.ExitStack, kind: str, env: dict, delay: float) -> tuple[str, int]:
-    """A fresh single uvicorn worker serving the app or the bare relay: its address and pid."""
+def worker(kind: str, env: dict, delay: float) -> tuple[contextlib.ExitStack, str, int]:
+    """A fresh single uvicorn worker serving the app or the bare relay: a stack that stops it, its
+    address and its pid."""
     app = "example_project.asgi:application" if kind == "app" else "bench.bare_relay:application"
-    port, pids = free_port(), {}
+    port, pids, stack = free_port(), {}, contextlib.ExitStack()
     address = stack.enter_context(process([
         sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
         "--ws-per-message-deflate", "false", "--lifespan", "off", "--no-access-log", "--log-level", "warning",
         "--backlog", "4096",
     ], {**env, "RAGCHAT_BENCH_TOKEN_DELAY": str(delay)}, port, kind, pids=pids))
-    return address, pids[kind]
+    return stack, address, pids[kind]
 
 
-def measure(kind: str, phase: str, env: dict, callers: list[Caller], count: int, tokens: int,
-            delay: float) -> dict:
-    """One fresh worker, warmed up, then one phase measured on it."""
-    expected = reply_text(tokens)
+def measure(kind: str, phase: str, worker: tuple[str, int], callers: list[Caller], count: int,
+            expected: str, settle: float) -> dict:
+    """One phase measured on a fresh worker, after warming it up."""
+    address, pid = worker
 
     def conversations(group):
         return fresh_conversations(group) if kind == "app" else [None] * len(group)
 
-    with contextlib.ExitStack() as stack:
-        address, pid = worker(stack, kind, env, delay)
-        warm_up(address, callers[:WARM_UP], conversations(callers[:WARM_UP]), expected)
-        group = callers[:count]
-        if phase == "idle":
-            result = asyncio.run(idle_phase(address, pid, group))
-        else:
-            result = asyncio.run(stream_phase(address, pid, group, conversations(group), expected))
-            if kind == "app":
-                check_saved(result["answers"])
+    warm_up(address, callers[:WARM_UP], conversations(callers[:WARM_UP]), expected)
+    group = callers[:count]
+    if phase == "idle":
+        return asyncio.run(idle_phase(address, pid, group, settle))
+    result = asyncio.run(stream_phase(address, pid, group, conversations(group), expected, settle))
+    if kind == "app":
+        check_saved(result["answers"])
     return result
 
 
@@ -235,7 +235,7 @@ def row(kind: str, phase: str, result: dict) -> list:
     ]
 
 
-def run(sockets: int, streams: int, tokens: int, delay: float) -> list[list]:
+def run(sockets: int, streams: int, tokens: int, delay: float, settle: float = 1.0) -> list[list]:
     with tempfile.TemporaryDirectory(prefix="ragchat-bench-memory-") as tmpdir:
         model_port = free_port()
         env = {**os.environ, "RAGCHAT_BENCH_LLM": "openai", "RAGCHAT_BENCH_TOKENS": str(tokens),
@@ -248,11 +248,15 @@ def run(sockets: int, streams: int, tokens: int, delay: float) -> list[list]:
                 "--arrivals", os.path.join(tmpdir, "arrivals.log")], env, model_port, "model server"))
             env.update(stack.enter_context(database(tmpdir)), DJANGO_SETTINGS_MODULE="bench.streaming_settings")
             callers = make_callers(max(sockets, streams, WARM_UP))
-            rows = []
-            for phase, count in (("idle", sockets), ("streams", streams)):
-                for kind in ("app", "bare"):
-                    rows.append(row(kind, phase, measure(kind, phase, env, callers, count, tokens, delay)))
-    return rows
+            phases = [(kind, phase, count) for phase, count in (("idle", sockets), ("streams", streams))
+                      for kind in ("app", "bare")]
+            # A worker of its own for each phase, all started at once (an idle worker costs no CPU).
+            with ThreadPoolExecutor(len(phases)) as pool:
+                started = list(pool.map(lambda p: worker(p[0], env, delay), phases))
+            for worker_stack, _, _ in started:
+                stack.enter_context(worker_stack)
+            return [row(kind, phase, measure(kind, phase, (address, pid), callers, count, reply_text(tokens), settle))
+                    for (kind, phase, count), (_, address, pid) in zip(phases, started)]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -262,6 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=300, help="tokens per answer")
     parser.add_argument("--token-delay", type=float, default=0.04,
                         help="seconds between the model's tokens (long enough that every stream is open at once)")
+    parser.add_argument("--settle", type=float, default=1.0,
+                        help="seconds between the last socket opened and the RSS read")
     parser.add_argument("--quick", action="store_true", help="50 idle sockets, 10 streams of 20 tokens")
     args = parser.parse_args(argv)
     if args.quick:
@@ -269,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     # Each client socket is a file here and one in the worker; the model server's too.
     before, after = raise_file_limit(2 * max(args.sockets, args.streams) + 256)
     started = time.perf_counter()
-    rows = run(args.sockets, args.streams, args.tokens, args.token_delay)
+    rows = run(args.sockets, args.streams, args.tokens, args.token_delay, args.settle)
     from django.db import connection
 
     print(f"Memory: one uvicorn worker per row, started fresh and warmed up ({WARM_UP} sockets, a turn each); "
