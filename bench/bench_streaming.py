@@ -679,7 +679,8 @@ def scaleout_cell(b: Bench, servers: dict, path: str, n: int, stagger: float, ro
     wall, after = time.perf_counter() - began, cpu_snapshot(groups)
     return {"load": load_name(n, stagger), "row": result_row(load_name(n, stagger), path, *results[path],
                                                              read_arrivals(b.arrivals_log)),
-            "rate": median(results[path][1]), "cores": {k: (after[k] - cpu[k]) / wall for k in groups}}
+            "rate": median(results[path][1]), "cores": {k: (after[k] - cpu[k]) / wall for k in groups},
+            "per answer": {k: (after[k] - cpu[k]) * 1000 / len(results[path][0]) for k in groups}}
 
 
 def scaleout_rows(cells: list[dict]) -> list[list]:
@@ -696,6 +697,7 @@ def scaleout_rows(cells: list[dict]) -> list[list]:
             f"{c['rate'] / base / c['workers']:.2f}" if base and c["workers"] else "", row[11], row[12], row[13],
             " / ".join(f"{cores[k]:.2f}" for k in ("clients", "model", "workers", "redis")),
             f"{sum(cores.values()):.2f}",
+            f"{c['per answer']['workers']:.1f} / {sum(c['per answer'].values()):.1f}",
         ])
     return rows
 
@@ -723,10 +725,12 @@ def print_scaleout(cells: list[dict], args) -> None:
           "that / workers (per-core efficiency up to 2 workers on 2 cores). lost/dup/reord: tokens; saved!=: saved "
           "answers not the text streamed; incomplete/reordered: answers. CPU cores busy over the rounds (CPU "
           "seconds / wall seconds) of the client process / the model server / the workers / redis-server "
-          "(shared with the machine), and their sum (2 = both cores).")
+          "(shared with the machine), and their sum (2 = both cores). CPU ms per answer: the workers' CPU time over "
+          "the rounds / answers, and every process's.")
     print(table(["workers", "clients", "ttft p50", "ttft p99", "before model p50", "model->client p50",
                  "deltas/s", "frames/s", "x 1", "per worker", "lost/dup/reord", "saved!=", "incomplete/reordered",
-                 "cores: clients / model / workers / redis", "cores total"], scaleout_rows(cells)))
+                 "cores: clients / model / workers / redis", "cores total", "CPU ms/answer: workers / all"],
+                scaleout_rows(cells)))
     for line in scaleout_goal(cells):
         print(line)
 

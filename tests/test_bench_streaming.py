@@ -74,6 +74,7 @@ def test_the_scaleout_table_has_every_configuration_and_loses_no_token():
     # CPU cores busy: clients / model / workers / redis, then their sum; the workers did work.
     cores = [float(x) for x in two[14:21:2]]
     assert cores[2] > 0 and abs(sum(cores) - float(two[21])) < 0.02, result.stdout
+    assert 0 < float(two[22]) <= float(two[24]), result.stdout  # CPU ms per answer: the workers' within all
     assert "took" in result.stdout
 
 
