@@ -57,6 +57,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -635,15 +636,34 @@ def redis_pids() -> list[int]:
     return found
 
 
-def cpu_snapshot(groups: dict[str, list[int]]) -> dict[str, float]:
-    seconds = {}
+def database_pids() -> list[int]:
+    """The PostgreSQL server processes serving this run's database (none on SQLite: its work is
+    done in the workers)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND pid <> pg_backend_pid()")
+        return [pid for (pid,) in cursor.fetchall()]
+
+
+def cpu_snapshot(groups: dict[str, list[int] | Callable[[], list[int]]]) -> dict[str, dict[int, float]]:
+    """CPU seconds so far of each process of each group (a group may be a function listing them
+    now: the database's server processes come and go)."""
+    seconds: dict[str, dict[int, float]] = {}
     for name, pids in groups.items():
-        total = 0.0
-        for pid in pids:
+        seconds[name] = {}
+        for pid in pids() if callable(pids) else pids:
             with contextlib.suppress(OSError):
-                total += cpu_seconds(pid)
-        seconds[name] = total
+                seconds[name][pid] = cpu_seconds(pid)
     return seconds
+
+
+def cpu_spent(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) -> dict[str, float]:
+    """CPU seconds of each group between two snapshots (a process started since counts in full)."""
+    return {name: sum(t - before[name].get(pid, 0.0) for pid, t in pids.items()) for name, pids in after.items()}
 
 
 def parse_scaleout(text: str) -> list[tuple[int, bool]]:
@@ -664,7 +684,7 @@ def scaleout(configs: list[tuple[int, bool]], loads: list[tuple[int, float]], ro
                 path = "websocket" if workers else "model"
                 servers = start_servers(stack, b.env, [path], most, False, workers, None, redis, pids)
                 groups = {"clients": [os.getpid()], "model": [b.pids["model server"]],
-                          "workers": list(pids.values()), "redis": redis_pids()}
+                          "workers": list(pids.values()), "redis": redis_pids(), "database": database_pids}
                 measure_round(path, min(5, most), 0.0, b.env, servers, b.callers, b.expected)
                 for n, stagger in loads:
                     cells.append(scaleout_cell(b, servers, path, n, stagger, rounds, groups))
@@ -673,14 +693,14 @@ def scaleout(configs: list[tuple[int, bool]], loads: list[tuple[int, float]], ro
 
 
 def scaleout_cell(b: Bench, servers: dict, path: str, n: int, stagger: float, rounds: int,
-                  groups: dict[str, list[int]]) -> dict:
+                  groups: dict) -> dict:
     cpu, began = cpu_snapshot(groups), time.perf_counter()
     results = measure_load(b, servers, [path], n, stagger, rounds)
-    wall, after = time.perf_counter() - began, cpu_snapshot(groups)
+    wall, spent = time.perf_counter() - began, cpu_spent(cpu, cpu_snapshot(groups))
     return {"load": load_name(n, stagger), "row": result_row(load_name(n, stagger), path, *results[path],
                                                              read_arrivals(b.arrivals_log)),
-            "rate": median(results[path][1]), "cores": {k: (after[k] - cpu[k]) / wall for k in groups},
-            "per answer": {k: (after[k] - cpu[k]) * 1000 / len(results[path][0]) for k in groups}}
+            "rate": median(results[path][1]), "cores": {k: t / wall for k, t in spent.items()},
+            "per answer": {k: t * 1000 / len(results[path][0]) for k, t in spent.items()}}
 
 
 def scaleout_rows(cells: list[dict]) -> list[list]:
@@ -695,7 +715,7 @@ def scaleout_rows(cells: list[dict]) -> list[list]:
             name, c["load"], row[2], row[3], row[4], row[6],
             row[8], row[9], f"{c['rate'] / base:.2f}x" if base and c["workers"] else "",
             f"{c['rate'] / base / c['workers']:.2f}" if base and c["workers"] else "", row[11], row[12], row[13],
-            " / ".join(f"{cores[k]:.2f}" for k in ("clients", "model", "workers", "redis")),
+            " / ".join(f"{cores[k]:.2f}" for k in ("clients", "model", "workers", "redis", "database")),
             f"{sum(cores.values()):.2f}",
             f"{c['per answer']['workers']:.1f} / {sum(c['per answer'].values()):.1f}",
         ])
@@ -725,11 +745,11 @@ def print_scaleout(cells: list[dict], args) -> None:
           "that / workers (per-core efficiency up to 2 workers on 2 cores). lost/dup/reord: tokens; saved!=: saved "
           "answers not the text streamed; incomplete/reordered: answers. CPU cores busy over the rounds (CPU "
           "seconds / wall seconds) of the client process / the model server / the workers / redis-server "
-          "(shared with the machine), and their sum (2 = both cores). CPU ms per answer: the workers' CPU time over "
+          "(shared with the machine) / PostgreSQL's processes serving this run's database, and their sum (2 = both cores). CPU ms per answer: the workers' CPU time over "
           "the rounds / answers, and every process's.")
     print(table(["workers", "clients", "ttft p50", "ttft p99", "before model p50", "model->client p50",
                  "deltas/s", "frames/s", "x 1", "per worker", "lost/dup/reord", "saved!=", "incomplete/reordered",
-                 "cores: clients / model / workers / redis", "cores total", "CPU ms/answer: workers / all"],
+                 "cores: clients / model / workers / redis / db", "cores total", "CPU ms/answer: workers / all"],
                 scaleout_rows(cells)))
     for line in scaleout_goal(cells):
         print(line)
