@@ -17,7 +17,7 @@ memory another phase freed:
   ``ready`` on connect and, for a message, the same tokens at the same pace; no database, no
   model, no channel-layer group: the floor.
 
-Each worker is warmed up first (5 sockets, one turn each), then its RSS (``VmRSS`` of
+Every worker is warmed up first, all at once (5 sockets, one turn each), then its RSS (``VmRSS`` of
 ``/proc/<pid>/status``, the worker process itself: uvicorn runs the app in the process it
 starts with one worker) is read:
 
@@ -176,17 +176,20 @@ async def stream_phase(address: str, pid: int, callers: list[Caller], conversati
     return {"before": before, "after": after, "count": len(sockets), "finished": finished, "answers": answers}
 
 
-def warm_up(address: str, callers: list[Caller], conversation_ids: list[str | None], expected: str) -> None:
-    """Open a few sockets and run a turn on each, so that imports and first-use caches are in
-    the worker before it is measured."""
-    async def go():
+def warm_up(addresses: list[str], callers: list[Caller], conversations, expected: str) -> None:
+    """On every worker at once, open a few sockets and run a turn on each, so that imports and
+    first-use caches are in the worker before it is measured."""
+    async def one(address: str):
         sockets = await open_sockets(address, callers)
-        for sock, conversation_id in zip(sockets, conversation_ids):
+        for sock, conversation_id in zip(sockets, await asyncio.to_thread(conversations, address)):
             sock.conversation_id = conversation_id
         await asyncio.gather(*(stream(s, expected) for s in sockets))
         await close_sockets(sockets)
 
-    asyncio.run(go())
+    async def every():
+        await asyncio.gather(*(one(address) for address in addresses))
+
+    asyncio.run(every())
 
 
 def worker(kind: str, env: dict, delay: float) -> tuple[contextlib.ExitStack, str, int]:
@@ -204,17 +207,13 @@ def worker(kind: str, env: dict, delay: float) -> tuple[contextlib.ExitStack, st
 
 def measure(kind: str, phase: str, worker: tuple[str, int], callers: list[Caller], count: int,
             expected: str, settle: float) -> dict:
-    """One phase measured on a fresh worker, after warming it up."""
+    """One phase measured on a fresh (warmed-up) worker."""
     address, pid = worker
-
-    def conversations(group):
-        return fresh_conversations(group) if kind == "app" else [None] * len(group)
-
-    warm_up(address, callers[:WARM_UP], conversations(callers[:WARM_UP]), expected)
     group = callers[:count]
     if phase == "idle":
         return asyncio.run(idle_phase(address, pid, group, settle))
-    result = asyncio.run(stream_phase(address, pid, group, conversations(group), expected, settle))
+    conversation_ids = fresh_conversations(group) if kind == "app" else [None] * len(group)
+    result = asyncio.run(stream_phase(address, pid, group, conversation_ids, expected, settle))
     if kind == "app":
         check_saved(result["answers"])
     return result
@@ -255,6 +254,10 @@ def run(sockets: int, streams: int, tokens: int, delay: float, settle: float = 1
                 started = list(pool.map(lambda p: worker(p[0], env, delay), phases))
             for worker_stack, _, _ in started:
                 stack.enter_context(worker_stack)
+            apps = {address for (kind, _, _), (_, address, _) in zip(phases, started) if kind == "app"}
+            warm_up([address for _, address, _ in started], callers[:WARM_UP],
+                    lambda address: fresh_conversations(callers[:WARM_UP]) if address in apps else [None] * WARM_UP,
+                    reply_text(tokens))
             return [row(kind, phase, measure(kind, phase, (address, pid), callers, count, reply_text(tokens), settle))
                     for (kind, phase, count), (_, address, pid) in zip(phases, started)]
 
