@@ -667,18 +667,19 @@ def cpu_spent(before: dict[str, dict[int, float]], after: dict[str, dict[int, fl
 
 
 def parse_scaleout(text: str) -> list[tuple[int, bool]]:
-    """``"1m,1,2,4"`` -> (workers, on the Redis layer): ``1m`` is one worker on the in-memory layer."""
+    """``"0,1m,1,2,4"`` -> (workers, on the Redis layer): ``1m`` is one worker on the in-memory layer,
+    ``0`` the model alone (the ``openai`` client straight to the model server, for reference)."""
     return [(int(item.strip().rstrip("m")), not item.strip().endswith("m")) for item in text.split(",")]
 
 
 def scaleout(configs: list[tuple[int, bool]], loads: list[tuple[int, float]], rounds: int,
              tokens: int) -> list[dict]:
-    """The model alone, then the websocket path under each configuration of workers, one after the
+    """The websocket path under each configuration of workers (or the model alone), one after the
     other, on one database and one model server; per load, the CPU time of each process group."""
     most = max(n for n, _ in loads)
     cells = []
     with bench(tokens, "openai", most) as b:
-        for workers, redis in [(0, False), *configs]:
+        for workers, redis in configs:
             pids: dict[str, int] = {}
             with contextlib.ExitStack() as stack:
                 path = "websocket" if workers else "model"
@@ -801,7 +802,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scaleout", nargs="?", const=SCALEOUT, metavar="WORKERS",
                         help=f"the scale-out table: the websocket path under each number of workers, one after "
                              f"the other (default {SCALEOUT}; '1m': one worker on the in-memory layer, others on "
-                             f"Redis), at --loads (default {SCALEOUT_LOADS}), with the CPU time of each process")
+                             f"Redis; '0': the model alone), at --loads (default {SCALEOUT_LOADS}), with the CPU time of each process")
     parser.add_argument("--paths", help=f"comma-separated, from: {', '.join(PATHS)} "
                         f"(default: {', '.join(DEFAULT_PATHS)})")
     parser.add_argument("--stagger", type=float, default=0.0,
