@@ -5,6 +5,7 @@
     .venv/bin/python bench/bench_streaming.py --quick         # 2 and 5 clients, 20 tokens
     .venv/bin/python bench/bench_streaming.py --llm extractive    # the offline answerer instead
     .venv/bin/python bench/bench_streaming.py --workers 2     # two uvicorn workers, Redis layer
+    .venv/bin/python bench/bench_streaming.py --scaleout      # 1 (in-memory), 1, 2, 4 workers (Redis) at 100, 400
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/ragchat .venv/bin/python bench/bench_streaming.py
 
 Processes: this one (the clients); a loopback OpenAI-compatible server (``FakeOpenAIServer``,
@@ -513,7 +514,7 @@ def start_servers(stack: contextlib.ExitStack, env: dict, paths: list[str], clie
 
     servers: dict[str, list[str]] = {}
     env.pop("RAGCHAT_BENCH_REDIS_PREFIX", None)
-    if workers > 1 if redis is None else redis:  # the workers' sockets meet through Redis, under a prefix of this run's
+    if workers > 1 if redis is None else redis:  # the workers' sockets meet through Redis, under a prefix
         env["RAGCHAT_BENCH_REDIS_PREFIX"] = f"ragchat-bench-{secrets.token_hex(4)}"
     if {"websocket", "sse asgi"} & set(paths):
         servers["asgi"] = [uvicorn("example_project.asgi:application", f"uvicorn {w}") for w in range(workers)]
