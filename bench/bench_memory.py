@@ -19,7 +19,7 @@ memory another phase freed:
 
 Every worker is warmed up first, all at once (5 sockets, one turn each), then its RSS (``VmRSS`` of
 ``/proc/<pid>/status``, the worker process itself: uvicorn runs the app in the process it
-starts with one worker) is read:
+starts with one worker) is read, with its number of threads:
 
 * idle: before and after opening ``--sockets`` websockets (each answered ``ready``, then left
   idle for a second); KB per socket = the growth / sockets;
@@ -66,13 +66,14 @@ WARM_UP = 5
 OPENING = 100  # websocket handshakes in flight at once
 
 
-def rss_kb(pid: int) -> int:
-    """The resident set of process ``pid``, in KB (``VmRSS``)."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for process {pid}")
+def status(pid: int) -> tuple[int, int]:
+    """The resident set of process ``pid`` in KB (``VmRSS``) and its number of threads."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as lines:
+        for line in lines:
+            key, _, value = line.partition(":")
+            fields[key] = value.split()
+    return int(fields["VmRSS"][0]), int(fields["Threads"][0])
 
 
 def raise_file_limit(needed: int) -> tuple[int, int]:
@@ -145,10 +146,10 @@ async def stream(sock: Socket, expected: str):
 
 
 async def idle_phase(address: str, pid: int, callers: list[Caller], settle: float) -> dict:
-    before = rss_kb(pid)
+    before = status(pid)
     sockets = await open_sockets(address, callers)
     await asyncio.sleep(settle)
-    after = rss_kb(pid)
+    after = status(pid)
     await close_sockets(sockets)
     return {"before": before, "after": after, "count": len(sockets)}
 
@@ -159,7 +160,7 @@ async def stream_phase(address: str, pid: int, callers: list[Caller], conversati
     for sock, conversation_id in zip(sockets, conversation_ids):
         sock.conversation_id = conversation_id
     await asyncio.sleep(settle)
-    before = rss_kb(pid)
+    before = status(pid)
     tasks = [asyncio.ensure_future(stream(s, expected)) for s in sockets]
     started = asyncio.gather(*(s.first.wait() for s in sockets))
     pending = {started, *tasks}
@@ -169,7 +170,7 @@ async def stream_phase(address: str, pid: int, callers: list[Caller], conversati
             if task.exception():  # a turn failed before every stream was open
                 started.cancel()
                 raise task.exception()
-    after = rss_kb(pid)
+    after = status(pid)
     finished = sum(s.done for s in sockets)
     answers = await asyncio.gather(*tasks)
     await close_sockets(sockets)
@@ -220,12 +221,13 @@ def measure(kind: str, phase: str, worker: tuple[str, int], callers: list[Caller
 
 
 def row(kind: str, phase: str, result: dict) -> list:
-    growth = result["after"] - result["before"]
+    (before, threads_before), (after, threads_after) = result["before"], result["after"]
     answers = result.get("answers")
     return [
         "app (chat consumer)" if kind == "app" else "bare Channels consumer",
         "idle sockets" if phase == "idle" else "open streams", f"{result['count']:,}",
-        f"{result['before'] / 1024:.1f}", f"{result['after'] / 1024:.1f}", f"{growth / result['count']:.1f}",
+        f"{before / 1024:.1f}", f"{after / 1024:.1f}", f"{(after - before) / result['count']:.1f}",
+        f"{threads_before} -> {threads_after}",
         "" if answers is None else str(result["finished"]),
         "" if answers is None else (
             f"{sum(a.lost for a in answers)}/{sum(a.duplicated for a in answers)}/"
@@ -286,10 +288,11 @@ def main(argv: list[str] | None = None) -> None:
           f"open-file limit {before} -> {after}; {machine()}")
     print("RSS: VmRSS of the worker process, MB, before and after opening the sockets (idle) or after every "
           "open socket's answer has begun (streams, over the same sockets idle). KB each: the growth / count. "
+          "threads: the worker's threads before -> after. "
           "finished: answers already done when measured (should be 0). lost/dup/reord/incomplete: tokens lost, "
           "duplicated, out of order, answers not exactly the model's text. saved!=: saved answers that are not "
           "the text streamed.")
-    print(table(["worker", "what", "count", "RSS before", "RSS after", "KB each", "finished",
+    print(table(["worker", "what", "count", "RSS before", "RSS after", "KB each", "threads", "finished",
                  "lost/dup/reord/incomplete", "saved!="], rows))
     print(f"load average {os.getloadavg()[0]:.2f}; took {time.perf_counter() - started:.0f} s")
 
