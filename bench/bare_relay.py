@@ -6,9 +6,12 @@ It speaks the part of docs/protocol.md the benchmark's websocket client reads: `
 connect; for a ``message``, ``ack``, then the same 200 one-word tokens the model server
 streams (``RAGCHAT_BENCH_TOKENS``), one ``delta`` frame (``send_json``) per token, then
 ``done``. No database, no model, no channel-layer group: what Channels and uvicorn cost per
-frame, the most a relay could do on this machine.
+frame, the most a relay could do on this machine. With ``RAGCHAT_BENCH_TOKEN_DELAY`` (seconds)
+it waits that long before each token, like a model streaming at its own pace
+(``bench_memory.py``: the memory of an open stream on a bare consumer).
 """
 
+import asyncio
 import os
 
 import django
@@ -21,6 +24,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
 TOKENS = int(os.environ.get("RAGCHAT_BENCH_TOKENS", "200"))
+DELAY = float(os.environ.get("RAGCHAT_BENCH_TOKEN_DELAY", "0"))
 PIECES = [("" if i == 0 else " ") + f"t{i}" for i in range(TOKENS)]
 
 
@@ -33,6 +37,8 @@ class BareRelay(AsyncJsonWebsocketConsumer):
         conversation_id = content.get("conversation_id")
         await self.send_json({"type": "ack", "conversation_id": conversation_id})
         for index, text in enumerate(PIECES):
+            if DELAY:
+                await asyncio.sleep(DELAY)
             await self.send_json({"type": "delta", "text": text, "index": index,
                                   "conversation_id": conversation_id})
         await self.send_json({"type": "done", "message": {"content": "".join(PIECES)},

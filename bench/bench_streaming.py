@@ -5,6 +5,7 @@
     .venv/bin/python bench/bench_streaming.py --quick         # 2 and 5 clients, 20 tokens
     .venv/bin/python bench/bench_streaming.py --llm extractive    # the offline answerer instead
     .venv/bin/python bench/bench_streaming.py --workers 2     # two uvicorn workers, Redis layer
+    .venv/bin/python bench/bench_streaming.py --scaleout      # 1 (in-memory), 1, 2, 4 workers (Redis) at 100, 400
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/ragchat .venv/bin/python bench/bench_streaming.py
 
 Processes: this one (the clients); a loopback OpenAI-compatible server (``FakeOpenAIServer``,
@@ -57,6 +58,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -88,8 +90,9 @@ def reply_text(tokens: int) -> str:
 MARKER = re.compile(r"#q(\d+)")
 
 
-def serve_model(port: int, tokens: int, arrivals: str) -> None:
-    """The model server; writes ``<marker> <monotonic time>`` to ``arrivals`` for each request."""
+def serve_model(port: int, tokens: int, arrivals: str, token_delay: float = 0.0) -> None:
+    """The model server; writes ``<marker> <monotonic time>`` to ``arrivals`` for each request.
+    ``token_delay``: seconds before each streamed token (0: as fast as the socket takes them)."""
     import socketserver
 
     from django_ragchat.testing.openai_server import FakeOpenAIServer
@@ -111,7 +114,7 @@ def serve_model(port: int, tokens: int, arrivals: str) -> None:
                 log.write(f"{found[-1]} {arrived}\n")
         return answer
 
-    server = FakeOpenAIServer(port=port, default_reply=reply)
+    server = FakeOpenAIServer(port=port, default_reply=reply, token_delay=token_delay)
     server.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -129,9 +132,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def process(argv: list[str], env: dict[str, str], port: int, name: str, cwd: Path = ROOT):
+def process(argv: list[str], env: dict[str, str], port: int, name: str, cwd: Path = ROOT,
+            pids: dict[str, int] | None = None):
+    """Run ``argv`` until the context ends; ``pids[name]`` is its process id (for its RSS and CPU)."""
     log = tempfile.TemporaryFile()
     child = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+    if pids is not None:
+        pids[name] = child.pid
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -493,18 +500,21 @@ def check_saved(answers: list[Answer]) -> None:
 
 
 def start_servers(stack: contextlib.ExitStack, env: dict, paths: list[str], clients: int, ws_deflate: bool,
-                  workers: int, baseline: str | None) -> dict[str, list[str]]:
-    """The server processes the paths need: their addresses by path."""
+                  workers: int, baseline: str | None, redis: bool | None = None,
+                  pids: dict[str, int] | None = None) -> dict[str, list[str]]:
+    """The server processes the paths need: their addresses by path (and their ids in ``pids``).
+    ``redis``: the Redis channel layer (by default with more than one worker)."""
     def uvicorn(app: str, name: str, cwd: Path = ROOT, extra_env: dict | None = None) -> str:
         port = free_port()
         return stack.enter_context(process([
             sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
             "--ws-per-message-deflate", str(ws_deflate).lower(), "--lifespan", "off", "--no-access-log",
             "--log-level", "warning",
-        ], {**env, **(extra_env or {})}, port, name, cwd=cwd))
+        ], {**env, **(extra_env or {})}, port, name, cwd=cwd, pids=pids))
 
     servers: dict[str, list[str]] = {}
-    if workers > 1:  # the workers' sockets meet through Redis, under a prefix of this run's
+    env.pop("RAGCHAT_BENCH_REDIS_PREFIX", None)
+    if workers > 1 if redis is None else redis:  # the workers' sockets meet through Redis, under a prefix
         env["RAGCHAT_BENCH_REDIS_PREFIX"] = f"ragchat-bench-{secrets.token_hex(4)}"
     if {"websocket", "sse asgi"} & set(paths):
         servers["asgi"] = [uvicorn("example_project.asgi:application", f"uvicorn {w}") for w in range(workers)]
@@ -519,7 +529,7 @@ def start_servers(stack: contextlib.ExitStack, env: dict, paths: list[str], clie
             sys.executable, "-m", "gunicorn", "example_project.wsgi", "--bind", f"127.0.0.1:{wsgi_port}",
             "--workers", "1", "--worker-class", "gthread", "--threads", str(clients + 4),
             "--log-level", "warning",
-        ], env, wsgi_port, "gunicorn"))]
+        ], env, wsgi_port, "gunicorn", pids=pids))]
     return servers
 
 
@@ -544,40 +554,207 @@ def measure_round(path: str, n: int, stagger: float, env: dict, servers: dict, c
     return answers, elapsed
 
 
-def run(loads: list[tuple[int, float]], rounds: int, tokens: int, llm: str, paths: list[str],
-        ws_deflate: bool = False, workers: int = 1, baseline: str | None = None) -> list[list]:
-    expected = reply_text(tokens) if llm == "openai" else None
-    if llm != "openai":
-        paths = [p for p in paths if p not in ("model", "bare relay")]
-    most = max(n for n, _ in loads)
+@dataclass
+class Bench:
+    """What every configuration of a run shares: the model server, the database, the users."""
+
+    env: dict
+    callers: list[Caller]
+    arrivals_log: str
+    expected: str | None
+    pids: dict[str, int]
+
+
+@contextlib.contextmanager
+def bench(tokens: int, llm: str, most: int):
+    """The model server process and a fresh database with ``most`` users logged in."""
     with tempfile.TemporaryDirectory(prefix="ragchat-bench-stream-") as tmpdir:
         arrivals_log = os.path.join(tmpdir, "arrivals.log")
         model_port = free_port()
         env = {**os.environ, "RAGCHAT_BENCH_LLM": llm, "RAGCHAT_BENCH_TOKENS": str(tokens),
                "RAGCHAT_BENCH_MODEL_URL": f"http://127.0.0.1:{model_port}/v1", "PYTHONPATH": str(ROOT)}
         os.environ.update({k: env[k] for k in ("RAGCHAT_BENCH_LLM", "RAGCHAT_BENCH_MODEL_URL")})
+        pids: dict[str, int] = {}
         with contextlib.ExitStack() as stack:
             stack.enter_context(process([sys.executable, __file__, "--serve-model", str(model_port),
                                          "--tokens", str(tokens), "--arrivals", arrivals_log],
-                                        env, model_port, "model server"))
+                                        env, model_port, "model server", pids=pids))
             db_env = stack.enter_context(database(tmpdir))
             env.update(db_env, DJANGO_SETTINGS_MODULE="bench.streaming_settings")
-            servers = start_servers(stack, env, paths, most, ws_deflate, workers, baseline)
-            callers = make_callers(most)
-            for path in paths:  # warm-up: connections, vector index, clients
-                measure_round(path, min(5, most), 0.0, env, servers, callers, expected)
-            rows = []
-            for n, stagger in loads:
-                results = {path: ([], [], []) for path in paths}
-                for _ in range(rounds):
-                    for path in paths:  # interleaved, so that load from elsewhere spreads evenly
-                        answers, elapsed = measure_round(path, n, stagger, env, servers, callers, expected)
-                        results[path][0].extend(answers)
-                        results[path][1].append(sum(a.tokens for a in answers) / elapsed)
-                        results[path][2].append(sum(a.frames for a in answers) / elapsed)
-                arrivals = read_arrivals(arrivals_log) if llm == "openai" else {}
-                rows += [result_row(load_name(n, stagger), path, *results[path], arrivals) for path in paths]
+            yield Bench(env, make_callers(most), arrivals_log, reply_text(tokens) if llm == "openai" else None, pids)
+
+
+def measure_load(b: Bench, servers: dict, paths: list[str], n: int, stagger: float, rounds: int) -> dict:
+    """``rounds`` rounds of ``n`` clients on every path, interleaved (so that load from elsewhere
+    spreads evenly): by path, the answers, tokens/s and frames/s of each round."""
+    results = {path: ([], [], []) for path in paths}
+    for _ in range(rounds):
+        for path in paths:
+            answers, elapsed = measure_round(path, n, stagger, b.env, servers, b.callers, b.expected)
+            results[path][0].extend(answers)
+            results[path][1].append(sum(a.tokens for a in answers) / elapsed)
+            results[path][2].append(sum(a.frames for a in answers) / elapsed)
+    return results
+
+
+def run(loads: list[tuple[int, float]], rounds: int, tokens: int, llm: str, paths: list[str],
+        ws_deflate: bool = False, workers: int = 1, baseline: str | None = None) -> list[list]:
+    if llm != "openai":
+        paths = [p for p in paths if p not in ("model", "bare relay")]
+    most = max(n for n, _ in loads)
+    with bench(tokens, llm, most) as b, contextlib.ExitStack() as stack:
+        servers = start_servers(stack, b.env, paths, most, ws_deflate, workers, baseline)
+        for path in paths:  # warm-up: connections, vector index, clients
+            measure_round(path, min(5, most), 0.0, b.env, servers, b.callers, b.expected)
+        rows = []
+        for n, stagger in loads:
+            results = measure_load(b, servers, paths, n, stagger, rounds)
+            arrivals = read_arrivals(b.arrivals_log) if llm == "openai" else {}
+            rows += [result_row(load_name(n, stagger), path, *results[path], arrivals) for path in paths]
     return rows
+
+
+# --- scale-out: 1, 2, 4 workers -------------------------------------------------------------------
+
+SCALEOUT = "1m,1,2,4"  # "1m": one worker on the in-memory layer (the single-process deployment)
+SCALEOUT_LOADS = "100,400"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far, from ``/proc``."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_pids() -> list[int]:
+    """The Redis server's process, if it runs on this machine (its CPU time is counted too)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "redis-server":
+                found.append(int(entry.name))
+    return found
+
+
+def database_pids() -> list[int]:
+    """The PostgreSQL server processes serving this run's database (none on SQLite: its work is
+    done in the workers)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND pid <> pg_backend_pid()")
+        return [pid for (pid,) in cursor.fetchall()]
+
+
+def cpu_snapshot(groups: dict[str, list[int] | Callable[[], list[int]]]) -> dict[str, dict[int, float]]:
+    """CPU seconds so far of each process of each group (a group may be a function listing them
+    now: the database's server processes come and go)."""
+    seconds: dict[str, dict[int, float]] = {}
+    for name, pids in groups.items():
+        seconds[name] = {}
+        for pid in pids() if callable(pids) else pids:
+            with contextlib.suppress(OSError):
+                seconds[name][pid] = cpu_seconds(pid)
+    return seconds
+
+
+def cpu_spent(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) -> dict[str, float]:
+    """CPU seconds of each group between two snapshots (a process started since counts in full)."""
+    return {name: sum(t - before[name].get(pid, 0.0) for pid, t in pids.items()) for name, pids in after.items()}
+
+
+def parse_scaleout(text: str) -> list[tuple[int, bool]]:
+    """``"0,1m,1,2,4"`` -> (workers, on the Redis layer): ``1m`` is one worker on the in-memory layer,
+    ``0`` the model alone (the ``openai`` client straight to the model server, for reference)."""
+    return [(int(item.strip().rstrip("m")), not item.strip().endswith("m")) for item in text.split(",")]
+
+
+def scaleout(configs: list[tuple[int, bool]], loads: list[tuple[int, float]], rounds: int,
+             tokens: int) -> list[dict]:
+    """The websocket path under each configuration of workers (or the model alone), one after the
+    other, on one database and one model server; per load, the CPU time of each process group."""
+    most = max(n for n, _ in loads)
+    cells = []
+    with bench(tokens, "openai", most) as b:
+        for workers, redis in configs:
+            pids: dict[str, int] = {}
+            with contextlib.ExitStack() as stack:
+                path = "websocket" if workers else "model"
+                servers = start_servers(stack, b.env, [path], most, False, workers, None, redis, pids)
+                groups = {"clients": [os.getpid()], "model": [b.pids["model server"]],
+                          "workers": list(pids.values()), "redis": redis_pids(), "database": database_pids}
+                measure_round(path, min(5, most), 0.0, b.env, servers, b.callers, b.expected)
+                for n, stagger in loads:
+                    cells.append(scaleout_cell(b, servers, path, n, stagger, rounds, groups))
+                    cells[-1].update(workers=workers, redis=redis)
+    return cells
+
+
+def scaleout_cell(b: Bench, servers: dict, path: str, n: int, stagger: float, rounds: int,
+                  groups: dict) -> dict:
+    cpu, began = cpu_snapshot(groups), time.perf_counter()
+    results = measure_load(b, servers, [path], n, stagger, rounds)
+    wall, spent = time.perf_counter() - began, cpu_spent(cpu, cpu_snapshot(groups))
+    return {"load": load_name(n, stagger), "row": result_row(load_name(n, stagger), path, *results[path],
+                                                             read_arrivals(b.arrivals_log)),
+            "rate": median(results[path][1]), "cores": {k: t / wall for k, t in spent.items()},
+            "per answer": {k: t * 1000 / len(results[path][0]) for k, t in spent.items()}}
+
+
+def scaleout_rows(cells: list[dict]) -> list[list]:
+    """One row per configuration and load; the ratios are to one worker on the Redis layer at the
+    same load (per worker: the ratio / workers, the per-core efficiency while workers <= cores)."""
+    one = {c["load"]: c["rate"] for c in cells if c["workers"] == 1 and c["redis"]}
+    rows = []
+    for c in cells:
+        row, base, cores = c["row"], one.get(c["load"]), c["cores"]
+        name = f"{c['workers']} ({'redis' if c['redis'] else 'memory'})" if c["workers"] else "model alone"
+        rows.append([
+            name, c["load"], row[2], row[3], row[4], row[6],
+            row[8], row[9], f"{c['rate'] / base:.2f}x" if base and c["workers"] else "",
+            f"{c['rate'] / base / c['workers']:.2f}" if base and c["workers"] else "", row[11], row[12], row[13],
+            " / ".join(f"{cores[k]:.2f}" for k in ("clients", "model", "workers", "redis", "database")),
+            f"{sum(cores.values()):.2f}",
+            f"{c['per answer']['workers']:.1f} / {sum(c['per answer'].values()):.1f}",
+        ])
+    return rows
+
+
+def scaleout_goal(cells: list[dict]) -> list[str]:
+    """Issue 27: 2 workers on Redis at least 1.7x one worker's deltas/s at 100 clients."""
+    rate = {(c["workers"], c["redis"], c["load"]): c["rate"] for c in cells}
+    lines = []
+    for base_redis in (True, False):
+        two, one = rate.get((2, True, "100")), rate.get((1, base_redis, "100"))
+        if two and one:
+            lines.append(f"2 workers (redis) / 1 worker ({'redis' if base_redis else 'memory'}) at 100 clients: "
+                         f"{two / one:.2f}x deltas/s (goal >= 1.7x): {'met' if two / one >= 1.7 else 'missed'}")
+    return lines
+
+
+def print_scaleout(cells: list[dict], args) -> None:
+    from django.db import connection
+
+    print(f"Scale-out: the websocket path, {args.tokens}-token answers, {args.rounds} round(s) per cell, N clients "
+          f"at once split round-robin over the uvicorn workers; {connection.vendor}; {machine()}")
+    print("workers: uvicorn processes (channel layer). Milliseconds, p50/p99 over every client of every round. "
+          "deltas/s: the model's deltas (tokens) received per second of the round, median of the rounds; frames/s: "
+          "websocket delta frames (coalesced). x 1: deltas/s / one worker's on Redis at the same load; per worker: "
+          "that / workers (per-core efficiency up to 2 workers on 2 cores). lost/dup/reord: tokens; saved!=: saved "
+          "answers not the text streamed; incomplete/reordered: answers. CPU cores busy over the rounds (CPU "
+          "seconds / wall seconds) of the client process / the model server / the workers / redis-server "
+          "(shared with the machine) / PostgreSQL's processes serving this run's database, and their sum (2 = both cores). CPU ms per answer: the workers' CPU time over "
+          "the rounds / answers, and every process's.")
+    print(table(["workers", "clients", "ttft p50", "ttft p99", "before model p50", "model->client p50",
+                 "deltas/s", "frames/s", "x 1", "per worker", "lost/dup/reord", "saved!=", "incomplete/reordered",
+                 "cores: clients / model / workers / redis / db", "cores total", "CPU ms/answer: workers / all"],
+                scaleout_rows(cells)))
+    for line in scaleout_goal(cells):
+        print(line)
 
 
 def goals(rows: list[list]) -> list[str]:
@@ -623,17 +800,27 @@ def main(argv: list[str] | None = None) -> None:
                              "as docs/deployment.md recommends)")
     parser.add_argument("--workers", type=int, default=1,
                         help="uvicorn worker processes; more than one use the Redis channel layer")
+    parser.add_argument("--scaleout", nargs="?", const=SCALEOUT, metavar="WORKERS",
+                        help=f"the scale-out table: the websocket path under each number of workers, one after "
+                             f"the other (default {SCALEOUT}; '1m': one worker on the in-memory layer, others on "
+                             f"Redis; '0': the model alone), at --loads (default {SCALEOUT_LOADS}), with the CPU time of each process")
     parser.add_argument("--paths", help=f"comma-separated, from: {', '.join(PATHS)} "
                         f"(default: {', '.join(DEFAULT_PATHS)})")
     parser.add_argument("--stagger", type=float, default=0.0,
                         help="spread each round's starts evenly over this many seconds (default: all at once)")
     parser.add_argument("--serve-model", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--arrivals", help=argparse.SUPPRESS)
+    parser.add_argument("--token-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_model:
-        return serve_model(args.serve_model, args.tokens, args.arrivals)
+        return serve_model(args.serve_model, args.tokens, args.arrivals, args.token_delay)
     if args.quick:
         args.clients, args.rounds, args.tokens = "2,5", 1, 20
+    if args.scaleout:
+        started = time.perf_counter()
+        loads = parse_loads(args.loads or ("2,5" if args.quick else SCALEOUT_LOADS))
+        print_scaleout(scaleout(parse_scaleout(args.scaleout), loads, args.rounds, args.tokens), args)
+        return print(f"load average {os.getloadavg()[0]:.2f}; took {time.perf_counter() - started:.0f} s")
     paths = list(ISSUE_27_PATHS if args.issue27 else DEFAULT_PATHS)
     if args.issue27 and args.baseline:
         paths.append("websocket before")

@@ -1,6 +1,6 @@
-"""``bench/bench_streaming.py --quick`` and ``bench/bench_openai_endpoint.py --quick`` run end to end
-(their own processes and database) and every answer arrives whole on every path, so the
-benchmarks cannot rot."""
+"""``bench/bench_streaming.py --quick`` (and ``--scaleout``), ``bench/bench_memory.py`` and
+``bench/bench_openai_endpoint.py --quick`` run end to end (their own processes and database) and
+every answer arrives whole on every path, so the benchmarks cannot rot."""
 
 import os
 import re
@@ -53,3 +53,51 @@ def test_the_openai_endpoint_benchmark_runs_every_path():
             if line.startswith(("websocket", "openai", "sse", "model"))}
     assert rows == {"websocket", "openai stream asgi", "openai httpx asgi", "openai whole asgi", "openai stream wsgi",
                     "sse asgi", "model openai", "model httpx"}, result.stdout
+
+
+@pytest.mark.slow
+def test_the_scaleout_table_has_every_configuration_and_loses_no_token():
+    """``--scaleout``: the model alone, then one and two workers on Redis, one after the other; the
+    ratios are to one worker, and the CPU time of each process group is read."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run([sys.executable, "bench/bench_streaming.py", "--quick", "--scaleout", "0,1,2",
+                             "--loads", "4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                            check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {line.split("  ")[0]: line.split() for line in result.stdout.splitlines()
+            if line.startswith(("model alone", "1 (redis)", "2 (redis)"))}
+    assert set(rows) == {"model alone", "1 (redis)", "2 (redis)"}, result.stdout
+    one, two = rows["1 (redis)"], rows["2 (redis)"]
+    assert one[2] == "4" and one[9:11] == ["1.00x", "1.00"], result.stdout
+    # No token lost, duplicated or reordered; every saved answer is the text streamed.
+    assert one[11:14] == two[11:14] == ["0/0/0", "0", "0/0"], result.stdout
+    # CPU cores busy: clients / model / workers / redis / database, then their sum; the workers did work.
+    cores = [float(x) for x in two[14:23:2]]
+    assert cores[2] > 0 and abs(sum(cores) - float(two[23])) < 0.03, result.stdout
+    assert 0 < float(two[24]) <= float(two[26]), result.stdout  # CPU ms per answer: the workers' within all
+    assert "took" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_memory_benchmark_reads_the_workers_rss():
+    """``bench/bench_memory.py``: idle sockets and open streams on the app and on a bare consumer,
+    each worker's RSS read before and after; every streamed answer whole."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run([sys.executable, "bench/bench_memory.py", "--sockets", "20", "--streams", "4",
+                             "--tokens", "10", "--token-delay", "0.1", "--settle", "0.3"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [re.split(r"\s{2,}", line.strip()) for line in result.stdout.splitlines()
+            if line.startswith(("app (chat consumer)", "bare Channels consumer"))]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("app (chat consumer)", "idle sockets", "20"), ("bare Channels consumer", "idle sockets", "20"),
+        ("app (chat consumer)", "open streams", "4"), ("bare Channels consumer", "open streams", "4")], result.stdout
+    for row in rows:
+        before, after, each = float(row[3]), float(row[4]), float(row[5])
+        assert 50 < before < 1000 and after >= before - 5, result.stdout  # a worker's RSS in MB
+        # KB each is the growth / count (the MB columns are rounded to 0.1 MB).
+        assert abs((after - before) * 1024 - each * int(row[2])) <= 0.1 * 1024 + 1, result.stdout
+    # 20 sockets each hold buffers in the worker: its resident set grows.
+    assert float(rows[0][5]) > 0 and float(rows[1][5]) > 0, result.stdout
+    assert all(re.fullmatch(r"\d+ -> \d+", row[6]) for row in rows), result.stdout  # the worker's threads
+    assert rows[2][8] == rows[3][8] == "0/0/0/0" and rows[2][9] == "0", result.stdout
