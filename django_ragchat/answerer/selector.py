@@ -463,7 +463,7 @@ class AnswerSelector:
         unnamed = " ".join(t.group(0) for t in _WORD_RE.finditer(query) if not set(words(t.group(0))) & named)
         bare = [i for i, c in enumerate(choices) if not c.coverage]
         if named and unnamed and unnamed != query and bare:  # both queries in one batch
-            scores, without_name = self.similarity.scores(query, texts, unnamed)
+            scores, without_name = self.similarity.scores_per_query([query, unnamed], texts)
             gates = [without_name[i] if not c.coverage else s for i, (c, s) in enumerate(zip(choices, scores, strict=True))]
         else:
             scores = self.similarity.scores(query, texts)

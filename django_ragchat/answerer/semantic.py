@@ -57,15 +57,18 @@ class SentenceSimilarity:
                 found.append(self._vectors[text])
         return np.vstack(found) if found else np.zeros((0, 0), dtype=np.float32)
 
-    def scores(self, query: str, texts: Sequence[str], *others: str) -> list[float] | list[list[float]]:
-        """The similarity of each of ``texts`` to ``query`` (-1 to 1); with ``others`` (more
-        queries), one such list per query, ``query``'s first (all embedded in one batch)."""
+    def scores(self, query: str, texts: Sequence[str]) -> list[float]:
+        """The similarity of each of ``texts`` to ``query`` (-1 to 1)."""
+        return self.scores_per_query([query], texts)[0]
+
+    def scores_per_query(self, queries: Sequence[str], texts: Sequence[str]) -> list[list[float]]:
+        """For each of ``queries``, the similarity of each of ``texts`` to it (-1 to 1); the
+        queries and the texts are embedded in one batch."""
         if not texts:
-            return [[] for _ in range(1 + len(others))] if others else []
-        found = self.vectors([query, *texts, *others])
-        rows = found[1:len(texts) + 1]
-        per_query = [[float(s) for s in rows @ found[i]] for i in (0, *range(len(texts) + 1, len(found)))]
-        return per_query if others else per_query[0]
+            return [[] for _ in queries]
+        found = self.vectors([*queries, *texts])
+        rows = found[len(queries):]
+        return [[float(s) for s in rows @ vector] for vector in found[:len(queries)]]
 
 
 class NearWords(Vocabulary):
