@@ -9,7 +9,8 @@
 #   3. ruff check (pyflakes, pycodestyle errors, isort, bugbear; config in pyproject.toml);
 #   4. the whole suite on each combination, on SQLite and on PostgreSQL with pgvector, all side by side
 #      (a PostgreSQL test that would skip fails there: RAGCHAT_REQUIRE_POSTGRES=1).
-# pytest's exit 5 (no test collected) is a failure. Extra arguments go to every pytest run
+# pytest's exit 5 (no test collected) is a failure. Each run ends with its 15 slowest tests
+# (--durations), where CI's time goes. Extra arguments go to every pytest run
 # (e.g. `bash scripts/test.sh -k pipeline`). RAGCHAT_TEST_MATRIX=5.2 (or 6.1) runs one
 # combination; RAGCHAT_TEST_POSTGRES_URL names the server (each run makes its own test database).
 set -uo pipefail
@@ -90,9 +91,9 @@ start_run() {  # start_run SLOT CMD...: in the background, waiting while $jobs r
 slots=()
 for combo in $matrix; do
   py=$(python_of "$combo")
-  start_run "$combo-sqlite" env -u DATABASE_URL "$py" -m pytest -p no:cacheprovider "$@"
+  start_run "$combo-sqlite" env -u DATABASE_URL "$py" -m pytest -p no:cacheprovider --durations=15 "$@"
   start_run "$combo-postgres" env DATABASE_URL="$PG_URL" RAGCHAT_REQUIRE_POSTGRES=1 \
-    "$py" -m pytest -p no:cacheprovider "$@"
+    "$py" -m pytest -p no:cacheprovider --durations=15 "$@"
   slots+=("$combo")
 done
 echo "=== $(( ${#slots[@]} * 2 )) runs started, at most $jobs at a time ($(elapsed) so far) ==="
