@@ -76,6 +76,7 @@ def pytest_collection_modifyitems(config, items):
                 raise pytest.UsageError(f"{item.nodeid} is marked own_database but uses the test database "
                                         f"({', '.join(sorted(used)) or 'django_db'})")
     on_postgres = "postgresql" in settings.DATABASES["default"]["ENGINE"]
+    _deselect_pairwise_elsewhere(config, items, on_postgres)
     if on_postgres or os.environ.get("RAGCHAT_REQUIRE_POSTGRES") == "1":
         left_out = "own_database" if on_postgres else None
     else:
@@ -86,6 +87,20 @@ def pytest_collection_modifyitems(config, items):
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if item.get_closest_marker(left_out) is None]
+
+
+def _deselect_pairwise_elsewhere(config, items, on_postgres: bool) -> None:
+    """With RAGCHAT_TEST_PAIRWISE=1 (scripts/test.sh), a test marked ``pairwise`` runs in two of
+    the four passes, Django 5.x on PostgreSQL and Django 6.x on SQLite: each Django version and
+    each database once. Without it (a developer's own run) every pairwise test runs."""
+    import django
+
+    if os.environ.get("RAGCHAT_TEST_PAIRWISE") != "1" or (django.VERSION[0] >= 6) != on_postgres:
+        return
+    deselected = [item for item in items if item.get_closest_marker("pairwise") is not None]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item.get_closest_marker("pairwise") is None]
 
 
 @pytest.fixture(autouse=True)

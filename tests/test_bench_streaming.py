@@ -12,6 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# pairwise: on Django 5.x with PostgreSQL and 6.x with SQLite in scripts/test.sh (pyproject.toml).
+pytestmark = pytest.mark.pairwise
+
 
 @pytest.mark.slow
 def test_the_streaming_benchmark_runs_and_loses_no_token():

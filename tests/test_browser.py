@@ -24,7 +24,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 from django_ragchat.models import Conversation, Feedback, Message
 from tests.live_servers import caller_for, chromium
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+# pairwise: on Django 5.x with PostgreSQL and 6.x with SQLite in scripts/test.sh (pyproject.toml).
+pytestmark = [pytest.mark.browser, pytest.mark.pairwise, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "var" / "screenshots"

@@ -27,7 +27,8 @@ from tests.test_browser import ROOT, SCREENSHOTS, idle, js, open_chat, wait
 browser = test_browser.browser
 page = test_browser.page
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+# pairwise: on Django 5.x with PostgreSQL and 6.x with SQLite in scripts/test.sh (pyproject.toml).
+pytestmark = [pytest.mark.browser, pytest.mark.pairwise, pytest.mark.django_db(transaction=True)]
 
 ARRIVAL = date.today() + timedelta(days=2)
 

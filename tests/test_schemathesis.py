@@ -18,7 +18,8 @@ import pytest
 
 from tests.live_servers import caller_for
 
-pytestmark = pytest.mark.slow
+# pairwise: on Django 5.x with PostgreSQL and 6.x with SQLite in scripts/test.sh (pyproject.toml).
+pytestmark = [pytest.mark.slow, pytest.mark.pairwise]
 
 EXAMPLES = int(os.environ.get("RAGCHAT_SCHEMATHESIS_EXAMPLES", "25"))
 
