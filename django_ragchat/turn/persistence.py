@@ -67,9 +67,11 @@ def _unexpired(now) -> Q:
         updated_at__gt=now - timedelta(seconds=ragchat_settings.STREAM_LEASE_SECONDS))
 
 
-def _live_streaming(conversation_id, now):
-    streaming = Message.objects.filter(conversation_id=conversation_id, status=Message.Status.STREAMING)
-    return streaming, streaming.filter(_unexpired(now))
+def _is_unexpired(lease_expires_at, updated_at, now) -> bool:
+    """``_unexpired(now)`` for a row already read."""
+    if lease_expires_at is not None:
+        return lease_expires_at > now
+    return updated_at > now - timedelta(seconds=ragchat_settings.STREAM_LEASE_SECONDS)
 
 
 def _any_alive(holders) -> bool:
@@ -116,13 +118,18 @@ def begin_turn(conversation_id, text: str, client_id: str = "") -> tuple[Message
             )
             if not updated:
                 raise Conversation.DoesNotExist(f"No conversation {conversation_id}")
-            streaming, live = _live_streaming(conversation_id, now)
-            if _any_alive(live.values_list("lease_holder", flat=True)):
+            # The conversation's streaming answers, read once: usually none, and then nothing
+            # is closed (no UPDATE).
+            streaming = list(Message.objects.filter(conversation_id=conversation_id, status=Message.Status.STREAMING)
+                             .values_list("pk", "lease_holder", "lease_expires_at", "updated_at"))
+            if _any_alive(holder for _, holder, expires, updated in streaming if _is_unexpired(expires, updated, now)):
                 duplicate = _duplicate(conversation_id, client_id) if client_id else None
                 if duplicate is not None:
                     raise duplicate
                 raise TurnInProgress()
-            _close(streaming, now)  # expired, or held by a worker that is gone
+            if streaming:  # expired, or held by a worker that is gone
+                _close(Message.objects.filter(pk__in=[pk for pk, *_ in streaming], status=Message.Status.STREAMING),
+                       now)
             last_seq = Conversation.objects.filter(pk=conversation_id).values_list("last_seq", flat=True).get()
             user = Message(conversation_id=conversation_id, seq=last_seq - 1, role=Message.Role.USER,
                            content=text, token_count=count_tokens(text), client_id=client_id or "")
