@@ -179,16 +179,19 @@ def check_pending(conversation_id, client_id: str = "") -> None:
     resend). ``begin_turn`` checks both again under the conversation's lock, so this is only
     a way to answer without taking a stream slot or counting the turn."""
     now = timezone.now()
-    wanted = Q(status=Message.Status.STREAMING) & _unexpired(now)
+    # The leases are compared here rather than in SQL: a simpler query to build, per turn.
+    wanted = Q(status=Message.Status.STREAMING)
     if client_id:
-        wanted |= Q(role=Message.Role.USER, client_id=client_id)
-    rows = list(Message.objects.filter(conversation_id=conversation_id).filter(wanted)
-                .values_list("role", "client_id", "lease_holder"))
-    if client_id and any(role == Message.Role.USER and sent == client_id for role, sent, _ in rows):
+        wanted |= Q(client_id=client_id)
+    rows = list(Message.objects.filter(wanted, conversation_id=conversation_id)
+                .values_list("role", "client_id", "status", "lease_holder", "lease_expires_at", "updated_at"))
+    if client_id and any(role == Message.Role.USER and sent == client_id for role, sent, *_ in rows):
         duplicate = _duplicate(conversation_id, client_id)
         if duplicate is not None:
             raise duplicate
-    if _any_alive(holder for role, _, holder in rows if role == Message.Role.ASSISTANT):
+    if _any_alive(holder for role, _, status, holder, expires, updated in rows
+                  if role == Message.Role.ASSISTANT and status == Message.Status.STREAMING
+                  and _is_unexpired(expires, updated, now)):
         raise TurnInProgress()
 
 
