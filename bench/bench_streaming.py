@@ -718,7 +718,7 @@ def scaleout_cell(b: Bench, servers: dict, path: str, n: int, stagger: float, ro
     cpu, began = cpu_snapshot(groups), time.perf_counter()
     results = measure_load(b, servers, [path], n, stagger, rounds)
     wall, spent = time.perf_counter() - began, cpu_spent(cpu, cpu_snapshot(groups))
-    return {"load": load_name(n, stagger), "row": result_row(load_name(n, stagger), path, *results[path],
+    return {"load": load_name(n, stagger), "row": result_row(load_name(n, stagger), path, *results[path][:3],
                                                              read_arrivals(b.arrivals_log)),
             "rate": median(results[path][1]), "cores": {k: t / wall for k, t in spent.items()},
             "per answer": {k: t * 1000 / len(results[path][0]) for k, t in spent.items()}}
