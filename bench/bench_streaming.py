@@ -584,13 +584,27 @@ def bench(tokens: int, llm: str, most: int):
             yield Bench(env, make_callers(most), arrivals_log, reply_text(tokens) if llm == "openai" else None, pids)
 
 
+# The server processes (``start_servers``' names) whose CPU time a path's answers cost.
+PATH_PROCESSES = {"websocket": "uvicorn ", "sse asgi": "uvicorn ", "websocket before": "uvicorn (baseline)",
+                  "bare relay": "bare relay", "sse wsgi": "gunicorn"}
+
+
+def path_cpu(path: str, pids: dict[str, int]) -> float:
+    """CPU seconds used so far by the server processes of ``path`` (0 for the in-process paths)."""
+    prefix = PATH_PROCESSES.get(path)
+    return sum(cpu_seconds(pid) for name, pid in pids.items() if prefix and name.startswith(prefix))
+
+
 def measure_load(b: Bench, servers: dict, paths: list[str], n: int, stagger: float, rounds: int) -> dict:
     """``rounds`` rounds of ``n`` clients on every path, interleaved (so that load from elsewhere
-    spreads evenly): by path, the answers, tokens/s and frames/s of each round."""
-    results = {path: ([], [], []) for path in paths}
+    spreads evenly): by path, the answers, tokens/s and frames/s of each round, and the CPU
+    seconds its server processes used over the rounds (handshakes, turns and streams)."""
+    results = {path: ([], [], [], [0.0]) for path in paths}
     for _ in range(rounds):
         for path in paths:
+            cpu = path_cpu(path, b.pids)
             answers, elapsed = measure_round(path, n, stagger, b.env, servers, b.callers, b.expected)
+            results[path][3][0] += path_cpu(path, b.pids) - cpu
             results[path][0].extend(answers)
             results[path][1].append(sum(a.tokens for a in answers) / elapsed)
             results[path][2].append(sum(a.frames for a in answers) / elapsed)
@@ -598,19 +612,24 @@ def measure_load(b: Bench, servers: dict, paths: list[str], n: int, stagger: flo
 
 
 def run(loads: list[tuple[int, float]], rounds: int, tokens: int, llm: str, paths: list[str],
-        ws_deflate: bool = False, workers: int = 1, baseline: str | None = None) -> list[list]:
+        ws_deflate: bool = False, workers: int = 1, baseline: str | None = None,
+        cpu_rows: list | None = None) -> list[list]:
+    """The table's rows; with ``cpu_rows``, (path, load, CPU seconds, answers) of every server path."""
     if llm != "openai":
         paths = [p for p in paths if p not in ("model", "bare relay")]
     most = max(n for n, _ in loads)
     with bench(tokens, llm, most) as b, contextlib.ExitStack() as stack:
-        servers = start_servers(stack, b.env, paths, most, ws_deflate, workers, baseline)
+        servers = start_servers(stack, b.env, paths, most, ws_deflate, workers, baseline, pids=b.pids)
         for path in paths:  # warm-up: connections, vector index, clients
             measure_round(path, min(5, most), 0.0, b.env, servers, b.callers, b.expected)
         rows = []
         for n, stagger in loads:
             results = measure_load(b, servers, paths, n, stagger, rounds)
             arrivals = read_arrivals(b.arrivals_log) if llm == "openai" else {}
-            rows += [result_row(load_name(n, stagger), path, *results[path], arrivals) for path in paths]
+            rows += [result_row(load_name(n, stagger), path, *results[path][:3], arrivals) for path in paths]
+            if cpu_rows is not None:
+                cpu_rows += [(path, load_name(n, stagger), results[path][3][0], len(results[path][0]))
+                             for path in paths if path in PATH_PROCESSES]
     return rows
 
 
@@ -699,7 +718,7 @@ def scaleout_cell(b: Bench, servers: dict, path: str, n: int, stagger: float, ro
     cpu, began = cpu_snapshot(groups), time.perf_counter()
     results = measure_load(b, servers, [path], n, stagger, rounds)
     wall, spent = time.perf_counter() - began, cpu_spent(cpu, cpu_snapshot(groups))
-    return {"load": load_name(n, stagger), "row": result_row(load_name(n, stagger), path, *results[path],
+    return {"load": load_name(n, stagger), "row": result_row(load_name(n, stagger), path, *results[path][:3],
                                                              read_arrivals(b.arrivals_log)),
             "rate": median(results[path][1]), "cores": {k: t / wall for k, t in spent.items()},
             "per answer": {k: t * 1000 / len(results[path][0]) for k, t in spent.items()}}
@@ -834,7 +853,9 @@ def main(argv: list[str] | None = None) -> None:
     loads = parse_loads(args.loads or (ISSUE_27_LOADS if args.issue27 and not args.quick else
                                        ",".join(f"{n}/{args.stagger:g}" for n in args.clients.split(","))))
     started = time.perf_counter()
-    rows = run(loads, args.rounds, args.tokens, args.llm, paths, args.ws_deflate, args.workers, args.baseline)
+    cpu_rows: list = []
+    rows = run(loads, args.rounds, args.tokens, args.llm, paths, args.ws_deflate, args.workers, args.baseline,
+               cpu_rows)
     from django.db import connection
 
     deflate = "on" if args.ws_deflate else "off"
@@ -853,6 +874,12 @@ def main(argv: list[str] | None = None) -> None:
     print(table(["load", "path", "ttft p50", "ttft p99", "before model p50", "before model p99",
                  "model->client p50", "model->client p99", "tokens/s", "frames/s", "tokens", "lost/dup/reord",
                  "saved!=", "incomplete/reordered"], rows))
+    if cpu_rows:
+        print("Server CPU time (/proc/<pid>/stat, user + system, every thread of the path's server processes) "
+              "over the rounds of each cell, per answer: the websocket handshake, the turn and its stream.")
+        print(table(["path", "load", "CPU s", "answers", "CPU ms per answer"],
+                    [[path, load, f"{cpu:.2f}", str(count), f"{cpu / count * 1000:.1f}"]
+                     for path, load, cpu, count in cpu_rows]))
     for line in goals(rows):
         print(line)
     print(f"load average {os.getloadavg()[0]:.2f}; took {time.perf_counter() - started:.0f} s")

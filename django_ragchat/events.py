@@ -13,7 +13,7 @@ saved answer: a turn a component ended early streams its answer as one ``delta``
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 PROTOCOL_VERSION = 1
@@ -24,7 +24,23 @@ class TurnEvent:
     type: ClassVar[str] = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, **asdict(self)}
+        """The wire form: ``type`` and the fields. Their values are the event's own (a
+        ``sources`` list, a ``message`` payload), not deep copies as ``dataclasses.asdict``
+        makes: an event is encoded once and sent as it is, never changed afterwards."""
+        data = {"type": self.type}
+        for name in _field_names(type(self)):
+            data[name] = getattr(self, name)
+        return data
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
 
 
 @dataclass(frozen=True)

@@ -71,3 +71,42 @@ def test_a_failing_block_gives_its_lane_back(ragchat_settings_override):
     with pytest.raises(ValueError):
         asyncio.run(failing())
     assert lanes._lanes.busy[:2] == [0, 0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_keeps_its_lanes_connection_while_other_turns_use_the_lane(ragchat_settings_override):
+    """A burst: more turns than lanes. A turn starting on a lane that other turns are using
+    (``transport.close_stale_connections``) keeps the lane's connection instead of opening one
+    per turn; alone on its lane it closes it by ``CONN_MAX_AGE`` (0 here), as Django does at the
+    end of a request."""
+    from django.db import connection
+
+    from django_ragchat.models import Conversation
+    from django_ragchat.transport.turns import close_stale_connections
+
+    ragchat_settings_override(DATABASE_THREADS=2)
+
+    def start_turn() -> tuple[bool, bool]:
+        Conversation.objects.count()  # this lane's connection is open
+        before = connection.connection
+        close_stale_connections()
+        return lanes.shared(), connection.connection is before
+
+    async def turns(count: int) -> list[tuple[bool, bool]]:
+        inside, done = asyncio.Barrier(count), asyncio.Barrier(count)
+
+        async def turn():
+            async with database_lane():
+                await inside.wait()  # every turn holds its lane now...
+                found = await sync_to_async(start_turn)()
+                await done.wait()  # ...until every turn has started
+            return found
+
+        return list(await asyncio.gather(*(turn() for _ in range(count))))
+
+    try:
+        assert asyncio.run(turns(4)) == [(True, True)] * 4  # two turns on each lane
+        assert asyncio.run(turns(1)) == [(False, False)]
+        assert not lanes.shared()  # not a lane's thread
+    finally:
+        lanes.close_connections()

@@ -139,7 +139,9 @@ def test_a_turn_issues_the_same_number_of_queries_whatever_the_history_length(pr
         assert result.status == "complete"
         counts[n] = len(queries)
     assert counts[2] == counts[200], counts
-    assert counts[2] <= 20, counts
+    # 18 since begin_turn reads the conversation's streaming answers once and closes them only
+    # when there are some (it was 19: an UPDATE every turn, usually of no row).
+    assert counts[2] <= 18, counts
 
 
 def test_history_budget_is_reserved_for_the_conversation(product_corpus, conversation, ragchat_settings_override):

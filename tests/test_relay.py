@@ -125,3 +125,36 @@ def test_on_the_redis_layer_the_group_is_asked_whether_another_socket_watches():
             await layer.close_pools()
 
     assert asyncio.run(scenario()) == (False, True)
+
+
+def test_every_event_has_the_wire_form_dataclasses_asdict_gave():
+    """``TurnEvent.to_dict`` reads the fields without copying them recursively: the wire form
+    (docs/protocol.md) is the one ``dataclasses.asdict`` gave, for every kind of event."""
+    import dataclasses
+
+    from django_ragchat import events
+
+    payload = {"id": 7, "content": "An answer [1].", "sources": [{"index": 1, "title": "Aurora"}],
+               "citations": [{"index": 1, "chunk_id": 3}], "status": "complete"}
+    samples = [
+        events.Accepted(conversation_id="c", user_message_id=1, user_seq=1, assistant_message_id=2),
+        events.Accepted(conversation_id="c", user_message_id=1, user_seq=1, assistant_message_id=2, replayed=True),
+        events.StageChanged(stage="retrieving"),
+        events.SourcesFound(sources=[{"index": 1, "title": "Aurora", "metadata": {"page": [1, 2]}}]),
+        events.Delta(text=" t0", index=0),
+        events.Retry(attempt=1, guardrail="grounded"),
+        events.Replace(text="Another answer."),
+        events.Completed(message=payload),
+        events.Failed(code="cancelled", message="Stopped.", assistant_message=payload, retry_after=1),
+        events.ToolCallUpdate(id="call_1", name="order_status", arguments={"order": "ORD-17"}, label="Looking",
+                              step=1, status="awaiting_confirmation", confirmation_id=4),
+        events.ToolCallFinished(id="call_1", name="order_status", status="error", content="",
+                                error={"code": "timeout", "message": "Too slow."}, ms=12.5),
+    ]
+    for event in samples:
+        expected = {"type": event.type, **dataclasses.asdict(event)}
+        if isinstance(event, events.Accepted) and not event.replayed:
+            del expected["replayed"]
+        assert event.to_dict() == expected
+        assert json.dumps(event.to_dict()) == json.dumps(expected)  # the same keys in the same order
+    assert {type(e) for e in samples} == set(events.TurnEvent.__subclasses__())

@@ -26,7 +26,7 @@ from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import Accepted, Completed, Failed, TurnEvent
 from django_ragchat.exceptions import InvalidMessage, RagchatError, TurnInProgress
 from django_ragchat.models import Conversation, Message
-from django_ragchat.turn import limits, persistence, pipeline, shutdown
+from django_ragchat.turn import lanes, limits, persistence, pipeline, shutdown
 from django_ragchat.turn.persistence import ConversationGone, DuplicateMessage
 from django_ragchat.types import HistoryMessage
 
@@ -81,12 +81,23 @@ def validate(content: Any) -> str:
 def close_stale_connections() -> None:
     """Django's end-of-request connection cleanup, for this thread's connections: those past
     ``CONN_MAX_AGE`` or broken are closed (connections inside a transaction, such as a test's,
-    are left alone). Turns run their database work on a thread shared by every answer of the
+    are left alone). Turns run their database work on threads shared by the answers of the
     process, where no request ever ends; this runs there as each turn opens its conversation,
-    as Channels' ``database_sync_to_async`` does."""
+    as Channels' ``database_sync_to_async`` does. On a database lane that other turns are using
+    at the same moment (``lanes.shared``: a burst), only a broken connection is closed: the
+    others' queries keep it busy, and a turn does not pay for a new one (a SQLite file opened
+    again, a pool checkout) when ``CONN_MAX_AGE`` is 0."""
+    keep = lanes.shared()
     for connection in connections.all(initialized_only=True):
-        if not connection.in_atomic_block:
+        if connection.in_atomic_block:
+            continue
+        if not keep:
             connection.close_if_unusable_or_obsolete()
+        elif connection.connection is not None and connection.errors_occurred:
+            if connection.is_usable():
+                connection.errors_occurred = False
+            else:
+                connection.close()
 
 
 def open_conversation_sync(user, conversation_id, session_key, for_sending: bool) -> tuple[Conversation, bool]:

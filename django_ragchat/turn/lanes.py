@@ -12,7 +12,9 @@ the calls of one turn stay on one thread, in order, so Django's thread-bound con
 transactions behave as before, while different turns use different threads. The lane with
 the fewest turns is chosen. Each thread keeps its own database connection, closed or reused
 by ``CONN_MAX_AGE`` (and ``transport.close_stale_connections``) as usual, so a site needs up
-to ``DATABASE_THREADS`` more connections per worker process.
+to ``DATABASE_THREADS`` more connections per worker process. While a lane serves several turns
+at once (a burst), a turn that starts there keeps the lane's connection, whatever its age,
+instead of opening one per turn (``CONN_MAX_AGE`` 0); broken connections are closed all the same.
 
 Nothing changes (the block runs as before) when:
 
@@ -50,7 +52,8 @@ class _Lanes:
         with self.lock:
             while len(self.executors) < size:
                 self.executors.append(ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix=f"ragchat-db-{len(self.executors)}"))
+                    max_workers=1, thread_name_prefix=f"ragchat-db-{len(self.executors)}",
+                    initializer=_name_lane, initargs=(len(self.executors),)))
                 self.busy.append(0)
             index = min(range(size), key=self.busy.__getitem__)
             self.busy[index] += 1
@@ -68,6 +71,19 @@ class _Lanes:
 
 
 _lanes = _Lanes()
+_thread = threading.local()  # .lane: the index of the lane a lane's thread serves
+
+
+def _name_lane(index: int) -> None:
+    _thread.lane = index
+
+
+def shared() -> bool:
+    """Whether the calling thread is a lane's and serves other blocks besides the caller's
+    (a burst of turns): its database connection is in use by them, so a turn starting there
+    keeps it instead of closing it by ``CONN_MAX_AGE`` (``transport.close_stale_connections``)."""
+    index = getattr(_thread, "lane", None)
+    return index is not None and _lanes.busy[index] > 1
 
 
 def close_connections() -> None:

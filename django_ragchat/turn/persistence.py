@@ -67,9 +67,11 @@ def _unexpired(now) -> Q:
         updated_at__gt=now - timedelta(seconds=ragchat_settings.STREAM_LEASE_SECONDS))
 
 
-def _live_streaming(conversation_id, now):
-    streaming = Message.objects.filter(conversation_id=conversation_id, status=Message.Status.STREAMING)
-    return streaming, streaming.filter(_unexpired(now))
+def _is_unexpired(lease_expires_at, updated_at, now) -> bool:
+    """``_unexpired(now)`` for a row already read."""
+    if lease_expires_at is not None:
+        return lease_expires_at > now
+    return updated_at > now - timedelta(seconds=ragchat_settings.STREAM_LEASE_SECONDS)
 
 
 def _any_alive(holders) -> bool:
@@ -116,13 +118,18 @@ def begin_turn(conversation_id, text: str, client_id: str = "") -> tuple[Message
             )
             if not updated:
                 raise Conversation.DoesNotExist(f"No conversation {conversation_id}")
-            streaming, live = _live_streaming(conversation_id, now)
-            if _any_alive(live.values_list("lease_holder", flat=True)):
+            # The conversation's streaming answers, read once: usually none, and then nothing
+            # is closed (no UPDATE).
+            streaming = list(Message.objects.filter(conversation_id=conversation_id, status=Message.Status.STREAMING)
+                             .values_list("pk", "lease_holder", "lease_expires_at", "updated_at"))
+            if _any_alive(holder for _, holder, expires, updated in streaming if _is_unexpired(expires, updated, now)):
                 duplicate = _duplicate(conversation_id, client_id) if client_id else None
                 if duplicate is not None:
                     raise duplicate
                 raise TurnInProgress()
-            _close(streaming, now)  # expired, or held by a worker that is gone
+            if streaming:  # expired, or held by a worker that is gone
+                _close(Message.objects.filter(pk__in=[pk for pk, *_ in streaming], status=Message.Status.STREAMING),
+                       now)
             last_seq = Conversation.objects.filter(pk=conversation_id).values_list("last_seq", flat=True).get()
             user = Message(conversation_id=conversation_id, seq=last_seq - 1, role=Message.Role.USER,
                            content=text, token_count=count_tokens(text), client_id=client_id or "")
@@ -172,16 +179,19 @@ def check_pending(conversation_id, client_id: str = "") -> None:
     resend). ``begin_turn`` checks both again under the conversation's lock, so this is only
     a way to answer without taking a stream slot or counting the turn."""
     now = timezone.now()
-    wanted = Q(status=Message.Status.STREAMING) & _unexpired(now)
+    # The leases are compared here rather than in SQL: a simpler query to build, per turn.
+    wanted = Q(status=Message.Status.STREAMING)
     if client_id:
-        wanted |= Q(role=Message.Role.USER, client_id=client_id)
-    rows = list(Message.objects.filter(conversation_id=conversation_id).filter(wanted)
-                .values_list("role", "client_id", "lease_holder"))
-    if client_id and any(role == Message.Role.USER and sent == client_id for role, sent, _ in rows):
+        wanted |= Q(client_id=client_id)
+    rows = list(Message.objects.filter(wanted, conversation_id=conversation_id)
+                .values_list("role", "client_id", "status", "lease_holder", "lease_expires_at", "updated_at"))
+    if client_id and any(role == Message.Role.USER and sent == client_id for role, sent, *_ in rows):
         duplicate = _duplicate(conversation_id, client_id)
         if duplicate is not None:
             raise duplicate
-    if _any_alive(holder for role, _, holder in rows if role == Message.Role.ASSISTANT):
+    if _any_alive(holder for role, _, status, holder, expires, updated in rows
+                  if role == Message.Role.ASSISTANT and status == Message.Status.STREAMING
+                  and _is_unexpired(expires, updated, now)):
         raise TurnInProgress()
 
 
