@@ -67,8 +67,8 @@ class Passage:
     mentions_the: bool  # "the Aurora X2" appears: decline text uses the article
     kind: str = ""  # what its text defines the subject as ("tablet"), see subjects.kind_of
     # Read at ingestion (``answerer.stored``): its sentences' and heading's candidate words for
-    # the model's word neighbours, (stem, word) in order, and the vectors of those words and of
-    # its sentences. None and {} when the passage was read in this process.
+    # the model's word neighbours, (stem, word) in order, and its sentences' vectors. None and
+    # {} when the passage was read in this process.
     words: tuple[tuple[str, str], ...] | None = field(default=None, compare=False)
     leaf_words: tuple[tuple[str, str], ...] | None = field(default=None, compare=False)
     vectors: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)

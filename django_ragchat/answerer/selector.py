@@ -304,8 +304,8 @@ class AnswerSelector:
 
     def reading_meaning(self, prompt: Prompt, passages: list[Passage]) -> AnswerSelector:
         """This selector for one turn, its vocabulary widened by the model's word neighbours
-        (``NearWords``) among the words of ``passages``; the vectors the passages brought from
-        their rows (read at ingestion) are used, not computed again."""
+        (``NearWords``) among the words of ``passages``; the sentence vectors the passages brought
+        from their rows (read at ingestion) are used, not computed again."""
         v = self.vocabulary
         light = v.stopwords | v.generic
         passage_words: dict[str, str] = {}

@@ -5,8 +5,8 @@ is handed the profile's embedder and gives its ``embed`` to ``SentenceSimilarity
 
 Sentence vectors are cached per process (a passage's sentences come back turn after turn), so a
 turn embeds its question and the sentences it has not seen before: about 30 µs each. A passage
-read at ingestion (``answerer.stored``) brings its sentences' and words' vectors from its row
-(``StoredVectors``): then a turn embeds only its question's texts.
+read at ingestion (``answerer.stored``) brings its sentences' vectors from its row
+(``StoredVectors``): then a turn embeds only its question's texts and the passages' words.
 """
 
 from __future__ import annotations

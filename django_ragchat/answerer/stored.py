@@ -1,12 +1,13 @@
 """Chunks read once, at ingestion: what the answerer reads of a passage, stored with its chunk.
 
 Most of a turn's cost over passages it has not seen was reading them (sentences, name runs,
-stems) and embedding their sentences and words, and all of that depends only on the chunk's
-text, the language data and the model. So the answerer reads a chunk when it is stored
+stems) and embedding their sentences, and all of that depends only on the chunk's text, the
+language data and the model. So the answerer reads a chunk when it is stored
 (``analyse_chunks``: ingestion and ``ragchat_reembed`` call it for a profile whose answerer reads
 passages, ``ExtractiveAnswerer.analyse_chunks``); the bytes go into ``Chunk.analysis`` and come
 back with the chunk, in the search's own query, as ``RetrievedChunk.analysis``. A turn then
-decodes them (``read_stored``) instead of reading the text, and embeds only its question.
+decodes them (``read_stored``) instead of reading the text, and embeds only its question and
+the passages' candidate words (the neighbours' matrix, about 50 words).
 
 A stored reading is used only when it was made by this code with this language: its key is a
 hash of the reading code's modules and of the language data (``reading_key``); its vectors only
@@ -45,8 +46,9 @@ READING_MODULES = ("django_ragchat.answerer.passages", "django_ragchat.answerer.
 @dataclass(frozen=True)
 class StoredReading:
     """One chunk's stored reading: ``analysis`` as ``passages.analyse_text`` returns it, the
-    candidate words of its sentences and of its heading's leaf, and text -> vector ({} when
-    the vectors are of another space or there are none)."""
+    candidate words of its sentences and of its heading's leaf (for the model's word
+    neighbours), and sentence -> vector ({} when the vectors are of another space or there are
+    none)."""
 
     analysis: tuple[str, tuple[Sentence, ...], str, bool, str]
     words: tuple[tuple[str, str], ...]
@@ -109,14 +111,14 @@ def _header(text: str, heading: str, title: str, vocabulary: Vocabulary, light: 
 
 def analyse_chunks(chunks: Iterable[tuple[str, str, str]], vocabulary: Vocabulary, embedder: Any = None) -> list[bytes]:
     """Each chunk's (text, heading, document title) read as the answerer reads it, with the
-    vectors of its sentences and candidate words by ``embedder`` (a semantic model running in
-    process; None: no vectors), as ``Chunk.analysis`` stores it."""
+    vectors of its sentences by ``embedder`` (a semantic model running in process; None: no
+    vectors), as ``Chunk.analysis`` stores it."""
     light = vocabulary.stopwords | vocabulary.generic
     headers = [_header(text, heading, title, vocabulary, light) for text, heading, title in chunks]
     for header in headers:
-        header["texts"] = list(dict.fromkeys([*(row[0] for row in header["sentences"]),
-                                              *(w for _, w in header["words"]),
-                                              *(w for _, w in header["leaf_words"])])) if embedder else []
+        # The sentences' vectors, not the words': those would triple a row (a vector is 1 KB)
+        # for about 0.1 ms a turn (bench/README.md), so a turn embeds its ~50 words itself.
+        header["texts"] = list(dict.fromkeys(row[0] for row in header["sentences"])) if embedder else []
     every = list(dict.fromkeys(t for header in headers for t in header["texts"]))
     found = dict(zip(every, np.asarray(embedder.embed(every), dtype="<f4"), strict=True)) if every else {}
     key = analysis_key(vocabulary, embedder).encode()

@@ -115,7 +115,7 @@ class ExtractiveAnswerer(LLMBackend):
 
     def analyse_chunks(self, chunks: list[tuple[str, str, str]]) -> list[bytes]:
         """Each chunk's (text, heading, document title) read as this answerer reads it, with its
-        sentences' and words' vectors when it reads meaning: what ingestion stores in
+        sentences' vectors when it reads meaning: what ingestion stores in
         ``Chunk.analysis`` so that a turn need not read it (``django_ragchat.answerer.stored``)."""
         return analyse_chunks(chunks, self.vocabulary, self.embedder)
 
