@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from bench.bench_extractive import BASELINE_LANG
 from django_ragchat import search
-from django_ragchat.answerer.passages import analyse_text, build_passages
+from django_ragchat.answerer.passages import analyse_text, build_passages, candidate_words
 from django_ragchat.answerer.selector import AnswerSelector
 from django_ragchat.answerer.semantic import SentenceSimilarity, clear_caches
 from django_ragchat.answerer.stored import analyse_chunks, analysis_key, decode, reading_key, stored_key
@@ -54,7 +54,12 @@ def test_a_stored_reading_is_the_reading_of_the_text_with_the_vectors_of_each_te
         assert set(reading.vectors) == {s.text for s in reading.analysis[1]}
         for piece, vector in reading.vectors.items():  # the same bits as the model gives the text alone
             assert np.array_equal(vector.view(np.uint32), embedder.embed([piece])[0].view(np.uint32)), piece
-    assert decode(analyse_chunks(CHUNKS[:1], vocabulary, embedder)[0], key, "another-space").vectors == {}
+        words = [w for _, w in reading.words + reading.leaf_words]
+        assert set(reading.tokens) == set(words) and (words or not text)
+        from_ids = embedder.embed_ids([reading.tokens[w] for w in words])
+        assert np.array_equal(from_ids.view(np.uint32), embedder.embed(words).view(np.uint32))
+    other = decode(analyse_chunks(CHUNKS[:1], vocabulary, embedder)[0], key, "another-space")
+    assert other.vectors == {} and other.tokens == {} and other.words
 
 
 def test_a_reading_made_with_other_language_data_or_none_is_not_used():
@@ -72,7 +77,7 @@ def _hits(question: str, embedder, k: int = 4):
     return search.hybrid_search(embedder.space, embedder.embed([question])[0], question, k)
 
 
-def test_a_turn_over_stored_readings_answers_the_same_and_embeds_no_sentence_of_its_passages(product_corpus):
+def test_a_turn_over_stored_readings_answers_the_same_and_tokenizes_nothing_of_its_passages(product_corpus):
     vocabulary, embedder = _semantic()
     embedded: list[str] = []
 
@@ -80,20 +85,24 @@ def test_a_turn_over_stored_readings_answers_the_same_and_embeds_no_sentence_of_
         embedded.extend(texts)
         return embedder.embed(texts)
 
-    selector = AnswerSelector(vocabulary=vocabulary, similarity=SentenceSimilarity(encode), space=embedder.space)
+    selector = AnswerSelector(vocabulary=vocabulary, space=embedder.space,
+                              similarity=SentenceSimilarity(encode, encode_ids=embedder.embed_ids))
     passages_embedded_from_text = 0
     for question in QUESTIONS:
         hits = _hits(question, embedder)
         assert hits and all(hit.analysis for hit in hits)
-        sentences = {s.text for p in build_passages(hits, vocabulary) for s in p.sentences}
+        read = build_passages(hits, vocabulary)
+        sentences = {s.text for p in read for s in p.sentences}
+        passage_words = {w for text in [*sentences, *(p.heading_leaf for p in read)]
+                         for _, w in candidate_words(text, vocabulary.stopwords | vocabulary.generic)}
         answers = []
         for documents in (hits, [dataclasses.replace(hit, analysis=None) for hit in hits]):
             clear_caches()
             embedded.clear()
             answers.append(selector.answer(Prompt(messages=(), question=question, search_query=question,
                                                   documents=tuple(documents))))
-            if documents is hits:
-                assert not sentences & set(embedded), question  # every passage text came from the rows
+            if documents is hits:  # every passage text came from the rows, as vectors or token ids
+                assert not (sentences | passage_words) & set(embedded), question
             else:
                 passages_embedded_from_text += bool(sentences & set(embedded))
         assert answers[0] == answers[1], question

@@ -67,11 +67,12 @@ class Passage:
     mentions_the: bool  # "the Aurora X2" appears: decline text uses the article
     kind: str = ""  # what its text defines the subject as ("tablet"), see subjects.kind_of
     # Read at ingestion (``answerer.stored``): its sentences' and heading's candidate words for
-    # the model's word neighbours, (stem, word) in order, and its sentences' vectors. None and
-    # {} when the passage was read in this process.
+    # the model's word neighbours, (stem, word) in order, its sentences' vectors and its words'
+    # token ids. None and {} when the passage was read in this process.
     words: tuple[tuple[str, str], ...] | None = field(default=None, compare=False)
     leaf_words: tuple[tuple[str, str], ...] | None = field(default=None, compare=False)
     vectors: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    tokens: Mapping[str, list[int]] = field(default_factory=dict, compare=False, repr=False)  # word -> token ids
 
 
 def _sentence_start(text: str, position: int) -> bool:
@@ -252,7 +253,8 @@ def build_passages(documents: Iterable[RetrievedChunk], vocabulary: Vocabulary,
             extra = {}
         else:
             leaf, found, subject, mentions_the, kind = reading.analysis
-            extra = {"words": reading.words, "leaf_words": reading.leaf_words, "vectors": reading.vectors}
+            extra = {"words": reading.words, "leaf_words": reading.leaf_words, "vectors": reading.vectors,
+                     "tokens": reading.tokens}
         passages.append(Passage(
             index=index, ordinal=chunk.ordinal, heading_leaf=leaf,
             heading_stems=stems(leaf),

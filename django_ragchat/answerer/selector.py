@@ -320,10 +320,12 @@ class AnswerSelector:
         surface = {stem(w): w for w in words(f"{prompt.question} {prompt.search_query or ''}") if w.isalpha()}
         turn = copy.copy(self)
         stored: dict = {}
+        tokens: dict = {}
         for p in passages:
             stored.update(p.vectors)
-        if stored:
-            turn.similarity = StoredVectors(self.similarity, stored)
+            tokens.update(p.tokens)
+        if stored or tokens:
+            turn.similarity = StoredVectors(self.similarity, stored, tokens)
         turn.vocabulary = NearWords(v, turn.similarity, passage_words, surface, threshold=self.near_word_similarity,
                                     evidence=NEAR_WORD_EVIDENCE)
         return turn

@@ -5,8 +5,8 @@ is handed the profile's embedder and gives its ``embed`` to ``SentenceSimilarity
 
 Sentence vectors are cached per process (a passage's sentences come back turn after turn), so a
 turn embeds its question and the sentences it has not seen before: about 30 µs each. A passage
-read at ingestion (``answerer.stored``) brings its sentences' vectors from its row
-(``StoredVectors``): then a turn embeds only its question's texts and the passages' words.
+read at ingestion (``answerer.stored``) brings its sentences' vectors and its words' token ids
+from its row (``StoredVectors``): then a turn tokenizes only its question's texts.
 """
 
 from __future__ import annotations
@@ -58,8 +58,12 @@ class _Similarity:
 class SentenceSimilarity(_Similarity):
     """Cosine similarities between a query and sentences, by ``encode`` (L2-normalised vectors)."""
 
-    def __init__(self, encode: Encode, cache_size: int = CACHE_SIZE):
+    def __init__(self, encode: Encode, cache_size: int = CACHE_SIZE,
+                 encode_ids: Callable[[list[list[int]]], np.ndarray] | None = None):
         self.encode = encode
+        # The model's ``embed_ids`` when it has one: texts already tokenized (a stored chunk's
+        # words) are embedded without the tokenizer, to the same vectors.
+        self.encode_ids = encode_ids
         self.cache_size = cache_size
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
@@ -81,20 +85,27 @@ class SentenceSimilarity(_Similarity):
 
 
 class StoredVectors(_Similarity):
-    """``similarity`` for one turn, the vectors its passages brought from their rows (``stored``:
-    text -> vector, computed at ingestion by the same model) used before the model is asked. A
-    text's vector does not depend on the batch it was embedded in, so the scores are the same."""
+    """``similarity`` for one turn, with what its passages brought from their rows, made at
+    ingestion with the same model: ``stored`` (text -> vector: their sentences) and ``tokens``
+    (text -> token ids: their words, embedded with ``similarity.encode_ids``, no tokenizer).
+    A text's vector does not depend on the batch it was embedded in, so the scores are the same."""
 
-    def __init__(self, similarity: SentenceSimilarity, stored: Mapping[str, np.ndarray]):
+    def __init__(self, similarity: SentenceSimilarity, stored: Mapping[str, np.ndarray],
+                 tokens: Mapping[str, list[int]] | None = None):
         self.similarity = similarity
-        self.stored = stored
+        self.stored = dict(stored)
+        self.tokens = tokens if tokens and similarity.encode_ids is not None else {}
 
     def vectors(self, texts: Sequence[str]) -> np.ndarray:
         stored = self.stored
         missing = [t for t in dict.fromkeys(texts) if t not in stored]
         if not missing:
             return np.vstack([stored[t] for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
-        computed = dict(zip(missing, self.similarity.vectors(missing), strict=True))
+        tokenized = [t for t in missing if t in self.tokens]
+        if tokenized:  # kept for the turn: a word's vector is asked again with each asked word
+            stored.update(zip(tokenized, self.similarity.encode_ids([self.tokens[t] for t in tokenized]), strict=True))
+            missing = [t for t in missing if t not in stored]
+        computed = dict(zip(missing, self.similarity.vectors(missing), strict=True)) if missing else {}
         return np.vstack([stored[t] if t in stored else computed[t] for t in texts])
 
 

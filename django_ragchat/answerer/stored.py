@@ -6,8 +6,9 @@ language data and the model. So the answerer reads a chunk when it is stored
 (``analyse_chunks``: ingestion and ``ragchat_reembed`` call it for a profile whose answerer reads
 passages, ``ExtractiveAnswerer.analyse_chunks``); the bytes go into ``Chunk.analysis`` and come
 back with the chunk, in the search's own query, as ``RetrievedChunk.analysis``. A turn then
-decodes them (``read_stored``) instead of reading the text, and embeds only its question and
-the passages' candidate words (the neighbours' matrix, about 50 words).
+decodes them (``read_stored``) instead of reading the text, embeds the passages' candidate words
+(the neighbours' matrix, about 50 words) from their stored token ids, and tokenizes only its
+question.
 
 A stored reading is used only when it was made by this code with this language: its key is a
 hash of the reading code's modules and of the language data (``reading_key``); its vectors only
@@ -54,6 +55,7 @@ class StoredReading:
     words: tuple[tuple[str, str], ...]
     leaf_words: tuple[tuple[str, str], ...]
     vectors: dict[str, np.ndarray]
+    tokens: dict[str, list[int]]  # word -> its token ids ({} as ``vectors``)
 
 
 def _canonical(value: Any) -> Any:
@@ -92,9 +94,11 @@ def stored_key(blob: bytes | memoryview | None) -> str:
     return bytes(blob[6:6 + int.from_bytes(bytes(blob[4:6]), "little")]).decode()
 
 
-def _sentence_row(s: Sentence) -> list:
+def _sentence_row(s: Sentence, sets: dict[frozenset[str], int]) -> list:
+    """A sentence as a JSON row; its word positions' stem sets as indexes into the chunk's
+    ``sets`` (a word's stems repeat: decoded once a chunk)."""
     flags = s.has_currency | s.has_number << 1 | s.has_money << 2
-    sequence = [next(iter(found)) if len(found) == 1 else sorted(found) for found in s.sequence]
+    sequence = [sets.setdefault(found, len(sets)) for found in s.sequence]
     return [s.text, s.position, flags, list(s.names), sorted(s.stems), sequence, sorted(s.loose)]
 
 
@@ -104,21 +108,27 @@ def _header(text: str, heading: str, title: str, vocabulary: Vocabulary, light: 
     for s in found:
         for st, w in candidate_words(s.text, light):
             words.setdefault(st, w)
-    return {"leaf": leaf, "subject": subject, "the": mentions_the, "kind": kind,
-            "sentences": [_sentence_row(s) for s in found], "words": list(words.items()),
+    sets: dict[frozenset[str], int] = {}
+    rows = [_sentence_row(s, sets) for s in found]
+    return {"leaf": leaf, "subject": subject, "the": mentions_the, "kind": kind, "sentences": rows,
+            "sets": [sorted(found) for found in sets], "words": list(words.items()),
             "leaf_words": candidate_words(leaf, light)}
 
 
 def analyse_chunks(chunks: Iterable[tuple[str, str, str]], vocabulary: Vocabulary, embedder: Any = None) -> list[bytes]:
     """Each chunk's (text, heading, document title) read as the answerer reads it, with the
-    vectors of its sentences by ``embedder`` (a semantic model running in process; None: no
-    vectors), as ``Chunk.analysis`` stores it."""
+    vectors of its sentences and the token ids of its candidate words by ``embedder`` (a
+    semantic model running in process; None: neither), as ``Chunk.analysis`` stores it."""
     light = vocabulary.stopwords | vocabulary.generic
     headers = [_header(text, heading, title, vocabulary, light) for text, heading, title in chunks]
+    tokenize = getattr(embedder, "token_ids", None)
     for header in headers:
-        # The sentences' vectors, not the words': those would triple a row (a vector is 1 KB)
-        # for about 0.1 ms a turn (bench/README.md), so a turn embeds its ~50 words itself.
+        # The sentences' vectors; the words' token ids, not their vectors: a vector is 1 KB and
+        # would make a row four times as large, ids are a few bytes and spare the turn the
+        # tokenizer (a model with ``token_ids`` and ``embed_ids``; else the turn embeds them).
         header["texts"] = list(dict.fromkeys(row[0] for row in header["sentences"])) if embedder else []
+        pieces = list(dict.fromkeys(w for _, w in header["words"] + header["leaf_words"]))
+        header["tokens"] = dict(zip(pieces, tokenize(pieces), strict=True)) if tokenize and pieces else {}
     every = list(dict.fromkeys(t for header in headers for t in header["texts"]))
     found = dict(zip(every, np.asarray(embedder.embed(every), dtype="<f4"), strict=True)) if every else {}
     key = analysis_key(vocabulary, embedder).encode()
@@ -129,14 +139,6 @@ def analyse_chunks(chunks: Iterable[tuple[str, str, str]], vocabulary: Vocabular
         encoded.append(b"".join((MAGIC, len(key).to_bytes(2, "little"), key, len(head).to_bytes(4, "little"),
                                  head, rows)))
     return encoded
-
-
-def _frozen(found: str | list[str], cache: dict) -> frozenset[str]:
-    key = found if isinstance(found, str) else tuple(found)
-    value = cache.get(key)
-    if value is None:
-        value = cache[key] = frozenset((found,) if isinstance(found, str) else found)
-    return value
 
 
 def decode(blob: bytes | memoryview | None, key: str, space: str = "") -> StoredReading | None:
@@ -152,19 +154,21 @@ def decode(blob: bytes | memoryview | None, key: str, space: str = "") -> Stored
     start = 6 + length + 4
     end = start + int.from_bytes(blob[start - 4:start], "little")
     head = json.loads(blob[start:end])
-    sets: dict = {}
+    sets = [frozenset(found) for found in head["sets"]]
     sentences = tuple(
         Sentence(text=text, position=position, stems=frozenset(st), has_currency=bool(flags & 1),
-                 has_number=bool(flags & 2), names=tuple(names), sequence=tuple(_frozen(f, sets) for f in sequence),
+                 has_number=bool(flags & 2), names=tuple(names), sequence=tuple(map(sets.__getitem__, sequence)),
                  has_money=bool(flags & 4), loose=frozenset(loose))
         for text, position, flags, names, st, sequence, loose in head["sentences"])
     vectors: dict[str, np.ndarray] = {}
     texts = head["texts"]
-    if space and stored_space == space and texts:
+    ours = bool(space) and stored_space == space
+    if ours and texts:
         matrix = np.frombuffer(blob, dtype="<f4", offset=end).reshape(len(texts), -1)
         vectors = dict(zip(texts, matrix, strict=True))
     return StoredReading((head["leaf"], sentences, head["subject"], head["the"], head["kind"]),
-                         tuple(map(tuple, head["words"])), tuple(map(tuple, head["leaf_words"])), vectors)
+                         tuple(map(tuple, head["words"])), tuple(map(tuple, head["leaf_words"])), vectors,
+                         head["tokens"] if ours else {})
 
 
 def read_stored(documents: Sequence[Any], vocabulary: Vocabulary, space: str = "") -> list[StoredReading | None]:

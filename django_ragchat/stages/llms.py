@@ -106,7 +106,9 @@ class ExtractiveAnswerer(LLMBackend):
         semantic = embedder is not None and getattr(embedder, "local_semantic", False)
         self.selector = AnswerSelector(vocabulary=vocabulary, min_coverage=min_coverage,
                                        max_sentences=max_sentences, no_answer=no_answer,
-                                       similarity=SentenceSimilarity(embedder.embed) if semantic else None,
+                                       similarity=SentenceSimilarity(
+                                           embedder.embed, encode_ids=getattr(embedder, "embed_ids", None))
+                                       if semantic else None,
                                        semantic_weight=semantic_weight, min_similarity=min_similarity,
                                        near_word_similarity=near_word_similarity,
                                        space=embedder.space if semantic else "")
