@@ -18,7 +18,14 @@ from django_ragchat import search
 from django_ragchat.answerer.passages import analyse_text, build_passages, candidate_words
 from django_ragchat.answerer.selector import AnswerSelector
 from django_ragchat.answerer.semantic import SentenceSimilarity, clear_caches
-from django_ragchat.answerer.stored import analyse_chunks, analysis_key, decode, reading_key, stored_key
+from django_ragchat.answerer.stored import (
+    analyse_chunks,
+    analysis_key,
+    decode,
+    read_stored,
+    reading_key,
+    stored_key,
+)
 from django_ragchat.answerer.vocabulary import Vocabulary, default_vocabulary
 from django_ragchat.ingestion.pipeline import ingest_text, reembed, refresh_analyses
 from django_ragchat.language import load_language
@@ -129,6 +136,25 @@ def test_a_stale_reading_is_read_from_the_text_until_ragchat_reembed_analysis(pr
                .values_list("analysis", flat=True))
     call_command("ragchat_reembed", "--analysis", stdout=(out := io.StringIO()))
     assert f"0 of {total:,} chunk(s)" in out.getvalue()
+
+
+def test_a_reading_of_another_text_is_not_used(product_corpus):
+    vocabulary, embedder = _semantic()
+    question = "How much does the Aurora X2 cost?"
+    hits = _hits(question, embedder)
+    priced = next(i for i, hit in enumerate(hits) if "$699" in hit.text)
+    other = next(i for i in range(len(hits)) if i != priced)
+    # A document postprocessor rewrote a passage, or the document's title was edited: the
+    # reading stored describes the old one, so the turn reads the new text.
+    changed = list(hits)
+    changed[priced] = dataclasses.replace(hits[priced], text=hits[priced].text.replace("$699", "$649"))
+    changed[other] = dataclasses.replace(hits[other], title="Renamed")
+    readings = read_stored(changed, vocabulary, embedder.space)
+    assert [r is None for r in readings] == [i in (priced, other) for i in range(len(hits))]
+    selector = AnswerSelector(vocabulary=vocabulary)
+    answers = [selector.answer(Prompt(messages=(), question=question, search_query=question, documents=tuple(docs)))
+               for docs in (changed, [dataclasses.replace(hit, analysis=None) for hit in changed])]
+    assert answers[0] == answers[1] and "$649" in answers[0], answers
 
 
 def test_ingestion_stores_a_reading_for_an_answerer_that_reads_chunks_only(db, ragchat_settings_override):

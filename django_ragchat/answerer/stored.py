@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from functools import lru_cache
@@ -102,6 +103,12 @@ def _sentence_row(s: Sentence, sets: dict[frozenset[str], int]) -> list:
     return [s.text, s.position, flags, list(s.names), sorted(s.stems), sequence, sorted(s.loose)]
 
 
+def _checksum(text: str, heading: str, title: str) -> int:
+    """What a reading was made from: a chunk whose text, heading or title was changed after it
+    (a document postprocessor, an edited title) is read from its text."""
+    return zlib.crc32(f"{text}\0{heading or ''}\0{title or ''}".encode())
+
+
 def _header(text: str, heading: str, title: str, vocabulary: Vocabulary, light: frozenset[str]) -> dict:
     leaf, found, subject, mentions_the, kind = analyse_text(text, heading or "", title or "", vocabulary)
     words: dict[str, str] = {}
@@ -110,7 +117,8 @@ def _header(text: str, heading: str, title: str, vocabulary: Vocabulary, light: 
             words.setdefault(st, w)
     sets: dict[frozenset[str], int] = {}
     rows = [_sentence_row(s, sets) for s in found]
-    return {"leaf": leaf, "subject": subject, "the": mentions_the, "kind": kind, "sentences": rows,
+    return {"of": _checksum(text, heading, title), "leaf": leaf, "subject": subject, "the": mentions_the,
+            "kind": kind, "sentences": rows,
             "sets": [sorted(found) for found in sets], "words": list(words.items()),
             "leaf_words": candidate_words(leaf, light)}
 
@@ -141,9 +149,11 @@ def analyse_chunks(chunks: Iterable[tuple[str, str, str]], vocabulary: Vocabular
     return encoded
 
 
-def decode(blob: bytes | memoryview | None, key: str, space: str = "") -> StoredReading | None:
-    """The reading ``blob`` holds when it was made with ``key`` (``reading_key``), else None;
-    its vectors when they are of ``space``."""
+def decode(blob: bytes | memoryview | None, key: str, space: str = "",
+           source: tuple[str, str, str] | None = None) -> StoredReading | None:
+    """The reading ``blob`` holds when it was made with ``key`` (``reading_key``) and, when
+    given, from ``source`` (text, heading, title), else None; its vectors when they are of
+    ``space``."""
     if not blob or bytes(blob[:4]) != MAGIC:
         return None
     blob = bytes(blob)
@@ -154,6 +164,8 @@ def decode(blob: bytes | memoryview | None, key: str, space: str = "") -> Stored
     start = 6 + length + 4
     end = start + int.from_bytes(blob[start - 4:start], "little")
     head = json.loads(blob[start:end])
+    if source is not None and head["of"] != _checksum(*source):
+        return None
     sets = [frozenset(found) for found in head["sets"]]
     sentences = tuple(
         Sentence(text=text, position=position, stems=frozenset(st), has_currency=bool(flags & 1),
@@ -177,4 +189,5 @@ def read_stored(documents: Sequence[Any], vocabulary: Vocabulary, space: str = "
     if not any(getattr(d, "analysis", None) for d in documents):
         return [None] * len(documents)
     key = reading_key(vocabulary)
-    return [decode(getattr(d, "analysis", None), key, space) for d in documents]
+    return [decode(d.analysis, key, space, (d.text, d.heading, d.title)) if getattr(d, "analysis", None) else None
+            for d in documents]
