@@ -152,11 +152,17 @@ def analyse_chunks(chunks: Iterable[tuple[str, str, str]], vocabulary: Vocabular
 def decode(blob: bytes | memoryview | None, key: str, space: str = "",
            source: tuple[str, str, str] | None = None) -> StoredReading | None:
     """The reading ``blob`` holds when it was made with ``key`` (``reading_key``) and, when
-    given, from ``source`` (text, heading, title), else None; its vectors when they are of
-    ``space``."""
+    given, from ``source`` (text, heading, title), else None (also for bytes that cannot be
+    read: a turn never fails on its passages' readings); its vectors when they are of ``space``."""
     if not blob or bytes(blob[:4]) != MAGIC:
         return None
-    blob = bytes(blob)
+    try:
+        return _decoded(bytes(blob), key, space, source)
+    except (ValueError, KeyError, TypeError, IndexError):  # cut or damaged bytes (JSON, lengths)
+        return None
+
+
+def _decoded(blob: bytes, key: str, space: str, source: tuple[str, str, str] | None) -> StoredReading | None:
     length = int.from_bytes(blob[4:6], "little")
     made_with, _, stored_space = blob[6:6 + length].decode().partition("|")
     if made_with != key:
