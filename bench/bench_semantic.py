@@ -9,9 +9,10 @@
    synthetic product documents (``bench/_setup.synthetic_chunks``), each embedder into its own space.
 3. **Memory**: the resident set size of a fresh Python process before and after loading the model
    and embedding one text (``/proc/self/status`` VmRSS), beside the same for the hashing embedder.
-4. **The answerer**: its time per turn at 4 passages, the default profile (wordllama, reading
-   meaning) beside the baseline (hashing, words only), on prompts recorded from tuning questions
-   (``bench_extractive.measure_cost``).
+4. **The answerer**: its time per turn at 4 passages (wall and CPU), the default profile
+   (wordllama, reading meaning) beside the baseline (hashing, words only), on prompts recorded
+   from tuning questions (``bench_extractive.measure_cost``): cold with every passage read from
+   its text, warm, and cold over the passages' readings stored at ingestion.
 """
 
 from __future__ import annotations

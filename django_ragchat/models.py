@@ -259,6 +259,10 @@ class Chunk(models.Model):
     metadata = models.JSONField(default=dict, blank=True)
     # The document's access, copied onto each chunk so a search filters without a join.
     access = AccessField(blank=True)
+    # The extractive answerer's reading of the text (sentences, names, stems, and the vectors of
+    # its sentences), made once at ingestion and fetched with the chunk by the search
+    # query; null when the profile's answerer reads none. See django_ragchat.answerer.stored.
+    analysis = models.BinaryField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["document", "ordinal"]

@@ -93,6 +93,9 @@ class RetrievedChunk:
     # The principals (``django_ragchat.access.Principals``) the search that found it read as;
     # ``None`` for a chunk made by other means, which the turn checks in SQL before using it.
     read_as: Any = field(default=None, compare=False, hash=False, repr=False)
+    # The answerer's reading of the chunk stored at ingestion (``Chunk.analysis``, see
+    # ``django_ragchat.answerer.stored``), fetched in the search's query; None when there is none.
+    analysis: bytes | None = field(default=None, compare=False, hash=False, repr=False)
 
     def with_score(self, score: float, **changes: Any) -> RetrievedChunk:
         return dataclasses.replace(self, score=score, **changes)

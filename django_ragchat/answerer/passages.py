@@ -4,9 +4,10 @@ with its heading and the subject it is about."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from django_ragchat.answerer.vocabulary import Vocabulary, fold, stem, stems, stems_of, words
 from django_ragchat.search.subjects import kind_of
@@ -65,6 +66,13 @@ class Passage:
     sentences: tuple[Sentence, ...]
     mentions_the: bool  # "the Aurora X2" appears: decline text uses the article
     kind: str = ""  # what its text defines the subject as ("tablet"), see subjects.kind_of
+    # Read at ingestion (``answerer.stored``): its sentences' and heading's candidate words for
+    # the model's word neighbours, (stem, word) in order, its sentences' vectors and its words'
+    # token ids. None and {} when the passage was read in this process.
+    words: tuple[tuple[str, str], ...] | None = field(default=None, compare=False)
+    leaf_words: tuple[tuple[str, str], ...] | None = field(default=None, compare=False)
+    vectors: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    tokens: Mapping[str, list[int]] = field(default_factory=dict, compare=False, repr=False)  # word -> token ids
 
 
 def _sentence_start(text: str, position: int) -> bool:
@@ -193,10 +201,20 @@ def _scorable(body: str, vocabulary: Vocabulary) -> tuple[Sentence, ...]:
     return tuple(found)
 
 
-@lru_cache(maxsize=4096)
-def _analyse_text(text: str, heading: str, title: str,
-                  vocabulary: Vocabulary) -> tuple[str, tuple[Sentence, ...], str, bool, str]:
-    """Split a chunk into scorable sentences (cached: a chunk's text does not change)."""
+def candidate_words(text: str, light: frozenset[str]) -> list[tuple[str, str]]:
+    """(stem, word) of each word of ``text`` the model's word neighbours may use (a word of
+    letters, longer than two, not in ``light``), the first word of each stem, in order."""
+    found: dict[str, str] = {}
+    for w in words(text):
+        if len(w) > 2 and w.isalpha() and w not in light:
+            found.setdefault(stem(w), w)
+    return list(found.items())
+
+
+def analyse_text(text: str, heading: str, title: str,
+                 vocabulary: Vocabulary) -> tuple[str, tuple[Sentence, ...], str, bool, str]:
+    """A chunk read: (its heading's leaf, its scorable sentences, its subject, whether its text
+    writes "the <subject>", the kind it defines the subject as)."""
     body = text
     if heading and body.startswith(heading):
         body = body[len(heading):]  # the heading line is a label, not a sentence
@@ -212,21 +230,35 @@ def _analyse_text(text: str, heading: str, title: str,
     return (parts[-1] if len(parts) > 1 else ""), found, subject, mentions_the, kind
 
 
+#: ``analyse_text`` cached per process: a chunk's text does not change.
+_analyse_text = lru_cache(maxsize=4096)(analyse_text)
+
+
 def clear_passage_cache() -> None:
     """Forget the cached sentence analyses (``_analyse_text``)."""
     _analyse_text.cache_clear()
 
 
-def build_passages(documents: Iterable[RetrievedChunk], vocabulary: Vocabulary) -> list[Passage]:
-    """The prompt's documents as ``Passage`` objects, numbered from 1 as they are cited."""
+def build_passages(documents: Iterable[RetrievedChunk], vocabulary: Vocabulary,
+                   stored: Sequence[Any] | None = None) -> list[Passage]:
+    """The prompt's documents as ``Passage`` objects, numbered from 1 as they are cited.
+    ``stored`` (aligned with ``documents``) holds each one's ``answerer.stored.StoredReading``
+    when it was read at ingestion with this vocabulary, else None: then it is read here."""
     passages = []
     for index, chunk in enumerate(documents, start=1):
-        leaf, found, subject, mentions_the, kind = _analyse_text(chunk.text, chunk.heading or "", chunk.title or "",
-                                                                 vocabulary)
+        reading = stored[index - 1] if stored else None
+        if reading is None:
+            leaf, found, subject, mentions_the, kind = _analyse_text(chunk.text, chunk.heading or "",
+                                                                     chunk.title or "", vocabulary)
+            extra = {}
+        else:
+            leaf, found, subject, mentions_the, kind = reading.analysis
+            extra = {"words": reading.words, "leaf_words": reading.leaf_words, "vectors": reading.vectors,
+                     "tokens": reading.tokens}
         passages.append(Passage(
             index=index, ordinal=chunk.ordinal, heading_leaf=leaf,
             heading_stems=stems(leaf),
             subject_name=subject, subject=tuple(normalize(subject).split()) if subject else (),
-            sentences=found, mentions_the=mentions_the, kind=kind,
+            sentences=found, mentions_the=mentions_the, kind=kind, **extra,
         ))
     return passages

@@ -7,7 +7,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from django_ragchat.answerer.passages import Passage, Sentence, build_passages, cite
+from django_ragchat.answerer.passages import Passage, Sentence, build_passages, candidate_words, cite
 from django_ragchat.answerer.question import (
     Entity,
     Need,
@@ -17,7 +17,8 @@ from django_ragchat.answerer.question import (
     question_parts,
     states_charging_time,
 )
-from django_ragchat.answerer.semantic import NearWords, SentenceSimilarity
+from django_ragchat.answerer.semantic import NearWords, SentenceSimilarity, StoredVectors
+from django_ragchat.answerer.stored import read_stored
 from django_ragchat.answerer.vocabulary import (
     SYNONYM_EVIDENCE,
     Vocabulary,
@@ -243,7 +244,8 @@ class AnswerSelector:
     def __init__(self, *, vocabulary: Vocabulary | None = None, min_coverage: float = DEFAULT_MIN_COVERAGE,
                  max_sentences: int = 4, rank_prior: float = 0.1, no_answer: str | None = None,
                  similarity: SentenceSimilarity | None = None, semantic_weight: float = SEMANTIC_WEIGHT,
-                 min_similarity: float = MIN_SIMILARITY, near_word_similarity: float = NEAR_WORD_SIMILARITY):
+                 min_similarity: float = MIN_SIMILARITY, near_word_similarity: float = NEAR_WORD_SIMILARITY,
+                 space: str = ""):
         if isinstance(min_coverage, bool) or not isinstance(min_coverage, (int, float)) or not 0 <= min_coverage <= 1:
             raise ValueError(f"min_coverage must be a number from 0 to 1, not {min_coverage!r}")
         if isinstance(max_sentences, bool) or not isinstance(max_sentences, int) or max_sentences < 1:
@@ -259,6 +261,9 @@ class AnswerSelector:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1 <= value <= 10:
                 raise ValueError(f"{name} must be a number, not {value!r}")
         self.similarity = similarity
+        # The embedding space of ``similarity``'s model: vectors stored with a chunk are used
+        # only when they are of this space (``answerer.stored``).
+        self.space = space if similarity is not None else ""
         self.semantic_weight = float(semantic_weight)
         self.min_similarity = float(min_similarity)
         self.near_word_similarity = float(near_word_similarity)
@@ -290,7 +295,8 @@ class AnswerSelector:
         return True
 
     def answer(self, prompt: Prompt) -> str:
-        passages = build_passages(prompt.documents, self.vocabulary)
+        stored = read_stored(prompt.documents, self.vocabulary, self.space)
+        passages = build_passages(prompt.documents, self.vocabulary, stored)
         if not any(p.sentences for p in passages):
             return self.no_answer
         reader = self if self.similarity is None else self.reading_meaning(prompt, passages)
@@ -298,17 +304,29 @@ class AnswerSelector:
 
     def reading_meaning(self, prompt: Prompt, passages: list[Passage]) -> AnswerSelector:
         """This selector for one turn, its vocabulary widened by the model's word neighbours
-        (``NearWords``) among the words of ``passages``."""
+        (``NearWords``) among the words of ``passages``; the sentence vectors the passages brought
+        from their rows (read at ingestion) are used, not computed again."""
         v = self.vocabulary
         light = v.stopwords | v.generic
         passage_words: dict[str, str] = {}
-        for text in [s.text for p in passages for s in p.sentences] + [p.heading_leaf for p in passages]:
-            for w in words(text):
-                if len(w) > 2 and w.isalpha() and w not in light:
-                    passage_words.setdefault(stem(w), w)
+        for p in passages:
+            found = p.words if p.words is not None else (
+                pair for s in p.sentences for pair in candidate_words(s.text, light))
+            for st, w in found:
+                passage_words.setdefault(st, w)
+        for p in passages:
+            for st, w in p.leaf_words if p.leaf_words is not None else candidate_words(p.heading_leaf, light):
+                passage_words.setdefault(st, w)
         surface = {stem(w): w for w in words(f"{prompt.question} {prompt.search_query or ''}") if w.isalpha()}
         turn = copy.copy(self)
-        turn.vocabulary = NearWords(v, self.similarity, passage_words, surface, threshold=self.near_word_similarity,
+        stored: dict = {}
+        tokens: dict = {}
+        for p in passages:
+            stored.update(p.vectors)
+            tokens.update(p.tokens)
+        if stored or tokens:
+            turn.similarity = StoredVectors(self.similarity, stored, tokens)
+        turn.vocabulary = NearWords(v, turn.similarity, passage_words, surface, threshold=self.near_word_similarity,
                                     evidence=NEAR_WORD_EVIDENCE)
         return turn
 

@@ -4,14 +4,16 @@ the ``wordllama`` embedder). The answerer does not import a model: the ``extract
 is handed the profile's embedder and gives its ``embed`` to ``SentenceSimilarity``.
 
 Sentence vectors are cached per process (a passage's sentences come back turn after turn), so a
-turn embeds its question and the sentences it has not seen before: about 30 µs each.
+turn embeds its question and the sentences it has not seen before: about 30 µs each. A passage
+read at ingestion (``answerer.stored``) brings its sentences' vectors and its words' token ids
+from its row (``StoredVectors``): then a turn tokenizes only its question's texts.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -33,11 +35,35 @@ def clear_caches() -> None:
         cache.clear()
 
 
-class SentenceSimilarity:
+class _Similarity:
+    """Scores from ``vectors`` (L2-normalised): what ``SentenceSimilarity`` and ``StoredVectors`` share."""
+
+    def vectors(self, texts: Sequence[str]) -> np.ndarray:
+        raise NotImplementedError
+
+    def scores(self, query: str, texts: Sequence[str]) -> list[float]:
+        """The similarity of each of ``texts`` to ``query`` (-1 to 1)."""
+        return self.scores_per_query([query], texts)[0]
+
+    def scores_per_query(self, queries: Sequence[str], texts: Sequence[str]) -> list[list[float]]:
+        """For each of ``queries``, the similarity of each of ``texts`` to it (-1 to 1); the
+        queries and the texts are embedded in one batch."""
+        if not texts:
+            return [[] for _ in queries]
+        found = self.vectors([*queries, *texts])
+        rows = found[len(queries):]
+        return [[float(s) for s in rows @ vector] for vector in found[:len(queries)]]
+
+
+class SentenceSimilarity(_Similarity):
     """Cosine similarities between a query and sentences, by ``encode`` (L2-normalised vectors)."""
 
-    def __init__(self, encode: Encode, cache_size: int = CACHE_SIZE):
+    def __init__(self, encode: Encode, cache_size: int = CACHE_SIZE,
+                 encode_ids: Callable[[list[list[int]]], np.ndarray] | None = None):
         self.encode = encode
+        # The model's ``embed_ids`` when it has one: texts already tokenized (a stored chunk's
+        # words) are embedded without the tokenizer, to the same vectors.
+        self.encode_ids = encode_ids
         self.cache_size = cache_size
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
@@ -57,18 +83,30 @@ class SentenceSimilarity:
                 found.append(self._vectors[text])
         return np.vstack(found) if found else np.zeros((0, 0), dtype=np.float32)
 
-    def scores(self, query: str, texts: Sequence[str]) -> list[float]:
-        """The similarity of each of ``texts`` to ``query`` (-1 to 1)."""
-        return self.scores_per_query([query], texts)[0]
 
-    def scores_per_query(self, queries: Sequence[str], texts: Sequence[str]) -> list[list[float]]:
-        """For each of ``queries``, the similarity of each of ``texts`` to it (-1 to 1); the
-        queries and the texts are embedded in one batch."""
-        if not texts:
-            return [[] for _ in queries]
-        found = self.vectors([*queries, *texts])
-        rows = found[len(queries):]
-        return [[float(s) for s in rows @ vector] for vector in found[:len(queries)]]
+class StoredVectors(_Similarity):
+    """``similarity`` for one turn, with what its passages brought from their rows, made at
+    ingestion with the same model: ``stored`` (text -> vector: their sentences) and ``tokens``
+    (text -> token ids: their words, embedded with ``similarity.encode_ids``, no tokenizer).
+    A text's vector does not depend on the batch it was embedded in, so the scores are the same."""
+
+    def __init__(self, similarity: SentenceSimilarity, stored: Mapping[str, np.ndarray],
+                 tokens: Mapping[str, list[int]] | None = None):
+        self.similarity = similarity
+        self.stored = dict(stored)
+        self.tokens = tokens if tokens and similarity.encode_ids is not None else {}
+
+    def vectors(self, texts: Sequence[str]) -> np.ndarray:
+        stored = self.stored
+        missing = [t for t in dict.fromkeys(texts) if t not in stored]
+        if not missing:
+            return np.vstack([stored[t] for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
+        tokenized = [t for t in missing if t in self.tokens]
+        if tokenized:  # kept for the turn: a word's vector is asked again with each asked word
+            stored.update(zip(tokenized, self.similarity.encode_ids([self.tokens[t] for t in tokenized]), strict=True))
+            missing = [t for t in missing if t not in stored]
+        computed = dict(zip(missing, self.similarity.vectors(missing), strict=True)) if missing else {}
+        return np.vstack([stored[t] if t in stored else computed[t] for t in texts])
 
 
 class NearWords(Vocabulary):
@@ -78,7 +116,7 @@ class NearWords(Vocabulary):
     stated by "weighs", "guarantee" by "warranty"). Everything else is the vocabulary's (its
     compiled tables are shared, not copied)."""
 
-    def __init__(self, vocabulary: Vocabulary, similarity: SentenceSimilarity, passage_words: dict[str, str],
+    def __init__(self, vocabulary: Vocabulary, similarity: _Similarity, passage_words: dict[str, str],
                  surface: dict[str, str], *, threshold: float, evidence: float):
         self.__dict__.update(vocabulary.__dict__)
         self._similarity = similarity

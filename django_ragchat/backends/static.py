@@ -147,11 +147,14 @@ class StaticModel:
         return self.table[ids].astype(np.float32)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
-        if not len(texts):
+        return self.embed_ids(self.token_ids(texts) if len(texts) else [])
+
+    def embed_ids(self, ids_per_text: Sequence[Sequence[int]]) -> np.ndarray:
+        """``embed`` of texts already tokenized (``token_ids``): the same vectors, bit for bit."""
+        out = np.zeros((len(ids_per_text), self.dimension), dtype=np.float32)
+        if not len(ids_per_text):
             return out
-        ids_per_text = self.token_ids(texts)
-        lengths = np.fromiter((len(ids) for ids in ids_per_text), dtype=np.int64, count=len(texts))
+        lengths = np.fromiter((len(ids) for ids in ids_per_text), dtype=np.int64, count=len(ids_per_text))
         filled = lengths > 0
         if not filled.any():
             return out

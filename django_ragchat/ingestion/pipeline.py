@@ -55,15 +55,16 @@ from django_ragchat.ingestion.loaders import (
     load_text,
 )
 from django_ragchat.models import Chunk, Document
-from django_ragchat.plugins import embedder_for
+from django_ragchat.plugins import embedder_for, get_registry
 from django_ragchat.profiles import get_profile
-from django_ragchat.search import store_chunks
+from django_ragchat.search import configured_spaces, store_chunks
 from django_ragchat.tokens import count_tokens
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["CREATED", "FAILED", "STATUSES", "UNCHANGED", "UPDATED", "DocumentEntry", "IngestReport", "IngestResult",
-           "ingest_paths", "ingest_text", "reembed", "set_access", "store_documents"]
+           "chunk_analyser", "chunk_reader", "ingest_paths", "ingest_text", "reembed", "refresh_analyses", "set_access",
+           "store_documents"]
 
 CREATED = "created"
 UPDATED = "updated"
@@ -125,6 +126,7 @@ class IngestReport:
     store_seconds: float = 0.0
     embed_calls: int = 0
     embedded_texts: int = 0
+    analyse_seconds: float = 0.0  # the answerer's reading of the chunks (``chunk_analyser``)
 
     def count(self, status: str) -> int:
         return sum(1 for r in self.results if r.status == status)
@@ -169,7 +171,7 @@ class IngestReport:
 class _Job:
     """One document's texts waiting for vectors."""
 
-    __slots__ = ("payload", "texts", "vectors", "missing", "error", "done")
+    __slots__ = ("payload", "texts", "vectors", "missing", "error", "done", "analyses")
 
     def __init__(self, payload: Any, texts: list[str]):
         self.payload = payload
@@ -178,6 +180,7 @@ class _Job:
         self.missing = len(texts)
         self.error: BaseException | None = None
         self.done = False
+        self.analyses: list[bytes | None] | None = None  # Chunk.analysis of each chunk
 
 
 class _EmbeddingBatcher:
@@ -323,9 +326,10 @@ class _Run:
     """Bookkeeping shared by ingestion and re-embedding: the report, the batcher, progress."""
 
     def __init__(self, embedder, *, batch_size: int, progress: ProgressCallback | None, total: int,
-                 report: IngestReport):
+                 report: IngestReport, analyse: Analyser | None = None):
         self.space = embedder.space
         self.report = report
+        self.analyse = analyse
         self.batcher = _EmbeddingBatcher(embedder, batch_size, report)
         self.progress = progress
         self.total = total
@@ -358,6 +362,7 @@ class _Run:
         jobs = [job for job in jobs if job.error is None]
         if not jobs:
             return
+        self.analyse_jobs(jobs)
         started = time.perf_counter()
         stored: list[IngestResult] = []
         try:
@@ -382,6 +387,24 @@ class _Run:
                 self.finalize(result)
         finally:
             self.report.store_seconds += time.perf_counter() - started
+
+    def analyse_jobs(self, jobs: list[_Job]) -> None:
+        """Each job's ``analyses``: the answerer's reading of its chunks (``chunk_analyser``),
+        made before the transaction; a reading that fails is left out (the turn reads the text)."""
+        if self.analyse is None:
+            return
+        started = time.perf_counter()
+        for job in jobs:
+            chunks = self.chunk_texts(job)
+            try:
+                job.analyses = list(self.analyse(chunks))
+            except Exception:  # noqa: BLE001 - a reading is an optimisation: never a failed document
+                logger.warning("Reading %d chunk(s) for the answerer failed", len(chunks), exc_info=True)
+        self.report.analyse_seconds += time.perf_counter() - started
+
+    def chunk_texts(self, job: _Job) -> list[tuple[str, str, str]]:
+        """(text, heading, document title) of each chunk of ``job``, as they are stored."""
+        raise NotImplementedError
 
     def store(self, job: _Job) -> None:
         raise NotImplementedError
@@ -408,6 +431,10 @@ class _Ingestion(_Run):
                   **(document or {})}
         self.store_finished(self.batcher.add((result, fields, chunks), [c.text for c in chunks]))
 
+    def chunk_texts(self, job: _Job) -> list[tuple[str, str, str]]:
+        _, fields, chunks = job.payload
+        return [(chunk.text, chunk.heading[:_HEADING_MAX], fields["title"]) for chunk in chunks]
+
     def store(self, job: _Job) -> None:
         """Replace the document's chunks (``store_finished`` runs this in a savepoint of its own)."""
         result, fields, chunks = job.payload
@@ -432,8 +459,9 @@ class _Ingestion(_Run):
             Chunk(document=document, ordinal=chunk.ordinal, text=chunk.text,
                   heading=chunk.heading[:_HEADING_MAX], space=self.space, embedding=vector,
                   token_count=count_tokens(chunk.text), access=list(fields["access"]),
-                  metadata={**fields["metadata"], "heading_path": list(chunk.heading_path)})
-            for chunk, vector in zip(chunks, job.vectors if job.vectors is not None else ())
+                  metadata={**fields["metadata"], "heading_path": list(chunk.heading_path)}, analysis=analysis)
+            for chunk, vector, analysis in zip(chunks, job.vectors if job.vectors is not None else (),
+                                               job.analyses or [None] * len(chunks))
         ])
         result.document_id = document.pk
         result.chunks = len(chunks)
@@ -441,6 +469,58 @@ class _Ingestion(_Run):
 
 def _embedder_for(profile: str | None):
     return embedder_for(get_profile(profile))
+
+
+#: ``analyse([(text, heading, document title), ...])``: each chunk's ``Chunk.analysis``.
+Analyser = Callable[[list[tuple[str, str, str]]], list[bytes | None]]
+
+
+def chunk_reader(space: str, profiles: Iterable[str | None] = ()) -> Any:
+    """The answerer whose reading ingestion stores with each chunk of ``space``
+    (``Chunk.analysis``): the first of ``profiles`` (None: the default), then of the profiles
+    searching ``space``, whose embedder is of ``space`` and whose answerer's class reads chunks
+    (its ``chunk_reader(profile)`` gives the instance the turns use, with ``analyse_chunks`` and
+    ``is_current``: the extractive one, ``django_ragchat.answerer.stored``); None when none does
+    (nothing is stored: a turn reads the text)."""
+    for name in dict.fromkeys([*profiles, *configured_spaces().get(space, [])]):
+        found = get_profile(name)
+        if embedder_for(found).space != space:
+            continue
+        reader = getattr(get_registry().get("llm", found.llm).cls, "chunk_reader", None)
+        if reader is not None:
+            return reader(found)
+    return None
+
+
+def chunk_analyser(space: str, profiles: Iterable[str | None] = ()) -> Analyser | None:
+    """``chunk_reader(space, profiles).analyse_chunks``, or None."""
+    reader = chunk_reader(space, profiles)
+    return reader.analyse_chunks if reader is not None else None
+
+
+def refresh_analyses(profile: str | None = None, *, batch_size: int = 200) -> tuple[int, int]:
+    """Store the answerer's reading again for the chunks of ``profile``'s space whose stored one
+    is missing or was made with other code, language data or model (``ragchat_reembed
+    --analysis``, after such a change: until then a turn reads those chunks from their text).
+    Returns (chunks read again, chunks in the space)."""
+    space = _embedder_for(profile).space
+    reader = chunk_reader(space, [profile])
+    chunks = Chunk.objects.filter(space=space)
+    if reader is None:
+        return 0, chunks.count()
+    refreshed, seen, last = 0, 0, 0
+    while True:
+        rows = list(chunks.filter(pk__gt=last).order_by("pk")
+                    .values_list("pk", "text", "heading", "document__title", "analysis")[:batch_size])
+        if not rows:
+            return refreshed, seen
+        seen, last = seen + len(rows), rows[-1][0]
+        stale = [row for row in rows if not reader.is_current(row[4])]
+        if stale:
+            readings = reader.analyse_chunks([(text, heading, title) for _, text, heading, title, _ in stale])
+            Chunk.objects.bulk_update([Chunk(pk=row[0], analysis=reading) for row, reading in zip(stale, readings)],
+                                      ["analysis"])
+            refreshed += len(stale)
 
 
 def _check_metadata(metadata: dict | None) -> dict:
@@ -529,7 +609,7 @@ def ingest_paths(paths: Iterable[str | Path], *, profile: str | None = None, roo
     report = IngestReport(space=embedder.space)
     report.results = _expand(paths, root_path)
     run = _Ingestion(embedder, metadata=metadata, access=access, batch_size=batch_size, progress=progress,
-                     total=len(report.results), report=report)
+                     total=len(report.results), report=report, analyse=chunk_analyser(embedder.space, [profile]))
     pending = [r for r in report.results if r.status != FAILED]
     for result in report.results:
         if result.status == FAILED:
@@ -591,7 +671,8 @@ def ingest_text(source: str, text: str, *, title: str = "", content_type: str = 
         _keep_or_set_access(result, stored, access)
         return result
     run = _Ingestion(embedder, metadata=metadata, access=access, batch_size=64, progress=None, total=1,
-                     report=IngestReport(space=embedder.space, results=[result]))
+                     report=IngestReport(space=embedder.space, results=[result]),
+                     analyse=chunk_analyser(embedder.space, [profile]))
     run.submit(result, loaded, title)
     run.finish()
     if result.status == FAILED:
@@ -632,7 +713,8 @@ def store_documents(entries: Iterable[DocumentEntry], embedder, *, batch_size: i
     ``LOOKUP_BATCH_SIZE`` (one lookup query each), so it may be a generator over a large table."""
     started = time.perf_counter()
     report = IngestReport(space=embedder.space)
-    run = _Ingestion(embedder, metadata={}, batch_size=batch_size, progress=progress, total=total, report=report)
+    run = _Ingestion(embedder, metadata={}, batch_size=batch_size, progress=progress, total=total, report=report,
+                     analyse=chunk_analyser(embedder.space))
     group: list[DocumentEntry] = []
 
     def flush() -> None:
@@ -675,6 +757,9 @@ def store_documents(entries: Iterable[DocumentEntry], embedder, *, batch_size: i
 class _Reembedding(_Run):
     """Stored chunks in, copies in another space out."""
 
+    def chunk_texts(self, job: _Job) -> list[tuple[str, str, str]]:
+        return [(row["text"], row["heading"], row["document__title"]) for row in job.payload[1]]
+
     def store(self, job: _Job) -> None:
         result, rows = job.payload
         if Chunk.objects.filter(document_id=result.document_id, space=self.space).exists():
@@ -683,8 +768,9 @@ class _Reembedding(_Run):
             insert_chunks([
                 Chunk(document_id=result.document_id, ordinal=row["ordinal"], text=row["text"],
                       heading=row["heading"], space=self.space, embedding=vector,
-                      token_count=row["token_count"], metadata=row["metadata"], access=row["access"])
-                for row, vector in zip(rows, job.vectors)
+                      token_count=row["token_count"], metadata=row["metadata"], access=row["access"],
+                      analysis=analysis)
+                for row, vector, analysis in zip(rows, job.vectors, job.analyses or [None] * len(rows))
             ])
             result.status = CREATED
         result.chunks = len(rows)
@@ -714,7 +800,8 @@ def reembed(space_embedder, *, documents=None, batch_size: int = 64,
     started = time.perf_counter()
     report = IngestReport(space=space_embedder.space)
     ids = _document_ids(documents)
-    run = _Reembedding(space_embedder, batch_size=batch_size, progress=progress, total=len(ids), report=report)
+    run = _Reembedding(space_embedder, batch_size=batch_size, progress=progress, total=len(ids), report=report,
+                       analyse=chunk_analyser(space_embedder.space))
     for start in range(0, len(ids), LOOKUP_BATCH_SIZE):
         group = ids[start:start + LOOKUP_BATCH_SIZE]
         t0 = time.perf_counter()
@@ -728,7 +815,7 @@ def reembed(space_embedder, *, documents=None, batch_size: int = 64,
         for row in (Chunk.objects.filter(document_id__in=group).exclude(space=run.space)
                     .order_by("document_id", "space", "ordinal")
                     .values("document_id", "space", "ordinal", "text", "heading", "token_count", "metadata",
-                            "access")):
+                            "access", "document__title")):
             # One source space per document (the first by name): each holds the same texts.
             if source_space.setdefault(row["document_id"], row["space"]) == row["space"]:
                 rows_of.setdefault(row["document_id"], []).append(row)

@@ -84,11 +84,11 @@ def reader(principals: Principals | None) -> Principals:
 
 def _hit(row: Sequence, score: float, retriever: str, raw_scores: dict[str, float],
          principals: Principals) -> RetrievedChunk:
-    chunk_id, text, heading, ordinal, metadata, document_id, source, title = row[:8]
+    chunk_id, text, heading, ordinal, metadata, document_id, source, title, analysis = row[:9]
     return RetrievedChunk(
         chunk_id=int(chunk_id), text=text, score=float(score), document_id=int(document_id), source=source,
         title=title, heading=heading, ordinal=ordinal, retriever=retriever, metadata=decode_metadata(metadata),
-        raw_scores=raw_scores, read_as=principals,
+        raw_scores=raw_scores, read_as=principals, analysis=analysis,
     )
 
 
@@ -109,6 +109,7 @@ def fetch_chunks(scored: list[tuple[int, float]], retriever: str, using: str = "
         for row in Chunk.objects.using(using).filter(id__in=[cid for cid, _ in scored],
                                                      access__visible_to=principals).values_list(
             "id", "text", "heading", "ordinal", "metadata", "document_id", "document__source", "document__title",
+            "analysis",
         )
     }
     return [
@@ -160,7 +161,7 @@ def vector_search(space: str, vector, k: int, *, filters: Any = None, ef_search:
     if _is_postgres(using):
         rows = postgres.vector_search(space, vector, k, filters=filters, ef_search=ef_search, exact=exact,
                                       using=using, principals=principals)
-        return [_hit(row, row[8], retriever, {retriever: float(row[8])}, principals) for row in rows]
+        return [_hit(row, row[9], retriever, {retriever: float(row[9])}, principals) for row in rows]
     return fetch_chunks(vector_ids(space, vector, k, filters=filters, using=using, principals=principals),
                         retriever, using, principals=principals)
 
@@ -185,7 +186,7 @@ def fulltext_search(space: str, text: str, k: int, *, filters: Any = None, confi
     if _is_postgres(using):
         rows = postgres.fulltext_search(space, terms, k, filters=filters, config=config, using=using,
                                         principals=principals)
-        return [_hit(row, row[8], retriever, {retriever: float(row[8])}, principals) for row in rows]
+        return [_hit(row, row[9], retriever, {retriever: float(row[9])}, principals) for row in rows]
 
     return fetch_chunks(sqlite.fulltext_ids(space, terms, k, filters=filters, using=using, principals=principals),
                         retriever, using, principals=principals)
@@ -228,12 +229,12 @@ def hybrid_search(space: str, vector, text: str, k: int, *, filters: Any = None,
                                       config=config, using=using, principals=principals)
         hits = []
         for row in rows:
-            raw = {retriever: float(row[8])}
-            if row[9] is not None:
-                raw["vector"] = float(row[9])
+            raw = {retriever: float(row[9])}
             if row[10] is not None:
-                raw["fulltext"] = float(row[10])
-            hits.append(_hit(row, row[8], retriever, raw, principals))
+                raw["vector"] = float(row[10])
+            if row[11] is not None:
+                raw["fulltext"] = float(row[11])
+            hits.append(_hit(row, row[9], retriever, raw, principals))
         return hits
 
     by_vector = (vector_ids(space, vector, candidates, filters=filters, using=using, principals=principals)

@@ -301,7 +301,7 @@ def create_fulltext_index(config: str, *, concurrently: bool = False, using: str
 # --- Queries ---------------------------------------------------------------------------------
 
 # The columns of a hit, after the search: chunk c joined with its document d.
-_HIT_COLUMNS = "c.id, c.text, c.heading, c.ordinal, c.metadata, c.document_id, d.source, d.title"
+_HIT_COLUMNS = "c.id, c.text, c.heading, c.ordinal, c.metadata, c.document_id, d.source, d.title, c.analysis"
 
 
 def _execute(using: str, settings: list[str], sql: str, params: list) -> list[tuple]:
@@ -487,11 +487,11 @@ def hybrid_search(space: str, vector, terms: list[str], k: int, *, candidates: i
 # --- Bulk storage ----------------------------------------------------------------------------
 
 _COPY_COLUMNS = ("document_id", "ordinal", "text", "heading", "space", "embedding", "token_count", "metadata",
-                 "access")
+                 "access", "analysis")
 # Binary COPY types as psycopg writes them. ``bytea`` for the embedding: psycopg writes the
 # bytes as they are, and they are already pgvector's binary form (the server reads the field
 # with the column's own type), so no pgvector adapter needs registering on the connection.
-_COPY_TYPES = ("int8", "int4", "text", "text", "text", "bytea", "int4", "jsonb", "jsonb")
+_COPY_TYPES = ("int8", "int4", "text", "text", "text", "bytea", "int4", "jsonb", "jsonb", "bytea")
 
 
 def copy_chunks(chunks: Iterable, using: str = "default") -> int:
@@ -512,6 +512,7 @@ def copy_chunks(chunks: Iterable, using: str = "default") -> int:
                     None if c.embedding is None else vector_binary(c.embedding),
                     c.token_count, c.metadata if c.metadata is not None else {},
                     c.access if c.access is not None else public_access(),
+                    None if c.analysis is None else bytes(c.analysis),
                 ))
                 written += 1
     return written

@@ -153,6 +153,14 @@ class WordLlamaEmbedder(Embedder):
     def embed(self, texts: list[str]) -> np.ndarray:
         return self.model.embed(texts)
 
+    def token_ids(self, texts: list[str]) -> list[list[int]]:
+        """Each text's token ids: what ``embed_ids`` reads (the answerer stores a chunk's words so)."""
+        return self.model.token_ids(texts)
+
+    def embed_ids(self, ids_per_text: list[list[int]]) -> np.ndarray:
+        """``embed`` of texts already tokenized (``token_ids``): the same vectors, bit for bit."""
+        return self.model.embed_ids(ids_per_text)
+
     async def aembed(self, texts: list[str]) -> np.ndarray:
         # A query is embedded in tens of microseconds: a thread hop would cost more than it saves.
         if len(texts) <= 8:

@@ -25,6 +25,8 @@ from django_ragchat.answerer.selector import (
     AnswerSelector,
 )
 from django_ragchat.answerer.semantic import SentenceSimilarity
+from django_ragchat.answerer.stored import analyse_chunks, analysis_key, stored_key
+from django_ragchat.answerer.vocabulary import Vocabulary
 from django_ragchat.backends.openai import (
     CHAT_OPTIONS,
     CONNECTION_OPTIONS,
@@ -35,11 +37,11 @@ from django_ragchat.backends.openai import (
     check_options,
 )
 from django_ragchat.components import Component
+from django_ragchat.plugins import build_component, embedder_for
 from django_ragchat.tokens import count_tokens
 from django_ragchat.types import LLMDelta, LLMResponse, Prompt, Usage
 
 if TYPE_CHECKING:
-    from django_ragchat.answerer.vocabulary import Vocabulary
     from django_ragchat.turn.context import TurnContext
 
 
@@ -104,9 +106,31 @@ class ExtractiveAnswerer(LLMBackend):
         semantic = embedder is not None and getattr(embedder, "local_semantic", False)
         self.selector = AnswerSelector(vocabulary=vocabulary, min_coverage=min_coverage,
                                        max_sentences=max_sentences, no_answer=no_answer,
-                                       similarity=SentenceSimilarity(embedder.embed) if semantic else None,
+                                       similarity=SentenceSimilarity(
+                                           embedder.embed, encode_ids=getattr(embedder, "embed_ids", None))
+                                       if semantic else None,
                                        semantic_weight=semantic_weight, min_similarity=min_similarity,
-                                       near_word_similarity=near_word_similarity)
+                                       near_word_similarity=near_word_similarity,
+                                       space=embedder.space if semantic else "")
+        self.vocabulary = vocabulary
+        self.embedder = embedder if semantic else None
+
+    def analyse_chunks(self, chunks: list[tuple[str, str, str]]) -> list[bytes]:
+        """Each chunk's (text, heading, document title) read as this answerer reads it, with its
+        sentences' vectors when it reads meaning: what ingestion stores in
+        ``Chunk.analysis`` so that a turn need not read it (``django_ragchat.answerer.stored``)."""
+        return analyse_chunks(chunks, self.vocabulary, self.embedder)
+
+    def is_current(self, analysis: bytes | None) -> bool:
+        """Whether ``analysis`` (``Chunk.analysis``) is what ``analyse_chunks`` writes now: made
+        by this code with this language data and model (else a turn reads the chunk's text)."""
+        return stored_key(analysis) == analysis_key(self.vocabulary, self.embedder)
+
+    @classmethod
+    def chunk_reader(cls, profile) -> ExtractiveAnswerer:
+        """``profile``'s answerer (the instance its turns use), for ingestion to store its reading."""
+        return build_component(profile, "llm", profile.llm, vocabulary=Vocabulary.for_profile(profile),
+                               embedder=embedder_for(profile))
 
     def answer(self, prompt: Prompt) -> str:
         return self.selector.answer(prompt)

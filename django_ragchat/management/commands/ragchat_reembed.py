@@ -14,6 +14,12 @@ The procedure (docs/postgresql.md, "Changing the embedding model"):
    while a profile still uses that space).
 
 ``--list`` shows every space: its chunks, its index, and the profiles that use it.
+
+``--analysis`` (with ``--profile``, default the default profile) stores the extractive
+answerer's reading of each chunk of the profile's space again where it is missing or stale
+(``Chunk.analysis``, django_ragchat/answerer/stored.py): after an upgrade or an edit of the
+language files a turn reads such chunks from their text, which is slower, until this runs.
+Ingestion and re-embedding store it themselves.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from django.db.models import Count
 from tqdm import tqdm
 
 from django_ragchat import plugins, tasks
-from django_ragchat.ingestion.pipeline import reembed
+from django_ragchat.ingestion.pipeline import reembed, refresh_analyses
 from django_ragchat.models import Chunk
 from django_ragchat.plugins import embedder_for
 from django_ragchat.profiles import get_profile
@@ -46,6 +52,10 @@ class Command(BaseCommand):
         target.add_argument("--embedder", help="Embed with this registered embedder (see --options).")
         target.add_argument("--drop-space", metavar="SPACE", help="Delete this space's chunks and index.")
         target.add_argument("--list", action="store_true", help="List the spaces, their chunks and who uses them.")
+        parser.add_argument("--analysis", action="store_true",
+                            help="Store the answerer's reading of the profile's chunks again where it is missing or "
+                                 "stale (after an upgrade or a change of the language files); nothing is embedded "
+                                 "into another space.")
         parser.add_argument("--options", metavar="JSON", help='The embedder\'s options, e.g. \'{"dimension": 256}\'.')
         parser.add_argument("--batch-size", type=int, default=64, metavar="N", help="Texts per embedding call (default 64).")
         parser.add_argument("--no-index", action="store_true", help="PostgreSQL: do not build the HNSW index.")
@@ -62,6 +72,8 @@ class Command(BaseCommand):
             return self._drop(options["drop_space"], options["force"])
         if options["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1.")
+        if options["analysis"]:
+            return self._analysis(options)
         if options["background"]:
             return self._enqueue(options)
         embedder = self._embedder(options)
@@ -84,6 +96,14 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"Space {space} is complete. Next: point the profile(s) at this embedder in "
                               f"settings and deploy, then `manage.py ragchat_reembed --drop-space OLD_SPACE`.")
+
+    def _analysis(self, options):
+        if options["embedder"] or options["background"]:
+            raise CommandError("--analysis reads the chunks of a profile's space: use --profile, in the foreground.")
+        self._embedder(options)  # a wrong profile is a CommandError
+        refreshed, seen = refresh_analyses(options["profile"])
+        self.stdout.write(f"Stored the answerer's reading of {refreshed:,} of {seen:,} chunk(s) again; "
+                          f"the others were current.")
 
     def _enqueue(self, options):
         if options["embedder"]:

@@ -1,0 +1,194 @@
+"""The answerer's reading of a chunk made at ingestion and stored with it (``Chunk.analysis``,
+django_ragchat/answerer/stored.py): the same passages and answers as reading the text in the
+turn, the search fetching it in its own query, stale readings not used, ingestion and
+``ragchat_reembed`` storing it."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import numpy as np
+from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from bench.bench_extractive import BASELINE_LANG
+from django_ragchat import search
+from django_ragchat.answerer.passages import analyse_text, build_passages, candidate_words
+from django_ragchat.answerer.selector import AnswerSelector
+from django_ragchat.answerer.semantic import SentenceSimilarity, clear_caches
+from django_ragchat.answerer.stored import (
+    analyse_chunks,
+    analysis_key,
+    decode,
+    read_stored,
+    reading_key,
+    stored_key,
+)
+from django_ragchat.answerer.vocabulary import Vocabulary, default_vocabulary
+from django_ragchat.ingestion.pipeline import ingest_text, reembed, refresh_analyses
+from django_ragchat.language import load_language
+from django_ragchat.models import Chunk
+from django_ragchat.plugins import embedder_for
+from django_ragchat.profiles import get_profile
+from django_ragchat.types import Prompt
+from tests.conftest import PRODUCT_DOCS
+
+CHUNKS = [
+    ("Nimbus Tab > Overview\nThe Nimbus Tab is an 11-inch tablet for drawing. It weighs 480 grams, and the "
+     "Nimbus Pen attaches to its side.", "Nimbus Tab > Overview", "Nimbus Tab"),
+    ("Plans\n\nCard | Price | Loans\nAdult Card | £12 a year | 20 books\nVisitor Card | free | 5 books\n\n"
+     "Cards are renewed every year at the front desk.", "Plans", "Millbrook Library"),
+    ("", "", ""),
+]
+QUESTIONS = ["How much does the Aurora X2 cost?", "How heavy is the Nimbus Tab?", "Is the Aurora X2 waterproof?",
+             "Tell me about the Zephyr Buds", "How long does the Zephyr Buds battery last?",
+             "What screen does the Nimbus Tab have?"]
+
+
+def _semantic():
+    profile = get_profile()
+    return default_vocabulary(), embedder_for(profile)
+
+
+def test_a_stored_reading_is_the_reading_of_the_text_with_the_vectors_of_each_text_alone():
+    vocabulary, embedder = _semantic()
+    key = reading_key(vocabulary)
+    for (text, heading, title), blob in zip(CHUNKS, analyse_chunks(CHUNKS, vocabulary, embedder), strict=True):
+        reading = decode(blob, key, embedder.space)
+        assert reading.analysis == analyse_text(text, heading, title, vocabulary)
+        assert set(reading.vectors) == {s.text for s in reading.analysis[1]}
+        for piece, vector in reading.vectors.items():  # the same bits as the model gives the text alone
+            assert np.array_equal(vector.view(np.uint32), embedder.embed([piece])[0].view(np.uint32)), piece
+        words = [w for _, w in reading.words + reading.leaf_words]
+        assert set(reading.tokens) == set(words) and (words or not text)
+        from_ids = embedder.embed_ids([reading.tokens[w] for w in words])
+        assert np.array_equal(from_ids.view(np.uint32), embedder.embed(words).view(np.uint32))
+    other = decode(analyse_chunks(CHUNKS[:1], vocabulary, embedder)[0], key, "another-space")
+    assert other.vectors == {} and other.tokens == {} and other.words
+
+
+def test_a_reading_made_with_other_language_data_or_none_is_not_used():
+    vocabulary, embedder = _semantic()
+    baseline = Vocabulary(load_language("en", BASELINE_LANG))  # the same language code, other tables
+    assert reading_key(baseline) != reading_key(vocabulary)
+    blob = analyse_chunks(CHUNKS[:1], vocabulary, embedder)[0]
+    assert decode(blob, reading_key(baseline), embedder.space) is None
+    assert stored_key(blob) == analysis_key(vocabulary, embedder) and stored_key(None) == ""
+    for not_one in (None, b"", b"{}", b"RCA0" + blob[4:], blob[:len(blob) // 2], blob[:-3]):  # none, or damaged
+        assert decode(not_one, reading_key(vocabulary), embedder.space) is None
+
+
+def _hits(question: str, embedder, k: int = 4):
+    return search.hybrid_search(embedder.space, embedder.embed([question])[0], question, k)
+
+
+def test_a_turn_over_stored_readings_answers_the_same_and_tokenizes_nothing_of_its_passages(product_corpus):
+    vocabulary, embedder = _semantic()
+    embedded: list[str] = []
+
+    def encode(texts):  # the model itself, noting what it is asked to embed
+        embedded.extend(texts)
+        return embedder.embed(texts)
+
+    selector = AnswerSelector(vocabulary=vocabulary, space=embedder.space,
+                              similarity=SentenceSimilarity(encode, encode_ids=embedder.embed_ids))
+    passages_embedded_from_text = 0
+    for question in QUESTIONS:
+        hits = _hits(question, embedder)
+        assert hits and all(hit.analysis for hit in hits)
+        read = build_passages(hits, vocabulary)
+        sentences = {s.text for p in read for s in p.sentences}
+        passage_words = {w for text in [*sentences, *(p.heading_leaf for p in read)]
+                         for _, w in candidate_words(text, vocabulary.stopwords | vocabulary.generic)}
+        answers = []
+        for documents in (hits, [dataclasses.replace(hit, analysis=None) for hit in hits]):
+            clear_caches()
+            embedded.clear()
+            answers.append(selector.answer(Prompt(messages=(), question=question, search_query=question,
+                                                  documents=tuple(documents))))
+            if documents is hits:  # every passage text came from the rows, as vectors or token ids
+                assert not (sentences | passage_words) & set(embedded), question
+            else:
+                passages_embedded_from_text += bool(sentences & set(embedded))
+        assert answers[0] == answers[1], question
+    assert passages_embedded_from_text  # without the rows, the turn embeds the passages' sentences
+
+
+def test_a_stale_reading_is_read_from_the_text_until_ragchat_reembed_analysis(product_corpus):
+    vocabulary, embedder = _semantic()
+    question = "How much does the Aurora X2 cost?"
+    expected = AnswerSelector(vocabulary=vocabulary).answer(
+        Prompt(messages=(), question=question, search_query=question, documents=tuple(_hits(question, embedder))))
+    stale = analyse_chunks(CHUNKS[:1], Vocabulary(load_language("en", BASELINE_LANG)))[0]
+    Chunk.objects.filter(space=embedder.space).update(analysis=stale)
+    hits = _hits(question, embedder)
+    assert all(hit.analysis == stale for hit in hits)  # another language's reading: the turn reads the text
+    assert AnswerSelector(vocabulary=vocabulary).answer(
+        Prompt(messages=(), question=question, search_query=question, documents=tuple(hits))) == expected
+    total = Chunk.objects.filter(space=embedder.space).count()
+    Chunk.objects.filter(pk=Chunk.objects.filter(space=embedder.space).order_by("pk")[0].pk).update(analysis=None)
+    assert refresh_analyses(batch_size=2) == (total, total)
+    assert refresh_analyses() == (0, total)
+    key = analysis_key(vocabulary, embedder)
+    assert all(stored_key(blob) == key for blob in Chunk.objects.filter(space=embedder.space)
+               .values_list("analysis", flat=True))
+    call_command("ragchat_reembed", "--analysis", stdout=(out := io.StringIO()))
+    assert f"0 of {total:,} chunk(s)" in out.getvalue()
+
+
+def test_a_reading_of_another_text_is_not_used(product_corpus):
+    vocabulary, embedder = _semantic()
+    question = "How much does the Aurora X2 cost?"
+    hits = _hits(question, embedder)
+    priced = next(i for i, hit in enumerate(hits) if "$699" in hit.text)
+    other = next(i for i in range(len(hits)) if i != priced)
+    # A document postprocessor rewrote a passage, or the document's title was edited: the
+    # reading stored describes the old one, so the turn reads the new text.
+    changed = list(hits)
+    changed[priced] = dataclasses.replace(hits[priced], text=hits[priced].text.replace("$699", "$649"))
+    changed[other] = dataclasses.replace(hits[other], title="Renamed")
+    readings = read_stored(changed, vocabulary, embedder.space)
+    assert [r is None for r in readings] == [i in (priced, other) for i in range(len(hits))]
+    selector = AnswerSelector(vocabulary=vocabulary)
+    answers = [selector.answer(Prompt(messages=(), question=question, search_query=question, documents=tuple(docs)))
+               for docs in (changed, [dataclasses.replace(hit, analysis=None) for hit in changed])]
+    assert answers[0] == answers[1] and "$649" in answers[0], answers
+
+
+def test_ingestion_stores_a_reading_for_an_answerer_that_reads_chunks_only(db, ragchat_settings_override):
+    ragchat_settings_override(PROFILES={"default": {}, "words": {"embedder": "hashing"},
+                                        "remote": {"embedder": "hashing", "llm": "openai"}})
+    source, text = next(iter(PRODUCT_DOCS.items()))
+    ingest_text(source, text)
+    default = embedder_for(get_profile()).space
+    stored = list(Chunk.objects.filter(space=default).values_list("analysis", "text", "heading"))
+    assert stored and all(decode(blob, reading_key(default_vocabulary()), default).vectors for blob, *_ in stored)
+    # Re-embedded into the hashing space: read by "words" (the first profile of that space whose
+    # answerer reads chunks; "remote" answers with a model server), with no vectors (no model).
+    reembed(embedder_for(get_profile("words")))
+    hashing = Chunk.objects.exclude(space=default).values_list("analysis", flat=True)
+    assert hashing and all(stored_key(blob) == analysis_key(default_vocabulary()) for blob in hashing)
+    assert all(decode(blob, reading_key(default_vocabulary()), default).vectors == {} for blob in hashing)
+    ragchat_settings_override(PROFILES={"default": {"embedder": "hashing", "llm": "openai"}})
+    ingest_text("other.md", "# Other\n\nA text only a model server reads.", profile="default")
+    assert Chunk.objects.filter(document__source="other.md").values_list("analysis", flat=True).get() is None
+
+
+def test_the_search_fetches_the_reading_in_its_own_query(product_corpus):
+    _, embedder = _semantic()
+    question = "How much does the Aurora X2 cost?"
+    counts = {}
+    _hits(question, embedder)  # SQLite: the in-process vector index is loaded by the first search
+    for k in (1, 4):
+        with CaptureQueriesContext(connection) as queries:
+            hits = _hits(question, embedder, k)
+        assert len(hits) == k and all(hit.analysis for hit in hits)
+        counts[k] = len(queries)
+        stored = dict(Chunk.objects.filter(pk__in=[h.chunk_id for h in hits]).values_list("pk", "analysis"))
+        assert all(bytes(hit.analysis) == bytes(stored[hit.chunk_id]) for hit in hits)
+    assert counts[1] == counts[4], counts  # no query per passage
+    for hits in (search.vector_search(embedder.space, embedder.embed([question])[0], 3),
+                 search.fulltext_search(embedder.space, question, 3)):
+        assert hits and all(hit.analysis for hit in hits)
