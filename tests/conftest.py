@@ -166,9 +166,15 @@ def conversation(user):
 def lane_connections_closed(django_db_setup, django_db_blocker):
     """Close the database lanes' connections (``django_ragchat.turn.lanes``) at the end of the
     session, before the test database is dropped: PostgreSQL refuses to drop a database that
-    a lane thread is still connected to."""
+    a lane thread is still connected to. The connections of threads a test started and that
+    ended without closing theirs (a reader thread signing a user in) are freed too: a dead
+    thread's DatabaseWrapper sits in a reference cycle, so its connection stays open until the
+    cyclic garbage collector runs."""
     yield
+    import gc
+
     from django_ragchat.turn import lanes
 
     with django_db_blocker.unblock():
         lanes.close_connections()
+    gc.collect()
