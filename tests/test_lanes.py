@@ -78,7 +78,7 @@ def test_a_turn_keeps_its_lanes_connection_while_other_turns_use_the_lane(ragcha
     """A burst: more turns than lanes. A turn starting on a lane that other turns are using
     (``transport.close_stale_connections``) keeps the lane's connection instead of opening one
     per turn; alone on its lane it closes it by ``CONN_MAX_AGE`` (0 here), as Django does at the
-    end of a request."""
+    end of a request, except a SQLite connection, which holds nothing on a server and is kept."""
     from django.db import connection
 
     from django_ragchat.models import Conversation
@@ -106,7 +106,7 @@ def test_a_turn_keeps_its_lanes_connection_while_other_turns_use_the_lane(ragcha
 
     try:
         assert asyncio.run(turns(4)) == [(True, True)] * 4  # two turns on each lane
-        assert asyncio.run(turns(1)) == [(False, False)]
+        assert asyncio.run(turns(1)) == [(False, connection.vendor == "sqlite")]
         assert not lanes.shared()  # not a lane's thread
     finally:
         lanes.close_connections()

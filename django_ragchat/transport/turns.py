@@ -86,11 +86,16 @@ def close_stale_connections() -> None:
     as Channels' ``database_sync_to_async`` does. On a database lane that other turns are using
     at the same moment (``lanes.shared``: a burst), only a broken connection is closed: the
     others' queries keep it busy, and a turn does not pay for a new one (a SQLite file opened
-    again, a pool checkout) when ``CONN_MAX_AGE`` is 0."""
-    keep = lanes.shared()
+    again, a pool checkout) when ``CONN_MAX_AGE`` is 0. A lane's SQLite connection is always
+    kept: it holds no server resource, and opening one (the file, its PRAGMAs, the schema parsed
+    again by the first query) was about 4 ms of a lone turn's time to first token."""
+    on_lane = lanes.on_lane()
+    shared = lanes.shared()
     for connection in connections.all(initialized_only=True):
         if connection.in_atomic_block:
             continue
+        # A lane's SQLite connection holds no server resource: kept, not reopened per turn.
+        keep = shared or (on_lane and connection.vendor == "sqlite")
         if not keep:
             connection.close_if_unusable_or_obsolete()
         elif connection.connection is not None and connection.errors_occurred:

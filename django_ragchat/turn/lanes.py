@@ -15,6 +15,7 @@ by ``CONN_MAX_AGE`` (and ``transport.close_stale_connections``) as usual, so a s
 to ``DATABASE_THREADS`` more connections per worker process. While a lane serves several turns
 at once (a burst), a turn that starts there keeps the lane's connection, whatever its age,
 instead of opening one per turn (``CONN_MAX_AGE`` 0); broken connections are closed all the same.
+A lane's SQLite connection is kept whatever ``CONN_MAX_AGE`` says (no server holds it).
 
 Nothing changes (the block runs as before) when:
 
@@ -84,6 +85,11 @@ def shared() -> bool:
     keeps it instead of closing it by ``CONN_MAX_AGE`` (``transport.close_stale_connections``)."""
     index = getattr(_thread, "lane", None)
     return index is not None and _lanes.busy[index] > 1
+
+
+def on_lane() -> bool:
+    """Whether the calling thread is one of the lanes' threads."""
+    return getattr(_thread, "lane", None) is not None
 
 
 def close_connections() -> None:
