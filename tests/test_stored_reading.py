@@ -192,3 +192,27 @@ def test_the_search_fetches_the_reading_in_its_own_query(product_corpus):
     for hits in (search.vector_search(embedder.space, embedder.embed([question])[0], 3),
                  search.fulltext_search(embedder.space, question, 3)):
         assert hits and all(hit.analysis for hit in hits)
+
+
+def test_searches_leave_the_reading_in_the_database_when_the_answerer_does_not_read_it(product_corpus,
+                                                                                     ragchat_settings_override):
+    """A turn answered by a model server does not carry the stored readings (4-8 KB a chunk) out
+    of the database: its stages search inside ``fetching_readings(False)``."""
+    from django_ragchat.search.readings import fetching_readings
+    from django_ragchat.turn.context import components_for
+
+    ragchat_settings_override(PROFILES={"default": {}, "remote": {"llm": "openai"}})
+    assert components_for(get_profile()).reads_stored_readings
+    assert not components_for(get_profile("remote")).reads_stored_readings
+    _, embedder = _semantic()
+    question = "How much does the Aurora X2 cost?"
+    vector = embedder.embed([question])[0]
+    searches = (lambda: search.vector_search(embedder.space, vector, 3),
+                lambda: search.fulltext_search(embedder.space, question, 3),
+                lambda: search.hybrid_search(embedder.space, vector, question, 3))
+    for run in searches:
+        with fetching_readings(False), CaptureQueriesContext(connection) as queries:
+            hits = run()
+        assert hits and all(hit.analysis is None for hit in hits)
+        assert not any("analysis" in q["sql"] for q in queries.captured_queries)
+        assert all(hit.analysis for hit in run())  # outside the block: fetched

@@ -40,7 +40,7 @@ from django_ragchat.access import Principals, current_principals
 from django_ragchat.models import Chunk
 from django_ragchat.plugins import build_component, embedder_for, get_registry
 from django_ragchat.profiles import get_profile, profile_names
-from django_ragchat.search import postgres, sqlite
+from django_ragchat.search import postgres, readings, sqlite
 from django_ragchat.search.filters import FILTER_KEYS, InvalidFilters, SearchFilters
 from django_ragchat.search.postgres import decode_metadata
 from django_ragchat.search.vectorindex import vector_index
@@ -84,7 +84,8 @@ def reader(principals: Principals | None) -> Principals:
 
 def _hit(row: Sequence, score: float, retriever: str, raw_scores: dict[str, float],
          principals: Principals) -> RetrievedChunk:
-    chunk_id, text, heading, ordinal, metadata, document_id, source, title, analysis = row[:9]
+    chunk_id, text, heading, ordinal, metadata, document_id, source, title = row[:8]
+    analysis = row[8] if len(row) > 8 else None
     return RetrievedChunk(
         chunk_id=int(chunk_id), text=text, score=float(score), document_id=int(document_id), source=source,
         title=title, heading=heading, ordinal=ordinal, retriever=retriever, metadata=decode_metadata(metadata),
@@ -104,13 +105,13 @@ def fetch_chunks(scored: list[tuple[int, float]], retriever: str, using: str = "
     if not scored:
         return []
     principals = reader(principals)
+    columns = ["id", "text", "heading", "ordinal", "metadata", "document_id", "document__source", "document__title"]
+    if readings.wanted():
+        columns.append("analysis")
     rows = {
         row[0]: row
         for row in Chunk.objects.using(using).filter(id__in=[cid for cid, _ in scored],
-                                                     access__visible_to=principals).values_list(
-            "id", "text", "heading", "ordinal", "metadata", "document_id", "document__source", "document__title",
-            "analysis",
-        )
+                                                     access__visible_to=principals).values_list(*columns)
     }
     return [
         _hit(rows[cid], score, retriever, raw_scores[cid] if raw_scores else {retriever: score}, principals)

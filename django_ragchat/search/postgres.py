@@ -41,6 +41,7 @@ from django.db import connections, transaction
 from django_ragchat.access import UNRESTRICTED, Principals, access_sql, public_access
 from django_ragchat.fields import vector_binary, vector_literal
 from django_ragchat.models import Chunk, Document
+from django_ragchat.search import readings
 from django_ragchat.search.filters import SearchFilters
 
 #: The text search configuration of the stored ``search_vector`` column.
@@ -302,6 +303,12 @@ def create_fulltext_index(config: str, *, concurrently: bool = False, using: str
 
 # The columns of a hit, after the search: chunk c joined with its document d.
 _HIT_COLUMNS = "c.id, c.text, c.heading, c.ordinal, c.metadata, c.document_id, d.source, d.title, c.analysis"
+# The same with no stored reading (NULL in its place: the rows keep their shape).
+_HIT_COLUMNS_NO_READING = _HIT_COLUMNS.replace("c.analysis", "NULL")
+
+
+def _hit_columns() -> str:
+    return _HIT_COLUMNS if readings.wanted() else _HIT_COLUMNS_NO_READING
 
 
 def _execute(using: str, settings: list[str], sql: str, params: list) -> list[tuple]:
@@ -382,7 +389,7 @@ def vector_query(space: str, vector, k: int, *, filters: SearchFilters = SearchF
     connection = connections[using]
     chunk, document = _tables(connection)
     inner, params = _vector_inner(connection, space, vector, filters, exact, principals)
-    sql = (f"SELECT {_HIT_COLUMNS}, 1 - h.distance FROM ({inner}) h "
+    sql = (f"SELECT {_hit_columns()}, 1 - h.distance FROM ({inner}) h "
            f"JOIN {chunk} c ON c.id = h.id JOIN {document} d ON d.id = c.document_id "
            f"ORDER BY h.distance, c.id")
     return _vector_settings(filters, ef_search, k, exact, len(vector), principals), sql, [*params, k]
@@ -430,7 +437,7 @@ def fulltext_query(space: str, terms: list[str], k: int, *, filters: SearchFilte
     connection = connections[using]
     chunk, document = _tables(connection)
     inner, params = _fulltext_inner(connection, space, terms, filters, config, principals)
-    sql = (f"SELECT {_HIT_COLUMNS}, t.rank FROM ({inner}) t "
+    sql = (f"SELECT {_hit_columns()}, t.rank FROM ({inner}) t "
            f"JOIN {chunk} c ON c.id = t.id JOIN {document} d ON d.id = c.document_id "
            f"ORDER BY t.rank DESC, c.id")
     return sql, [*params, k]
@@ -476,7 +483,7 @@ def hybrid_search(space: str, vector, terms: list[str], k: int, *, candidates: i
         f"FROM (SELECT id, distance, row_number() OVER (ORDER BY distance, id) AS pos FROM v) vr "
         f"FULL OUTER JOIN (SELECT id, rank, row_number() OVER (ORDER BY rank DESC, id) AS pos FROM t) tr "
         f"ON vr.id = tr.id) "
-        f"SELECT {_HIT_COLUMNS}, f.score, f.similarity, f.text_rank FROM fused f "
+        f"SELECT {_hit_columns()}, f.score, f.similarity, f.text_rank FROM fused f "
         f"JOIN {chunk} c ON c.id = f.id JOIN {document} d ON d.id = c.document_id "
         f"ORDER BY f.score DESC, c.id LIMIT %s"
     )

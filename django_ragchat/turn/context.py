@@ -60,6 +60,8 @@ class ProfileComponents:
         self.turn_advisors = advising(self.advisors, "around_turn")
         self.llm_advisors = advising(self.advisors, "around_llm")
         self.stream_advisors = advising(self.advisors, "around_llm_stream")
+        # Only an answerer that reads the chunks' stored readings needs them fetched.
+        self.reads_stored_readings = hasattr(type(self.llm), "chunk_reader")
         self.tool_advisors = advising(self.advisors, "around_tool")
 
 

@@ -63,6 +63,7 @@ from django_ragchat.exceptions import InvalidMessage, RagchatError
 from django_ragchat.models import Chunk, Conversation, Message, TurnTrace
 from django_ragchat.plugins import await_me_maybe, get_registry, notify
 from django_ragchat.profiles import get_profile
+from django_ragchat.search.readings import fetching_readings
 from django_ragchat.stages.retrievers import EmbeddingSpaceMismatch
 from django_ragchat.tokens import count_tokens, tokenizer_name
 from django_ragchat.tools import Tool
@@ -146,10 +147,11 @@ def _end(turn: TurnContext, stage: str, component: Any, ending: EndTurn) -> EndT
 async def run_stage(turn: TurnContext, name: str, stage: Callable[[TurnContext], Awaitable[Any]]) -> Any:
     """Run one stage, record its duration in the trace and fire ``on_stage_completed`` (also
     when it ends the turn; not when it raises: the turn then fails). Searches made by the
-    stage's components read as the asker (``access.reading_as``)."""
+    stage's components read as the asker (``access.reading_as``) and fetch the chunks' stored
+    readings only for an answerer that reads them (``search.readings``)."""
     started = time.perf_counter()
     turn.state.setdefault("_stages_run", []).append(name)
-    with reading_as(turn.principals):
+    with reading_as(turn.principals), fetching_readings(turn.components.reads_stored_readings):
         result = await stage(turn)
     elapsed = (time.perf_counter() - started) * 1000
     turn.trace["timings"][name] = round(elapsed, 3)
@@ -671,7 +673,8 @@ async def _advised(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEven
         return run.answer
 
     short = ShortCircuit()
-    with reading_as(turn.principals):  # the task copies the context: advisors' searches read as the asker
+    # The task copies the context: advisors' searches read as the asker.
+    with reading_as(turn.principals), fetching_readings(turn.components.reads_stored_readings):
         task = asyncio.ensure_future(run_turn_chain(turn.components.turn_advisors, turn, innermost, short))
     getter = None
     try:
