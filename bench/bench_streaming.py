@@ -501,9 +501,10 @@ def check_saved(answers: list[Answer]) -> None:
 
 def start_servers(stack: contextlib.ExitStack, env: dict, paths: list[str], clients: int, ws_deflate: bool,
                   workers: int, baseline: str | None, redis: bool | None = None,
-                  pids: dict[str, int] | None = None) -> dict[str, list[str]]:
+                  pids: dict[str, int] | None = None, baseline_env: dict | None = None) -> dict[str, list[str]]:
     """The server processes the paths need: their addresses by path (and their ids in ``pids``).
-    ``redis``: the Redis channel layer (by default with more than one worker)."""
+    ``redis``: the Redis channel layer (by default with more than one worker); ``baseline_env``:
+    extra environment of the baseline's server (the same code with a setting changed)."""
     def uvicorn(app: str, name: str, cwd: Path = ROOT, extra_env: dict | None = None) -> str:
         port = free_port()
         return stack.enter_context(process([
@@ -520,7 +521,7 @@ def start_servers(stack: contextlib.ExitStack, env: dict, paths: list[str], clie
         servers["asgi"] = [uvicorn("example_project.asgi:application", f"uvicorn {w}") for w in range(workers)]
     if "websocket before" in paths:  # the same app from another checkout (the code before a change)
         servers["asgi before"] = [uvicorn("example_project.asgi:application", "uvicorn (baseline)", Path(baseline),
-                                          {"PYTHONPATH": baseline})]
+                                          {"PYTHONPATH": baseline, **(baseline_env or {})})]
     if "bare relay" in paths:
         servers["bare"] = [uvicorn("bench.bare_relay:application", "bare relay")]
     if "sse wsgi" in paths:
@@ -613,13 +614,14 @@ def measure_load(b: Bench, servers: dict, paths: list[str], n: int, stagger: flo
 
 def run(loads: list[tuple[int, float]], rounds: int, tokens: int, llm: str, paths: list[str],
         ws_deflate: bool = False, workers: int = 1, baseline: str | None = None,
-        cpu_rows: list | None = None) -> list[list]:
+        cpu_rows: list | None = None, baseline_env: dict | None = None) -> list[list]:
     """The table's rows; with ``cpu_rows``, (path, load, CPU seconds, answers) of every server path."""
     if llm != "openai":
         paths = [p for p in paths if p not in ("model", "bare relay")]
     most = max(n for n, _ in loads)
     with bench(tokens, llm, most) as b, contextlib.ExitStack() as stack:
-        servers = start_servers(stack, b.env, paths, most, ws_deflate, workers, baseline, pids=b.pids)
+        servers = start_servers(stack, b.env, paths, most, ws_deflate, workers, baseline, pids=b.pids,
+                                baseline_env=baseline_env)
         for path in paths:  # warm-up: connections, vector index, clients
             measure_round(path, min(5, most), 0.0, b.env, servers, b.callers, b.expected)
         rows = []
@@ -809,6 +811,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline", metavar="DIR",
                         help="another checkout of the project (e.g. a git archive of the commit before a "
                              "change): the path 'websocket before' serves its code, in the same run")
+    parser.add_argument("--baseline-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra environment of the baseline's server, e.g. --baseline . --baseline-env "
+                             "RAGCHAT_BENCH_STARTING_TURNS=0: the same code with a setting changed (repeatable)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per number of clients and path")
     parser.add_argument("--tokens", type=int, default=200, help="tokens per answer")
     parser.add_argument("--llm", choices=["openai", "extractive"], default="openai",
@@ -850,12 +855,15 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown paths {sorted(unknown)}; choose from {', '.join(PATHS)}")
     if "websocket before" in paths and not args.baseline:
         parser.error("the path 'websocket before' needs --baseline DIR")
+    if any("=" not in item for item in args.baseline_env):
+        parser.error("--baseline-env takes KEY=VALUE")
+    baseline_env = dict(item.split("=", 1) for item in args.baseline_env)
     loads = parse_loads(args.loads or (ISSUE_27_LOADS if args.issue27 and not args.quick else
                                        ",".join(f"{n}/{args.stagger:g}" for n in args.clients.split(","))))
     started = time.perf_counter()
     cpu_rows: list = []
     rows = run(loads, args.rounds, args.tokens, args.llm, paths, args.ws_deflate, args.workers, args.baseline,
-               cpu_rows)
+               cpu_rows, baseline_env)
     from django.db import connection
 
     deflate = "on" if args.ws_deflate else "off"

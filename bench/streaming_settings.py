@@ -51,6 +51,9 @@ RAGCHAT = {
     # RAGCHAT_BENCH_DB_THREADS=1: every turn's database work on one thread, as before lanes.
     **({"DATABASE_THREADS": int(os.environ["RAGCHAT_BENCH_DB_THREADS"])}
        if os.environ.get("RAGCHAT_BENCH_DB_THREADS") else {}),
+    # RAGCHAT_BENCH_STARTING_TURNS=0: every turn of a burst starts at once, as before the gate.
+    **({"STARTING_TURNS": int(os.environ["RAGCHAT_BENCH_STARTING_TURNS"])}
+       if os.environ.get("RAGCHAT_BENCH_STARTING_TURNS") else {}),
     "PROFILES": {
         "default": {"llm": _llm, "options": {"openai": {
             "base_url": os.environ.get("RAGCHAT_BENCH_MODEL_URL", "http://127.0.0.1:9/v1"),

@@ -77,10 +77,12 @@ def check_settings(app_configs=None, **kwargs):
             f"Unknown django-ragchat setting RAGCHAT[{key!r}].",
             hint=f"Valid keys: {', '.join(sorted(DEFAULTS))}.", id="ragchat.E001",
         ))
-    for key in ("MAX_MESSAGE_CHARS", "SQLITE_VECTOR_BATCH_SIZE", "DATABASE_THREADS"):
+    for key, least in (("MAX_MESSAGE_CHARS", 1), ("SQLITE_VECTOR_BATCH_SIZE", 1), ("DATABASE_THREADS", 1),
+                       ("STARTING_TURNS", 0)):
         value = getattr(ragchat_settings, key)
-        if not isinstance(value, int) or value <= 0:
-            errors.append(Error(f"RAGCHAT[{key!r}] must be a positive integer, not {value!r}.",
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            what = "a positive integer" if least else "a whole number, 0 or more"
+            errors.append(Error(f"RAGCHAT[{key!r}] must be {what}, not {value!r}.",
                                 hint="Remove it to use the default.", id="ragchat.E007"))
     for key in ("STREAM_HEARTBEAT_SECONDS", "STREAM_LEASE_SECONDS", "SHUTDOWN_GRACE_SECONDS"):
         value = getattr(ragchat_settings, key)

@@ -79,6 +79,9 @@ DEFAULTS: dict[str, Any] = {
     # Threads a worker process spreads its websocket turns' database work over (one turn stays
     # on one thread); 1 runs it all on asgiref's single thread. See django_ragchat.turn.lanes.
     "DATABASE_THREADS": 4,
+    # Turns of a worker process that do their work before the model at once; the others wait
+    # in arrival order (django_ragchat.turn.start_gate). 0: no limit.
+    "STARTING_TURNS": 8,
 }
 
 

@@ -26,7 +26,7 @@ from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import Accepted, Completed, Failed, TurnEvent
 from django_ragchat.exceptions import InvalidMessage, RagchatError, TurnInProgress
 from django_ragchat.models import Conversation, Message
-from django_ragchat.turn import lanes, limits, persistence, pipeline, shutdown
+from django_ragchat.turn import lanes, limits, persistence, pipeline, shutdown, start_gate
 from django_ragchat.turn.persistence import ConversationGone, DuplicateMessage
 from django_ragchat.types import HistoryMessage
 
@@ -241,27 +241,29 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
     first_send = None
     if callable(conversation) and client_id:
         first_send = limits.FirstSend(user, session_key, client_id)
-    try:
-        if first_send is not None:
-            await _claim_first_send(first_send, user, session_key, client_id)
-        elif not callable(conversation):
-            try:
-                await sync_to_async(persistence.check_pending)(conversation.pk, client_id)
-            except DuplicateMessage as duplicate:
-                async with contextlib.aclosing(replay(duplicate)) as replayed:
-                    async for event in replayed:
-                        yield event
-                return
-            except (TurnInProgress, Conversation.DoesNotExist) as exc:
-                raise _refusal(exc) from None
-        options = {"stream": stream, "history": history, "origin": origin}
-        async with contextlib.aclosing(_admitted_turn(conversation, text, user, session_key, client_id,
-                                                      first_send, options)) as events:
-            async for event in events:
-                yield event
-    finally:
-        if first_send is not None:
-            await sync_to_async(first_send.release, thread_sensitive=False)()
+    # In arrival order, at most STARTING_TURNS turns at once until their model is called.
+    async with start_gate.passing():
+        try:
+            if first_send is not None:
+                await _claim_first_send(first_send, user, session_key, client_id)
+            elif not callable(conversation):
+                try:
+                    await sync_to_async(persistence.check_pending)(conversation.pk, client_id)
+                except DuplicateMessage as duplicate:
+                    async with contextlib.aclosing(replay(duplicate)) as replayed:
+                        async for event in replayed:
+                            yield event
+                    return
+                except (TurnInProgress, Conversation.DoesNotExist) as exc:
+                    raise _refusal(exc) from None
+            options = {"stream": stream, "history": history, "origin": origin}
+            async with contextlib.aclosing(_admitted_turn(conversation, text, user, session_key, client_id,
+                                                          first_send, options)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            if first_send is not None:
+                await sync_to_async(first_send.release, thread_sensitive=False)()
 
 
 async def _claim_first_send(first_send: limits.FirstSend, user, session_key: str | None, client_id: str) -> None:

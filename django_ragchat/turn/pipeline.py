@@ -67,7 +67,7 @@ from django_ragchat.search.readings import fetching_readings
 from django_ragchat.stages.retrievers import EmbeddingSpaceMismatch
 from django_ragchat.tokens import count_tokens, tokenizer_name
 from django_ragchat.tools import Tool
-from django_ragchat.turn import persistence, shutdown
+from django_ragchat.turn import persistence, shutdown, start_gate
 from django_ragchat.turn.advisors import ShortCircuit, run_llm_chain, run_stream_chain, run_turn_chain
 from django_ragchat.turn.context import ProfileComponents, TurnContext, components_for
 from django_ragchat.turn.sync_bridge import background_loop
@@ -607,6 +607,7 @@ async def generate(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEven
     asked again with their results, at most ``max_tool_steps`` times; the last time it is
     asked to answer without them (``tool_choice`` ``"none"``). Its text from every step is the
     answer."""
+    start_gate.model_called()  # the work before the model is done: the next turn may start
     step = 0
     if turn.tools:
         turn.trace["tool_steps"] = 0
