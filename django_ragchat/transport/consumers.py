@@ -260,6 +260,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive(self, text_data=None, bytes_data=None):
         frame, client_id, problem = self._parse(text_data)
+        if problem is None and frame.get("type") == "message":
+            return await self.on_message(frame, client_id)  # checks the session on its lane
         # Every frame, whatever it is, first checks that the socket's session still stands.
         if not await self._session_still_open(client_id):
             return
@@ -303,8 +305,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         content = frame.get("content")
         conversation_id = frame.get("conversation_id", self.conversation_id)
         try:
-            transport.validate(content)
+            # The session check and the conversation's lookup on one lane's thread: in a burst
+            # they do not queue behind every other socket's on the thread they all share.
             async with database_lane():
+                if not await self._session_still_open(client_id):
+                    return
+                transport.validate(content)
                 if conversation_id is None and client_id:
                     found = await transport.conversation_sent_with(self.user, self.session_key, client_id)
                     conversation_id = str(found.pk) if found is not None else None
