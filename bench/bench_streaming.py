@@ -871,6 +871,9 @@ def main(argv: list[str] | None = None) -> None:
                     else f"{args.workers} uvicorn workers (Redis layer)")
     print(f"Streaming: {args.tokens}-token answers ({args.llm}), {args.rounds} round(s) per cell; {asgi_workers} "
           f"(websocket compression {deflate}), one gunicorn gthread worker, {connection.vendor}; {machine()}")
+    if "websocket before" in paths:
+        extra = "".join(f" {key}={value}" for key, value in baseline_env.items())
+        print(f"websocket before: the app from {args.baseline}{' with' + extra if extra else ''}")
     print("load: N clients at once, or N/Ss spread over S seconds. Milliseconds, p50 and p99 over every client "
           "of every round. ttft: message sent -> first token received. before model: message sent -> the model "
           "server receives the request (django-ragchat's work: receive, save, retrieve, prompt; and waiting for "

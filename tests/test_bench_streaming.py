@@ -32,6 +32,23 @@ def test_the_streaming_benchmark_runs_and_loses_no_token():
 
 
 @pytest.mark.slow
+def test_a_baseline_of_the_same_code_with_a_setting_changed_runs_beside_it():
+    """``--baseline . --baseline-env KEY=VALUE``: the A/B of one setting (the start gate off)."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run([sys.executable, "bench/bench_streaming.py", "--quick", "--paths",
+                             "websocket,websocket before", "--baseline", ".",
+                             "--baseline-env", "RAGCHAT_BENCH_STARTING_TURNS=0"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "websocket before: the app from . with RAGCHAT_BENCH_STARTING_TURNS=0" in result.stdout
+    rows = [line.split() for line in result.stdout.splitlines() if line[:1].isdigit()]
+    assert len(rows) == 4 and all(row[-3:] == ["0/0/0", "0", "0/0"] for row in rows), result.stdout
+    refused = subprocess.run([sys.executable, "bench/bench_streaming.py", "--baseline-env", "NOEQUALS"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2 and "--baseline-env takes KEY=VALUE" in refused.stderr
+
+
+@pytest.mark.slow
 def test_two_workers_on_the_redis_layer_lose_no_token():
     """``--workers 2``: two uvicorn processes on the Redis channel layer, the clients split."""
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
