@@ -246,16 +246,11 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
         try:
             if first_send is not None:
                 await _claim_first_send(first_send, user, session_key, client_id)
-            elif not callable(conversation):
-                try:
-                    await sync_to_async(persistence.check_pending)(conversation.pk, client_id)
-                except DuplicateMessage as duplicate:
-                    async with contextlib.aclosing(replay(duplicate)) as replayed:
-                        async for event in replayed:
-                            yield event
-                    return
-                except (TurnInProgress, Conversation.DoesNotExist) as exc:
-                    raise _refusal(exc) from None
+            elif (duplicate := await _resent(conversation, client_id)) is not None:
+                async with contextlib.aclosing(replay(duplicate)) as replayed:
+                    async for event in replayed:
+                        yield event
+                return
             options = {"stream": stream, "history": history, "origin": origin}
             async with contextlib.aclosing(_admitted_turn(conversation, text, user, session_key, client_id,
                                                           first_send, options)) as events:
@@ -264,6 +259,21 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
         finally:
             if first_send is not None:
                 await sync_to_async(first_send.release, thread_sensitive=False)()
+
+
+async def _resent(conversation: Conversation | Callable[[], Awaitable[Conversation]],
+                  client_id: str) -> DuplicateMessage | None:
+    """For an existing conversation: the first attempt of a resend (``client_id`` already
+    used there), else ``None``; ``TurnRefused`` while another answer is being written."""
+    if callable(conversation):
+        return None
+    try:
+        await sync_to_async(persistence.check_pending)(conversation.pk, client_id)
+    except DuplicateMessage as duplicate:
+        return duplicate
+    except (TurnInProgress, Conversation.DoesNotExist) as exc:
+        raise _refusal(exc) from None
+    return None
 
 
 async def _claim_first_send(first_send: limits.FirstSend, user, session_key: str | None, client_id: str) -> None:
