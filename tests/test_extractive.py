@@ -667,11 +667,3 @@ def test_an_amount_in_pence_is_money():
     video = chunk(1, "Ridge Camera > Video", "The Ridge Camera records 1080p video. It weighs 300 g.")
     assert AnswerSelector().answer(prompt("How much does the Ridge Camera cost?", video)).startswith(
         "The documents don't say")
-
-
-def test_a_name_in_the_passages_own_heading_is_no_other_entity():
-    docs = (chunk(1, "Central Library > Quiet Study Room",
-                  "The Quiet Study Room on the first floor has 60 desks with power sockets. It opens at 9 am."),
-            chunk(2, "Millbrook Library > Study Pods", "Millbrook Library has four study pods for two people."))
-    answer = AnswerSelector().answer(prompt("How many desks does Central Library have?", *docs))
-    assert answer == "The Quiet Study Room on the first floor has 60 desks with power sockets [1].", answer

@@ -66,9 +66,6 @@ class Passage:
     sentences: tuple[Sentence, ...]
     mentions_the: bool  # "the Aurora X2" appears: decline text uses the article
     kind: str = ""  # what its text defines the subject as ("tablet"), see subjects.kind_of
-    # The names its heading and document title hold, folded ("quiet study room" of "Central
-    # Library > Quiet Study Room"): what the passage is about, never another entity in it.
-    heading_names: frozenset[tuple[str, ...]] = frozenset()
     # Read at ingestion (``answerer.stored``): its sentences' and heading's candidate words for
     # the model's word neighbours, (stem, word) in order, its sentences' vectors and its words'
     # token ids. None and {} when the passage was read in this process.
@@ -233,22 +230,6 @@ def analyse_text(text: str, heading: str, title: str,
     return (parts[-1] if len(parts) > 1 else ""), found, subject, mentions_the, kind
 
 
-@lru_cache(maxsize=4096)
-def heading_names(heading: str, title: str, stopwords: frozenset[str]) -> frozenset[tuple[str, ...]]:
-    """The names (folded tokens) of a chunk's heading and document title: each heading part is
-    read as a sentence of its own, so a part that is one name ("Wifi", "Quiet Study Room") is one."""
-    found = set()
-    for part in [*(heading.split(HEADING_SEPARATOR) if heading else ()), title]:
-        part = part.strip()
-        if not part:
-            continue
-        runs = name_sequences(part, stopwords)
-        if not runs and part[:1].isupper() and " " not in part:
-            runs = [(part, fold(part))]
-        found.update(tuple(folded.split()) for _, folded in runs)
-    return frozenset(found)
-
-
 #: ``analyse_text`` cached per process: a chunk's text does not change.
 _analyse_text = lru_cache(maxsize=4096)(analyse_text)
 
@@ -278,7 +259,6 @@ def build_passages(documents: Iterable[RetrievedChunk], vocabulary: Vocabulary,
             index=index, ordinal=chunk.ordinal, heading_leaf=leaf,
             heading_stems=stems(leaf),
             subject_name=subject, subject=tuple(normalize(subject).split()) if subject else (),
-            sentences=found, mentions_the=mentions_the, kind=kind,
-            heading_names=heading_names(chunk.heading or "", chunk.title or "", vocabulary.stopwords), **extra,
+            sentences=found, mentions_the=mentions_the, kind=kind, **extra,
         ))
     return passages
