@@ -653,3 +653,17 @@ def test_a_table_row_is_answered_after_ingestion(db, tmp_path):
     ingest_paths([tmp_path])
     answer = ask("How much does a Visitor Card cost?")
     assert "Visitor Card: price £12 a year" in answer and "|" not in answer, answer
+
+
+def test_an_amount_in_pence_is_money():
+    printing = chunk(1, "Central Library > Printing",
+                     "Printing is available on every public computer. Black-and-white printing costs 15p a page.")
+    answer = AnswerSelector().answer(prompt("How much does printing cost at Central Library?", printing))
+    assert answer == "Black-and-white printing costs 15p a page [1].", answer
+    fines = chunk(1, "Fines > Overdue items", "Overdue books are charged 25 pence a day. Renew them online.")
+    answer = AnswerSelector().answer(prompt("How much is the fine for an overdue book?", fines))
+    assert "25 pence a day" in answer, answer
+    # A resolution is no price.
+    video = chunk(1, "Ridge Camera > Video", "The Ridge Camera records 1080p video. It weighs 300 g.")
+    assert AnswerSelector().answer(prompt("How much does the Ridge Camera cost?", video)).startswith(
+        "The documents don't say")

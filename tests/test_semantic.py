@@ -194,3 +194,66 @@ def test_the_followup_transformer_carries_the_opening_message_with_a_semantic_em
     words = next(t for t in components_for(get_profile("words")).query_transformers if t.name == "followup")
     assert semantic.resolve(query, None, None).text == "Why did they break up? Frank Zappa: Disbandment"
     assert words.resolve(query, None, None).text == "Why did they break up? Zappa Frank"  # ranked names
+
+
+BRANCH = (_chunk(1, "Central Library > Getting there",
+                 "Central Library is on Bridge Street in the town centre. Buses 22 and 31 stop outside the main "
+                 "entrance. The car park behind the library has 40 spaces."),
+          _chunk(2, "Central Library > Wifi",
+                 "Free wifi is available to everyone in the library, with or without a library card."))
+
+
+def test_a_word_whose_vector_is_short_weighs_little():
+    from django_ragchat.answerer.selector import AnswerSelector
+    from django_ragchat.answerer.semantic import SentenceSimilarity
+
+    model = static.wordllama_model()
+    norms = dict(zip(["goes", "always", "bus", "parking", "overdue"],
+                     model.word_norms(["goes", "always", "bus", "parking", "overdue"]), strict=True))
+    assert max(norms["goes"], norms["always"]) < 10 < min(norms["bus"], norms["parking"], norms["overdue"])
+    unweighed = AnswerSelector(similarity=SentenceSimilarity(model.embed))
+    weighed = AnswerSelector(similarity=SentenceSimilarity(model.embed, word_norms=model.word_norms))
+    # "goes" says little: the sentence stating the bus answers, where it used to lack "goes".
+    assert _ask(unweighed, "Which bus goes to the library?", *BRANCH).startswith("The documents don't say")
+    assert _ask(weighed, "Which bus goes to the library?", *BRANCH) == (
+        "Buses 22 and 31 stop outside the main entrance [1].")
+    # A heavy word the documents lack is still declined.
+    assert _ask(weighed, "Can I hire a bicycle at the library?", *BRANCH).startswith("The documents don't say")
+
+
+def test_a_light_word_a_heading_states_is_the_topic_and_keeps_its_weight():
+    from django_ragchat.answerer.passages import build_passages
+    from django_ragchat.answerer.question import analyse_query
+    from django_ragchat.answerer.selector import _weights
+    from django_ragchat.answerer.vocabulary import default_vocabulary
+
+    vocabulary = default_vocabulary()
+    passages = build_passages([_chunk(1, "Central Library > Study pods", "Study pods can be booked for two hours."),
+                               _chunk(2, "Central Library > Lockers", "Lockers cost 50p.")], vocabulary)
+    question = "Can I book a pod or a locker quickly tonight?"
+    need = analyse_query(question, question, passages, vocabulary)
+    eligible = [(p, s) for p in passages for s in p.sentences]
+    plain = _weights(need, passages, eligible, vocabulary)
+    light = {"pod": 1.0, "locker": 1.0, "quick": 1.0, "tonight": 1.0}  # as short as a vector gets
+    weighed = _weights(need, passages, eligible, vocabulary, light)
+    assert weighed["pod"] == plain["pod"] and weighed["locker"] == plain["locker"]  # the headings' words
+    assert weighed["quick=speed"] == plain["quick=speed"]  # a word the synonym table knows
+    assert weighed["tonight"] == pytest.approx(plain["tonight"] / 100)  # (1 / 10) ** 2
+
+
+def test_no_word_is_light_beside_a_long_word_the_passages_lack():
+    from django_ragchat.answerer.passages import build_passages
+    from django_ragchat.answerer.question import analyse_query
+    from django_ragchat.answerer.selector import TOPIC_NORM, _weights
+    from django_ragchat.answerer.vocabulary import default_vocabulary
+
+    vocabulary = default_vocabulary()
+    passages = build_passages(list(BRANCH), vocabulary)
+    eligible = [(p, s) for p in passages for s in p.sentences]
+    question = "Can I hire a bicycle instead of parking?"
+    need = analyse_query(question, question, passages, vocabulary)
+    plain = _weights(need, passages, eligible, vocabulary)
+    # "bicycle" names what is asked and no passage states it: "instead" keeps its weight.
+    assert _weights(need, passages, eligible, vocabulary, {"bicycl": TOPIC_NORM, "instead": 1.0}) == plain
+    lighter = _weights(need, passages, eligible, vocabulary, {"bicycl": TOPIC_NORM - 1, "instead": 1.0})
+    assert lighter["instead"] < plain["instead"]

@@ -70,6 +70,15 @@ MIN_SIMILARITY = 0.7
 #: (as a synonym would), with NEAR_WORD_EVIDENCE.
 NEAR_WORD_SIMILARITY = 0.45
 NEAR_WORD_EVIDENCE = 0.8
+#: With a semantic model: a question word the synonym table does not know weighs (its vector's
+#: length / LIGHT_NORM) ** LIGHT_POWER, at most 1 (docs/answerer.md, "Light words"), unless a
+#: heading of the passages on the subject states it (then it names the topic). Calibrated on the
+#: tuning sets (bench/README.md, "False declines on the library").
+LIGHT_NORM = 10.0
+LIGHT_POWER = 2.0
+#: ... but no word is light in a question whose passages lack an asked word this long: that word
+#: names its topic, and the light words beside it must not make a sentence without it an answer.
+TOPIC_NORM = 14.0
 
 _WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*", re.UNICODE)
 _MARKUP_RE = re.compile(r"<(script|style)\b[^>]*>.*?</\1\s*>|<[^<>]{0,200}>", re.IGNORECASE | re.DOTALL)
@@ -148,15 +157,39 @@ def _has_other_topic(sentence: Sentence, need: Need, vocabulary: Vocabulary) -> 
         "discount" in labels(k) for k in need.own)
 
 
+def light_weight(norm: float) -> float:
+    """What a question word whose vector is ``norm`` long weighs (1 for a word that says much)."""
+    return min(1.0, (norm / LIGHT_NORM) ** LIGHT_POWER)
+
+
+def _lacks_topic(need: Need, eligible: list[tuple[Passage, Sentence]], vocabulary: Vocabulary,
+                 word_norms: dict[str, float]) -> bool:
+    """Whether the passages on the subject never state an asked word that says much (its vector is
+    at least TOPIC_NORM long): "Can I hire a bicycle instead of driving?" is about a bicycle, and
+    the light "instead" must not make it the lesser part of a question a car park sentence answers."""
+    return any("=" not in key and word_norms.get(key, 0.0) >= TOPIC_NORM and not any(
+        vocabulary.covers(key, s.stems) or vocabulary.covers(key, p.heading_stems) for p, s in eligible)
+        for key in need.own)
+
+
 def _weights(need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]],
-             vocabulary: Vocabulary) -> dict[str, float]:
-    """The IDF of each asked group over the candidate sentences: rare evidence weighs more."""
+             vocabulary: Vocabulary, word_norms: dict[str, float] | None = None) -> dict[str, float]:
+    """The IDF of each asked group over the candidate sentences: rare evidence weighs more; a
+    light word (by ``word_norms``, stem -> the model's vector length) weighs less."""
     all_sentences = [s for p in passages for s in p.sentences]
     n = len(all_sentences)
     idf = {}
+    headings = {id(p): p.heading_stems for p, _ in eligible}.values() if word_norms else ()
+    if word_norms and _lacks_topic(need, eligible, vocabulary, word_norms):
+        word_norms = None
     for key in need.groups:
         df = sum(vocabulary.covers(key, s.stems) for s in all_sentences)
         idf[key] = math.log(1 + (n + 1) / (1 + df))
+        light = light_weight(word_norms[key]) if word_norms and "=" not in key and key in word_norms else 1.0
+        if light < 1.0 and not any(vocabulary.covers(key, h) for h in headings):
+            # "always" in "I always forget to bring my books back" says little; a word the synonym
+            # table knows, or a heading states ("parking"), names what is asked and keeps its weight.
+            idf[key] *= light
         # A word the subject's passages never use (nor a word the model finds close to it), and
         # no synonym group knows, is as likely a paraphrase ("patches against hackers") as the
         # point; it weighs less.
@@ -264,6 +297,9 @@ class AnswerSelector:
         # The embedding space of ``similarity``'s model: vectors stored with a chunk are used
         # only when they are of this space (``answerer.stored``).
         self.space = space if similarity is not None else ""
+        # Per turn, with a model that measures its words (``reading_meaning``): each question
+        # word's stem -> its vector's length, which weighs it as a light word (``light_weight``).
+        self.word_norms: dict[str, float] = {}
         self.semantic_weight = float(semantic_weight)
         self.min_similarity = float(min_similarity)
         self.near_word_similarity = float(near_word_similarity)
@@ -319,6 +355,8 @@ class AnswerSelector:
                 passage_words.setdefault(st, w)
         surface = {stem(w): w for w in words(f"{prompt.question} {prompt.search_query or ''}") if w.isalpha()}
         turn = copy.copy(self)
+        norms = self.similarity.norms(list(surface.values()))
+        turn.word_norms = {st: norms[w] for st, w in surface.items() if w in norms}
         stored: dict = {}
         tokens: dict = {}
         for p in passages:
@@ -452,8 +490,8 @@ class AnswerSelector:
             return []
         if not need.own:
             return self.describe(need, eligible)
-        scoring = _Scoring(need, _weights(need, passages, eligible, self.vocabulary), self.vocabulary,
-                           self.rank_prior)
+        scoring = _Scoring(need, _weights(need, passages, eligible, self.vocabulary, self.word_norms),
+                           self.vocabulary, self.rank_prior)
         choices = [scoring.choice(p, s) for p, s in eligible if not scoring.excluded(p, s)]
         if need.must_amount:  # "how much" is answered by an amount, not by a description
             choices = [c for c in choices if c.sentence.has_currency]

@@ -25,7 +25,7 @@ Encode = Callable[[list[str]], np.ndarray]
 #: Sentence vectors kept per process (256 floats each: 4,096 of them are 4 MB).
 CACHE_SIZE = 8192
 
-_caches: list[OrderedDict] = []
+_caches: list[dict] = []
 
 
 def clear_caches() -> None:
@@ -59,8 +59,14 @@ class SentenceSimilarity(_Similarity):
     """Cosine similarities between a query and sentences, by ``encode`` (L2-normalised vectors)."""
 
     def __init__(self, encode: Encode, cache_size: int = CACHE_SIZE,
-                 encode_ids: Callable[[list[list[int]]], np.ndarray] | None = None):
+                 encode_ids: Callable[[list[list[int]]], np.ndarray] | None = None,
+                 word_norms: Callable[[list[str]], list[float]] | None = None):
         self.encode = encode
+        # The model's ``word_norms`` when it has one: how much each word says (its vector's length
+        # before normalising), which weighs the answerer's light words (``norms``).
+        self.word_norms = word_norms
+        self._norms: dict[str, float] = {}
+        _caches.append(self._norms)
         # The model's ``embed_ids`` when it has one: texts already tokenized (a stored chunk's
         # words) are embedded without the tokenizer, to the same vectors.
         self.encode_ids = encode_ids
@@ -68,6 +74,19 @@ class SentenceSimilarity(_Similarity):
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         _caches.append(self._vectors)
+
+    def norms(self, words: Sequence[str]) -> dict[str, float]:
+        """Each of ``words``' vector length before normalising ({} without ``word_norms``); kept
+        per process (a question's words come back)."""
+        if self.word_norms is None:
+            return {}
+        with self._lock:
+            missing = [w for w in dict.fromkeys(words) if w not in self._norms]
+            if missing:
+                if len(self._norms) > self.cache_size:
+                    self._norms.clear()
+                self._norms.update(zip(missing, self.word_norms(missing), strict=True))
+            return {w: self._norms[w] for w in words}
 
     def vectors(self, texts: Sequence[str]) -> np.ndarray:
         with self._lock:

@@ -149,6 +149,22 @@ class StaticModel:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         return self.embed_ids(self.token_ids(texts) if len(texts) else [])
 
+    def word_norms(self, words: Sequence[str]) -> list[float]:
+        """The length of each word's vector before it is normalised (the sum of its tokens'
+        vectors): a static model gives a word that says little ("always", "put", "main") a short
+        vector and a word that says much ("parking", "overdue") a long one."""
+        norms = []
+        for ids in self.token_ids(words) if len(words) else []:
+            if not ids:
+                norms.append(0.0)
+                continue
+            ids_array = np.clip(np.asarray(ids, dtype=np.int64), 0, self.rows - 1)
+            rows = self.rows_of(ids_array if self.mapping is None else self.mapping[ids_array])
+            if self.token_weights is not None:
+                rows *= self.token_weights[ids_array].astype(np.float32)[:, None]
+            norms.append(float(np.linalg.norm(rows.sum(axis=0))))
+        return norms
+
     def embed_ids(self, ids_per_text: Sequence[Sequence[int]]) -> np.ndarray:
         """``embed`` of texts already tokenized (``token_ids``): the same vectors, bit for bit."""
         out = np.zeros((len(ids_per_text), self.dimension), dtype=np.float32)

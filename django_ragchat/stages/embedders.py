@@ -161,6 +161,10 @@ class WordLlamaEmbedder(Embedder):
         """``embed`` of texts already tokenized (``token_ids``): the same vectors, bit for bit."""
         return self.model.embed_ids(ids_per_text)
 
+    def word_norms(self, words: list[str]) -> list[float]:
+        """Each word's vector length before normalising: how much it says (the answerer's light words)."""
+        return self.model.word_norms(words)
+
     async def aembed(self, texts: list[str]) -> np.ndarray:
         # A query is embedded in tens of microseconds: a thread hop would cost more than it saves.
         if len(texts) <= 8:

@@ -107,7 +107,8 @@ class ExtractiveAnswerer(LLMBackend):
         self.selector = AnswerSelector(vocabulary=vocabulary, min_coverage=min_coverage,
                                        max_sentences=max_sentences, no_answer=no_answer,
                                        similarity=SentenceSimilarity(
-                                           embedder.embed, encode_ids=getattr(embedder, "embed_ids", None))
+                                           embedder.embed, encode_ids=getattr(embedder, "embed_ids", None),
+                                           word_norms=getattr(embedder, "word_norms", None))
                                        if semantic else None,
                                        semantic_weight=semantic_weight, min_similarity=min_similarity,
                                        near_word_similarity=near_word_similarity,
