@@ -39,7 +39,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,14 +144,22 @@ def _end(turn: TurnContext, stage: str, component: Any, ending: EndTurn) -> EndT
     return ending
 
 
+@contextlib.contextmanager
+def searching_for(turn: TurnContext) -> Iterator[None]:
+    """Searches inside the block (and in the tasks it starts) read as the asker
+    (``access.reading_as``) and fetch the chunks' stored readings only for an answerer that
+    reads them (``search.readings``)."""
+    with reading_as(turn.principals), fetching_readings(turn.components.reads_stored_readings):
+        yield
+
+
 async def run_stage(turn: TurnContext, name: str, stage: Callable[[TurnContext], Awaitable[Any]]) -> Any:
     """Run one stage, record its duration in the trace and fire ``on_stage_completed`` (also
-    when it ends the turn; not when it raises: the turn then fails). Searches made by the
-    stage's components read as the asker (``access.reading_as``) and fetch the chunks' stored
-    readings only for an answerer that reads them (``search.readings``)."""
+    when it ends the turn; not when it raises: the turn then fails). Its components search for
+    the turn (``searching_for``)."""
     started = time.perf_counter()
     turn.state.setdefault("_stages_run", []).append(name)
-    with reading_as(turn.principals), fetching_readings(turn.components.reads_stored_readings):
+    with searching_for(turn):
         result = await stage(turn)
     elapsed = (time.perf_counter() - started) * 1000
     turn.trace["timings"][name] = round(elapsed, 3)
@@ -674,8 +682,7 @@ async def _advised(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEven
         return run.answer
 
     short = ShortCircuit()
-    # The task copies the context: advisors' searches read as the asker.
-    with reading_as(turn.principals), fetching_readings(turn.components.reads_stored_readings):
+    with searching_for(turn):  # the task copies the context: advisors search for the turn too
         task = asyncio.ensure_future(run_turn_chain(turn.components.turn_advisors, turn, innermost, short))
     getter = None
     try:
