@@ -16,12 +16,17 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.pairwise
 
 
+def run_bench(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``bench/<script> args`` in its own process, outside the tests' Django settings."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    return subprocess.run([sys.executable, f"bench/{script}", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
 @pytest.mark.slow
 def test_the_streaming_benchmark_runs_and_loses_no_token():
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run([sys.executable, "bench/bench_streaming.py", "--quick", "--paths",
-                             "model,bare relay,pipeline,websocket,sse asgi,sse wsgi"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300, check=False)
+    result = run_bench("bench_streaming.py", "--quick", "--paths",
+                       "model,bare relay,pipeline,websocket,sse asgi,sse wsgi")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.split() for line in result.stdout.splitlines() if line[:1].isdigit()]
     paths = {re.match(r"\S+\s+(\D+?)\s+\d", line).group(1) for line in result.stdout.splitlines()
@@ -34,27 +39,20 @@ def test_the_streaming_benchmark_runs_and_loses_no_token():
 @pytest.mark.slow
 def test_a_baseline_of_the_same_code_with_a_setting_changed_runs_beside_it():
     """``--baseline . --baseline-env KEY=VALUE``: the A/B of one setting (the start gate off)."""
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run([sys.executable, "bench/bench_streaming.py", "--quick", "--paths",
-                             "websocket,websocket before", "--baseline", ".",
-                             "--baseline-env", "RAGCHAT_BENCH_STARTING_TURNS=0"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300, check=False)
+    result = run_bench("bench_streaming.py", "--quick", "--paths", "websocket,websocket before", "--baseline", ".",
+                       "--baseline-env", "RAGCHAT_BENCH_STARTING_TURNS=0")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "websocket before: the app from . with RAGCHAT_BENCH_STARTING_TURNS=0" in result.stdout
     rows = [line.split() for line in result.stdout.splitlines() if line[:1].isdigit()]
     assert len(rows) == 4 and all(row[-3:] == ["0/0/0", "0", "0/0"] for row in rows), result.stdout
-    refused = subprocess.run([sys.executable, "bench/bench_streaming.py", "--baseline-env", "NOEQUALS"],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+    refused = run_bench("bench_streaming.py", "--baseline-env", "NOEQUALS", timeout=60)
     assert refused.returncode == 2 and "--baseline-env takes KEY=VALUE" in refused.stderr
 
 
 @pytest.mark.slow
 def test_two_workers_on_the_redis_layer_lose_no_token():
     """``--workers 2``: two uvicorn processes on the Redis channel layer, the clients split."""
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run([sys.executable, "bench/bench_streaming.py", "--quick", "--workers", "2",
-                             "--paths", "websocket,sse asgi"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300, check=False)
+    result = run_bench("bench_streaming.py", "--quick", "--workers", "2", "--paths", "websocket,sse asgi")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 uvicorn workers (Redis layer)" in result.stdout
     rows = [line.split() for line in result.stdout.splitlines() if line[:1].isdigit()]
@@ -65,9 +63,7 @@ def test_two_workers_on_the_redis_layer_lose_no_token():
 def test_the_openai_endpoint_benchmark_runs_every_path():
     """``bench/bench_openai_endpoint.py --quick``: every path answers every turn whole (the
     benchmark raises otherwise), beside the websocket."""
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run([sys.executable, "bench/bench_openai_endpoint.py", "--quick"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300, check=False)
+    result = run_bench("bench_openai_endpoint.py", "--quick")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {line.split("  ")[0] for line in result.stdout.splitlines()
             if line.startswith(("websocket", "openai", "sse", "model"))}
@@ -79,10 +75,7 @@ def test_the_openai_endpoint_benchmark_runs_every_path():
 def test_the_scaleout_table_has_every_configuration_and_loses_no_token():
     """``--scaleout``: the model alone, then one and two workers on Redis, one after the other; the
     ratios are to one worker, and the CPU time of each process group is read."""
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run([sys.executable, "bench/bench_streaming.py", "--quick", "--scaleout", "0,1,2",
-                             "--loads", "4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-                            check=False)
+    result = run_bench("bench_streaming.py", "--quick", "--scaleout", "0,1,2", "--loads", "4")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {line.split("  ")[0]: line.split() for line in result.stdout.splitlines()
             if line.startswith(("model alone", "1 (redis)", "2 (redis)"))}
@@ -102,10 +95,8 @@ def test_the_scaleout_table_has_every_configuration_and_loses_no_token():
 def test_the_memory_benchmark_reads_the_workers_rss():
     """``bench/bench_memory.py``: idle sockets and open streams on the app and on a bare consumer,
     each worker's RSS read before and after; every streamed answer whole."""
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run([sys.executable, "bench/bench_memory.py", "--sockets", "20", "--streams", "4",
-                             "--tokens", "10", "--token-delay", "0.1", "--settle", "0.3"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300, check=False)
+    result = run_bench("bench_memory.py", "--sockets", "20", "--streams", "4", "--tokens", "10", "--token-delay",
+                       "0.1", "--settle", "0.3")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [re.split(r"\s{2,}", line.strip()) for line in result.stdout.splitlines()
             if line.startswith(("app (chat consumer)", "bare Channels consumer"))]
