@@ -13,6 +13,7 @@ import pytest
 from django.contrib.sessions.backends.db import SessionStore
 from django.core.exceptions import ImproperlyConfigured
 from django.template import Context, Template, engines
+from django.utils.html import escape
 
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.models import Conversation, Feedback, Message
@@ -96,6 +97,22 @@ def test_the_chat_page_answers_head_and_refuses_other_methods(client, user):
     head = client.head("/chat/")
     assert head.status_code == 200 and head["Content-Type"].startswith("text/html")
     assert client.post("/chat/").status_code == 405
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("next_url, lands", [("/api/ragchat/docs/?tab=2", "/api/ragchat/docs/?tab=2"),
+                                             ("https://evil.example/", "/chat/"), ("", "/chat/")])
+def test_the_chat_sign_in_page_sends_the_visitor_back_where_they_came_from(client, user, next_url, lands):
+    """``LOGIN_URL = "ragchat:login"`` serves every ``@login_required`` page of the site: the form
+    carries ``?next=`` to the POST, and only a URL of this site is followed."""
+    user.set_password("a long secret")
+    user.save()
+    page = client.get("/chat/login/", {"next": next_url} if next_url else {}).content.decode()
+    carried = next_url if next_url.startswith("/") else ""
+    assert f'<input type="hidden" name="next" value="{escape(carried)}">' in page
+    response = client.post("/chat/login/", {"username": user.username, "password": "a long secret",
+                                            "next": next_url})
+    assert response.status_code == 302 and response["Location"] == lands
 
 
 def test_the_example_projects_pages_use_the_tag():

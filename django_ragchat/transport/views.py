@@ -107,6 +107,12 @@ class SignInView(LoginView):
     redirect_authenticated_user = True
     next_page = reverse_lazy("ragchat:chat")
 
+    def get_context_data(self, **kwargs):
+        # The form carries ``?next=`` on to the POST (only a URL of this site: get_redirect_url
+        # drops any other); LoginView's context names it by its value alone.
+        return super().get_context_data(redirect_field_name=self.redirect_field_name,
+                                        redirect_to=self.get_redirect_url(), **kwargs)
+
 
 class SignOutView(LogoutView):
     """Signing out (POST, as Django's ``LogoutView``): back to the sign-in page. The chat's open
