@@ -482,12 +482,12 @@ def _per_process() -> list[str]:
     found = []
     layer = (getattr(settings, "CHANNEL_LAYERS", None) or {}).get("default", {}).get("BACKEND")
     if getattr(settings, "ASGI_APPLICATION", None) and layer in PER_PROCESS_LAYERS:
-        found.append(f"the channel layer ({layer.rsplit('.', 1)[-1]}: a second tab, a cancel and a logout reach "
+        found.append(f"channel layer ({layer.rsplit('.', 1)[-1]}: a second tab, a cancel and a logout reach "
                      f"only the sockets of the worker that runs the turn)")
     cache = settings.CACHES.get("default", {}).get("BACKEND")
     limited = ragchat_settings.TURNS_PER_MINUTE or ragchat_settings.MAX_CONCURRENT_STREAMS
     if cache in PER_PROCESS_CACHES and limited:
-        found.append(f"the default cache ({cache.rsplit('.', 1)[-1]}: TURNS_PER_MINUTE and MAX_CONCURRENT_STREAMS "
+        found.append(f"default cache ({cache.rsplit('.', 1)[-1]}: TURNS_PER_MINUTE and MAX_CONCURRENT_STREAMS "
                      f"are counted per worker, so N workers allow N times as much)")
     return found
 
@@ -503,7 +503,7 @@ def _workers_configured() -> int:
 
 def _shared_state_warning(workers: str, found: list[str]) -> Warning:
     return Warning(
-        f"{workers}, but this site keeps per process " + "; and ".join(found) + ".",
+        f"{workers}: each process would keep its own " + "; and its own ".join(found) + ".",
         hint="Give every worker the same Redis: the channels_redis layer and a Redis (or Memcached) cache, as "
              "docs/deployment.md (\"Several worker processes\") shows. With one worker process, silence "
              "ragchat.W032.",
@@ -528,7 +528,7 @@ def check_several_workers_deploy(app_configs=None, **kwargs):
     found = _per_process()
     if _workers_configured() >= 2 or not found:
         return []  # said by check_several_workers, or nothing to say
-    return [_shared_state_warning("With more than one worker process (gunicorn or uvicorn --workers N)", found)]
+    return [_shared_state_warning("Run with more than one worker process (gunicorn or uvicorn --workers N)", found)]
 
 
 @register(Tags.security, deploy=True)
