@@ -5,6 +5,9 @@ clock."""
 
 from __future__ import annotations
 
+import math
+import time
+
 import pytest
 from django.core.cache import cache
 
@@ -128,3 +131,22 @@ def test_too_many_streams_asks_for_a_short_retry_while_the_slots_are_young(user,
     assert 0 < refused.value.retry_after <= 1
     held[0].release()  # an answer ends: its slot is free at once
     assert limits.StreamSlot(user).acquire().key == held[0].prefix + ":0"
+
+
+def hold_slots(user, *seconds_left: float) -> None:
+    """The user's slots held by another worker's answers, each expiring in so many seconds."""
+    prefix = limits.StreamSlot(user).prefix
+    for i, left in enumerate(seconds_left):
+        cache.set(f"{prefix}:{i}", ("token", time.time() + left, "another-worker"), timeout=math.ceil(left))
+
+
+def test_slots_nobody_renews_free_when_the_first_expires(user, ragchat_settings_override):
+    ragchat_settings_override(MAX_CONCURRENT_STREAMS=2, STREAM_LEASE_SECONDS=30, STREAM_HEARTBEAT_SECONDS=5)
+    hold_slots(user, 12, 20)  # renewed 18 s and 10 s ago: more than two heartbeats
+    with pytest.raises(limits.LimitExceeded) as refused:
+        limits.StreamSlot(user).acquire()
+    assert 11 < refused.value.retry_after <= 12
+    hold_slots(user, 12, 26)  # the second one is being renewed: its answer may end any moment
+    with pytest.raises(limits.LimitExceeded) as refused:
+        limits.StreamSlot(user).acquire()
+    assert refused.value.retry_after == limits.STREAM_RETRY_SECONDS

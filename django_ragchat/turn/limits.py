@@ -20,11 +20,13 @@ another answer still being written) gives both back (``Admission.refund``).
 A refusal raises ``LimitExceeded`` with a ``retry_after`` in seconds: HTTP transports answer
 429 with ``Retry-After``, the websocket an ``error`` event with code ``rate_limited`` or
 ``too_many_streams``. For the rate that is the time until the estimate lets one more turn
-through (``rate_wait``), if no other is counted meanwhile. For the slots it is a short poll,
-``STREAM_RETRY_SECONDS`` (1 s): a slot frees when its answer ends, which nothing foresees and
-which usually takes well under the lease; the lease expiry (up to ``STREAM_LEASE_SECONDS``) is
-only the latest a slot of a vanished worker frees, so it would make a user wait for nothing.
-Being refused costs no turn, so polling each second is cheap for both sides.
+through (``rate_wait``), if no other is counted meanwhile. For the slots, while any of them is
+being renewed, a short poll, ``STREAM_RETRY_SECONDS`` (1 s): a slot frees when its answer ends,
+which nothing foresees and which usually takes well under the lease; the lease's end (up to
+``STREAM_LEASE_SECONDS``) is only the latest a slot of a vanished worker frees, so hinting it
+would make a user wait for nothing. Being refused costs no turn, so polling each second is
+cheap for both sides. Only when no held slot was renewed for two heartbeats (every holder
+likely gone) is the hint when the first of them expires (``_slot_wait``).
 """
 
 from __future__ import annotations
@@ -62,8 +64,9 @@ clock = time.time
 #: The rate limit's buckets: one count per user and minute of the clock.
 RATE_BUCKET_SECONDS = 60
 
-#: ``retry_after`` of ``too_many_streams``: a slot frees when an answer ends, which nothing
-#: foresees; answers usually take a second or a few, and a refusal costs the caller nothing.
+#: ``retry_after`` of ``too_many_streams`` while a held slot is renewed: a slot frees when its
+#: answer ends, which nothing foresees; answers usually take a second or a few, and a refusal
+#: costs the caller nothing.
 STREAM_RETRY_SECONDS = 1.0
 
 
@@ -174,7 +177,7 @@ class StreamSlot:
                 break
         raise LimitExceeded("too_many_streams",
                             f"At most {self.limit} answers can be written at once; wait for one to finish.",
-                            retry_after=STREAM_RETRY_SECONDS)
+                            retry_after=_slot_wait(held.values()))
 
     def _add_any(self, keys) -> bool:
         value = self._value()
@@ -202,6 +205,19 @@ class StreamSlot:
         value = cache.get(key)
         if isinstance(value, (tuple, list)) and value[0] == self.token:
             cache.delete(key)
+
+
+def _slot_wait(held) -> float:
+    """``retry_after`` when every slot is taken (``held``: their cache values). While any holder
+    renews its slot, ``STREAM_RETRY_SECONDS``: that slot frees when its answer ends, which
+    nothing foresees and which is usually soon. When none was renewed for two heartbeats (their
+    workers are likely gone, on another machine), when the first of them expires."""
+    now = time.time()
+    lease, stale_after = ragchat_settings.STREAM_LEASE_SECONDS, 2 * ragchat_settings.STREAM_HEARTBEAT_SECONDS
+    left = [value[1] - now for value in held if isinstance(value, (tuple, list)) and len(value) > 1]
+    if not left or any(lease - remaining <= stale_after for remaining in left):
+        return STREAM_RETRY_SECONDS
+    return max(STREAM_RETRY_SECONDS, min(left))
 
 
 def _holder(value) -> str:
