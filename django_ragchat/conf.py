@@ -30,7 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "LOAD_ENTRY_POINTS": True,
     # Input limits, enforced before anything is saved.
     "MAX_MESSAGE_CHARS": 16_000,
-    # Turns a user (or anonymous session) may start per minute; 0 disables the limit.
+    # Turns a user (or anonymous session) may start in any 60 s (a sliding window); 0 disables.
     "TURNS_PER_MINUTE": 30,
     # Answers being written at once for one user; 0 disables the limit.
     "MAX_CONCURRENT_STREAMS": 3,

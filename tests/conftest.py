@@ -132,6 +132,37 @@ def ragchat_settings_override():
         override.disable()
 
 
+class LimitsClock:
+    """The clock ``limits`` reads, stopped at ``now`` (seconds since the epoch) until moved."""
+
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def at(self, minute: int, second: float) -> LimitsClock:
+        """Set the clock ``second`` seconds into rate bucket ``minute``."""
+        from django_ragchat.turn import limits
+
+        self.now = minute * limits.RATE_BUCKET_SECONDS + second
+        return self
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def limits_clock(monkeypatch):
+    """Stop the limits' clock (``limits.clock``) at the start of a minute, to move it by hand:
+    the rate limit's tests need not wait for, nor race, the minute boundaries."""
+    from django_ragchat.turn import limits
+
+    clock = LimitsClock(29_000_000 * limits.RATE_BUCKET_SECONDS)
+    monkeypatch.setattr(limits, "clock", clock)
+    return clock
+
+
 @pytest.fixture
 def product_corpus(db):
     """The three product documents, ingested with the default profile's embedder."""

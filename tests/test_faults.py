@@ -271,7 +271,8 @@ def test_stream_slots_are_leases(db, user, ragchat_settings_override):
     first, second = limits.StreamSlot(user).acquire(), limits.StreamSlot(user).acquire()
     with pytest.raises(limits.LimitExceeded) as refused:
         limits.StreamSlot(user).acquire()
-    assert refused.value.code == "too_many_streams" and 15 < refused.value.retry_after <= 20
+    # Retry soon: an answer ending frees its slot at once, long before the 20 s lease runs out.
+    assert refused.value.code == "too_many_streams" and refused.value.retry_after <= 1
     # A holder that stops renewing (its worker died) loses the slot when the key expires.
     cache.delete(first.key)
     third = limits.StreamSlot(user).acquire()

@@ -1,7 +1,11 @@
 """Per-user limits on turns, enforced before anything is saved.
 
-* ``TURNS_PER_MINUTE``: a fixed one-minute window counted in Django's cache (shared by every
-  worker when the cache is, e.g. Redis or Memcached; per process with the local-memory cache).
+* ``TURNS_PER_MINUTE``: a sliding window over the last 60 s, estimated from two one-minute
+  buckets counted in Django's cache (shared by every worker when the cache is, e.g. Redis or
+  Memcached; per process with the local-memory cache): this minute's count plus the previous
+  minute's weighted by the share of it still inside the window. A burst across a minute of the
+  clock gets no second allowance (a fixed window would let twice the limit through in a few
+  seconds); the estimate assumes the previous minute's turns were spread evenly.
 * ``MAX_CONCURRENT_STREAMS``: answers being written at once for one user. Each answer holds a
   *slot*: one of ``MAX_CONCURRENT_STREAMS`` cache keys, taken with ``cache.add`` and expiring
   after ``STREAM_LEASE_SECONDS`` unless renewed. The turn's heartbeat renews the slots its task
@@ -15,8 +19,14 @@ another answer still being written) gives both back (``Admission.refund``).
 
 A refusal raises ``LimitExceeded`` with a ``retry_after`` in seconds: HTTP transports answer
 429 with ``Retry-After``, the websocket an ``error`` event with code ``rate_limited`` or
-``too_many_streams``. For the rate that is the start of the next minute; for the slots, when
-the first held slot's lease runs out unless renewed (a turn that ends frees its slot sooner).
+``too_many_streams``. For the rate that is the time until the estimate lets one more turn
+through (``rate_wait``), if no other is counted meanwhile. For the slots, while any of them is
+being renewed, a short poll, ``STREAM_RETRY_SECONDS`` (1 s): a slot frees when its answer ends,
+which nothing foresees and which usually takes well under the lease; the lease's end (up to
+``STREAM_LEASE_SECONDS``) is only the latest a slot of a vanished worker frees, so hinting it
+would make a user wait for nothing. Being refused costs no turn, so polling each second is
+cheap for both sides. Only when no held slot was renewed for two heartbeats (every holder
+likely gone) is the hint when the first of them expires (``_slot_wait``).
 """
 
 from __future__ import annotations
@@ -48,37 +58,81 @@ def _subject(user, session_key: str | None) -> str:
     return f"s{session_key or 'none'}"
 
 
-def _rate_key(user, session_key: str | None, window: int) -> str:
-    return f"ragchat:rate:{_subject(user, session_key)}:{window}"
+#: The clock the rate limit reads (seconds since the epoch): tests replace it to fix the time.
+clock = time.time
+
+#: The rate limit's buckets: one count per user and minute of the clock.
+RATE_BUCKET_SECONDS = 60
+
+#: ``retry_after`` of ``too_many_streams`` while a held slot is renewed: a slot frees when its
+#: answer ends, which nothing foresees; answers usually take a second or a few, and a refusal
+#: costs the caller nothing.
+STREAM_RETRY_SECONDS = 1.0
 
 
+def _rate_key(user, session_key: str | None, bucket: int) -> str:
+    return f"ragchat:rate:{_subject(user, session_key)}:{bucket}"
+
+
+# A sliding-window counter written here rather than taken from a library: django-ratelimit
+# (and django-ratelimiter's cache strategies) count fixed windows and can neither take a turn
+# back nor say how long to wait; the ``limits`` package's sliding window needs a storage of its
+# own (its own Redis URL), not Django's cache, which every transport here already shares.
 def check_turn_rate(user, session_key: str | None = None) -> int | None:
-    """Count one turn for this user; raise ``LimitExceeded`` past ``TURNS_PER_MINUTE``. Returns
-    the minute counted in (for ``refund_turn``), ``None`` when there is no limit."""
+    """Count one turn for this user; raise ``LimitExceeded`` past ``TURNS_PER_MINUTE``.
+
+    The count is the sliding-window estimate: this minute's turns plus the previous minute's
+    weighted by the part of it still inside the last 60 s. A refused turn is not counted (so
+    ``retry_after`` stays true). Concurrent turns may each see the other's count and both be
+    refused, never both let through past the limit. Returns the bucket (minute) counted in,
+    for ``refund_turn``; ``None`` when there is no limit."""
     limit = ragchat_settings.TURNS_PER_MINUTE
     if not limit:
         return None
-    window = int(time.time() // 60)
-    key = _rate_key(user, session_key, window)
-    cache.add(key, 0, timeout=120)
+    bucket, elapsed = divmod(clock(), RATE_BUCKET_SECONDS)
+    bucket = int(bucket)
+    current = _count_in(_rate_key(user, session_key, bucket))
+    previous = max(0, cache.get(_rate_key(user, session_key, bucket - 1)) or 0)
+    if current + previous * (1 - elapsed / RATE_BUCKET_SECONDS) <= limit + 1e-9:
+        return bucket
+    refund_turn(user, session_key, bucket)
+    raise LimitExceeded("rate_limited", f"Too many messages: at most {limit} a minute.",
+                        retry_after=rate_wait(limit, current - 1, previous, elapsed))
+
+
+def _count_in(key: str) -> int:
+    """Add one to a bucket's count (kept two buckets long: it is the previous one next); the
+    count with it."""
+    cache.add(key, 0, timeout=2 * RATE_BUCKET_SECONDS)
     try:
-        count = cache.incr(key)
+        return cache.incr(key)
     except ValueError:  # expired between add and incr
-        cache.set(key, 1, timeout=120)
-        count = 1
-    if count > limit:
-        raise LimitExceeded("rate_limited", f"Too many messages: at most {limit} a minute.",
-                            retry_after=60 - time.time() % 60)
-    return window
+        cache.set(key, 1, timeout=2 * RATE_BUCKET_SECONDS)
+        return 1
 
 
-def refund_turn(user, session_key: str | None, window: int | None) -> None:
-    """Take back a turn ``check_turn_rate`` counted in ``window`` that did not start after all
-    (a resend, or another answer being written, found once the turn was admitted)."""
-    if window is None:
+def rate_wait(limit: int, current: int, previous: int, elapsed: float) -> float:
+    """Seconds until one more turn fits under ``limit``, ``elapsed`` seconds into a bucket that
+    counted ``current`` turns after one that counted ``previous`` (no other turn counted
+    meanwhile): in this bucket once the previous one's weight has decayed enough, else in the
+    next one, where this bucket is the previous one."""
+    size = RATE_BUCKET_SECONDS
+    room = limit - current - 1  # what the previous bucket's weighted count may be at most
+    if room < 0:  # not in this bucket: in the next one, where this one is the previous
+        wait = size - elapsed + size * (1 - (limit - 1) / current)
+    else:  # in this bucket, once the previous one's weight has decayed enough
+        wait = size * (1 - room / previous) - elapsed if previous else 0.0
+    return max(wait, 0.001)  # 0 only after a race (a turn taken back meanwhile): at once
+
+
+def refund_turn(user, session_key: str | None, bucket: int | None) -> None:
+    """Take back a turn ``check_turn_rate`` counted in ``bucket`` that did not start after all
+    (a resend, or another answer being written, found once the turn was admitted): from that
+    bucket, whichever minute it is now."""
+    if bucket is None:
         return
-    with contextlib.suppress(ValueError):  # the window's counter expired meanwhile: nothing to take back
-        cache.decr(_rate_key(user, session_key, window))
+    with contextlib.suppress(ValueError):  # the bucket's counter expired meanwhile: nothing to take back
+        cache.decr(_rate_key(user, session_key, bucket))
 
 
 # The slots held by the current task (a turn's); its heartbeat renews them.
@@ -121,11 +175,9 @@ class StreamSlot:
                 return self
             if not dead and len(held) == len(keys):
                 break
-        now = time.time()
-        leases = [v[1] - now for v in held.values() if isinstance(v, (tuple, list))]
         raise LimitExceeded("too_many_streams",
                             f"At most {self.limit} answers can be written at once; wait for one to finish.",
-                            retry_after=max(1.0, min(leases, default=1.0)))
+                            retry_after=_slot_wait(held.values()))
 
     def _add_any(self, keys) -> bool:
         value = self._value()
@@ -155,34 +207,48 @@ class StreamSlot:
             cache.delete(key)
 
 
+def _slot_wait(held) -> float:
+    """``retry_after`` when every slot is taken (``held``: their cache values). While any holder
+    renews its slot, ``STREAM_RETRY_SECONDS``: that slot frees when its answer ends, which
+    nothing foresees and which is usually soon. When none was renewed for two heartbeats (their
+    workers are likely gone, on another machine), when the first of them expires."""
+    now = time.time()
+    lease, stale_after = ragchat_settings.STREAM_LEASE_SECONDS, 2 * ragchat_settings.STREAM_HEARTBEAT_SECONDS
+    left = [value[1] - now for value in held if isinstance(value, (tuple, list)) and len(value) > 1]
+    if not left or any(lease - remaining <= stale_after for remaining in left):
+        return STREAM_RETRY_SECONDS
+    return max(STREAM_RETRY_SECONDS, min(left))
+
+
 def _holder(value) -> str:
     return value[2] if isinstance(value, (tuple, list)) and len(value) > 2 else ""
 
 
 class Admission:
-    """A turn let through the limits: the stream slot it holds and the minute it was counted
-    in. ``refund()`` undoes both, for a turn that turned out not to start (a resend, another
+    """A turn let through the limits: the stream slot it holds and the rate bucket (minute) it
+    was counted in. ``refund()`` undoes both, for a turn that turned out not to start (a resend, another
     answer being written): a retry never costs the caller their limits."""
 
     def __init__(self, user, session_key: str | None):
         self.user, self.session_key = user, session_key
         self.slot = StreamSlot(user, session_key)
-        self.window: int | None = None
+        self.bucket: int | None = None
 
     def take(self) -> Admission:
         """Take a slot, then count the turn (``LimitExceeded`` from either; nothing is held then)."""
         self.slot.acquire()
         try:
-            self.window = check_turn_rate(self.user, self.session_key)
+            self.bucket = check_turn_rate(self.user, self.session_key)
         except BaseException:
             self.slot.release()
             raise
         return self
 
     def refund(self) -> None:
+        """Give back the slot and the turn counted (in the bucket it was counted in)."""
         self.slot.release()
-        refund_turn(self.user, self.session_key, self.window)
-        self.window = None
+        refund_turn(self.user, self.session_key, self.bucket)
+        self.bucket = None
 
 
 def hold(slot: StreamSlot) -> None:

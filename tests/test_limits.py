@@ -1,0 +1,152 @@
+"""The per-user limits (``turn/limits.py``) on their own: the sliding-window turn rate, its
+``retry_after`` and refunds, and the stream slots' retry hint. The rate tests stop the limits'
+clock (``limits_clock``) and move it by hand, so no test waits for or races a minute of the
+clock."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+from django.core.cache import cache
+
+from django_ragchat.turn import limits
+
+MINUTE = 29_000_000  # a rate bucket (minute of the clock) for the tests to start in
+
+
+@pytest.fixture(autouse=True)
+def _clear_limits():
+    cache.clear()
+    yield
+    cache.clear()
+
+
+def admitted(user, attempts: int) -> int:
+    """How many of ``attempts`` turns, asked for now, ``check_turn_rate`` lets through."""
+    let_through = 0
+    for _ in range(attempts):
+        try:
+            limits.check_turn_rate(user)
+        except limits.LimitExceeded:
+            continue
+        let_through += 1
+    return let_through
+
+
+def refusal(user) -> limits.LimitExceeded:
+    with pytest.raises(limits.LimitExceeded) as refused:
+        limits.check_turn_rate(user)
+    assert refused.value.code == "rate_limited"
+    return refused.value
+
+
+def test_a_burst_across_a_minute_of_the_clock_gets_no_second_allowance(user, limits_clock, ragchat_settings_override):
+    ragchat_settings_override(TURNS_PER_MINUTE=10)
+    limits_clock.at(MINUTE, 59.0)
+    assert admitted(user, 15) == 10
+    # Two seconds later, in the next minute: a fixed window would let ten more through.
+    limits_clock.at(MINUTE + 1, 1.0)
+    assert admitted(user, 15) == 0
+    # Half a minute on, the previous minute's ten weigh half: five more fit, and no sixth.
+    limits_clock.at(MINUTE + 1, 30.0)
+    assert admitted(user, 15) == 5
+    # The refused attempts counted nothing.
+    assert cache.get(limits._rate_key(user, None, MINUTE + 1)) == 5
+
+
+def test_a_burst_weighs_as_if_spread_over_its_minute(user, limits_clock, ragchat_settings_override):
+    # The estimate errs on the strict side for a burst: 60 s on, its turns still weigh 40/60
+    # each (spread evenly, 40 s of their minute would still be inside the window); the whole
+    # limit is back once the minute after the burst's is over, at the latest.
+    ragchat_settings_override(TURNS_PER_MINUTE=10)
+    limits_clock.at(MINUTE, 20.0)
+    assert admitted(user, 10) == 10
+    limits_clock.at(MINUTE + 1, 20.0)
+    assert admitted(user, 15) == 3  # 3 + 10 * 40/60 <= 10
+    limits_clock.at(MINUTE + 2, 0.0)
+    assert admitted(user, 15) == 10 - 3
+
+
+@pytest.mark.parametrize(("earlier", "now", "expected_wait"), [
+    # Ten turns at 59 s, refused at 59.5 s: next minute, once those ten weigh at most nine.
+    ([(MINUTE, 59.0, 10)], (MINUTE, 59.5), 0.5 + 6.0),
+    # Six turns the minute before, four now: this minute, once the six weigh at most five.
+    ([(MINUTE - 1, 10.0, 6), (MINUTE, 0.0, 4)], (MINUTE, 0.0), 10.0),
+    # Three the minute before, seven now: 7 + 1 + 3 * 45/60 > 10 until 20 s into this minute.
+    ([(MINUTE - 1, 30.0, 3), (MINUTE, 12.0, 7)], (MINUTE, 15.0), 5.0),
+])
+def test_retry_after_is_the_true_wait(user, limits_clock, ragchat_settings_override, earlier, now, expected_wait):
+    ragchat_settings_override(TURNS_PER_MINUTE=10)
+    for minute, second, turns in earlier:
+        limits_clock.at(minute, second)
+        assert admitted(user, turns) == turns
+    limits_clock.at(*now)
+    wait = refusal(user).retry_after
+    assert wait == pytest.approx(expected_wait)
+    limits_clock.advance(wait - 0.01)
+    refusal(user)  # a moment early: still refused (and that try counted nothing)
+    limits_clock.advance(0.01)
+    assert admitted(user, 1) == 1
+
+
+def test_a_refund_takes_the_turn_back_from_the_minute_it_was_counted_in(user, limits_clock, ragchat_settings_override):
+    ragchat_settings_override(TURNS_PER_MINUTE=2)
+    limits_clock.at(MINUTE, 50.0)
+    first = limits.check_turn_rate(user)
+    limits.check_turn_rate(user)
+    limits_clock.at(MINUTE + 1, 5.0)
+    refusal(user)  # 1 + 2 * 55/60 > 2
+    limits.refund_turn(user, None, first)  # the first turn did not start after all
+    assert cache.get(limits._rate_key(user, None, MINUTE)) == 1
+    assert admitted(user, 3) == 1  # 1 + 1 * 55/60 <= 2
+
+
+def test_an_admission_refunded_costs_neither_a_turn_nor_a_slot(user, limits_clock, ragchat_settings_override):
+    ragchat_settings_override(TURNS_PER_MINUTE=1, MAX_CONCURRENT_STREAMS=1)
+    limits_clock.at(MINUTE, 59.9)
+    admission = limits.Admission(user, None).take()
+    limits_clock.at(MINUTE + 1, 0.5)  # refunded in the next minute: from the one it was counted in
+    admission.refund()
+    assert cache.get(limits._rate_key(user, None, MINUTE)) == 0
+    limits.Admission(user, None).take().refund()
+
+
+def test_no_limit_counts_nothing(user, limits_clock, ragchat_settings_override):
+    ragchat_settings_override(TURNS_PER_MINUTE=0)
+    assert limits.check_turn_rate(user) is None
+    assert admitted(user, 100) == 100
+    limits.refund_turn(user, None, None)
+
+
+def test_too_many_streams_asks_for_a_short_retry_while_the_slots_are_young(user, ragchat_settings_override):
+    # The slots were just taken and renew for 30 s: their answers usually end in well under a
+    # second, so the hint is a short poll, not the lease's end.
+    ragchat_settings_override(MAX_CONCURRENT_STREAMS=2, STREAM_LEASE_SECONDS=30)
+    held = [limits.StreamSlot(user).acquire() for _ in range(2)]
+    with pytest.raises(limits.LimitExceeded) as refused:
+        limits.StreamSlot(user).acquire()
+    assert refused.value.code == "too_many_streams"
+    assert 0 < refused.value.retry_after <= 1
+    held[0].release()  # an answer ends: its slot is free at once
+    assert limits.StreamSlot(user).acquire().key == held[0].prefix + ":0"
+
+
+def hold_slots(user, *seconds_left: float) -> None:
+    """The user's slots held by another worker's answers, each expiring in so many seconds."""
+    prefix = limits.StreamSlot(user).prefix
+    for i, left in enumerate(seconds_left):
+        cache.set(f"{prefix}:{i}", ("token", time.time() + left, "another-worker"), timeout=math.ceil(left))
+
+
+def test_slots_nobody_renews_free_when_the_first_expires(user, ragchat_settings_override):
+    ragchat_settings_override(MAX_CONCURRENT_STREAMS=2, STREAM_LEASE_SECONDS=30, STREAM_HEARTBEAT_SECONDS=5)
+    hold_slots(user, 12, 20)  # renewed 18 s and 10 s ago: more than two heartbeats
+    with pytest.raises(limits.LimitExceeded) as refused:
+        limits.StreamSlot(user).acquire()
+    assert 11 < refused.value.retry_after <= 12
+    hold_slots(user, 12, 26)  # the second one is being renewed: its answer may end any moment
+    with pytest.raises(limits.LimitExceeded) as refused:
+        limits.StreamSlot(user).acquire()
+    assert refused.value.retry_after == limits.STREAM_RETRY_SECONDS
