@@ -17,6 +17,8 @@ ragchat.W032  the channel layer or the default cache is per process while severa
               processes are configured (WEB_CONCURRENCY), or, with ``--deploy``, at all: events,
               cancels, logouts and per-user limits would not reach across workers
 ragchat.W033  (``--deploy``) USER_RETENTION_DAYS is None: signed-in users' chat data is kept forever
+ragchat.W034  several worker processes (WEB_CONCURRENCY) on a SQLite default database: every turn's
+              writes wait for one file's lock, so a second worker adds little (bench/README.md)
 ragchat.W011  an embedding space with chunks has no valid HNSW index (PostgreSQL); run by plain
               ``check`` too (one query; skipped quietly when the database cannot be reached)
 ragchat.W041  a profile offers tools to an LLM backend that calls none (the extractive answerer)
@@ -529,6 +531,24 @@ def check_several_workers_deploy(app_configs=None, **kwargs):
     if _workers_configured() >= 2 or not found:
         return []  # said by check_several_workers, or nothing to say
     return [_shared_state_warning("Run with more than one worker process (gunicorn or uvicorn --workers N)", found)]
+
+
+@register(Tags.compatibility)
+def check_several_workers_on_sqlite(app_configs=None, **kwargs):
+    """W034: several worker processes (WEB_CONCURRENCY) sharing a SQLite file."""
+    workers = _workers_configured()
+    if workers < 2 or connections["default"].vendor != "sqlite":
+        return []
+    # Measured (bench/README.md, "Scale-out"): 2 workers answer 1.35 times what one does on
+    # SQLite, 1.62 times on PostgreSQL, on the same 2 cores: each turn writes, and SQLite lets
+    # one process write at a time.
+    return [Warning(
+        f"WEB_CONCURRENCY asks for {workers} worker processes, but the default database is SQLite: every turn "
+        f"saves messages, and SQLite lets one process write at a time, so the workers wait for each other.",
+        hint="Use PostgreSQL for more than one worker process (docs/postgresql.md, docs/deployment.md \"Several "
+             "worker processes\"); with one worker process, silence ragchat.W034.",
+        id="ragchat.W034",
+    )]
 
 
 @register(Tags.security, deploy=True)

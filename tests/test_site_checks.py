@@ -1,8 +1,8 @@
 """The system checks that tell a site what it is missing, each with its id and a hint:
 ragchat.W030 (ASGI without a channel layer), ragchat.W031 (LOGIN_URL does not resolve),
 ragchat.W011 on a plain ``manage.py check`` (a PostgreSQL space without its HNSW index),
-ragchat.W032 (a per-process layer or cache for several workers) and ragchat.W033 (chat data
-kept forever)."""
+ragchat.W032 (a per-process layer or cache for several workers), ragchat.W033 (chat data
+kept forever) and ragchat.W034 (several workers on SQLite)."""
 
 from __future__ import annotations
 
@@ -117,3 +117,16 @@ def test_several_workers_with_a_per_process_layer_or_cache_and_data_kept_forever
         assert "ragchat.W032" not in ids(run_checks(include_deployment_checks=True))
     ragchat_settings_override(USER_RETENTION_DAYS=365)
     assert "ragchat.W033" not in ids(run_checks(include_deployment_checks=True))
+
+
+def test_several_workers_on_sqlite(monkeypatch):
+    """W034: only with several workers, only on SQLite."""
+    from django.db import connections
+
+    assert "ragchat.W034" not in ids(run_checks(include_deployment_checks=True))  # one worker
+    monkeypatch.setenv("WEB_CONCURRENCY", "2")
+    if connections["default"].vendor == "sqlite":
+        warning = by_id(run_checks(), "ragchat.W034")
+        assert "2 worker processes" in warning.msg and "PostgreSQL" in warning.hint
+        monkeypatch.setattr(connections["default"], "vendor", "postgresql")
+    assert "ragchat.W034" not in ids(run_checks())
