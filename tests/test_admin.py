@@ -92,7 +92,11 @@ def test_the_conversation_page_shows_the_transcript_and_each_answers_trace(admin
     assert admin_client.get(url("trace_json", elsewhere.pk, answer.pk)).status_code == 404  # not its message
     # The trace's own admin page renders it the same way.
     trace_page = admin_client.get(url("turntrace_change", answer.trace.pk)).content.decode()
-    assert trace["queries"]["final"] in trace_page and "Raw JSON" in trace_page
+    assert trace["queries"]["final"] in trace_page
+    # "Raw JSON" once on each page: a link to the stored trace (not also a block of it).
+    assert trace_page.count("Raw JSON") == 1
+    assert f'<a href="{url("trace_json", chatted.pk, answer.pk)}">Raw JSON</a>' in trace_page
+    assert transcript.count("Raw JSON") == 2  # one for each of the two answers
 
 
 def test_staff_rename_a_conversation_on_its_page(admin_client, chatted):

@@ -271,7 +271,6 @@ class TurnTraceAdmin(ReadOnlyAdmin):
                                              principals_of_user_id(request.user.pk))
             extra_context.update(
                 trace_view=admin_views.build_trace_view(trace.data, chunks, sources),
-                raw_json=admin_views.pretty_json(trace.data),
                 feedback=list(trace.message.feedback.select_related("user")),
             )
         return super().change_view(request, object_id, form_url, extra_context)
