@@ -3,8 +3,10 @@ one user's chat data, constant queries per list page, and untrusted text escaped
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
+import re
 from datetime import timedelta
 from urllib.parse import urlencode
 
@@ -31,6 +33,7 @@ from django_ragchat.models import (
     MessageSource,
     TurnTrace,
 )
+from django_ragchat.turn import pipeline
 from django_ragchat.turn.pipeline import run_turn_sync
 
 pytestmark = pytest.mark.django_db
@@ -215,6 +218,31 @@ def test_messages_sources_traces_and_feedback_are_read_only(admin_client, chatte
     assert {t.message_id for t in traces} == set(Message.objects.filter(role="assistant").values_list("pk", flat=True))
     traces = admin_client.get(url("turntrace_changelist") + f"?q={chatted.pk}").context["cl"].result_list
     assert len(traces) == 2
+
+
+def test_traces_filter_by_the_stage_that_ended_the_turn_early_or_none(admin_client, user):
+    conversation = Conversation.objects.create(owner=user)
+    ended = {}
+    for seq, stage in enumerate(("", "advisors", "input_guardrails"), start=1):
+        message = Message.objects.create(conversation=conversation, seq=seq, role="assistant", content=f"answer {seq}")
+        ended[stage] = TurnTrace.objects.create(message=message, profile="default", ended_by=stage).pk
+    page = admin_client.get(url("turntrace_changelist"))
+    html = page.content.decode()
+    # The filter offers every stage that may end a turn, and "none", each a link with its name.
+    for value, label in (("none", "none (ran to the end)"), *((s, s) for s in pipeline.ENDING_STAGES)):
+        assert f'<a href="?ended_by={value}">{label}</a>' in html, value
+    # The column says the same, not Django's "-" for an empty value.
+    assert '<td class="field-ended_early_by">none (ran to the end)</td>' in html
+    assert '<td class="field-ended_early_by">advisors</td>' in html
+    for value, stage in (("none", ""), ("advisors", "advisors"), ("input_guardrails", "input_guardrails")):
+        traces = admin_client.get(url("turntrace_changelist") + f"?ended_by={value}").context["cl"].result_list
+        assert [t.pk for t in traces] == [ended[stage]], value
+    assert "none (ran to the end)" in admin_client.get(url("turntrace_change", ended[""])).content.decode()
+
+
+def test_the_stages_the_admin_filters_by_are_those_that_end_turns():
+    source = inspect.getsource(pipeline)
+    assert set(re.findall(r'_end\(turn, "(\w+)"', source)) == set(pipeline.ENDING_STAGES)
 
 
 def test_deleting_a_conversation_in_the_admin_still_works(admin_client, chatted):
@@ -516,7 +544,7 @@ def test_model_output_documents_and_user_text_are_escaped_everywhere(admin_clien
         "documents": [{"index": 1, "chunk_id": chunk.pk, "score": 0.5, "source": XSS}],
         "timings": {XSS: 1.0}, "model": XSS, "usage": {XSS: XSS}, "warnings": [XSS], "error": {"code": XSS},
         "ended_by": {"stage": XSS}, XSS: XSS,
-    })
+    }, ended_by=XSS)
     feedback = Feedback.objects.create(message=answer, user=owner, rating="down", comment=XSS)
     memory = MemoryRecord.objects.create(conversation=conversation, kind="fact", content=XSS)
     pages = [

@@ -21,6 +21,7 @@ from django_ragchat.models import (
     ToolInvocation,
     TurnTrace,
 )
+from django_ragchat.turn.pipeline import ENDING_STAGES
 
 # --- A source's passage: shown while the asker and the member of staff looking may read it ------
 
@@ -226,12 +227,35 @@ class MessageSourceAdmin(ReadOnlyAdmin):
             '<div class="ragchat-text">{}</div>', text)
 
 
+#: How the admin names a turn no stage ended early (``TurnTrace.ended_by`` is "").
+RAN_TO_THE_END = "none (ran to the end)"
+
+
+class EndedByFilter(admin.SimpleListFilter):
+    """The stage that ended the turn early, or none: every stage that may (``ENDING_STAGES``),
+    then any other name stored (by an older version). Its column shows the same words."""
+
+    title = "ended early by"
+    parameter_name = "ended_by"
+
+    def lookups(self, request, model_admin):
+        stored = set(TurnTrace.objects.exclude(ended_by="").values_list("ended_by", flat=True).distinct())
+        names = [*ENDING_STAGES, *sorted(stored - set(ENDING_STAGES))]
+        return [("none", RAN_TO_THE_END), *((name, name) for name in names)]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value:
+            return queryset.filter(ended_by="" if value == "none" else value)
+        return queryset
+
+
 @admin.register(TurnTrace)
 class TurnTraceAdmin(ReadOnlyAdmin):
-    list_display = ("message_link", "conversation_link", "profile", "ended_by", "total_ms", "created_at")
-    list_filter = ("profile", "ended_by", ("created_at", admin.DateFieldListFilter))
+    list_display = ("message_link", "conversation_link", "profile", "ended_early_by", "total_ms", "created_at")
+    list_filter = ("profile", EndedByFilter, ("created_at", admin.DateFieldListFilter))
     search_fields = ("message__content", "message__conversation__title")
-    fields = ("message_link", "conversation_link", "profile", "ended_by", "total_ms", "created_at")
+    fields = ("message_link", "conversation_link", "profile", "ended_early_by", "total_ms", "created_at")
 
     def get_search_fields(self, request):
         return (*self.search_fields, f"message__conversation__owner__{get_user_model().USERNAME_FIELD}")
@@ -260,6 +284,10 @@ class TurnTraceAdmin(ReadOnlyAdmin):
     @admin.display(description="conversation")
     def conversation_link(self, obj):
         return admin_link(obj.message.conversation)
+
+    @admin.display(description="ended early by", ordering="ended_by")
+    def ended_early_by(self, obj):
+        return obj.ended_by or RAN_TO_THE_END
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         trace = self.get_object(request, object_id)
