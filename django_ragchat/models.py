@@ -317,6 +317,12 @@ class MessageSource(models.Model):
         return f"[{self.rank}] {self.title or self.source or self.chunk_id}"
 
 
+#: The stages that may end a turn early (``turn.pipeline._end``), in the order they run: the
+#: values of ``TurnTrace.ended_by`` ("" when the turn ran to the end). The admin filters by them.
+ENDING_STAGES = ("input_guardrails", "query_transformers", "query_expanders", "prompt", "advisors",
+                 "output_guardrails")
+
+
 class TurnTrace(models.Model):
     """What happened in the turn that produced an assistant message.
 

@@ -23,6 +23,7 @@ from django.utils.html import escape
 
 from django_ragchat.admin import views as admin_views
 from django_ragchat.models import (
+    ENDING_STAGES,
     ApiKey,
     Chunk,
     Conversation,
@@ -229,7 +230,7 @@ def test_traces_filter_by_the_stage_that_ended_the_turn_early_or_none(admin_clie
     page = admin_client.get(url("turntrace_changelist"))
     html = page.content.decode()
     # The filter offers every stage that may end a turn, and "none", each a link with its name.
-    for value, label in (("none", "none (ran to the end)"), *((s, s) for s in pipeline.ENDING_STAGES)):
+    for value, label in (("none", "none (ran to the end)"), *((s, s) for s in ENDING_STAGES)):
         assert f'<a href="?ended_by={value}">{label}</a>' in html, value
     # The column says the same, not Django's "-" for an empty value.
     assert '<td class="field-ended_early_by">none (ran to the end)</td>' in html
@@ -242,7 +243,7 @@ def test_traces_filter_by_the_stage_that_ended_the_turn_early_or_none(admin_clie
 
 def test_the_stages_the_admin_filters_by_are_those_that_end_turns():
     source = inspect.getsource(pipeline)
-    assert set(re.findall(r'_end\(turn, "(\w+)"', source)) == set(pipeline.ENDING_STAGES)
+    assert set(re.findall(r'_end\(turn, "(\w+)"', source)) == set(ENDING_STAGES)
 
 
 def test_deleting_a_conversation_in_the_admin_still_works(admin_client, chatted):

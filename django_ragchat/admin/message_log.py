@@ -15,13 +15,13 @@ from django_ragchat.access import principals_of_user_id
 from django_ragchat.admin import views as admin_views
 from django_ragchat.admin.base import ReadOnlyAdmin, admin_link, short, user_link
 from django_ragchat.models import (
+    ENDING_STAGES,
     Feedback,
     Message,
     MessageSource,
     ToolInvocation,
     TurnTrace,
 )
-from django_ragchat.turn.pipeline import ENDING_STAGES
 
 # --- A source's passage: shown while the asker and the member of staff looking may read it ------
 

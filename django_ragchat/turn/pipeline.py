@@ -136,12 +136,6 @@ class TurnResult:
 # Each stage is ``async def stage(turn) -> EndTurn | None``; ``run_stage`` times it.
 
 
-#: The stages that may end a turn early (by ``_end``), in the order they run: the values of
-#: ``TurnTrace.ended_by`` ("" when the turn ran to the end). The admin filters traces by them.
-ENDING_STAGES = ("input_guardrails", "query_transformers", "query_expanders", "prompt", "advisors",
-                 "output_guardrails")
-
-
 def _end(turn: TurnContext, stage: str, component: Any, ending: EndTurn) -> EndTurn:
     turn.trace["ended_by"] = {
         "stage": stage, "component": getattr(component, "name", str(component)),
