@@ -34,6 +34,7 @@ from django_ragchat.models import (
     MessageSource,
     TurnTrace,
 )
+from django_ragchat.text import shorten
 from django_ragchat.turn import pipeline
 from django_ragchat.turn.pipeline import run_turn_sync
 
@@ -244,6 +245,36 @@ def test_traces_filter_by_the_stage_that_ended_the_turn_early_or_none(admin_clie
 def test_the_stages_the_admin_filters_by_are_those_that_end_turns():
     source = inspect.getsource(pipeline)
     assert set(re.findall(r'_end\(turn, "(\w+)"', source)) == set(ENDING_STAGES)
+
+
+LONG_ANSWER = "The <b>Aurora X2</b> costs $699 with 256 GB of storage, a wonderfully bright display"
+LONG_ANSWER_LABEL = "assistant #2: The <b>Aurora X2</b> costs $699 with 256 GB of storage, a…"
+
+
+def test_links_to_an_answer_cut_its_text_at_a_word_and_escape_it(admin_client, user):
+    conversation = Conversation.objects.create(owner=user, title="Prices")
+    answer = Message.objects.create(conversation=conversation, seq=2, role="assistant", content=LONG_ANSWER)
+    trace = TurnTrace.objects.create(message=answer, profile="default")
+    Feedback.objects.create(message=answer, user=user, rating="up")
+    assert str(answer) == LONG_ANSWER_LABEL  # not "..., a wo"
+    link = f'<a href="{url("message_change", answer.pk)}">{escape(LONG_ANSWER_LABEL)}</a>'
+    for page in (url("turntrace_changelist"), url("turntrace_change", trace.pk), url("feedback_changelist")):
+        html = admin_client.get(page).content.decode()
+        assert link in html, page
+        assert "<b>Aurora" not in html, page  # model output is text, never HTML
+    assert str(MemoryRecord(kind="fact", content=LONG_ANSWER)) == "fact: " + LONG_ANSWER_LABEL.split(": ", 1)[1]
+
+
+@pytest.mark.parametrize(("text", "limit", "short"), [
+    ("alpha beta gamma", 16, "alpha beta gamma"),  # fits: whole
+    ("alpha beta gamma", 14, "alpha beta…"),  # never "alpha beta gam"
+    ("alpha beta gamma", 10, "alpha beta…"),  # the space just past the limit: "beta" is whole
+    ("alpha, beta gamma", 8, "alpha…"),  # no trailing comma before the ellipsis
+    ("supercalifragilistic word", 10, "supercalif…"),  # one word longer than the room: cut in it
+    ("  line\n\n breaks  ", 20, "line breaks"),  # on one line
+])
+def test_shorten_cuts_at_a_word_boundary(text, limit, short):
+    assert shorten(text, limit) == short
 
 
 def test_deleting_a_conversation_in_the_admin_still_works(admin_client, chatted):
