@@ -24,7 +24,10 @@ from django.utils.translation import gettext_lazy as _
 
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.fields import AccessField, EmbeddingField
+from django_ragchat.text import shorten
 
+#: Characters of a message's or memory record's text in its label (``str()``: admin links, lists).
+LABEL_CHARS = 60
 
 class Conversation(models.Model):
     """A chat between one owner (or one anonymous session) and one profile."""
@@ -115,7 +118,7 @@ class Message(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.role} #{self.seq}: {self.content[:60]}"
+        return f"{self.role} #{self.seq}: {shorten(self.content, LABEL_CHARS)}"
 
 
 def append_message(conversation_id, **fields) -> Message:
@@ -317,6 +320,12 @@ class MessageSource(models.Model):
         return f"[{self.rank}] {self.title or self.source or self.chunk_id}"
 
 
+#: The stages that may end a turn early (``turn.pipeline._end``), in the order they run: the
+#: values of ``TurnTrace.ended_by`` ("" when the turn ran to the end). The admin filters by them.
+ENDING_STAGES = ("input_guardrails", "query_transformers", "query_expanders", "prompt", "advisors",
+                 "output_guardrails")
+
+
 class TurnTrace(models.Model):
     """What happened in the turn that produced an assistant message.
 
@@ -378,7 +387,7 @@ class MemoryRecord(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.kind}: {self.content[:60]}"
+        return f"{self.kind}: {shorten(self.content, LABEL_CHARS)}"
 
 
 def expired_conversations(now=None):

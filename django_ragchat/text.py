@@ -23,6 +23,18 @@ HEADING_SEPARATOR = " > "
 STOPWORDS = load_language(DEFAULT_LANGUAGE).stopwords
 
 
+def shorten(text: str, limit: int) -> str:
+    """``text`` on one line, cut at the last word boundary within ``limit`` characters (mid-word
+    only for a word longer than half of it), with "…" when cut. Plain text: escape it to show it."""
+    text = " ".join((text or "").split())
+    if len(text) <= limit:
+        return text
+    cut = text[:limit + 1]  # a space just past the limit: the last word is whole
+    space = cut.rfind(" ")
+    cut = cut[:space] if space > limit // 2 else cut[:limit]
+    return cut.rstrip(" ,;:.") + "…"
+
+
 def normalize(text: str) -> str:
     """Lower-case, accent-folded text (so "Café" and "cafe" meet)."""
     text = unicodedata.normalize("NFKD", text.lower())

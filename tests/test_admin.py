@@ -3,8 +3,10 @@ one user's chat data, constant queries per list page, and untrusted text escaped
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
+import re
 from datetime import timedelta
 from urllib.parse import urlencode
 
@@ -21,6 +23,7 @@ from django.utils.html import escape
 
 from django_ragchat.admin import views as admin_views
 from django_ragchat.models import (
+    ENDING_STAGES,
     ApiKey,
     Chunk,
     Conversation,
@@ -31,6 +34,8 @@ from django_ragchat.models import (
     MessageSource,
     TurnTrace,
 )
+from django_ragchat.text import shorten
+from django_ragchat.turn import pipeline
 from django_ragchat.turn.pipeline import run_turn_sync
 
 pytestmark = pytest.mark.django_db
@@ -92,7 +97,11 @@ def test_the_conversation_page_shows_the_transcript_and_each_answers_trace(admin
     assert admin_client.get(url("trace_json", elsewhere.pk, answer.pk)).status_code == 404  # not its message
     # The trace's own admin page renders it the same way.
     trace_page = admin_client.get(url("turntrace_change", answer.trace.pk)).content.decode()
-    assert trace["queries"]["final"] in trace_page and "Raw JSON" in trace_page
+    assert trace["queries"]["final"] in trace_page
+    # "Raw JSON" once on each page: a link to the stored trace (not also a block of it).
+    assert trace_page.count("Raw JSON") == 1
+    assert f'<a href="{url("trace_json", chatted.pk, answer.pk)}">Raw JSON</a>' in trace_page
+    assert transcript.count("Raw JSON") == 2  # one for each of the two answers
 
 
 def test_staff_rename_a_conversation_on_its_page(admin_client, chatted):
@@ -211,6 +220,61 @@ def test_messages_sources_traces_and_feedback_are_read_only(admin_client, chatte
     assert {t.message_id for t in traces} == set(Message.objects.filter(role="assistant").values_list("pk", flat=True))
     traces = admin_client.get(url("turntrace_changelist") + f"?q={chatted.pk}").context["cl"].result_list
     assert len(traces) == 2
+
+
+def test_traces_filter_by_the_stage_that_ended_the_turn_early_or_none(admin_client, user):
+    conversation = Conversation.objects.create(owner=user)
+    ended = {}
+    for seq, stage in enumerate(("", "advisors", "input_guardrails"), start=1):
+        message = Message.objects.create(conversation=conversation, seq=seq, role="assistant", content=f"answer {seq}")
+        ended[stage] = TurnTrace.objects.create(message=message, profile="default", ended_by=stage).pk
+    page = admin_client.get(url("turntrace_changelist"))
+    html = page.content.decode()
+    # The filter offers every stage that may end a turn, and "none", each a link with its name.
+    for value, label in (("none", "none (ran to the end)"), *((s, s) for s in ENDING_STAGES)):
+        assert f'<a href="?ended_by={value}">{label}</a>' in html, value
+    # The column says the same, not Django's "-" for an empty value.
+    assert '<td class="field-ended_early_by">none (ran to the end)</td>' in html
+    assert '<td class="field-ended_early_by">advisors</td>' in html
+    for value, stage in (("none", ""), ("advisors", "advisors"), ("input_guardrails", "input_guardrails")):
+        traces = admin_client.get(url("turntrace_changelist") + f"?ended_by={value}").context["cl"].result_list
+        assert [t.pk for t in traces] == [ended[stage]], value
+    assert "none (ran to the end)" in admin_client.get(url("turntrace_change", ended[""])).content.decode()
+
+
+def test_the_stages_the_admin_filters_by_are_those_that_end_turns():
+    source = inspect.getsource(pipeline)
+    assert set(re.findall(r'_end\(turn, "(\w+)"', source)) == set(ENDING_STAGES)
+
+
+LONG_ANSWER = "The <b>Aurora X2</b> costs $699 with 256 GB of storage, a wonderfully bright display"
+LONG_ANSWER_LABEL = "assistant #2: The <b>Aurora X2</b> costs $699 with 256 GB of storage, a…"
+
+
+def test_links_to_an_answer_cut_its_text_at_a_word_and_escape_it(admin_client, user):
+    conversation = Conversation.objects.create(owner=user, title="Prices")
+    answer = Message.objects.create(conversation=conversation, seq=2, role="assistant", content=LONG_ANSWER)
+    trace = TurnTrace.objects.create(message=answer, profile="default")
+    Feedback.objects.create(message=answer, user=user, rating="up")
+    assert str(answer) == LONG_ANSWER_LABEL  # not "..., a wo"
+    link = f'<a href="{url("message_change", answer.pk)}">{escape(LONG_ANSWER_LABEL)}</a>'
+    for page in (url("turntrace_changelist"), url("turntrace_change", trace.pk), url("feedback_changelist")):
+        html = admin_client.get(page).content.decode()
+        assert link in html, page
+        assert "<b>Aurora" not in html, page  # model output is text, never HTML
+    assert str(MemoryRecord(kind="fact", content=LONG_ANSWER)) == "fact: " + LONG_ANSWER_LABEL.split(": ", 1)[1]
+
+
+@pytest.mark.parametrize(("text", "limit", "short"), [
+    ("alpha beta gamma", 16, "alpha beta gamma"),  # fits: whole
+    ("alpha beta gamma", 14, "alpha beta…"),  # never "alpha beta gam"
+    ("alpha beta gamma", 10, "alpha beta…"),  # the space just past the limit: "beta" is whole
+    ("alpha, beta gamma", 8, "alpha…"),  # no trailing comma before the ellipsis
+    ("supercalifragilistic word", 10, "supercalif…"),  # one word longer than the room: cut in it
+    ("  line\n\n breaks  ", 20, "line breaks"),  # on one line
+])
+def test_shorten_cuts_at_a_word_boundary(text, limit, short):
+    assert shorten(text, limit) == short
 
 
 def test_deleting_a_conversation_in_the_admin_still_works(admin_client, chatted):
@@ -512,7 +576,7 @@ def test_model_output_documents_and_user_text_are_escaped_everywhere(admin_clien
         "documents": [{"index": 1, "chunk_id": chunk.pk, "score": 0.5, "source": XSS}],
         "timings": {XSS: 1.0}, "model": XSS, "usage": {XSS: XSS}, "warnings": [XSS], "error": {"code": XSS},
         "ended_by": {"stage": XSS}, XSS: XSS,
-    })
+    }, ended_by=XSS)
     feedback = Feedback.objects.create(message=answer, user=owner, rating="down", comment=XSS)
     memory = MemoryRecord.objects.create(conversation=conversation, kind="fact", content=XSS)
     pages = [

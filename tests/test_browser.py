@@ -146,7 +146,15 @@ def test_a_new_conversation_streams_a_cited_answer_over_the_websocket_and_comes_
     check_cited_answer(page)
 
 
-def test_the_cited_sources_come_first_and_a_decline_says_it_cited_none(page, asgi, product_corpus):
+def sources_shown(answer) -> tuple[list[int], set[int]]:
+    """The numbers of the answer's sources as listed, and those marked cited."""
+    items = answer.find_elements(By.CSS_SELECTOR, ".ragchat-sources > li")
+    numbers = [int(i.get_attribute("value")) for i in items]
+    return numbers, {n for n, i in zip(numbers, items) if "ragchat-source-cited" in i.get_attribute("class")}
+
+
+def test_the_sources_read_in_number_order_the_cited_marked_and_a_decline_says_it_cited_none(
+        page, asgi, product_corpus):
     open_chat(page, f"{asgi.url}/chat/")
     ask(page, "Is the Aurora X2 waterproof?")  # the documents don't say: nothing is cited
     answer = last_answer(page)
@@ -155,16 +163,25 @@ def test_the_cited_sources_come_first_and_a_decline_says_it_cited_none(page, asg
     assert label.text.lower() == "searched, none cited"
     assert not answer.find_elements(By.CSS_SELECTOR, ".ragchat-source-cited")
     ask(page, "How much are the Nimbus Tab and its stylus together?")
-    answer = last_answer(page)
-    assert "$529" in answer.find_element(By.CSS_SELECTOR, ".ragchat-body").text
-    items = answer.find_elements(By.CSS_SELECTOR, ".ragchat-sources > li")
-    assert answer.find_element(By.CSS_SELECTOR, ".ragchat-sources-label").text.lower() == "sources"
-    cited = [i for i in items if "ragchat-source-cited" in i.get_attribute("class")]
-    assert cited and items[:len(cited)] == cited, [i.text for i in items]
-    # Each keeps its number, so the answer's [n] still names it.
-    numbers = {int(i.get_attribute("value")) for i in cited}
-    links = answer.find_elements(By.CSS_SELECTOR, ".ragchat-body a.ragchat-cite")
-    assert links and {int(link.text) for link in links} <= numbers
+    for reloaded in (False, True):  # as the turn ended, and from the history after a reload
+        if reloaded:
+            page.refresh()
+            open_chat(page, f"{asgi.url}/chat/")
+            wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant")) == 2)
+        answer = last_answer(page)
+        assert "$529" in answer.find_element(By.CSS_SELECTOR, ".ragchat-body").text
+        assert answer.find_element(By.CSS_SELECTOR, ".ragchat-sources-label").text.lower() == "sources"
+        # 1, 2, 3, 4 whichever are cited (not the cited first: 2, 1, 3, 4), the cited marked.
+        numbers, cited = sources_shown(answer)
+        assert numbers == sorted(numbers) and len(numbers) > 1, numbers
+        assert cited and cited != set(numbers[:len(cited)]), (numbers, cited)  # a cited one after one not
+        badges = answer.find_elements(By.CSS_SELECTOR, ".ragchat-source-cited .ragchat-source-badge")
+        assert len(badges) == len(cited) and all(b.text.lower() == "cited" for b in badges)
+        links = answer.find_elements(By.CSS_SELECTOR, ".ragchat-body a.ragchat-cite")
+        assert links and {int(link.text) for link in links} <= cited
+    js(page, "arguments[0].scrollIntoView({block: 'start'})", answer)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    answer.screenshot(str(SCREENSHOTS / "chat-sources-in-number-order.png"))
 
 
 ANSWER = ("The **Aurora X2** costs $699 with 128 GB of storage [1].\n\n"

@@ -14,7 +14,7 @@ from django.urls import reverse
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from django_ragchat.models import Conversation, MessageSource
+from django_ragchat.models import Conversation, Feedback, Message, MessageSource, TurnTrace
 from django_ragchat.turn.pipeline import run_turn_sync
 from tests.live_servers import chromium
 
@@ -94,3 +94,52 @@ def test_staff_erase_a_users_chat_data_after_a_page_counting_it(browser, asgi, p
     browser.find_element(By.CSS_SELECTOR, "#ragchat-erase [type=submit]").click()
     WebDriverWait(browser, 20).until(lambda d: "Erased the chat data of alice" in d.page_source)
     assert not Conversation.objects.filter(owner=user).exists()
+
+
+def sign_in_as_boss(browser, asgi, django_user_model) -> None:
+    django_user_model.objects.create_superuser("boss", "boss@example.com", "secret-pw")
+    browser.get(asgi.url + reverse("admin:login"))
+    browser.find_element(By.ID, "id_username").send_keys("boss")
+    browser.find_element(By.ID, "id_password").send_keys("secret-pw")
+    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
+    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "user-tools"))
+
+
+def test_a_trace_page_has_one_raw_json_and_the_trace_list_names_how_each_turn_ended(
+        browser, asgi, product_corpus, user, django_user_model):
+    conversation = Conversation.objects.create(owner=user)
+    result = run_turn_sync(conversation, "How much does the Aurora X2 cost?")
+    answer = Message.objects.get(pk=result.message["id"])
+    # An answer longer than its link, with markup the model wrote: cut at a word, shown as text.
+    Message.objects.filter(pk=answer.pk).update(
+        content="The <b>Aurora X2</b> costs $699 with 256 GB of storage, a wonderfully bright display")
+    Feedback.objects.create(message=answer, user=user, rating="up")
+    canned = Message.objects.create(conversation=conversation, seq=4, role="assistant", content="From the cache.")
+    TurnTrace.objects.create(message=canned, profile="default", ended_by="advisors")
+    sign_in_as_boss(browser, asgi, django_user_model)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+
+    browser.get(asgi.url + reverse("admin:django_ragchat_turntrace_change", args=[answer.trace.pk]))
+    body = browser.find_element(By.TAG_NAME, "body")
+    assert body.text.count("Raw JSON") == 1
+    raw = browser.find_element(By.LINK_TEXT, "Raw JSON")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", raw)
+    browser.save_screenshot(str(SCREENSHOTS / "admin-trace-raw-json.png"))
+
+    browser.get(asgi.url + reverse("admin:django_ragchat_turntrace_changelist"))
+    ended = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "td.field-ended_early_by")]
+    assert sorted(ended) == ["advisors", "none (ran to the end)"]
+    choices = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#changelist-filter a")]
+    assert "none (ran to the end)" in choices and "input_guardrails" in choices
+    answer_link = browser.find_element(By.CSS_SELECTOR, f".field-message_link a[href$='/message/{answer.pk}/change/']")
+    assert answer_link.text == "assistant #2: The <b>Aurora X2</b> costs $699 with 256 GB of storage, a…"
+    browser.save_screenshot(str(SCREENSHOTS / "admin-traces-ended-by.png"))
+    browser.find_element(By.LINK_TEXT, "none (ran to the end)").click()
+    WebDriverWait(browser, 20).until(lambda d: "ended_by=none" in d.current_url)
+    assert [td.text for td in browser.find_elements(By.CSS_SELECTOR, "td.field-ended_early_by")] == [
+        "none (ran to the end)"]
+
+    browser.get(asgi.url + reverse("admin:django_ragchat_feedback_changelist"))
+    link = browser.find_element(By.CSS_SELECTOR, ".field-message_link a")
+    assert link.text.endswith("storage, a…")
+    browser.save_screenshot(str(SCREENSHOTS / "admin-feedback-answer-link.png"))

@@ -15,6 +15,7 @@ from django_ragchat.access import principals_of_user_id
 from django_ragchat.admin import views as admin_views
 from django_ragchat.admin.base import ReadOnlyAdmin, admin_link, short, user_link
 from django_ragchat.models import (
+    ENDING_STAGES,
     Feedback,
     Message,
     MessageSource,
@@ -226,12 +227,35 @@ class MessageSourceAdmin(ReadOnlyAdmin):
             '<div class="ragchat-text">{}</div>', text)
 
 
+#: How the admin names a turn no stage ended early (``TurnTrace.ended_by`` is "").
+RAN_TO_THE_END = "none (ran to the end)"
+
+
+class EndedByFilter(admin.SimpleListFilter):
+    """The stage that ended the turn early, or none: every stage that may (``ENDING_STAGES``),
+    then any other name stored (by an older version). Its column shows the same words."""
+
+    title = "ended early by"
+    parameter_name = "ended_by"
+
+    def lookups(self, request, model_admin):
+        stored = set(TurnTrace.objects.exclude(ended_by="").values_list("ended_by", flat=True).distinct())
+        names = [*ENDING_STAGES, *sorted(stored - set(ENDING_STAGES))]
+        return [("none", RAN_TO_THE_END), *((name, name) for name in names)]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value:
+            return queryset.filter(ended_by="" if value == "none" else value)
+        return queryset
+
+
 @admin.register(TurnTrace)
 class TurnTraceAdmin(ReadOnlyAdmin):
-    list_display = ("message_link", "conversation_link", "profile", "ended_by", "total_ms", "created_at")
-    list_filter = ("profile", "ended_by", ("created_at", admin.DateFieldListFilter))
+    list_display = ("message_link", "conversation_link", "profile", "ended_early_by", "total_ms", "created_at")
+    list_filter = ("profile", EndedByFilter, ("created_at", admin.DateFieldListFilter))
     search_fields = ("message__content", "message__conversation__title")
-    fields = ("message_link", "conversation_link", "profile", "ended_by", "total_ms", "created_at")
+    fields = ("message_link", "conversation_link", "profile", "ended_early_by", "total_ms", "created_at")
 
     def get_search_fields(self, request):
         return (*self.search_fields, f"message__conversation__owner__{get_user_model().USERNAME_FIELD}")
@@ -261,6 +285,10 @@ class TurnTraceAdmin(ReadOnlyAdmin):
     def conversation_link(self, obj):
         return admin_link(obj.message.conversation)
 
+    @admin.display(description="ended early by", ordering="ended_by")
+    def ended_early_by(self, obj):
+        return obj.ended_by or RAN_TO_THE_END
+
     def change_view(self, request, object_id, form_url="", extra_context=None):
         trace = self.get_object(request, object_id)
         extra_context = dict(extra_context or {})
@@ -271,7 +299,6 @@ class TurnTraceAdmin(ReadOnlyAdmin):
                                              principals_of_user_id(request.user.pk))
             extra_context.update(
                 trace_view=admin_views.build_trace_view(trace.data, chunks, sources),
-                raw_json=admin_views.pretty_json(trace.data),
                 feedback=list(trace.message.feedback.select_related("user")),
             )
         return super().change_view(request, object_id, form_url, extra_context)

@@ -34,6 +34,7 @@ from django_ragchat.models import (
     ToolInvocation,
     TurnTrace,
 )
+from django_ragchat.text import shorten
 
 #: Messages per page of a conversation's transcript in the admin.
 TRANSCRIPT_PAGE_SIZE = 200
@@ -50,14 +51,7 @@ KNOWN_TRACE_KEYS = frozenset({
 
 def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
     """``text`` on one line, cut at a word boundary near ``limit`` characters, with "…" when cut."""
-    text = " ".join((text or "").split())
-    if len(text) <= limit:
-        return text
-    cut = text[:limit]
-    space = cut.rfind(" ")
-    if space > limit // 2:
-        cut = cut[:space]
-    return cut.rstrip(" ,;:.") + "…"
+    return shorten(text, limit)
 
 
 def short_heading(heading: str, title: str) -> str:

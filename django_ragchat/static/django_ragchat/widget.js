@@ -281,7 +281,6 @@ class ChatWidget {
       item.id = id;
       item.value = source.index;
       item.tabIndex = -1;  // a citation moves the focus here
-      if (citedIndexes.has(source.index)) item.classList.add("ragchat-source-cited");
       const title = source.title || source.source || "Untitled";
       const url = source.url || source.source;
       let titleNode;
@@ -302,12 +301,18 @@ class ChatWidget {
       if (text) item.append(el("p", "ragchat-source-snippet", text));
       view.sourceList.append(item);
     }
-    this.showCitedOnly(view, citedIndexes);
+    this.markCited(view, citedIndexes);
   }
 
+  /* The passages the answer cites: class ragchat-source-cited and a "cited" badge on the title's
+     line (the list stays in number order, so the mark is what sets them apart). */
   markCited(view, citedIndexes) {
     for (const item of view.sourceList.children) {
-      item.classList.toggle("ragchat-source-cited", citedIndexes.has(Number(item.value)));
+      const cited = citedIndexes.has(Number(item.value));
+      item.classList.toggle("ragchat-source-cited", cited);
+      const badge = item.querySelector(".ragchat-source-badge");
+      if (cited && !badge) item.insertBefore(el("span", "ragchat-source-badge", "cited"), item.querySelector("p"));
+      else if (!cited && badge) badge.remove();
     }
     this.showCitedOnly(view, citedIndexes);
   }
@@ -324,13 +329,12 @@ class ChatWidget {
     view.sourceList.hidden = view.sourcesLabel.hidden = shown === 0;
   }
 
-  /* The saved answer's passages: the cited ones first (each keeps its number, so [4] still
-     reads 4), and a label that says so when the answer cited none (a decline read as cited). */
-  orderSources(view, citedIndexes) {
-    const items = [...view.sourceList.children];
-    items.sort((a, b) => citedIndexes.has(Number(b.value)) - citedIndexes.has(Number(a.value)));
-    view.sourceList.append(...items);
-    view.sourcesLabel.textContent = citedIndexes.size || !items.length ? "Sources" : "Searched, none cited";
+  /* The saved answer's passages stay in their number order (1, 2, 3: as renderSources wrote
+     them), the cited ones marked; the label says so when the answer cited none (a decline is
+     not read as sourced). */
+  labelSources(view, citedIndexes) {
+    const some = view.sourceList.children.length > 0;
+    view.sourcesLabel.textContent = citedIndexes.size || !some ? "Sources" : "Searched, none cited";
     this.showCitedOnly(view, citedIndexes);
   }
 
@@ -342,7 +346,7 @@ class ChatWidget {
     const cited = new Set((message.citations || []).map((c) => c.index));
     if (message.sources && message.sources.length) this.renderSources(view, message.sources, cited);
     else this.markCited(view, cited);
-    this.orderSources(view, cited);
+    this.labelSources(view, cited);
     this.renderBody(view);
     if (message.status === "incomplete") this.setNote(view, STOPPED);
     else if (message.status === "error" || message.status === "interrupted") {
