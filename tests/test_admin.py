@@ -644,3 +644,31 @@ def test_a_chat_reviewer_reaches_every_page_the_admin_links_them_to(client, user
     assert "/admin/auth/" not in record and url("user_data", user.pk) in record
     with pytest.raises(CommandError):
         call_command("ragchat_admin_group", "--add", "nobody", stdout=io.StringIO())
+
+
+def _nested_links(html: str) -> list[str]:
+    """The ``<a`` tags opened inside another link (a browser closes the outer one: its text is lost)."""
+    found, depth = [], 0
+    for tag in re.finditer(r"<(/?)a\b[^>]*>", html):
+        if tag.group(1):
+            depth = max(0, depth - 1)
+        else:
+            if depth:
+                found.append(html[max(0, tag.start() - 120):tag.end()])
+            depth += 1
+    return found
+
+
+def test_no_list_page_nests_a_link_in_the_row_link(admin_client, chatted):
+    """Each list's first column links to its row; a column that is itself a link (the message)
+    must not be that one, or the row's link wraps another and clicking it opens the wrong page."""
+    from django.contrib import admin as django_admin
+
+    Feedback.objects.create(message=Message.objects.filter(conversation=chatted, role="assistant").last(),
+                            user=chatted.owner, rating="up")
+    models = [m for m in django_admin.site._registry if m._meta.app_label == "django_ragchat"]
+    for model in models:
+        page = admin_client.get(reverse(f"admin:django_ragchat_{model._meta.model_name}_changelist"))
+        assert page.status_code == 200, model
+        rows = page.content.decode().split('id="result_list"', 1)[-1]
+        assert not _nested_links(rows), (model.__name__, _nested_links(rows)[:1])

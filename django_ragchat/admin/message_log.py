@@ -191,7 +191,9 @@ class MessageAdmin(ReadOnlyAdmin):
 
 @admin.register(MessageSource)
 class MessageSourceAdmin(ReadOnlyAdmin):
-    list_display = ("message_link", "rank", "document", "heading", "fusion_score", "cited")
+    # The row's own link first ("[1] title"): a first column that is itself a link (the message)
+    # would be wrapped in the row's link, and a click would open the message.
+    list_display = ("__str__", "message_link", "document", "heading", "fusion_score", "cited")
     list_filter = ("cited",)
     search_fields = ("title", "source")
     fields = ("message_link", "rank", "document", "source", "heading", "fusion_score", "cited", "chunk_text")
@@ -252,7 +254,9 @@ class EndedByFilter(admin.SimpleListFilter):
 
 @admin.register(TurnTrace)
 class TurnTraceAdmin(ReadOnlyAdmin):
-    list_display = ("message_link", "conversation_link", "profile", "ended_early_by", "total_ms", "created_at")
+    # "Trace of message N" links to the trace; the message's link beside it (not wrapped in it).
+    list_display = ("__str__", "message_link", "conversation_link", "profile", "ended_early_by", "total_ms",
+                    "created_at")
     list_filter = ("profile", EndedByFilter, ("created_at", admin.DateFieldListFilter))
     search_fields = ("message__content", "message__conversation__title")
     fields = ("message_link", "conversation_link", "profile", "ended_early_by", "total_ms", "created_at")
