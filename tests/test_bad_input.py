@@ -229,3 +229,15 @@ def test_memory_content_is_capped_in_the_api_and_the_admin(signed_in, user, admi
     assert response.status_code == 200 and b"at most 20000 characters" in response.content
     memory.refresh_from_db()
     assert memory.content == "likes tea"
+
+
+def test_too_many_fields_is_too_many_fields_on_the_openai_endpoint_too(client, user):
+    from django_ragchat.models import ApiKey
+
+    key = ApiKey.create_key(user)[1]
+    # A client's long history: 2 keys a message, 501 messages (DATA_UPLOAD_MAX_NUMBER_FIELDS is 1,000).
+    body = {"model": "default", "messages": [{"role": "user", "content": "Hi"}] * 501}
+    response = client.post("/openai/v1/chat/completions", data=json.dumps(body), content_type="application/json",
+                           HTTP_AUTHORIZATION=f"Bearer {key}")
+    assert (response.status_code, response.json()["error"]["code"]) == (400, "too_many_fields")
+    assert not Message.objects.exists()

@@ -74,7 +74,8 @@ def read_body(request) -> dict[str, Any]:
     try:
         data = jsonbody.loads(body)
     except jsonbody.JSONRefused as exc:
-        raise OpenAIError(400, "parse_error", f"We could not parse the JSON body of your request: {exc}") from None
+        # The refusal's own code: ``too_many_fields`` is that code on every transport.
+        raise OpenAIError(400, exc.code, f"We could not parse the JSON body of your request: {exc}") from None
     if not isinstance(data, dict):
         raise OpenAIError(400, "invalid_type", "The request body must be a JSON object.")
     return data
