@@ -29,5 +29,7 @@ WEBSOCKET_PATH = "ws/ragchat/"
 
 websocket_urlpatterns = [
     path(WEBSOCKET_PATH, ChatConsumer.as_asgi()),
-    path(f"{WEBSOCKET_PATH}conversations/<uuid:conversation_id>/", ChatConsumer.as_asgi()),
+    # <str:>, not <uuid:>: a malformed id reaches the consumer, which answers not_found and closes
+    # with 4404 as for an unknown one (an unrouted path is a ValueError in Channels' router: a 500).
+    path(f"{WEBSOCKET_PATH}conversations/<str:conversation_id>/", ChatConsumer.as_asgi()),
 ]
