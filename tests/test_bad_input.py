@@ -241,3 +241,14 @@ def test_too_many_fields_is_too_many_fields_on_the_openai_endpoint_too(client, u
                            HTTP_AUTHORIZATION=f"Bearer {key}")
     assert (response.status_code, response.json()["error"]["code"]) == (400, "too_many_fields")
     assert not Message.objects.exists()
+
+
+def test_an_upload_nested_too_deeply_to_parse_is_invalid_document(client, staff_user):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from django_ragchat.models import Document
+
+    client.force_login(staff_user)
+    response = client.post("/api/ragchat/documents/", {"file": SimpleUploadedFile("deep.html", b"<div>" * 100_000)})
+    assert (response.status_code, response.json()["code"]) == (400, "invalid_document")
+    assert not Document.objects.exists()

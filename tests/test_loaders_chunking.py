@@ -488,3 +488,13 @@ def test_chunking_is_deterministic():
 def test_invalid_sizes_rejected(max_chars, overlap_chars):
     with pytest.raises(ValueError):
         chunk_document(make_doc(), max_chars=max_chars, overlap_chars=overlap_chars)
+
+
+@pytest.mark.parametrize("html", ["<div>" * 100_000, "<b>" * 100_000, "<ul><li>" * 5_000])
+def test_html_nested_past_the_recursion_limit_is_a_load_error(html):
+    # An upload of it answered 502 ingestion_failed ("the embedder or the database failed") with a
+    # RecursionError's traceback in the log; too deep to parse is the document's fault, as for rst.
+    from django_ragchat.ingestion.loaders import load_text
+
+    with pytest.raises(DocumentLoadError, match="nested too deeply"):
+        load_text(html, "html", "upload/deep.html")

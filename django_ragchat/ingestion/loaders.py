@@ -171,7 +171,10 @@ def _parse(path: Path, source: str, text: str, content_type: str, checksum: str)
     elif content_type == "rst":
         title, sections = _parse_rst(path, text)
     elif content_type == "html":
-        title, sections = _parse_html(text)
+        try:
+            title, sections = _parse_html(text)
+        except RecursionError:  # the parser and the walker recurse per element: the document's fault
+            raise DocumentLoadError(source, "could not parse HTML: elements nested too deeply") from None
     else:
         title, sections = _parse_text(text)
 
