@@ -191,6 +191,14 @@ def test_the_conversation_list_shows_owner_question_counts_and_filters(admin_cli
 # --- Read-only log -----------------------------------------------------------------------------
 
 
+def test_a_trace_json_url_with_an_id_no_row_can_have_is_404(admin_client, user):
+    # <int:> takes any digits; past a 64-bit column the database refuses the query (SQLite:
+    # OverflowError, PostgreSQL: DataError), which was a 500.
+    conversation = Conversation.objects.create(owner=user)
+    for message_id in (2**63, 10**30):
+        assert admin_client.get(url("trace_json", conversation.pk, message_id)).status_code == 404
+
+
 def test_messages_sources_traces_and_feedback_are_read_only(admin_client, chatted):
     answer = Message.objects.filter(conversation=chatted, role="assistant").last()
     feedback = Feedback.objects.create(message=answer, user=chatted.owner, rating="up")

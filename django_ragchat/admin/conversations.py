@@ -33,6 +33,7 @@ from django_ragchat.models import (
     MessageSource,
     TurnTrace,
 )
+from django_ragchat.turn.confirmations import MAX_ID
 
 
 class OwnerFilter(admin.SimpleListFilter):
@@ -265,6 +266,8 @@ class ConversationAdmin(RagchatAdmin):
             raise Http404
         if not self.has_view_or_change_permission(request, conversation):
             raise PermissionDenied
+        if message_id > MAX_ID:  # <int:> takes any digits; the database refuses past 64 bits
+            raise Http404
         trace = get_object_or_404(TurnTrace, message_id=message_id, message__conversation=conversation)
         return JsonResponse(trace.data, safe=False, json_dumps_params={"indent": 2, "ensure_ascii": False})
 
