@@ -199,6 +199,14 @@ def test_a_trace_json_url_with_an_id_no_row_can_have_is_404(admin_client, user):
         assert admin_client.get(url("trace_json", conversation.pk, message_id)).status_code == 404
 
 
+@pytest.mark.parametrize("owner", [str(2**63), "9" * 30, "\u00b9"])
+def test_the_owner_filter_with_an_id_no_user_can_have_lists_nothing(admin_client, user, owner):
+    # "¹" passes str.isdigit() but not int(); past 64 bits the database refuses the query: both 500s.
+    Conversation.objects.create(owner=user)
+    response = admin_client.get(url("conversation_changelist"), {"owner": owner})
+    assert response.status_code == 200 and response.context["cl"].result_count == 0
+
+
 def test_messages_sources_traces_and_feedback_are_read_only(admin_client, chatted):
     answer = Message.objects.filter(conversation=chatted, role="assistant").last()
     feedback = Feedback.objects.create(message=answer, user=chatted.owner, rating="up")

@@ -50,7 +50,7 @@ class OwnerFilter(admin.SimpleListFilter):
         choices = [("signed_in", "Signed in"), ("anonymous", "Anonymous")]
         choices += [(str(u.pk), str(u)) for u in top]
         value = self.value()
-        if value and value.isdigit() and value not in {c[0] for c in choices}:
+        if self._owner_id(value) is not None and value not in {c[0] for c in choices}:
             chosen = User.objects.filter(pk=value).first()
             if chosen is not None:
                 choices.append((value, str(chosen)))
@@ -63,8 +63,17 @@ class OwnerFilter(admin.SimpleListFilter):
         if value == "anonymous":
             return queryset.filter(owner__isnull=True)
         if value and value.isdigit():
-            return queryset.filter(owner_id=int(value))
+            owner_id = self._owner_id(value)
+            return queryset.none() if owner_id is None else queryset.filter(owner_id=owner_id)
         return queryset
+
+    @staticmethod
+    def _owner_id(value) -> int | None:
+        """``value`` as a user id a row can have: ASCII digits ("¹" passes isdigit() but not int())
+        and at most 64 bits (the database refuses larger numbers in a query)."""
+        if not (value and value.isascii() and value.isdigit()):
+            return None
+        return int(value) if int(value) <= MAX_ID else None
 
 
 class LastAnswerStatusFilter(admin.SimpleListFilter):
