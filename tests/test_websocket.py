@@ -154,7 +154,8 @@ def test_another_users_conversation_is_indistinguishable_from_an_unknown_one(asg
     assert all(a == {**answers[0]} for a in answers), answers
     assert answers[0]["code"] == "not_found"
     for path in (f"/ws/ragchat/conversations/{theirs.pk}/", f"/ws/ragchat/conversations/{unknown_id()}/",
-                 "/ws/ragchat/conversations/not-a-uuid/"):  # malformed: not_found too, never a 500
+                 "/ws/ragchat/conversations/not-a-uuid/", "/ws/ragchat/nope/",
+                 f"/ws/ragchat/conversations/{theirs.pk}/extra/"):  # malformed or unrouted: not_found, never a 500
         with open_socket(asgi, caller_for(user), path, ready=False) as ws:
             assert receive(ws)["code"] == "not_found"
             with pytest.raises(websockets.ConnectionClosed) as closed:

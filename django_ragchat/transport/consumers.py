@@ -497,3 +497,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _error(self, code: str, message: str, client_id: str | None = None) -> None:
         await self._send_frame(self._frame(Failed(code=code, message=message).to_dict(), None, client_id))
+
+
+class UnknownPathConsumer(AsyncJsonWebsocketConsumer):
+    """Any other path under ``ws/ragchat/`` (``ws/ragchat/nope/``): answered as an unknown
+    conversation is, ``not_found`` and close code 4404; unrouted, Channels' router raises and
+    the handshake ends in a 500."""
+
+    async def connect(self):
+        await self.accept()
+        await self.send_json(TurnRefused.not_found().to_event().to_dict())
+        await self.close(code=CLOSE_NOT_FOUND)

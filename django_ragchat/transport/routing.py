@@ -21,9 +21,9 @@ The chat page looks for the websocket at ``/ws/ragchat/`` and falls back to serv
 events when there is none (a WSGI site).
 """
 
-from django.urls import path
+from django.urls import path, re_path
 
-from django_ragchat.transport.consumers import ChatConsumer
+from django_ragchat.transport.consumers import ChatConsumer, UnknownPathConsumer
 
 WEBSOCKET_PATH = "ws/ragchat/"
 
@@ -32,4 +32,5 @@ websocket_urlpatterns = [
     # <str:>, not <uuid:>: a malformed id reaches the consumer, which answers not_found and closes
     # with 4404 as for an unknown one (an unrouted path is a ValueError in Channels' router: a 500).
     path(f"{WEBSOCKET_PATH}conversations/<str:conversation_id>/", ChatConsumer.as_asgi()),
+    re_path(rf"^{WEBSOCKET_PATH}", UnknownPathConsumer.as_asgi()),  # last: any other path of ours
 ]
