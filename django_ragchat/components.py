@@ -8,6 +8,7 @@ the profile gives it, so a component's ``__init__`` is where it reads its config
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
@@ -43,10 +44,18 @@ class Component:
     def __init__(self, profile: Profile, **options: Any):
         self.profile = profile
         if options:
-            raise ImproperlyConfigured(
-                f"{type(self).__name__} ({self.kind} {self.name!r}) takes no options; "
-                f"got {sorted(options)} in profile {profile.name!r}."
-            )
+            accepted = self.accepted_options()
+            what = f"has no option {', '.join(map(repr, sorted(options)))} (its options: {', '.join(accepted)})" \
+                if accepted else f"takes no options; got {sorted(options)}"
+            raise ImproperlyConfigured(f"{type(self).__name__} ({self.kind} {self.name!r}) {what} in profile "
+                                       f"{profile.name!r}.")
+
+    @classmethod
+    def accepted_options(cls) -> list[str]:
+        """The named options the class's ``__init__`` (a subclass's) accepts, for error messages."""
+        skip = {"self", "profile", "vocabulary", "embedder"}
+        return [name for name, parameter in inspect.signature(cls.__init__).parameters.items()
+                if name not in skip and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)]
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.kind}:{self.name}>"

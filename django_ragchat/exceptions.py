@@ -58,6 +58,13 @@ class TurnInProgress(RagchatError):
     code = "turn_in_progress"
     http_status = 409
     default_message = "An answer is still being written in this conversation; wait for it to finish or cancel it."
+    #: Seconds to wait before sending again: the answer ends when it ends, usually soon (as for
+    #: ``too_many_streams``: a refusal costs nothing, so a short poll is cheap).
+    RETRY_AFTER = 1.0
+
+    def __init__(self, message: str | None = None, **kwargs):
+        kwargs.setdefault("retry_after", self.RETRY_AFTER)
+        super().__init__(message, **kwargs)
 
 
 class LLMError(RagchatError):

@@ -263,6 +263,7 @@ def test_too_many_concurrent_answers_is_a_429(alice, user, conversation, ragchat
         assert response.status_code == 429
         # Soon: the held slot frees when its answer ends, not when its lease runs out.
         assert response.json()["code"] == "too_many_streams"
+        assert response.json()["detail"] == "Another answer of yours is being written; wait for it to finish."
         assert response["Retry-After"] == "1"
     assert not conversation.messages.exists()
     assert post_json(alice, messages_url(conversation), {"content": QUESTION}).status_code == 201
@@ -273,6 +274,7 @@ def test_a_second_message_while_an_answer_is_streaming_is_a_409(alice, conversat
     Conversation.objects.filter(pk=conversation.pk).update(last_seq=1)
     response = post_json(alice, messages_url(conversation), {"content": QUESTION})
     assert response.status_code == 409 and response.json()["code"] == "turn_in_progress"
+    assert response["Retry-After"] == "1"  # as for a resend whose answer is still being written
     assert conversation.messages.count() == 1
 
 

@@ -236,6 +236,7 @@ def test_every_user_facing_error_shares_one_base_with_a_stable_code_and_a_safe_m
         ("turn_in_progress", 409)]
     assert describe_error(errors[2]) == ("rate_limited", "The model is busy.", 2.5)
     assert errors[2].user_message == "The model is busy." and str(errors[2]) == "rate_limited: The model is busy."
-    assert errors[1].as_dict() == {"code": "turn_in_progress", "message": TurnInProgress.default_message}
+    assert errors[1].as_dict() == {"code": "turn_in_progress", "message": TurnInProgress.default_message,
+                                   "retry_after": 1.0}
     assert isinstance(errors[0], ValueError)  # callers catching ValueError keep working
     assert str(errors[4].detail) == "Wait for the answer." and errors[4].status_code == 409

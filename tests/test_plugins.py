@@ -222,3 +222,12 @@ def test_a_plugin_module_that_fails_to_import_is_reported_with_its_own_error(
     assert "ragchat_broken_plugin" in errors[0].msg and "a_dependency_that_is_not_installed" in errors[0].msg
     assert "look like a module path" not in errors[0].msg
     sys.modules.pop("ragchat_broken_plugin", None)
+
+
+def test_a_misspelt_option_names_the_options_the_component_takes(ragchat_settings_override):
+    """A component with options of its own (``followup``'s ``max_terms``) is not said to take none."""
+    ragchat_settings_override(PROFILES={"default": {"options": {"followup": {"max_term": 2}}}})
+    errors = checks.check_profiles()
+    assert [e.id for e in errors] == ["ragchat.E002"]
+    assert "has no option 'max_term'" in errors[0].msg and "max_terms" in errors[0].msg, errors[0].msg
+    assert "takes no options" not in errors[0].msg

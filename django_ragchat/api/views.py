@@ -361,7 +361,7 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
         except limits.LimitExceeded as exc:
             raise APIError(429, exc.code, exc.message, retry_after_header(exc.retry_after)) from None
         except TurnInProgress as exc:
-            raise APIError(409, TurnInProgress.code, str(exc)) from None
+            raise APIError(409, TurnInProgress.code, str(exc), retry_after_header(exc.retry_after)) from None
         except Conversation.DoesNotExist:  # deleted while we were getting here
             raise exceptions.NotFound() from None
         except persistence.ConversationGone as exc:

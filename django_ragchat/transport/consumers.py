@@ -38,6 +38,7 @@ from django.contrib.auth import SESSION_KEY
 
 from django_ragchat import permissions
 from django_ragchat.events import PROTOCOL_VERSION, Accepted, Completed, Failed
+from django_ragchat.exceptions import TurnInProgress
 from django_ragchat.models import Conversation, Message, ToolInvocation
 from django_ragchat.transport import jsonbody, relay, sessions
 from django_ragchat.transport import turns as transport
@@ -327,8 +328,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             key = str(conversation.pk)
             running = self.turns.get(key)
             if running is not None and not running.done():
-                refusal = TurnRefused("turn_in_progress", "An answer is still being written in this conversation; "
-                                      "wait for it to finish or cancel it.", 409)
+                refusal = TurnRefused("turn_in_progress", TurnInProgress.default_message, 409,
+                                      retry_after=TurnInProgress.RETRY_AFTER)
                 return await self._send_frame(self._frame(refusal.to_event().to_dict(), key, client_id))
             self.conversation_id = key
         self.turns[key] = asyncio.create_task(self._run_turn_in_lane(conversation, content, client_id, key))

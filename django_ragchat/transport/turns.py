@@ -323,7 +323,7 @@ async def _admitted_turn(conversation, text: str, user, session_key: str | None,
 
 def _refusal(exc: Exception) -> TurnRefused:
     if isinstance(exc, TurnInProgress):
-        return TurnRefused("turn_in_progress", str(exc), 409)
+        return TurnRefused("turn_in_progress", str(exc), 409, retry_after=exc.retry_after)
     return TurnRefused.not_found()  # deleted since it was opened
 
 

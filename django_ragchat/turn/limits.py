@@ -175,9 +175,9 @@ class StreamSlot:
                 return self
             if not dead and len(held) == len(keys):
                 break
-        raise LimitExceeded("too_many_streams",
-                            f"At most {self.limit} answers can be written at once; wait for one to finish.",
-                            retry_after=_slot_wait(held.values()))
+        message = (f"At most {self.limit} answers can be written at once; wait for one to finish."
+                   if self.limit > 1 else "Another answer of yours is being written; wait for it to finish.")
+        raise LimitExceeded("too_many_streams", message, retry_after=_slot_wait(held.values()))
 
     def _add_any(self, keys) -> bool:
         value = self._value()
