@@ -506,9 +506,9 @@ def _workers_configured() -> int:
 def _shared_state_warning(workers: str, found: list[str]) -> Warning:
     return Warning(
         f"{workers}: each process would keep its own " + "; and its own ".join(found) + ".",
-        hint="Give every worker the same Redis: the channels_redis layer and a Redis (or Memcached) cache, as "
-             "docs/deployment.md (\"Several worker processes\") shows. With one worker process, silence "
-             "ragchat.W032.",
+        hint="Give every worker the same Redis: the channels_redis layer (pip install \"django-ragchat[redis]\") and "
+             "Django's Redis cache, as docs/deployment.md (\"Several worker processes\") shows. With one worker "
+             "process, silence ragchat.W032.",
         id="ragchat.W032",
     )
 
@@ -530,7 +530,7 @@ def check_several_workers_deploy(app_configs=None, **kwargs):
     found = _per_process()
     if _workers_configured() >= 2 or not found:
         return []  # said by check_several_workers, or nothing to say
-    return [_shared_state_warning("Run with more than one worker process (gunicorn or uvicorn --workers N)", found)]
+    return [_shared_state_warning("Once run with more than one worker process (gunicorn or uvicorn --workers N)", found)]
 
 
 @register(Tags.compatibility)
