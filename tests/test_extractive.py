@@ -667,3 +667,12 @@ def test_an_amount_in_pence_is_money():
     video = chunk(1, "Ridge Camera > Video", "The Ridge Camera records 1080p video. It weighs 300 g.")
     assert AnswerSelector().answer(prompt("How much does the Ridge Camera cost?", video)).startswith(
         "The documents don't say")
+
+
+def test_a_decline_names_the_headings_found_keeping_the_capitals_of_a_name():
+    """"They describe Zephyr Kettles' Zephyr K3 Pro and warranty", not "...zephyr k3 pro"."""
+    k3 = chunk(1, "Zephyr Kettles > Zephyr K3 Pro", "The Zephyr K3 Pro boils 1.7 litres and costs $89.")
+    warranty = chunk(2, "Zephyr Kettles > Warranty", "Zephyr Kettles carry a two-year warranty.")
+    answer = AnswerSelector().answer(prompt("Do Zephyr Kettles come in red?", k3, warranty))
+    assert "don't say" in answer and "Zephyr K3 Pro" in answer and "warranty" in answer, answer
+    assert "zephyr k3 pro" not in answer and "Warranty" not in answer, answer

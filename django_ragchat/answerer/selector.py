@@ -157,6 +157,14 @@ def _has_other_topic(sentence: Sentence, need: Need, vocabulary: Vocabulary) -> 
         "discount" in labels(k) for k in need.own)
 
 
+def _leaf_in_sentence(leaf: str) -> str:
+    """A heading as a decline names it mid-sentence: "address and opening hours", but a name
+    keeps its capitals ("Zephyr K3 Pro": a word after the first is capitalised)."""
+    if any(word[:1].isupper() for word in leaf.split()[1:]):
+        return leaf
+    return leaf.lower()
+
+
 def light_weight(norm: float) -> float:
     """What a question word whose vector is ``norm`` long weighs (1 for a word that says much)."""
     return min(1.0, (norm / LIGHT_NORM) ** LIGHT_POWER)
@@ -586,7 +594,7 @@ class AnswerSelector:
             on_subject = [p for p in on_subject if p.subject == subject.subject]
         else:
             text = m["decline"].format(topic=topic)
-        leaves = list(dict.fromkeys(p.heading_leaf.lower() for p in on_subject if p.heading_leaf))
+        leaves = list(dict.fromkeys(_leaf_in_sentence(p.heading_leaf) for p in on_subject if p.heading_leaf))
         if leaves and (subject is not None or not need.subjects):
             described = leaves[0] if len(leaves) == 1 else ", ".join(leaves[:-1]) + m["and_joiner"] + leaves[-1]
             if subject is not None:
