@@ -313,6 +313,33 @@ def check_refusal_shown(driver, *, text: str) -> None:
     assert not driver.find_elements(By.CSS_SELECTOR, ".ragchat-assistant")  # no "…" left waiting
 
 
+def test_a_rate_limited_message_says_when_to_try_again(page, asgi, product_corpus, live_prefix):
+    """The refusal names the wait the server asks for (``retry_after``), not only the limit."""
+    import time
+
+    import redis
+
+    from tests.live_servers import REDIS_URL
+
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))
+    session = page.get_cookie("sessionid")["value"]
+    minute = int(time.time() // 60)
+    client = redis.Redis.from_url(REDIS_URL)
+    for bucket in (minute - 1, minute, minute + 1):  # the live servers' TURNS_PER_MINUTE (25) spent
+        client.set(f"{live_prefix}:1:ragchat:rate:s{session}:{bucket}", 25, ex=180)
+    client.close()
+    type_question(page, QUESTION)
+    page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+    check_refusal_shown(page, text="Too many messages")
+    note = page.find_elements(By.CSS_SELECTOR, ".ragchat-user.ragchat-refused .ragchat-note")[-1].text
+    seconds = int(note.split("Try again in ")[1].split(" s.")[0])
+    # Into the next minute, until this one's 25 turns weigh less than 24 there: 2.4 to 62.4 s.
+    assert 3 <= seconds <= 63, note
+    assert page.find_elements(By.CSS_SELECTOR, ".ragchat-refused .ragchat-retry")
+    assert not Conversation.objects.exists()
+
+
 def test_a_refused_first_message_is_shown_as_an_error_and_creates_nothing(page, asgi, product_corpus, settings):
     open_chat(page, f"{asgi.url}/chat/")
     wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))

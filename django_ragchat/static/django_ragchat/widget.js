@@ -34,6 +34,12 @@ const NOT_RETRYABLE = new Set(["empty", "invalid_type", "invalid_characters", "t
                                "parse_error", "forbidden", "not_found", "not_authenticated", "session_ended",
                                "invalid_client_id"]);
 
+/* " Try again in 66 s." when the server asks for a wait worth saying (a second or two is not). */
+function waitHint(error) {
+  const seconds = Math.ceil(Number(error.retry_after) || 0);
+  return seconds >= 3 ? ` Try again in ${seconds} s.` : "";
+}
+
 function el(tag, className, text) {
   const node = document.createElement(tag);
   if (className) node.className = className;
@@ -747,7 +753,7 @@ class ChatWidget {
         // Refused: nothing was saved. Say so on the question, and offer it again.
         answer.node.remove();
         user.node.classList.add("ragchat-refused");
-        this.setNote(user, `Not sent: ${text}`, true);
+        this.setNote(user, `Not sent: ${text}${waitHint(error)}`, true);
         if (turn.own && !this.ui.input.value) this.ui.input.value = turn.question;
         if (turn.own && !NOT_RETRYABLE.has(error.code)) this.offerRetry(user, turn, error);
       } else {
