@@ -252,6 +252,9 @@ def test_traces_filter_by_the_stage_that_ended_the_turn_early_or_none(admin_clie
     # The column says the same, not Django's "-" for an empty value.
     assert '<td class="field-ended_early_by">none (ran to the end)</td>' in html
     assert '<td class="field-ended_early_by">advisors</td>' in html
+    # Each row's link reads as the answer's own ("assistant #2"), not the message's primary key.
+    trace_url = url("turntrace_change", ended["advisors"])
+    assert f'<a href="{trace_url}">Trace of assistant #2</a>' in html
     for value, stage in (("none", ""), ("advisors", "advisors"), ("input_guardrails", "input_guardrails")):
         traces = admin_client.get(url("turntrace_changelist") + f"?ended_by={value}").context["cl"].result_list
         assert [t.pk for t in traces] == [ended[stage]], value

@@ -193,8 +193,9 @@ class MessageAdmin(ReadOnlyAdmin):
 class MessageSourceAdmin(ReadOnlyAdmin):
     # The row's own link first ("[1] title"): a first column that is itself a link (the message)
     # would be wrapped in the row's link, and a click would open the message.
-    list_display = ("__str__", "message_link", "document", "heading", "fusion_score", "cited")
+    list_display = ("__str__", "message_link", "conversation_link", "document", "heading", "fusion_score", "cited")
     list_filter = ("cited",)
+    ordering = ("-message", "rank")  # the latest answers first, each one's sources in their order
     search_fields = ("title", "source")
     fields = ("message_link", "rank", "document", "source", "heading", "fusion_score", "cited", "chunk_text")
     readonly_fields = fields
@@ -203,12 +204,16 @@ class MessageSourceAdmin(ReadOnlyAdmin):
         return SourceChangeList
 
     def get_queryset(self, request):
-        return readable_sources(super().get_queryset(request).select_related("message", "chunk")
+        return readable_sources(super().get_queryset(request).select_related("message__conversation", "chunk")
                                 .defer("chunk__embedding"), request)
 
     @admin.display(description="message", ordering="message")
     def message_link(self, obj):
         return admin_link(obj.message)
+
+    @admin.display(description="conversation")
+    def conversation_link(self, obj):
+        return admin_link(obj.message.conversation)
 
     @admin.display(description="document", ordering="title")
     def document(self, obj):
@@ -218,7 +223,7 @@ class MessageSourceAdmin(ReadOnlyAdmin):
     def heading(self, obj):
         return source_chunk_text(obj, "heading")
 
-    @admin.display(description="score", ordering="score")
+    @admin.display(description="fusion score", ordering="score")
     def fusion_score(self, obj):
         return f"{obj.score:.4f}"
 
@@ -254,8 +259,8 @@ class EndedByFilter(admin.SimpleListFilter):
 
 @admin.register(TurnTrace)
 class TurnTraceAdmin(ReadOnlyAdmin):
-    # "Trace of message N" links to the trace; the message's link beside it (not wrapped in it).
-    list_display = ("__str__", "message_link", "conversation_link", "profile", "ended_early_by", "total_ms",
+    # "Trace of assistant #12" links to the trace; the message's link beside it (not wrapped in it).
+    list_display = ("trace_label", "message_link", "conversation_link", "profile", "ended_early_by", "total_ms",
                     "created_at")
     list_filter = ("profile", EndedByFilter, ("created_at", admin.DateFieldListFilter))
     search_fields = ("message__content", "message__conversation__title")
@@ -280,6 +285,11 @@ class TurnTraceAdmin(ReadOnlyAdmin):
     def get_queryset(self, request):
         # The list never loads the (large) trace data.
         return super().get_queryset(request).select_related("message__conversation").defer("data")
+
+    @admin.display(description="trace", ordering="message")
+    def trace_label(self, obj):
+        # Numbered as the answer's own link is ("assistant #12"), not by the message's primary key.
+        return f"Trace of {obj.message.role} #{obj.message.seq}"
 
     @admin.display(description="answer", ordering="message")
     def message_link(self, obj):
