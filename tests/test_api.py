@@ -547,6 +547,8 @@ def test_the_schema_is_served_for_these_endpoints_and_validates(alice, tmp_path)
     post = schema["paths"][f"{API}/conversations/{{conversation_id}}/messages/"]["post"]
     assert set(post["responses"]) == {"200", "201", "400", "403", "404", "409", "410", "413", "429", "500", "502",
                                       "503", "504"}
+    for status_code in ("409", "429", "503"):
+        assert "Retry-After" in post["responses"][status_code]["headers"], status_code
     # drf-spectacular's own validation, failing on any warning.
     # (drf-spectacular's own generator, on a site that never set REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"].)
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml"))

@@ -114,6 +114,14 @@ NOT_RATEABLE = OpenApiResponse(s.ErrorSerializer, description="`not_rateable`: o
                                                             "assistant can be rated.")
 
 
+#: The header of a refusal that waiting will cure (429, 409 ``turn_in_progress``) and of a turn
+#: failed on the model's rate limit (503).
+RETRY_AFTER = OpenApiParameter(
+    "Retry-After", OpenApiTypes.INT, OpenApiParameter.HEADER, response=[409, 429, 503],
+    description="Seconds to wait before sending again: for `rate_limited` until one more turn fits, for "
+                "`too_many_streams` and `turn_in_progress` 1 (an answer frees its place when it ends).")
+
+
 def errors(*codes: int) -> dict[int, OpenApiResponse]:
     return {code: ERRORS[code] for code in codes}
 
@@ -310,7 +318,7 @@ FAILED_TURN_STATUS = {
             "being written); 410 `conversation_deleted` when the conversation was deleted "
             "during the turn."
         ),
-        parameters=[CONVERSATION_ID],
+        parameters=[CONVERSATION_ID, RETRY_AFTER],
         request=s.MessageCreateSerializer,
         responses={
             200: s.TurnSerializer, 201: s.TurnSerializer,
