@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, router, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -95,6 +95,53 @@ def _duplicate(conversation_id, client_id: str) -> DuplicateMessage | None:
     return DuplicateMessage(user, assistant)
 
 
+def _advance(conversation_id, now) -> tuple[int, list[tuple]]:
+    """Take two sequence numbers of the conversation (its row locked until the transaction
+    ends): its new ``last_seq``, and its streaming answers (pk, holder, lease expiry, last
+    update), read after the lock is taken. Where the database returns rows from an UPDATE, the
+    new ``last_seq`` comes with it (``_advance_returning``), and on SQLite also whether any
+    answer is streaming: usually none, and then nothing else is read."""
+    returned = _advance_returning(conversation_id, now)
+    if returned is None:
+        if not Conversation.objects.filter(pk=conversation_id).update(last_seq=F("last_seq") + 2, updated_at=now):
+            raise Conversation.DoesNotExist(f"No conversation {conversation_id}")
+        returned = (Conversation.objects.filter(pk=conversation_id).values_list("last_seq", flat=True).get(), True)
+    last_seq, any_streaming = returned
+    if not any_streaming:
+        return last_seq, []
+    return last_seq, list(Message.objects.filter(conversation_id=conversation_id, status=Message.Status.STREAMING)
+                          .values_list("pk", "lease_holder", "lease_expires_at", "updated_at"))
+
+
+def _advance_returning(conversation_id, now) -> tuple[int, bool] | None:
+    """``_advance``'s UPDATE with ``RETURNING``: the new ``last_seq`` and whether an answer may be
+    streaming; ``None`` where the database cannot return rows from an UPDATE.
+
+    Only SQLite answers the second in the same statement: a writer there holds the database's
+    one write lock from this statement on, so the statement reads what every earlier turn
+    committed. On PostgreSQL an UPDATE that waited for the row's lock still reads the other
+    tables as they were when it started (read committed), so a turn that committed meanwhile
+    would be missed: there the streaming answers are read by a statement of their own."""
+    connection = connections[router.db_for_write(Conversation)]
+    if not connection.features.can_return_columns_from_insert:  # RETURNING: PostgreSQL, SQLite 3.35+
+        return None
+    qn, meta, field = connection.ops.quote_name, Conversation._meta, Message._meta.get_field
+    pk = meta.pk.get_db_prep_value(meta.pk.to_python(conversation_id), connection)
+    seq, params = qn(meta.get_field("last_seq").column), [meta.get_field("updated_at").get_db_prep_value(now, connection), pk]
+    streaming = "1"  # unknown: read it after the lock
+    if connection.vendor == "sqlite":
+        streaming = (f"EXISTS (SELECT 1 FROM {qn(Message._meta.db_table)} WHERE {qn(field('conversation').column)} "
+                     f"= %s AND {qn(field('status').column)} = %s)")
+        params += [pk, Message.Status.STREAMING.value]
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {qn(meta.db_table)} SET {seq} = {seq} + 2, {qn(meta.get_field('updated_at').column)} "
+                       f"= %s WHERE {qn(meta.pk.column)} = %s RETURNING {seq}, {streaming}", params)
+        row = cursor.fetchone()
+    if row is None:
+        raise Conversation.DoesNotExist(f"No conversation {conversation_id}")
+    return row[0], bool(row[1])
+
+
 def begin_turn(conversation_id, text: str, client_id: str = "") -> tuple[Message, Message]:
     """Save the user's message and an empty assistant message with status "streaming" and a
     lease (``STREAM_LEASE_SECONDS``) that the turn's ``Heartbeat`` renews.
@@ -113,15 +160,7 @@ def begin_turn(conversation_id, text: str, client_id: str = "") -> tuple[Message
     now = timezone.now()
     try:
         with transaction.atomic():
-            updated = Conversation.objects.filter(pk=conversation_id).update(
-                last_seq=F("last_seq") + 2, updated_at=now
-            )
-            if not updated:
-                raise Conversation.DoesNotExist(f"No conversation {conversation_id}")
-            # The conversation's streaming answers, read once: usually none, and then nothing
-            # is closed (no UPDATE).
-            streaming = list(Message.objects.filter(conversation_id=conversation_id, status=Message.Status.STREAMING)
-                             .values_list("pk", "lease_holder", "lease_expires_at", "updated_at"))
+            last_seq, streaming = _advance(conversation_id, now)
             if _any_alive(holder for _, holder, expires, updated in streaming if _is_unexpired(expires, updated, now)):
                 duplicate = _duplicate(conversation_id, client_id) if client_id else None
                 if duplicate is not None:
@@ -130,7 +169,6 @@ def begin_turn(conversation_id, text: str, client_id: str = "") -> tuple[Message
             if streaming:  # expired, or held by a worker that is gone
                 _close(Message.objects.filter(pk__in=[pk for pk, *_ in streaming], status=Message.Status.STREAMING),
                        now)
-            last_seq = Conversation.objects.filter(pk=conversation_id).values_list("last_seq", flat=True).get()
             user = Message(conversation_id=conversation_id, seq=last_seq - 1, role=Message.Role.USER,
                            content=text, token_count=count_tokens(text), client_id=client_id or "")
             assistant = Message(conversation_id=conversation_id, seq=last_seq, role=Message.Role.ASSISTANT,
