@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connections, router, transaction
-from django.db.models import F, Q
+from django.db.models import CharField, Exists, F, OuterRef, Q, Value
 from django.utils import timezone
 
 from django_ragchat.conf import ragchat_settings
@@ -208,6 +208,32 @@ def close_expired_leases(now=None, exclude=()) -> int:
         if dead:
             stale |= Q(pk__in=dead)
     return _close(streaming.filter(stale), now)
+
+
+#: The annotations ``with_pending`` adds to a conversation read: whether ``check_pending`` could
+#: find anything there, and for which ``client_id``.
+PENDING, PENDING_FOR = "ragchat_pending", "ragchat_pending_for"
+
+
+def with_pending(queryset, client_id: str = ""):
+    """``queryset`` (conversations) annotated with ``PENDING``: whether an answer is streaming in
+    the conversation or ``client_id`` was used there, read with the conversation in the same
+    query; when false, ``pending_possible`` spares the turn ``check_pending``'s query."""
+    wanted = Q(status=Message.Status.STREAMING)
+    if client_id:
+        wanted |= Q(client_id=client_id)
+    return queryset.annotate(**{PENDING: Exists(Message.objects.filter(wanted, conversation=OuterRef("pk"))),
+                                PENDING_FOR: Value(client_id, output_field=CharField())})
+
+
+def pending_possible(conversation: Conversation, client_id: str = "") -> bool:
+    """Whether ``check_pending(conversation.pk, client_id)`` may find something: false only for a
+    conversation read through ``with_pending`` for this ``client_id`` that had nothing pending
+    then (``begin_turn`` checks again under the conversation's lock, so a turn that started
+    since is still refused). Read once: a conversation object kept for a later message is
+    checked by a query again."""
+    pending, asked = conversation.__dict__.pop(PENDING, True), conversation.__dict__.pop(PENDING_FOR, None)
+    return pending is not False or asked != (client_id or "")
 
 
 def check_pending(conversation_id, client_id: str = "") -> None:
