@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -38,7 +39,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Q
+from django.db import connections, router
 
 PUBLIC = "public"
 AUTHENTICATED = "authenticated"
@@ -160,7 +161,7 @@ MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
 
 def _model_backend_only(user_model) -> bool:
     """Whether permissions come from Django's ``ModelBackend`` alone, on a user model with its
-    usual fields: then two queries read a user's principals (``principals_of_user_id``)."""
+    usual fields: then one query reads a user's principals (``principals_of_user_id``)."""
     names = {f.name for f in user_model._meta.get_fields()}
     return (list(settings.AUTHENTICATION_BACKENDS) == [MODEL_BACKEND]
             and {"is_active", "is_staff", "is_superuser", "groups", "user_permissions"} <= names)
@@ -170,32 +171,67 @@ def principals_of_user_id(user_id: Any) -> Principals:
     """The principals of the user with primary key ``user_id``, read now (``None``, or a user
     that no longer exists: ``PUBLIC_ONLY``).
 
-    With Django's ``ModelBackend`` alone (the default), two queries: the user's flags with their
-    groups, then the permissions ``ModelBackend`` would grant (the user's and their groups', or
-    all of them for a superuser). Otherwise the user is loaded and every backend asked
-    (``principals_for``)."""
+    With Django's ``ModelBackend`` alone (the default), one query (``_principals_sql``): the
+    user's flags, their groups, and the permissions ``ModelBackend`` would grant (the user's
+    and their groups', or all of them for a superuser). Otherwise the user is loaded and every
+    backend asked (``principals_for``)."""
     if user_id is None:
         return PUBLIC_ONLY
     user_model = get_user_model()
     if not _model_backend_only(user_model):
         return principals_for(user_model._default_manager.filter(pk=user_id).first())
-    rows = list(user_model._default_manager.filter(pk=user_id).values_list(
-        "pk", "is_active", "is_staff", "is_superuser", "groups__pk"))
-    if not rows or not rows[0][1]:
+    using = router.db_for_read(user_model)
+    connection = connections[using]
+    pk = user_model._meta.pk.to_python(user_id)
+    with connection.cursor() as cursor:
+        cursor.execute(_principals_sql(using, user_model), [user_model._meta.pk.get_db_prep_value(pk, connection)] * 5)
+        rows = cursor.fetchall()
+    flags = next((n for kind, n, *_ in rows if kind == 0), None)
+    if flags is None or not flags & 1:  # no such user, or inactive
         return PUBLIC_ONLY
-    pk, _, is_staff, is_superuser = rows[0][:4]
-    groups = [row[4] for row in rows if row[4] is not None]
-    tokens = {PUBLIC, AUTHENTICATED, f"user:{pk}", *(f"group:{g}" for g in groups)}
-    if is_staff:
+    tokens = {PUBLIC, AUTHENTICATED, f"user:{pk}"}
+    tokens.update(f"group:{n}" for kind, n, *_ in rows if kind == 1)
+    tokens.update(f"perm:{app}.{codename}" for kind, _, app, codename in rows if kind == 2)
+    if flags & 2:
         tokens.add(STAFF)
-    permission_model = user_model._meta.get_field("user_permissions").related_model
-    permissions = permission_model._default_manager.all()
-    if not is_superuser:
-        related = user_model._meta.get_field("groups").related_query_name()
-        permissions = permissions.filter(Q(**{"user": pk}) | Q(**{f"group__{related}": pk}))
-    tokens.update(f"perm:{app}.{codename}" for app, codename in
-                  permissions.values_list("content_type__app_label", "codename").distinct())
     return Principals(frozenset(tokens))
+
+
+@functools.cache
+def _principals_sql(using: str, user_model) -> str:
+    """One statement for ``principals_of_user_id`` (its five parameters: the user's pk), rows of
+    (kind, number, app label, codename): (0, flags) for the user (1 active, 2 staff, 4
+    superuser), (1, group pk) per group, (2, 0, app label, codename) per permission. Written
+    once per database and user model from their tables' names: built by the ORM, the two
+    queries it replaces cost more to build than to run."""
+    qn = connections[using].ops.quote_name
+    user = user_model._meta
+    groups, own = user.get_field("groups"), user.get_field("user_permissions")
+    permission = own.related_model._meta
+    by_group = groups.related_model._meta.get_field("permissions")
+    content_type = permission.get_field("content_type")
+    member = groups.remote_field.through._meta
+    member_user, member_group = (qn(member.get_field(name).column)
+                                 for name in (groups.m2m_field_name(), groups.m2m_reverse_field_name()))
+    granted, held = own.remote_field.through._meta, by_group.remote_field.through._meta
+    column = {name: qn(user.get_field(name).column) for name in ("is_active", "is_staff", "is_superuser")}
+    return (
+        f"SELECT 0, CASE WHEN u.{column['is_active']} THEN 1 ELSE 0 END + CASE WHEN u.{column['is_staff']} THEN 2 "
+        f"ELSE 0 END + CASE WHEN u.{column['is_superuser']} THEN 4 ELSE 0 END, NULL, NULL "
+        f"FROM {qn(user.db_table)} u WHERE u.{qn(user.pk.column)} = %s "
+        f"UNION ALL SELECT 1, m.{member_group}, NULL, NULL FROM {qn(member.db_table)} m WHERE m.{member_user} = %s "
+        f"UNION ALL SELECT 2, 0, t.{qn(content_type.related_model._meta.get_field('app_label').column)}, "
+        f"p.{qn(permission.get_field('codename').column)} FROM {qn(permission.db_table)} p "
+        f"INNER JOIN {qn(content_type.related_model._meta.db_table)} t "
+        f"ON p.{qn(content_type.column)} = t.{qn(content_type.related_model._meta.pk.column)} "
+        f"WHERE EXISTS (SELECT 1 FROM {qn(user.db_table)} s WHERE s.{qn(user.pk.column)} = %s "
+        f"AND s.{column['is_superuser']}) "
+        f"OR p.{qn(permission.pk.column)} IN (SELECT g.{qn(granted.get_field(own.m2m_reverse_field_name()).column)} "
+        f"FROM {qn(granted.db_table)} g WHERE g.{qn(granted.get_field(own.m2m_field_name()).column)} = %s) "
+        f"OR p.{qn(permission.pk.column)} IN (SELECT h.{qn(held.get_field(by_group.m2m_reverse_field_name()).column)} "
+        f"FROM {qn(held.db_table)} h INNER JOIN {qn(member.db_table)} m "
+        f"ON h.{qn(held.get_field(by_group.m2m_field_name()).column)} = m.{member_group} WHERE m.{member_user} = %s)"
+    )
 
 
 def access_sql(vendor: str, column: str, principals: Principals) -> tuple[str, list]:

@@ -105,10 +105,11 @@ def visible_conversations(user, session_key: str | None = None):
     return Conversation.objects.none()
 
 
-def get_conversation_for(user, conversation_id, session_key: str | None = None):
+def get_conversation_for(user, conversation_id, session_key: str | None = None, *, queryset=None):
     """The conversation if it exists and ``user`` may access it; else ``DoesNotExist``.
 
     An unknown id, a malformed id and another user's id are indistinguishable to the caller.
+    ``queryset``: where to look it up (``Conversation.objects`` with annotations of the caller's).
     """
 
     try:
@@ -117,7 +118,7 @@ def get_conversation_for(user, conversation_id, session_key: str | None = None):
         raise Conversation.DoesNotExist("No such conversation.") from None
     if not (user is not None and user.is_authenticated) and not ragchat_settings.ALLOW_ANONYMOUS:
         raise Conversation.DoesNotExist("No such conversation.")
-    conversation = Conversation.objects.filter(pk=conversation_id).first()
+    conversation = (Conversation.objects if queryset is None else queryset).filter(pk=conversation_id).first()
     if conversation is None or not can_access(user, conversation, session_key):
         raise Conversation.DoesNotExist("No such conversation.")
     return conversation

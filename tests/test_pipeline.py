@@ -139,9 +139,12 @@ def test_a_turn_issues_the_same_number_of_queries_whatever_the_history_length(pr
         assert result.status == "complete"
         counts[n] = len(queries)
     assert counts[2] == counts[200], counts
-    # 18 since begin_turn reads the conversation's streaming answers once and closes them only
-    # when there are some (it was 19: an UPDATE every turn, usually of no row).
-    assert counts[2] <= 18, counts
+    # begin_turn's UPDATE returns the new sequence number (and, on SQLite, whether an answer is
+    # streaming), no SELECT after it; on SQLite the subject index and the vector index share one
+    # stamp of the corpus per turn; the asker's principals are one query. 14 on SQLite (its BEGIN
+    # counted), 15 on PostgreSQL; it was 18 and 17 (19 before the streaming answers were read
+    # once and closed only when some are).
+    assert counts[2] <= (14 if connection.vendor == "sqlite" else 15), counts
 
 
 def test_history_budget_is_reserved_for_the_conversation(product_corpus, conversation, ragchat_settings_override):

@@ -316,7 +316,9 @@ def test_principals_of_a_user(user, staff_user, django_user_model):
     group = Group.objects.create(name="Readers")
     user.groups.add(group)
     user.user_permissions.add(Permission.objects.get(codename="view_tag"))
-    principals = principals_of_user_id(user.pk)
+    with CaptureQueriesContext(connection) as queries:
+        principals = principals_of_user_id(user.pk)
+    assert len(queries) == 1  # the flags, the groups and the permissions: one statement (a turn reads it)
     assert principals.tokens == {"public", "authenticated", f"user:{user.pk}", f"group:{group.pk}",
                                  "perm:sources_app.view_tag"}
     assert principals == principals_for(user)  # the fast path agrees with Django's backends

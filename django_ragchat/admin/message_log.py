@@ -52,7 +52,7 @@ def source_chunk_text(source: MessageSource, attribute: str) -> str:
 
 
 class SourceChangeList(ChangeList):
-    """Reads each listed asker's principals once (two queries an asker), not once a row."""
+    """Reads each listed asker's principals once (one query an asker), not once a row."""
 
     def get_results(self, request):
         super().get_results(request)

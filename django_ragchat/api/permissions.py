@@ -48,7 +48,7 @@ def caller_session_key(request, *, create: bool = False) -> str | None:
 
 
 def reader(request) -> Principals:
-    """The caller's principals, read once per request (two queries for a signed-in user)."""
+    """The caller's principals, read once per request (one query for a signed-in user)."""
     cached = getattr(request, "_ragchat_principals", None)
     if cached is None:
         cached = principals_of_user_id(request.user.pk) if is_signed_in(request) else PUBLIC_ONLY

@@ -122,7 +122,8 @@ def _prepare(request, user, chat: parsing.ChatRequest | OpenAIError) -> _Prepare
     conversation = None
     if chat.conversation_id is not None:
         try:
-            conversation, _ = transport.open_conversation_sync(caller.user, chat.conversation_id, None, True)
+            conversation, _ = transport.open_conversation_sync(caller.user, chat.conversation_id, None, True,
+                                                               chat.idempotency_key or "")
         except TurnRefused as refusal:
             raise OpenAIError.from_refusal(refusal, "conversation") from None
         if conversation.profile != chat.model:

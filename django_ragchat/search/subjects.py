@@ -14,8 +14,9 @@ no configuration:
   ("Personal Life", "Return Policy") is written in lower case in prose.
 
 ``subject_index(space)`` returns the names of one embedding space, cached per process and
-reloaded when the documents change: one cheap aggregate query over the documents table per call
-(row count, highest id, newest update), like the in-process vector index's freshness stamp.
+reloaded when the documents change: one cheap aggregate query per call (the documents' row
+count, highest id and newest update; ``search.freshness``), read once per turn and, where the
+in-process vector index is used, the same query as its stamp.
 
 Only the documents the reader may read name subjects (``principals``, see
 ``django_ragchat.access``): "the tablet" never resolves to the title of a document its reader
@@ -29,11 +30,12 @@ import re
 import threading
 from dataclasses import dataclass
 
-from django.db.models import Count, Max
+from django.db import connections
 
 from django_ragchat.access import Principals, current_principals
 from django_ragchat.language import Language, load_language
 from django_ragchat.models import Chunk, Document
+from django_ragchat.search.freshness import corpus_stamp
 from django_ragchat.text import HEADING_SEPARATOR, STOPWORDS, normalize, stem, words
 
 _NAME_WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*")
@@ -279,9 +281,10 @@ def subject_index(space: str, using: str = "default", language: Language | None 
 def _full_index(space: str, using: str, language: Language) -> _Cached:
     # Ingestion saves the Document row whenever it replaces its chunks (a new updated_at), and
     # ids are never reused, so this stamp changes with every change to titles or headings. The
-    # documents table is far smaller than the chunks table: the check stays cheap per turn.
-    stamp = tuple(Document.objects.using(using).aggregate(
-        n=Count("id"), top=Max("id"), changed=Max("updated_at")).values())
+    # documents table is far smaller than the chunks table: on PostgreSQL (no in-process vector
+    # index) only the documents are counted; elsewhere the vector index's stamp of the space,
+    # read once for both in a turn (search.freshness).
+    stamp = corpus_stamp(space, using, chunks=connections[using].vendor != "postgresql")
     key = (using, space, str(language.directory))
     cached = _cache.get(key)
     if cached is not None and cached.stamp == stamp:

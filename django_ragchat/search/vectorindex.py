@@ -2,10 +2,11 @@
 
 Embeddings are stored as float32 bytes in the ``Chunk.embedding`` column; the first search in a
 space loads them, in batches, into one normalised numpy matrix held per process. Every search
-first asks the database for the space's (row count, highest id), one cheap indexed query, and
-reloads when that stamp changed, so ingestion in another process is seen at the next query.
-The stamp also holds the newest ``Document.updated_at`` (an indexed maximum): a change of access
-rewrites no chunk id but always touches its document.
+first asks the database for the space's stamp (``search.freshness``: its row count and highest
+id, one cheap indexed query, read once per turn) and reloads when it changed, so ingestion in
+another process is seen at the next query (the next turn, within a turn). The stamp also holds
+the newest ``Document.updated_at`` (an indexed maximum): a change of access rewrites no chunk
+id but always touches its document.
 
 Access: the matrix keeps each chunk's access as a small class number (one per distinct access
 list), so a search masks out what its reader may not read with no query of its own; the fetch
@@ -22,11 +23,11 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-from django.db import connections
 
 from django_ragchat.access import UNRESTRICTED, Principals
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.models import Chunk, Document
+from django_ragchat.models import Chunk
+from django_ragchat.search.freshness import corpus_stamp
 
 
 class _SpaceMatrix:
@@ -56,14 +57,6 @@ class InProcessVectorIndex:
         self._spaces: dict[tuple[str, str], _SpaceMatrix] = {}
         self._lock = threading.Lock()
 
-    def _stamp(self, space: str, using: str):
-        connection = connections[using]
-        qn = connection.ops.quote_name
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT COUNT(id), MAX(id), (SELECT MAX(updated_at) FROM {qn(Document._meta.db_table)}) "
-                           f"FROM {qn(Chunk._meta.db_table)} WHERE space = %s", [space])
-            return tuple(cursor.fetchone())
-
     def _load(self, space: str, using: str, stamp) -> _SpaceMatrix:
         batch = ragchat_settings.SQLITE_VECTOR_BATCH_SIZE
         ids: list[int] = []
@@ -90,7 +83,7 @@ class InProcessVectorIndex:
                             access)
 
     def matrix_for(self, space: str, using: str = "default") -> _SpaceMatrix:
-        stamp = self._stamp(space, using)
+        stamp = corpus_stamp(space, using)
         key = (using, space)
         entry = self._spaces.get(key)
         if entry is None or entry.stamp != stamp:

@@ -317,7 +317,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                     conversation_id = str(found.pk) if found is not None else None
                 conversation = None
                 if conversation_id is not None:
-                    conversation = await self._conversation_for_message(conversation_id)
+                    conversation = await self._conversation_for_message(conversation_id, client_id)
                 elif not (self.user is not None and self.user.is_authenticated) and not self.session_key:
                     raise TurnRefused("forbidden", "Sign in to start a conversation.", 403)
         except TurnRefused as refusal:
@@ -382,9 +382,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     # --- turns --------------------------------------------------------------------------
 
-    async def _conversation_for_message(self, conversation_id) -> Conversation:
+    async def _conversation_for_message(self, conversation_id, client_id: str | None) -> Conversation:
         conversation, _ = await transport.open_conversation(
-            self.user, conversation_id, self.session_key, for_sending=True
+            self.user, conversation_id, self.session_key, for_sending=True, client_id=client_id or ""
         )
         await self._watch(conversation, may_send=True)
         return conversation

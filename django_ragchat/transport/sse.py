@@ -113,7 +113,8 @@ async def turn_stream(user, session_key: str | None, conversation_id, content: A
     elif conversation_id is None:
         target = create
     else:
-        target, _ = await transport.open_conversation(user, conversation_id, session_key, for_sending=True)
+        target, _ = await transport.open_conversation(user, conversation_id, session_key, for_sending=True,
+                                                      client_id=client_id)
     accepted = False
     try:
         async with contextlib.aclosing(

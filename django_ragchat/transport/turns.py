@@ -105,11 +105,14 @@ def close_stale_connections() -> None:
                 connection.close()
 
 
-def open_conversation_sync(user, conversation_id, session_key, for_sending: bool) -> tuple[Conversation, bool]:
+def open_conversation_sync(user, conversation_id, session_key, for_sending: bool,
+                           client_id: str = "") -> tuple[Conversation, bool]:
     """``open_conversation`` for synchronous callers (a view's preparation, off the loop)."""
     close_stale_connections()
+    # For sending: whether a turn is pending there, read with it (persistence.with_pending).
+    queryset = persistence.with_pending(Conversation.objects, client_id) if for_sending else None
     try:
-        conversation = permissions.get_conversation_for(user, conversation_id, session_key)
+        conversation = permissions.get_conversation_for(user, conversation_id, session_key, queryset=queryset)
     except Conversation.DoesNotExist:
         raise TurnRefused.not_found() from None
     may_send = permissions.can_change(user, conversation, session_key)
@@ -119,14 +122,15 @@ def open_conversation_sync(user, conversation_id, session_key, for_sending: bool
 
 
 async def open_conversation(user, conversation_id, session_key: str | None, *,
-                            for_sending: bool) -> tuple[Conversation, bool]:
+                            for_sending: bool, client_id: str = "") -> tuple[Conversation, bool]:
     """The conversation if the caller may read it, and whether they may send to it.
 
     Raises ``TurnRefused``: ``not_found`` (404) for unknown, malformed and foreign ids alike;
     with ``for_sending``, ``forbidden`` (403) when the caller may read but not send (staff in
-    someone else's conversation).
+    someone else's conversation). With ``for_sending``, the same query reads whether a turn is
+    pending there (``client_id``: the message's), so ``turn_events`` need not ask again.
     """
-    return await sync_to_async(open_conversation_sync)(user, conversation_id, session_key, for_sending)
+    return await sync_to_async(open_conversation_sync)(user, conversation_id, session_key, for_sending, client_id)
 
 
 def _admit(user, session_key: str | None) -> limits.Admission:
@@ -265,7 +269,7 @@ async def _resent(conversation: Conversation | Callable[[], Awaitable[Conversati
                   client_id: str) -> DuplicateMessage | None:
     """For an existing conversation: the first attempt of a resend (``client_id`` already
     used there), else ``None``; ``TurnRefused`` while another answer is being written."""
-    if callable(conversation):
+    if callable(conversation) or not persistence.pending_possible(conversation, client_id):
         return None
     try:
         await sync_to_async(persistence.check_pending)(conversation.pk, client_id)

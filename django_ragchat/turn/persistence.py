@@ -13,8 +13,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db import IntegrityError, connections, router, transaction
+from django.db.models import BooleanField, CharField, F, Q, Value
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from django_ragchat.conf import ragchat_settings
@@ -95,6 +96,53 @@ def _duplicate(conversation_id, client_id: str) -> DuplicateMessage | None:
     return DuplicateMessage(user, assistant)
 
 
+def _advance(conversation_id, now) -> tuple[int, list[tuple]]:
+    """Take two sequence numbers of the conversation (its row locked until the transaction
+    ends): its new ``last_seq``, and its streaming answers (pk, holder, lease expiry, last
+    update), read after the lock is taken. Where the database returns rows from an UPDATE, the
+    new ``last_seq`` comes with it (``_advance_returning``), and on SQLite also whether any
+    answer is streaming: usually none, and then nothing else is read."""
+    returned = _advance_returning(conversation_id, now)
+    if returned is None:
+        if not Conversation.objects.filter(pk=conversation_id).update(last_seq=F("last_seq") + 2, updated_at=now):
+            raise Conversation.DoesNotExist(f"No conversation {conversation_id}")
+        returned = (Conversation.objects.filter(pk=conversation_id).values_list("last_seq", flat=True).get(), True)
+    last_seq, any_streaming = returned
+    if not any_streaming:
+        return last_seq, []
+    return last_seq, list(Message.objects.filter(conversation_id=conversation_id, status=Message.Status.STREAMING)
+                          .values_list("pk", "lease_holder", "lease_expires_at", "updated_at"))
+
+
+def _advance_returning(conversation_id, now) -> tuple[int, bool] | None:
+    """``_advance``'s UPDATE with ``RETURNING``: the new ``last_seq`` and whether an answer may be
+    streaming; ``None`` where the database cannot return rows from an UPDATE.
+
+    Only SQLite answers the second in the same statement: a writer there holds the database's
+    one write lock from this statement on, so the statement reads what every earlier turn
+    committed. On PostgreSQL an UPDATE that waited for the row's lock still reads the other
+    tables as they were when it started (read committed), so a turn that committed meanwhile
+    would be missed: there the streaming answers are read by a statement of their own."""
+    connection = connections[router.db_for_write(Conversation)]
+    if not connection.features.can_return_columns_from_insert:  # RETURNING: PostgreSQL, SQLite 3.35+
+        return None
+    qn, meta, field = connection.ops.quote_name, Conversation._meta, Message._meta.get_field
+    pk = meta.pk.get_db_prep_value(meta.pk.to_python(conversation_id), connection)
+    seq, params = qn(meta.get_field("last_seq").column), [meta.get_field("updated_at").get_db_prep_value(now, connection), pk]
+    streaming = "1"  # unknown: read it after the lock
+    if connection.vendor == "sqlite":
+        streaming = (f"EXISTS (SELECT 1 FROM {qn(Message._meta.db_table)} WHERE {qn(field('conversation').column)} "
+                     f"= %s AND {qn(field('status').column)} = %s)")
+        params += [pk, Message.Status.STREAMING.value]
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {qn(meta.db_table)} SET {seq} = {seq} + 2, {qn(meta.get_field('updated_at').column)} "
+                       f"= %s WHERE {qn(meta.pk.column)} = %s RETURNING {seq}, {streaming}", params)
+        row = cursor.fetchone()
+    if row is None:
+        raise Conversation.DoesNotExist(f"No conversation {conversation_id}")
+    return row[0], bool(row[1])
+
+
 def begin_turn(conversation_id, text: str, client_id: str = "") -> tuple[Message, Message]:
     """Save the user's message and an empty assistant message with status "streaming" and a
     lease (``STREAM_LEASE_SECONDS``) that the turn's ``Heartbeat`` renews.
@@ -113,15 +161,7 @@ def begin_turn(conversation_id, text: str, client_id: str = "") -> tuple[Message
     now = timezone.now()
     try:
         with transaction.atomic():
-            updated = Conversation.objects.filter(pk=conversation_id).update(
-                last_seq=F("last_seq") + 2, updated_at=now
-            )
-            if not updated:
-                raise Conversation.DoesNotExist(f"No conversation {conversation_id}")
-            # The conversation's streaming answers, read once: usually none, and then nothing
-            # is closed (no UPDATE).
-            streaming = list(Message.objects.filter(conversation_id=conversation_id, status=Message.Status.STREAMING)
-                             .values_list("pk", "lease_holder", "lease_expires_at", "updated_at"))
+            last_seq, streaming = _advance(conversation_id, now)
             if _any_alive(holder for _, holder, expires, updated in streaming if _is_unexpired(expires, updated, now)):
                 duplicate = _duplicate(conversation_id, client_id) if client_id else None
                 if duplicate is not None:
@@ -130,7 +170,6 @@ def begin_turn(conversation_id, text: str, client_id: str = "") -> tuple[Message
             if streaming:  # expired, or held by a worker that is gone
                 _close(Message.objects.filter(pk__in=[pk for pk, *_ in streaming], status=Message.Status.STREAMING),
                        now)
-            last_seq = Conversation.objects.filter(pk=conversation_id).values_list("last_seq", flat=True).get()
             user = Message(conversation_id=conversation_id, seq=last_seq - 1, role=Message.Role.USER,
                            content=text, token_count=count_tokens(text), client_id=client_id or "")
             assistant = Message(conversation_id=conversation_id, seq=last_seq, role=Message.Role.ASSISTANT,
@@ -170,6 +209,37 @@ def close_expired_leases(now=None, exclude=()) -> int:
         if dead:
             stale |= Q(pk__in=dead)
     return _close(streaming.filter(stale), now)
+
+
+#: The annotations ``with_pending`` adds to a conversation read: whether ``check_pending`` could
+#: find anything there, and for which ``client_id``.
+PENDING, PENDING_FOR = "ragchat_pending", "ragchat_pending_for"
+
+
+def with_pending(queryset, client_id: str = ""):
+    """``queryset`` (conversations) annotated with ``PENDING``: whether an answer is streaming in
+    the conversation or ``client_id`` was used there, read with the conversation in the same
+    query; when false, ``pending_possible`` spares the turn ``check_pending``'s query. Written as
+    SQL: the ORM's ``Exists`` cost as much to build as the query it replaces."""
+    qn = connections[queryset.db].ops.quote_name
+    field = Message._meta.get_field
+    wanted, params = f"m.{qn(field('status').column)} = %s", [Message.Status.STREAMING.value]
+    if client_id:
+        wanted, params = f"({wanted} OR m.{qn(field('client_id').column)} = %s)", [*params, client_id]
+    pending = (f"EXISTS (SELECT 1 FROM {qn(Message._meta.db_table)} m WHERE m.{qn(field('conversation').column)} = "
+               f"{qn(Conversation._meta.db_table)}.{qn(Conversation._meta.pk.column)} AND {wanted})")
+    return queryset.annotate(**{PENDING: RawSQL(pending, params, output_field=BooleanField()),
+                                PENDING_FOR: Value(client_id, output_field=CharField())})
+
+
+def pending_possible(conversation: Conversation, client_id: str = "") -> bool:
+    """Whether ``check_pending(conversation.pk, client_id)`` may find something: false only for a
+    conversation read through ``with_pending`` for this ``client_id`` that had nothing pending
+    then (``begin_turn`` checks again under the conversation's lock, so a turn that started
+    since is still refused). Read once: a conversation object kept for a later message is
+    checked by a query again."""
+    pending, asked = conversation.__dict__.pop(PENDING, True), conversation.__dict__.pop(PENDING_FOR, None)
+    return bool(pending) or asked != (client_id or "")
 
 
 def check_pending(conversation_id, client_id: str = "") -> None:

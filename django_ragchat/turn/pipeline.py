@@ -63,6 +63,7 @@ from django_ragchat.exceptions import InvalidMessage, RagchatError
 from django_ragchat.models import Chunk, Conversation, Message, TurnTrace
 from django_ragchat.plugins import await_me_maybe, get_registry, notify
 from django_ragchat.profiles import get_profile
+from django_ragchat.search.freshness import stamps_kept
 from django_ragchat.search.readings import fetching_readings
 from django_ragchat.stages.retrievers import EmbeddingSpaceMismatch
 from django_ragchat.tokens import count_tokens, tokenizer_name
@@ -147,9 +148,11 @@ def _end(turn: TurnContext, stage: str, component: Any, ending: EndTurn) -> EndT
 @contextlib.contextmanager
 def searching_for(turn: TurnContext) -> Iterator[None]:
     """Searches inside the block (and in the tasks it starts) read as the asker
-    (``access.reading_as``) and fetch the chunks' stored readings only for an answerer that
-    reads them (``search.readings``)."""
-    with reading_as(turn.principals), fetching_readings(turn.components.reads_stored_readings):
+    (``access.reading_as``), fetch the chunks' stored readings only for an answerer that
+    reads them (``search.readings``), and read the corpus's stamp once in the turn
+    (``search.freshness``)."""
+    with reading_as(turn.principals), fetching_readings(turn.components.reads_stored_readings), \
+            stamps_kept(turn.state.setdefault("_corpus_stamps", {})):
         yield
 
 
