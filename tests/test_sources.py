@@ -314,13 +314,15 @@ def test_group_and_permission_changes_apply_to_the_next_turn(sources_on, user):
 
 def test_principals_of_a_user(user, staff_user, django_user_model):
     group = Group.objects.create(name="Readers")
-    user.groups.add(group)
+    group.permissions.add(Permission.objects.get(codename="change_tag"))  # granted through the group
+    user.groups.add(group, Group.objects.create(name="Writers"))
     user.user_permissions.add(Permission.objects.get(codename="view_tag"))
     with CaptureQueriesContext(connection) as queries:
         principals = principals_of_user_id(user.pk)
     assert len(queries) == 1  # the flags, the groups and the permissions: one statement (a turn reads it)
+    writers = Group.objects.get(name="Writers").pk
     assert principals.tokens == {"public", "authenticated", f"user:{user.pk}", f"group:{group.pk}",
-                                 "perm:sources_app.view_tag"}
+                                 f"group:{writers}", "perm:sources_app.view_tag", "perm:sources_app.change_tag"}
     assert principals == principals_for(user)  # the fast path agrees with Django's backends
     assert "staff" in principals_of_user_id(staff_user.pk).tokens
     superuser = django_user_model.objects.create_superuser("root", password="pw")
