@@ -150,3 +150,31 @@ def test_slots_nobody_renews_free_when_the_first_expires(user, ragchat_settings_
     with pytest.raises(limits.LimitExceeded) as refused:
         limits.StreamSlot(user).acquire()
     assert refused.value.retry_after == limits.STREAM_RETRY_SECONDS
+
+
+@pytest.mark.django_db
+def test_two_sends_at_once_the_loser_is_refused_turn_in_progress_not_too_many_streams(
+        ragchat_settings_override, product_corpus, user):
+    """The conversation was read before the other answer started (no pending check was due), and
+    that answer holds the caller's one slot: the refusal names the answer in this conversation
+    (409 turn_in_progress), as it does when a slot is free, not the slots (429)."""
+    from asgiref.sync import async_to_sync
+    from django.utils import timezone
+
+    from django_ragchat.models import Conversation, Message
+    from django_ragchat.transport.turns import TurnRefused, turn_events
+    from django_ragchat.turn import persistence
+
+    ragchat_settings_override(MAX_CONCURRENT_STREAMS=1)
+    Conversation.objects.create(owner=user)
+    conversation = persistence.with_pending(Conversation.objects.all()).get()  # nothing pending yet
+    Message.objects.create(conversation=conversation, seq=1, role="assistant", status="streaming",
+                           lease_holder="", lease_expires_at=timezone.now() + timezone.timedelta(seconds=30))
+
+    async def main():
+        async for _event in turn_events(conversation, "How much does the Aurora X2 cost?", user=user, session_key=None):
+            pass
+
+    with limits.stream_slot(user), pytest.raises(TurnRefused) as refused:  # the other answer's slot
+        async_to_sync(main)()
+    assert (refused.value.code, refused.value.http_status, refused.value.retry_after) == ("turn_in_progress", 409, 1)

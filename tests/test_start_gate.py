@@ -158,3 +158,4 @@ def test_a_refused_turn_gives_its_place_back(ragchat_settings_override, product_
 
     events = async_to_sync(within(main(), 20))()
     assert events[-1].type == "done"
+

@@ -294,9 +294,7 @@ async def _admitted_turn(conversation, text: str, user, session_key: str | None,
     """The turn once the message may be sent: admitted through the limits (which a resend or
     a refusal found only now, under the conversation's lock, gives back), then run
     (``options``: ``pipeline.stream_turn``'s ``stream``, ``history`` and ``origin``)."""
-    # The limits live in Django's cache, which may be a network round trip: off the loop, but
-    # not on the thread that serialises database work.
-    slot = _HeldSlot(await sync_to_async(_admit, thread_sensitive=False)(user, session_key))
+    slot = _HeldSlot(await _admission(conversation, user, session_key, client_id))
     try:
         with shutdown.running_turn():
             if callable(conversation):
@@ -323,6 +321,25 @@ async def _admitted_turn(conversation, text: str, user, session_key: str | None,
                         yield event
     finally:
         await slot.release()
+
+
+async def _admission(conversation, user, session_key: str | None, client_id: str) -> limits.Admission:
+    """``_admit`` for this turn. Refused ``too_many_streams`` in a conversation where an answer
+    started since it was read (two sends at once), the refusal is that answer's, 409
+    ``turn_in_progress``, as it is when the caller has slots to spare: one cause, one code."""
+    try:
+        # The limits live in Django's cache, which may be a network round trip: off the loop,
+        # but not on the thread that serialises database work.
+        return await sync_to_async(_admit, thread_sensitive=False)(user, session_key)
+    except TurnRefused as refusal:
+        if refusal.code == "too_many_streams" and not callable(conversation):
+            try:
+                await sync_to_async(persistence.check_pending)(conversation.pk, client_id)
+            except (TurnInProgress, Conversation.DoesNotExist) as exc:
+                raise _refusal(exc) from None
+            except DuplicateMessage:
+                pass  # a resend: refused as the limits say; sent again, it is answered
+        raise
 
 
 def _refusal(exc: Exception) -> TurnRefused:
