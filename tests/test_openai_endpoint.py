@@ -279,7 +279,7 @@ def test_the_turn_rate_limit_is_429_with_retry_after(server, key, product_corpus
     with pytest.raises(openai.RateLimitError) as raised:
         client.chat.completions.create(model="default", messages=ask(QUESTION))
     assert raised.value.body["code"] == "rate_limited" and raised.value.body["type"] == "requests"
-    assert 1 <= int(raised.value.response.headers["retry-after"]) <= 60
+    assert 1 <= int(raised.value.response.headers["retry-after"]) <= 63  # the sliding window: into the next minute, until this one's 25 weigh less than 24 there (62.4 s at most)
     assert Message.objects.count() == 50
 
 

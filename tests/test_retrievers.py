@@ -344,7 +344,7 @@ def test_profiles_configure_retrievers_and_requests_filter_them(corpus, ragchat_
     ({"hybrid": {"candidates": 0}}, "candidates must be a positive integer"),
     ({"fulltext": {"config": "english; DROP TABLE x"}}, "is not a text search configuration name"),
     ({"fulltext": {"filters": {"metadata": {"a": [[1]]}}}}, "may hold strings, numbers"),
-    ({"fulltext": {"k1": 1.2}}, "got ['k1']"),
+    ({"fulltext": {"k1": 1.2}}, "has no option 'k1' (its options: config)"),
 ])
 def test_bad_retriever_options_are_system_check_errors(ragchat_settings_override, options, message):
     ragchat_settings_override(PROFILES={"default": {"retrievers": ["vector", "fulltext", "hybrid"],

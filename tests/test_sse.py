@@ -179,7 +179,7 @@ def test_the_turn_rate_limit_is_429_with_retry_after(server, user, product_corpu
         assert events[-1]["type"] == "done"
     response, _ = post_stream(server, caller, conversation.pk, QUESTION)
     assert response.status_code == 429 and response.json()["code"] == "rate_limited"
-    assert 1 <= int(response.headers["retry-after"]) <= 60
+    assert 1 <= int(response.headers["retry-after"]) <= 63  # the sliding window: into the next minute, until this one's 25 weigh less than 24 there (62.4 s at most)
     assert conversation.messages.count() == 50
 
 

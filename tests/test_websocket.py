@@ -337,7 +337,7 @@ def test_the_turn_rate_limit_is_an_error_event_with_retry_after(asgi, user, prod
         send(ws, type="message", content=QUESTION, conversation_id=str(conversation.pk), client_id="26")
         refused = receive(ws)
     assert (refused["type"], refused["code"], refused["client_id"]) == ("error", "rate_limited", "26")
-    assert 0 < refused["retry_after"] <= 60
+    assert 0 < refused["retry_after"] <= 62.5  # the sliding window: into the next minute, until this one's 25 weigh less than 24 there (62.4 s at most)
     assert conversation.messages.count() == 50
 
 

@@ -130,7 +130,7 @@ def test_no_shared_term_keeps_the_list_unchanged():
     ({"weight": 1.5}, "'weight' must be a number between 0 and 1"),
     ({"k1": -1}, "'k1' must be a number at least 0"),
     ({"b": "high"}, "'b' must be a number between 0 and 1"),
-    ({"wieght": 0.3}, "takes no options"),
+    ({"wieght": 0.3}, "has no option 'wieght'"),
 ])
 def test_bad_options_are_reported_by_the_system_check(options, message):
     with ragchat(**WITH_PLUGIN, PROFILES={"default": {"options": {"lexical_rerank": options}}}):
