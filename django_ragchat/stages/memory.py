@@ -121,9 +121,9 @@ class MemoryStrategy(Component):
 
     async def recent(self, turn: TurnContext) -> list[HistoryMessage]:
         """The newest ``fetch_limit`` messages before this turn's, oldest first: from the log
-        (one query, none for a conversation's first message; with their tool calls when the profile
-        offers tools: a model offered none may refuse a history that has them), or the ones the caller sent with the message
-        (``turn.supplied_history``, no query)."""
+        (one query, none for a conversation's first message; with their tool calls when the
+        profile offers tools: a model offered none may refuse a history that has them), or the
+        ones the caller sent with the message (``turn.supplied_history``, no query)."""
         if turn.supplied_history is not None:
             return turn.supplied_history[-self.fetch_limit:] if self.fetch_limit > 0 else []
         if turn.user_message.seq <= 1:  # the conversation's first message: nothing before it

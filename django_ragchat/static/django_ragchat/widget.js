@@ -335,13 +335,11 @@ class ChatWidget {
     view.sourceList.hidden = view.sourcesLabel.hidden = shown === 0;
   }
 
-  /* The saved answer's passages stay in their number order (1, 2, 3: as renderSources wrote
-     them), the cited ones marked; the label says so when the answer cited none (a decline is
-     not read as sourced). */
+  /* The saved answer's sources label, after markCited: "Searched, none cited" when the answer
+     cited none (a decline is not read as sourced). The list stays in number order. */
   labelSources(view, citedIndexes) {
     const some = view.sourceList.children.length > 0;
     view.sourcesLabel.textContent = citedIndexes.size || !some ? "Sources" : "Searched, none cited";
-    this.showCitedOnly(view, citedIndexes);
   }
 
   /* A saved message (history, or the end of a turn) shown as the server has it. */
