@@ -338,6 +338,16 @@ def test_a_rate_limited_message_says_when_to_try_again(page, asgi, product_corpu
     assert 3 <= seconds <= 63, note
     assert page.find_elements(By.CSS_SELECTOR, ".ragchat-refused .ragchat-retry")
     assert not Conversation.objects.exists()
+    # The wait over (the counts gone), Retry sends it: the question stands once, answered.
+    client = redis.Redis.from_url(REDIS_URL)
+    client.delete(*client.scan_iter(match=f"{live_prefix}:1:ragchat:rate:s{session}:*"))
+    client.close()
+    page.find_element(By.CSS_SELECTOR, ".ragchat-refused .ragchat-retry").click()
+    wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant"))
+    wait(page, idle)
+    assert "$699" in last_answer_text(page)
+    assert len(page.find_elements(By.CSS_SELECTOR, ".ragchat-user")) == 1
+    assert not page.find_elements(By.CSS_SELECTOR, ".ragchat-refused")
 
 
 def test_a_refused_first_message_is_shown_as_an_error_and_creates_nothing(page, asgi, product_corpus, settings):

@@ -772,6 +772,8 @@ class ChatWidget {
     retry.addEventListener("click", () => {
       if (this.turn && !this.turn.ended) return;
       view.actions.hidden = true;
+      // A refused question was never saved: sent again, it stands once, where it is sent.
+      if (view.node.classList.contains("ragchat-refused")) view.node.remove();
       if (this.ui.input.value === turn.question) this.ui.input.value = "";
       this.send(turn.question);
     });
