@@ -343,7 +343,8 @@ class TurnTrace(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
-        return f"Trace of message {self.message_id}"
+        # Numbered as the answer's own label is ("assistant #12"), not by the message's primary key.
+        return f"Trace of {self.message.role} #{self.message.seq}"
 
 
 #: The longest memory record a person may write (a fact, a corrected summary).

@@ -255,6 +255,7 @@ def test_traces_filter_by_the_stage_that_ended_the_turn_early_or_none(admin_clie
     # Each row's link reads as the answer's own ("assistant #2"), not the message's primary key.
     trace_url = url("turntrace_change", ended["advisors"])
     assert f'<a href="{trace_url}">Trace of assistant #2</a>' in html
+    assert "<title>Trace of assistant #2 |" in admin_client.get(trace_url).content.decode()  # its page says the same
     for value, stage in (("none", ""), ("advisors", "advisors"), ("input_guardrails", "input_guardrails")):
         traces = admin_client.get(url("turntrace_changelist") + f"?ended_by={value}").context["cl"].result_list
         assert [t.pk for t in traces] == [ended[stage]], value

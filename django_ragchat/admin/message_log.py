@@ -260,7 +260,7 @@ class EndedByFilter(admin.SimpleListFilter):
 @admin.register(TurnTrace)
 class TurnTraceAdmin(ReadOnlyAdmin):
     # "Trace of assistant #12" links to the trace; the message's link beside it (not wrapped in it).
-    list_display = ("trace_label", "message_link", "conversation_link", "profile", "ended_early_by", "total_ms",
+    list_display = ("__str__", "message_link", "conversation_link", "profile", "ended_early_by", "total_ms",
                     "created_at")
     list_filter = ("profile", EndedByFilter, ("created_at", admin.DateFieldListFilter))
     search_fields = ("message__content", "message__conversation__title")
@@ -285,11 +285,6 @@ class TurnTraceAdmin(ReadOnlyAdmin):
     def get_queryset(self, request):
         # The list never loads the (large) trace data.
         return super().get_queryset(request).select_related("message__conversation").defer("data")
-
-    @admin.display(description="trace", ordering="message")
-    def trace_label(self, obj):
-        # Numbered as the answer's own link is ("assistant #12"), not by the message's primary key.
-        return f"Trace of {obj.message.role} #{obj.message.seq}"
 
     @admin.display(description="answer", ordering="message")
     def message_link(self, obj):
