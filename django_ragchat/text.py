@@ -35,6 +35,21 @@ def shorten(text: str, limit: int) -> str:
     return cut.rstrip(" ,;:.") + "…"
 
 
+# Letters that render as nothing (Hangul fillers, the Braille blank): not whitespace to Python.
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def is_blank(text: str) -> bool:
+    """True when ``text`` shows nothing: only whitespace, control and format characters (the
+    zero-width space and joiners, the byte-order mark, the soft hyphen) or blank letters."""
+    for char in text:
+        if char.isspace() or char in _BLANK_LETTERS:
+            continue
+        if unicodedata.category(char) not in ("Cc", "Cf"):
+            return False
+    return True
+
+
 def normalize(text: str) -> str:
     """Lower-case, accent-folded text (so "Café" and "cafe" meet)."""
     text = unicodedata.normalize("NFKD", text.lower())

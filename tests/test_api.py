@@ -198,6 +198,7 @@ def test_messages_are_paginated_in_sequence_order(alice, product_corpus, convers
 @pytest.mark.parametrize("raw_body, code", [
     ('{"content": ""}', "empty"),
     ('{"content": "  \\n\\t "}', "empty"),
+    ('{"content": "\\u200b\\ufeff"}', "empty"),
     ('{"content": "a\\u0000b"}', "invalid_characters"),
     ('{"content": "half a pair: \\ud800"}', "invalid_characters"),
     ('{"content": 42}', "invalid_type"),

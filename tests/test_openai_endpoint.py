@@ -368,6 +368,7 @@ BAD_BODIES = [
      "messages.[0].content"),
     ({"model": "default", "messages": ["Hi"]}, "invalid_type", "messages.[0]"),
     ({"model": "default", "messages": [{"role": "user", "content": ""}]}, "empty", "messages"),
+    ({"model": "default", "messages": [{"role": "user", "content": "\u200b"}]}, "empty", "messages"),
     ({"model": "default", "messages": [{"role": "user", "content": 42}]}, "invalid_type", "messages"),
     ({"model": "default", "messages": [{"role": "user", "content": "x" * 16_001}]}, "too_long", "messages"),
     ({"model": "default", "messages": [{"role": "user", "content": "NUL \x00"}]}, "invalid_characters", "messages"),

@@ -162,12 +162,13 @@ def test_history_budget_is_reserved_for_the_conversation(product_corpus, convers
     [
         ("", "empty"),
         ("   \n\t ", "empty"),
+        ("\u200b\u200d \ufeff\u00ad\u3164", "empty"),
         ("x" * (20 * 1024 * 1024), "too_long"),
         ("hello\x00world", "invalid_characters"),
         ("broken \ud800 surrogate", "invalid_characters"),
         (42, "invalid_type"),
     ],
-    ids=["empty", "whitespace", "20MB", "nul", "surrogate", "not-a-string"],
+    ids=["empty", "whitespace", "zero-width", "20MB", "nul", "surrogate", "not-a-string"],
 )
 def test_bad_input_is_rejected_before_anything_is_saved(conversation, text, code):
     with pytest.raises(InvalidMessage) as excinfo:

@@ -101,6 +101,7 @@ MALFORMED = [
     ('{"type": "message", "content": 42}', "invalid_type"),
     ('{"type": "message"}', "invalid_type"),
     ('{"type": "message", "content": "   "}', "empty"),
+    ('{"type": "message", "content": "\\u200b\\u2060"}', "empty"),
     ('{"type": "message", "content": "hi", "conversation_id": {"x": 1}}', "not_found"),
     ("[" * 40_000 + "]" * 40_000, "parse_error"),
     ("x" * 1_000_000, "too_large"),

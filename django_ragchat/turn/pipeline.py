@@ -66,6 +66,7 @@ from django_ragchat.profiles import get_profile
 from django_ragchat.search.freshness import stamps_kept
 from django_ragchat.search.readings import fetching_readings
 from django_ragchat.stages.retrievers import EmbeddingSpaceMismatch
+from django_ragchat.text import is_blank
 from django_ragchat.tokens import count_tokens, tokenizer_name
 from django_ragchat.tools import Tool
 from django_ragchat.turn import persistence, shutdown, start_gate
@@ -93,7 +94,8 @@ logger = logging.getLogger(__name__)
 def validate_user_message(text: Any) -> str:
     """Return ``text`` if it can be stored and answered; raise ``InvalidMessage`` otherwise.
 
-    Rejected: non-strings, empty or whitespace-only text, more than ``MAX_MESSAGE_CHARS``
+    Rejected: non-strings, text that shows nothing (whitespace, zero-width and other format
+    characters only: ``text.is_blank``), more than ``MAX_MESSAGE_CHARS``
     characters, NUL bytes (PostgreSQL cannot store them) and lone surrogates (not encodable
     as UTF-8).
     """
@@ -102,7 +104,7 @@ def validate_user_message(text: Any) -> str:
     limit = ragchat_settings.MAX_MESSAGE_CHARS
     if len(text) > limit:
         raise InvalidMessage("too_long", f"The message has {len(text):,} characters; the limit is {limit:,}.")
-    if not text.strip():
+    if is_blank(text):
         raise InvalidMessage("empty", "The message is empty.")
     if "\x00" in text:
         raise InvalidMessage("invalid_characters", "The message contains NUL characters.")
