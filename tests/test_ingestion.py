@@ -119,10 +119,32 @@ def test_every_format_is_ingested_with_headings_metadata_and_embeddings(corpus):
     assert report.chunks_written == Chunk.objects.count()
 
 
-def test_sources_are_the_paths_as_given_without_root(corpus, monkeypatch):
+def test_sources_are_relative_to_the_working_folder_without_root(corpus, monkeypatch):
     monkeypatch.chdir(corpus.parent)
-    report = ingest_paths(["corpus/guide.md", "./corpus/notes.txt"])
-    assert [r.source for r in report.results] == ["corpus/guide.md", "corpus/notes.txt"]
+    report = ingest_paths(["corpus/guide.md", "./corpus/notes.txt", corpus / "page.html"])
+    assert [r.source for r in report.results] == ["corpus/guide.md", "corpus/notes.txt", "corpus/page.html"]
+
+
+def test_one_file_by_another_spelling_is_the_same_document(corpus, monkeypatch, tmp_path):
+    monkeypatch.chdir(corpus.parent)
+    first = ingest_paths(["corpus/guide.md"])
+    again = ingest_paths([corpus / "guide.md", "./corpus/../corpus/guide.md"])
+    assert [r.status for r in again.results] == ["unchanged"]
+    assert again.results[0].document_id == first.results[0].document_id
+    assert list(Document.objects.values_list("source", flat=True)) == ["corpus/guide.md"]
+
+
+def test_a_file_stored_by_its_absolute_path_keeps_its_document(corpus, monkeypatch, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # outside the corpus: the absolute path is stored
+    first = ingest_paths([corpus / "notes.txt"])
+    assert first.results[0].source == (corpus / "notes.txt").as_posix()
+    monkeypatch.chdir(corpus.parent)
+    (corpus / "notes.txt").write_text("Changed notes.\n")
+    again = ingest_paths(["corpus/notes.txt"])
+    assert [(r.status, r.source) for r in again.results] == [("updated", first.results[0].source)]
+    assert Document.objects.count() == 1
 
 
 def test_a_file_outside_the_root_fails_and_a_bad_root_is_refused(corpus, tmp_path):
@@ -277,8 +299,9 @@ def test_texts_are_embedded_in_batches_across_documents(recording, tmp_path):
 def test_an_embedding_failure_fails_only_its_documents_and_keeps_their_old_chunks(recording, tmp_path):
     for name in ("a", "b", "c"):
         (tmp_path / f"{name}.md").write_text(f"# {name}\n\nThe first version of {name}.\n")
-    ingest_paths([tmp_path], profile="recording", batch_size=1)
-    old_b = chunk_ids((tmp_path / "b.md").as_posix())
+    first = ingest_paths([tmp_path], profile="recording", batch_size=1)
+    source = {Path(r.path).name: r.source for r in first.results}
+    old_b = chunk_ids(source["b.md"])
 
     (tmp_path / "a.md").write_text("# a\n\nThe second version of a.\n")
     (tmp_path / "b.md").write_text("# b\n\nThe second version of b. EXPLODE\n")
@@ -291,9 +314,9 @@ def test_an_embedding_failure_fails_only_its_documents_and_keeps_their_old_chunk
         "b.md": ("failed", "embedding failed: the embedding server is down"),
         "c.md": ("unchanged", ""),
     }
-    assert chunk_ids((tmp_path / "b.md").as_posix()) == old_b
-    assert Chunk.objects.get(document__source=(tmp_path / "b.md").as_posix()).text.endswith("first version of b.")
-    assert Chunk.objects.get(document__source=(tmp_path / "a.md").as_posix()).text.endswith("second version of a.")
+    assert chunk_ids(source["b.md"]) == old_b
+    assert Chunk.objects.get(document__source=source["b.md"]).text.endswith("first version of b.")
+    assert Chunk.objects.get(document__source=source["a.md"]).text.endswith("second version of a.")
 
 
 @pytest.fixture

@@ -375,7 +375,7 @@ def test_ingest_access_keeps_files_from_those_who_may_not_read_them(sources_on, 
     path.write_text("# Staff handbook\n\n## Discounts\n\nStaff get 30% off every product.\n")
     out = io.StringIO()
     call_command("ragchat_ingest", str(path), "--access", "staff", "--no-progress", stdout=out)
-    document = Document.objects.get(source=str(path))
+    document = Document.objects.get(source__endswith="/handbook.md")
     assert document.access == ["staff"] and "1 created" in out.getvalue()
     assert "30% off" not in ask(user, "What discount do staff get?").answer
     assert "30% off" in ask(staff_user, "What discount do staff get?").answer

@@ -30,6 +30,7 @@ text. Ingest again with the other profile, or run ``reembed``, to fill those spa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -102,6 +103,8 @@ class IngestResult:
     path: str = ""
     # The exception behind a failure, for callers that re-raise it (ingest_text does).
     error: BaseException | None = field(default=None, repr=False, compare=False)
+    # Other sources the same file may be stored under by an earlier run (``_spellings``).
+    other_sources: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
         return {"source": self.source, "path": self.path, "status": self.status, "chunks": self.chunks,
@@ -531,10 +534,25 @@ def _check_metadata(metadata: dict | None) -> dict:
     return dict(metadata)
 
 
+def _spellings(path: Path) -> list[str]:
+    """The sources a file may be stored under without a root, the one to store first: relative to
+    the working folder when inside it, else absolute. Then the absolute path and the path as
+    given, which earlier versions stored: "docs/a.md", "./docs/a.md" and "/srv/site/docs/a.md"
+    are one document."""
+    absolute = Path(os.path.abspath(path))
+    spellings = []
+    for base, target in ((Path.cwd(), absolute), (Path.cwd().resolve(), absolute.resolve())):
+        with contextlib.suppress(ValueError):
+            spellings.append(target.relative_to(base).as_posix())
+            break
+    spellings += [absolute.as_posix(), path.as_posix()]
+    return list(dict.fromkeys(spellings))
+
+
 def _source_for(path: Path, root: Path | None) -> str:
-    """The stored source of a file: relative to ``root`` when given, else the path as given."""
+    """The stored source of a file: relative to ``root`` when given, else ``_spellings``' first."""
     if root is None:
-        return path.as_posix()
+        return _spellings(path)[0]
     try:
         return path.resolve().relative_to(root).as_posix()
     except ValueError:
@@ -556,6 +574,8 @@ def _expand(paths: Iterable[str | Path], root: Path | None) -> list[IngestResult
             result = IngestResult(source=path.as_posix(), path=str(path))
             try:
                 result.source = _source_for(path, root)
+                if root is None:
+                    result.other_sources = tuple(_spellings(path)[1:])
                 if len(result.source) > _SOURCE_MAX:
                     raise DocumentLoadError(path, f"the path is longer than {_SOURCE_MAX} characters")
             except DocumentLoadError as exc:
@@ -581,7 +601,8 @@ def ingest_paths(paths: Iterable[str | Path], *, profile: str | None = None, roo
     """Ingest the Markdown, reStructuredText, HTML and text files in ``paths`` (files or folders).
 
     Each document is stored with ``source`` = its path relative to ``root`` when given (a file
-    outside ``root`` fails), else its path as given; ``metadata`` is stored on the document and
+    outside ``root`` fails), else relative to the working folder when inside it, else its
+    absolute path (a file already stored under another of these spellings keeps its document); ``metadata`` is stored on the document and
     merged into each chunk's metadata (with the chunk's ``heading_path``). Chunks are embedded
     with ``profile``'s embedder, ``batch_size`` texts per call across documents.
 
@@ -625,10 +646,12 @@ def ingest_paths(paths: Iterable[str | Path], *, profile: str | None = None, roo
 
 def _ingest_files(run: _Ingestion, group: list[IngestResult]) -> None:
     """Load and submit one lookup group of files (unchanged ones are only counted)."""
-    existing = _existing_documents([r.source for r in group], run.space)
+    existing = _existing_documents([s for r in group for s in (r.source, *r.other_sources)], run.space)
     for result in group:
         t0 = time.perf_counter()
         path = Path(result.path)
+        # A file stored by an earlier run under another spelling stays that document.
+        result.source = next((s for s in (result.source, *result.other_sources) if s in existing), result.source)
         stored = existing.get(result.source)
         # Unchanged files are recognised from their bytes alone, without parsing them.
         if stored is not None and _is_unchanged(stored, _file_checksum(path), run.metadata):

@@ -34,7 +34,8 @@ class Command(BaseCommand):
         parser.add_argument("paths", nargs="+", metavar="PATH", help="Files or folders (walked recursively).")
         parser.add_argument("--profile", help="Embed with this profile's embedder (default: the default profile).")
         parser.add_argument("--root", metavar="DIR",
-                            help="Store sources relative to this folder (default: the paths as given).")
+                            help="Store sources relative to this folder (default: relative to the current folder "
+                                 "when inside it, else absolute).")
         parser.add_argument("--metadata", metavar="JSON",
                             help='A JSON object stored on every document, e.g. \'{"product": "aurora"}\'.')
         parser.add_argument("--access", action="append", metavar="WHO",
