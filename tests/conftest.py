@@ -142,10 +142,8 @@ class LimitsClock:
         return self.now
 
     def at(self, minute: int, second: float) -> LimitsClock:
-        """Set the clock ``second`` seconds into rate bucket ``minute``."""
-        from django_ragchat.turn import limits
-
-        self.now = minute * limits.RATE_BUCKET_SECONDS + second
+        """Set the clock ``second`` seconds into ``minute`` (minutes since the epoch)."""
+        self.now = minute * 60 + second
         return self
 
     def advance(self, seconds: float) -> None:
@@ -158,7 +156,7 @@ def limits_clock(monkeypatch):
     the rate limit's tests need not wait for, nor race, the minute boundaries."""
     from django_ragchat.turn import limits
 
-    clock = LimitsClock(29_000_000 * limits.RATE_BUCKET_SECONDS)
+    clock = LimitsClock(29_000_000 * 60)
     monkeypatch.setattr(limits, "clock", clock)
     return clock
 

@@ -368,19 +368,6 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
         time.sleep(interval)
 
 
-def within_one_rate_window(seconds: float = 20.0) -> None:
-    """Wait, if need be, so that the next ``seconds`` fall in one minute of the clock (one of
-    the rate limit's buckets, ``limits.check_turn_rate``), for a test on servers it cannot stop
-    the clock of. Turns counted in one bucket are counted exactly; turns spread over two are
-    counted by the sliding estimate, in which the earlier minute's weigh a little less than one
-    each, so the turn past ``TURNS_PER_MINUTE`` might get through. 20 s: the 25 turns of a
-    rate-limit test take 2-5 s on a quiet machine and more than 6 s with CI's four suites on 2
-    cores."""
-    left = 60 - time.time() % 60
-    if left < seconds:
-        time.sleep(left + 0.1)
-
-
 def unknown_id() -> str:
     return str(uuid.uuid4())
 

@@ -249,8 +249,9 @@ def test_the_rate_limit_answers_429_with_retry_after(alice, user, conversation, 
     response = post_json(alice, messages_url(conversation), {"content": QUESTION})
     assert response.status_code == 429
     assert response.json()["code"] == "rate_limited"
-    # The two turns weigh 2 * (1 - 15/60) = 1.5 next minute: one more fits in 15 s + 30 s.
-    assert response["Retry-After"] == "45"
+    # The two turns' bucket (40-50 s) weighs 2 * (1 - 5/10) = 1 once 5 s of the bucket a minute
+    # after it have passed: one more fits in 60 s.
+    assert response["Retry-After"] == "60"
     assert conversation.messages.count() == 4  # the refused turn saved nothing
     # The limit is per user: another user's turns are not refused.
     other = Conversation.objects.create(owner=user.__class__.objects.create_user("carol"))

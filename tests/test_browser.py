@@ -22,6 +22,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
 from django_ragchat.models import Conversation, Feedback, Message
+from django_ragchat.turn import limits
 from tests.live_servers import caller_for, chromium
 
 # pairwise: on Django 5.x with PostgreSQL and 6.x with SQLite in scripts/test.sh (pyproject.toml).
@@ -324,9 +325,9 @@ def test_a_rate_limited_message_says_when_to_try_again(page, asgi, product_corpu
     open_chat(page, f"{asgi.url}/chat/")
     wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))
     session = page.get_cookie("sessionid")["value"]
-    minute = int(time.time() // 60)
+    now = int(time.time() // limits.RATE_BUCKET_SECONDS)
     client = redis.Redis.from_url(REDIS_URL)
-    for bucket in (minute - 1, minute, minute + 1):  # the live servers' TURNS_PER_MINUTE (25) spent
+    for bucket in (now, now + 1):  # the live servers' TURNS_PER_MINUTE (25) spent, in this bucket or the next
         client.set(f"{live_prefix}:1:ragchat:rate:s{session}:{bucket}", 25, ex=180)
     client.close()
     type_question(page, QUESTION)
@@ -334,8 +335,8 @@ def test_a_rate_limited_message_says_when_to_try_again(page, asgi, product_corpu
     check_refusal_shown(page, text="Too many messages")
     note = page.find_elements(By.CSS_SELECTOR, ".ragchat-user.ragchat-refused .ragchat-note")[-1].text
     seconds = int(note.split("Try again in ")[1].split(" s.")[0])
-    # Into the next minute, until this one's 25 turns weigh less than 24 there: 2.4 to 62.4 s.
-    assert 3 <= seconds <= 63, note
+    # Until the later bucket's 25 turns weigh at most 24 as they leave the window: 50.4 to 70.4 s.
+    assert 50 <= seconds <= 71, note
     assert page.find_elements(By.CSS_SELECTOR, ".ragchat-refused .ragchat-retry")
     assert not Conversation.objects.exists()
     # The wait over (the counts gone), Retry sends it: the question stands once, answered.

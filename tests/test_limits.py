@@ -42,6 +42,11 @@ def refusal(user) -> limits.LimitExceeded:
     return refused.value
 
 
+def bucket_at(minute: int, second: float) -> int:
+    """The rate bucket the clock is in ``second`` seconds into ``minute``."""
+    return int((minute * 60 + second) // limits.RATE_BUCKET_SECONDS)
+
+
 def test_a_burst_across_a_minute_of_the_clock_gets_no_second_allowance(user, limits_clock, ragchat_settings_override):
     ragchat_settings_override(TURNS_PER_MINUTE=10)
     limits_clock.at(MINUTE, 59.0)
@@ -49,35 +54,43 @@ def test_a_burst_across_a_minute_of_the_clock_gets_no_second_allowance(user, lim
     # Two seconds later, in the next minute: a fixed window would let ten more through.
     limits_clock.at(MINUTE + 1, 1.0)
     assert admitted(user, 15) == 0
-    # Half a minute on, the previous minute's ten weigh half: five more fit, and no sixth.
+    # Half a minute on, the burst is still inside the last 60 s: nothing more.
     limits_clock.at(MINUTE + 1, 30.0)
+    assert admitted(user, 15) == 0
+    # 56 s after the burst its bucket (50-60 s) is half outside the window: it weighs five.
+    limits_clock.at(MINUTE + 1, 55.0)
     assert admitted(user, 15) == 5
     # The refused attempts counted nothing.
-    assert cache.get(limits._rate_key(user, None, MINUTE + 1)) == 5
+    assert cache.get(limits._rate_key(user, None, bucket_at(MINUTE + 1, 55.0))) == 5
 
 
-def test_a_burst_weighs_as_if_spread_over_its_minute(user, limits_clock, ragchat_settings_override):
-    # The estimate errs on the strict side for a burst: 60 s on, its turns still weigh 40/60
-    # each (spread evenly, 40 s of their minute would still be inside the window); the whole
-    # limit is back once the minute after the burst's is over, at the latest.
-    ragchat_settings_override(TURNS_PER_MINUTE=10)
-    limits_clock.at(MINUTE, 20.0)
-    assert admitted(user, 10) == 10
-    limits_clock.at(MINUTE + 1, 20.0)
-    assert admitted(user, 15) == 3  # 3 + 10 * 40/60 <= 10
-    limits_clock.at(MINUTE + 2, 0.0)
-    assert admitted(user, 15) == 10 - 3
+def test_a_bursts_wait_is_within_one_bucket_of_the_true_window(user, limits_clock, ragchat_settings_override):
+    # Two turns at 59 s, "2 a minute": the true window frees one at 119 s, 59.5 s after the
+    # refusal. Their bucket is taken as spread over 50-60 s: half of it has left at 115 s. Two
+    # one-minute buckets, spreading them over the whole minute, made it 90.5 s.
+    ragchat_settings_override(TURNS_PER_MINUTE=2)
+    limits_clock.at(MINUTE, 59.0)
+    assert admitted(user, 2) == 2
+    limits_clock.at(MINUTE, 59.5)
+    wait = refusal(user).retry_after
+    assert wait == pytest.approx(55.5)
+    assert abs(wait - 59.5) <= limits.RATE_BUCKET_SECONDS
+    limits_clock.advance(wait)
+    assert admitted(user, 2) == 1
 
 
 @pytest.mark.parametrize(("earlier", "now", "expected_wait"), [
-    # Ten turns at 59 s, refused at 59.5 s: next minute, once those ten weigh at most nine.
-    ([(MINUTE, 59.0, 10)], (MINUTE, 59.5), 0.5 + 6.0),
-    # Six turns the minute before, four now: this minute, once the six weigh at most five.
-    ([(MINUTE - 1, 10.0, 6), (MINUTE, 0.0, 4)], (MINUTE, 0.0), 10.0),
-    # Three the minute before, seven now: 7 + 1 + 3 * 45/60 > 10 until 20 s into this minute.
-    ([(MINUTE - 1, 30.0, 3), (MINUTE, 12.0, 7)], (MINUTE, 15.0), 5.0),
+    # Ten turns at 59 s, refused at 59.5 s: once their bucket (50-60 s) weighs at most nine,
+    # 1 s into the bucket 60 s after theirs (the true window: at 119 s, 59.5 s).
+    ([(MINUTE, 59.0, 10)], (MINUTE, 59.5), 60.0 + 1.0 - 9.5),
+    # Six turns 50 s ago, four now: once the six, spread over their bucket, weigh at most five
+    # (the true window: 10 s).
+    ([(MINUTE - 1, 10.0, 6), (MINUTE, 0.0, 4)], (MINUTE, 0.0), 10.0 + 10 / 6),
+    # Three 45 s ago and seven 3 s ago: once the three weigh at most two (true: 15 s).
+    ([(MINUTE - 1, 30.0, 3), (MINUTE, 12.0, 7)], (MINUTE, 15.0), 20.0 + 10 / 3 - 5.0),
 ])
-def test_retry_after_is_the_true_wait(user, limits_clock, ragchat_settings_override, earlier, now, expected_wait):
+def test_retry_after_is_the_wait_the_estimate_says(user, limits_clock, ragchat_settings_override, earlier, now,
+                                                   expected_wait):
     ragchat_settings_override(TURNS_PER_MINUTE=10)
     for minute, second, turns in earlier:
         limits_clock.at(minute, second)
@@ -91,25 +104,38 @@ def test_retry_after_is_the_true_wait(user, limits_clock, ragchat_settings_overr
     assert admitted(user, 1) == 1
 
 
-def test_a_refund_takes_the_turn_back_from_the_minute_it_was_counted_in(user, limits_clock, ragchat_settings_override):
+def test_a_limit_of_one_waits_for_the_turn_to_leave_the_window(user, limits_clock, ragchat_settings_override):
+    ragchat_settings_override(TURNS_PER_MINUTE=1)
+    limits_clock.at(MINUTE, 25.0)
+    assert admitted(user, 1) == 1
+    wait = refusal(user).retry_after
+    assert wait == pytest.approx(70.0 - 5.0)  # its bucket (20-30 s) wholly outside: at 90 s
+    limits_clock.advance(wait - 0.01)
+    refusal(user)
+    limits_clock.advance(0.01)
+    assert admitted(user, 2) == 1
+
+
+def test_a_refund_takes_the_turn_back_from_the_bucket_it_was_counted_in(user, limits_clock, ragchat_settings_override):
     ragchat_settings_override(TURNS_PER_MINUTE=2)
     limits_clock.at(MINUTE, 50.0)
     first = limits.check_turn_rate(user)
     limits.check_turn_rate(user)
     limits_clock.at(MINUTE + 1, 5.0)
-    refusal(user)  # 1 + 2 * 55/60 > 2
+    refusal(user)  # both turns are 15 s old
     limits.refund_turn(user, None, first)  # the first turn did not start after all
-    assert cache.get(limits._rate_key(user, None, MINUTE)) == 1
-    assert admitted(user, 3) == 1  # 1 + 1 * 55/60 <= 2
+    assert first == bucket_at(MINUTE, 50.0)
+    assert cache.get(limits._rate_key(user, None, first)) == 1
+    assert admitted(user, 3) == 1
 
 
 def test_an_admission_refunded_costs_neither_a_turn_nor_a_slot(user, limits_clock, ragchat_settings_override):
     ragchat_settings_override(TURNS_PER_MINUTE=1, MAX_CONCURRENT_STREAMS=1)
     limits_clock.at(MINUTE, 59.9)
     admission = limits.Admission(user, None).take()
-    limits_clock.at(MINUTE + 1, 0.5)  # refunded in the next minute: from the one it was counted in
+    limits_clock.at(MINUTE + 1, 0.5)  # refunded in the next bucket: from the one it was counted in
     admission.refund()
-    assert cache.get(limits._rate_key(user, None, MINUTE)) == 0
+    assert cache.get(limits._rate_key(user, None, bucket_at(MINUTE, 59.9))) == 0
     limits.Admission(user, None).take().refund()
 
 

@@ -1,11 +1,12 @@
 """Per-user limits on turns, enforced before anything is saved.
 
-* ``TURNS_PER_MINUTE``: a sliding window over the last 60 s, estimated from two one-minute
-  buckets counted in Django's cache (shared by every worker when the cache is, e.g. Redis or
-  Memcached; per process with the local-memory cache): this minute's count plus the previous
-  minute's weighted by the share of it still inside the window. A burst across a minute of the
-  clock gets no second allowance (a fixed window would let twice the limit through in a few
-  seconds); the estimate assumes the previous minute's turns were spread evenly.
+* ``TURNS_PER_MINUTE``: a sliding window over the last 60 s, estimated from 10-second buckets
+  counted in Django's cache (shared by every worker when the cache is, e.g. Redis or
+  Memcached; per process with the local-memory cache): the buckets wholly inside the window
+  plus the one before them weighted by the share of it still inside. A burst across a minute
+  of the clock gets no second allowance (a fixed window would let twice the limit through in a
+  few seconds); the estimate is within one bucket (10 s) of the true window, as it takes the
+  oldest bucket's turns as spread evenly.
 * ``MAX_CONCURRENT_STREAMS``: answers being written at once for one user. Each answer holds a
   *slot*: one of ``MAX_CONCURRENT_STREAMS`` cache keys, taken with ``cache.add`` and expiring
   after ``STREAM_LEASE_SECONDS`` unless renewed. The turn's heartbeat renews the slots its task
@@ -61,8 +62,13 @@ def _subject(user, session_key: str | None) -> str:
 #: The clock the rate limit reads (seconds since the epoch): tests replace it to fix the time.
 clock = time.time
 
-#: The rate limit's buckets: one count per user and minute of the clock.
-RATE_BUCKET_SECONDS = 60
+#: The rate limit's buckets: one count per user and ``RATE_BUCKET_SECONDS`` of the clock; the
+#: window is ``RATE_WINDOW_SECONDS``, so it spans ``RATE_WINDOW_SECONDS / RATE_BUCKET_SECONDS``
+#: buckets and one more, partly. Short buckets keep the estimate within one bucket of the true
+#: window (with one-minute buckets a burst at 59 s kept a "2 a minute" user waiting 90 s).
+RATE_BUCKET_SECONDS = 10
+RATE_WINDOW_SECONDS = 60
+_WINDOW_BUCKETS = RATE_WINDOW_SECONDS // RATE_BUCKET_SECONDS
 
 #: ``retry_after`` of ``too_many_streams`` while a held slot is renewed: a slot frees when its
 #: answer ends, which nothing foresees; answers usually take a second or a few, and a refusal
@@ -81,48 +87,66 @@ def _rate_key(user, session_key: str | None, bucket: int) -> str:
 def check_turn_rate(user, session_key: str | None = None) -> int | None:
     """Count one turn for this user; raise ``LimitExceeded`` past ``TURNS_PER_MINUTE``.
 
-    The count is the sliding-window estimate: this minute's turns plus the previous minute's
-    weighted by the part of it still inside the last 60 s. A refused turn is not counted (so
+    The count is the sliding-window estimate: the turns of the buckets wholly inside the last
+    60 s, this one included, plus the bucket before them weighted by the part of it still
+    inside (its turns taken as spread evenly over its 10 s). A refused turn is not counted (so
     ``retry_after`` stays true). Concurrent turns may each see the other's count and both be
-    refused, never both let through past the limit. Returns the bucket (minute) counted in,
-    for ``refund_turn``; ``None`` when there is no limit."""
+    refused, never both let through past the limit. Returns the bucket counted in, for
+    ``refund_turn``; ``None`` when there is no limit."""
     limit = ragchat_settings.TURNS_PER_MINUTE
     if not limit:
         return None
     bucket, elapsed = divmod(clock(), RATE_BUCKET_SECONDS)
     bucket = int(bucket)
     current = _count_in(_rate_key(user, session_key, bucket))
-    previous = max(0, cache.get(_rate_key(user, session_key, bucket - 1)) or 0)
-    if current + previous * (1 - elapsed / RATE_BUCKET_SECONDS) <= limit + 1e-9:
+    earlier = _earlier_counts(user, session_key, bucket)
+    counts = [*earlier, current]  # oldest first: the partly counted bucket, ..., this one
+    if _estimate(counts, elapsed) <= limit + 1e-6:  # the clock's float rounding, not a turn
         return bucket
     refund_turn(user, session_key, bucket)
     raise LimitExceeded("rate_limited", f"Too many messages: at most {limit} a minute.",
-                        retry_after=rate_wait(limit, current - 1, previous, elapsed))
+                        retry_after=rate_wait(limit, [*earlier, current - 1], elapsed))
+
+
+def _earlier_counts(user, session_key: str | None, bucket: int) -> list[int]:
+    """The counts of the ``_WINDOW_BUCKETS`` buckets before ``bucket``, oldest first (one read)."""
+    keys = [_rate_key(user, session_key, bucket - back) for back in range(_WINDOW_BUCKETS, 0, -1)]
+    found = cache.get_many(keys)
+    return [max(0, found.get(key) or 0) for key in keys]
+
+
+def _estimate(counts: list[int], elapsed: float) -> float:
+    """The turns in the window, ``elapsed`` seconds into the last of ``counts``' buckets."""
+    return sum(counts[1:]) + counts[0] * (1 - elapsed / RATE_BUCKET_SECONDS)
 
 
 def _count_in(key: str) -> int:
-    """Add one to a bucket's count (kept two buckets long: it is the previous one next); the
-    count with it."""
-    cache.add(key, 0, timeout=2 * RATE_BUCKET_SECONDS)
+    """Add one to a bucket's count (kept as long as the window reads it); the count with it."""
+    timeout = RATE_WINDOW_SECONDS + 2 * RATE_BUCKET_SECONDS
+    cache.add(key, 0, timeout=timeout)
     try:
         return cache.incr(key)
     except ValueError:  # expired between add and incr
-        cache.set(key, 1, timeout=2 * RATE_BUCKET_SECONDS)
+        cache.set(key, 1, timeout=timeout)
         return 1
 
 
-def rate_wait(limit: int, current: int, previous: int, elapsed: float) -> float:
-    """Seconds until one more turn fits under ``limit``, ``elapsed`` seconds into a bucket that
-    counted ``current`` turns after one that counted ``previous`` (no other turn counted
-    meanwhile): in this bucket once the previous one's weight has decayed enough, else in the
-    next one, where this bucket is the previous one."""
+def rate_wait(limit: int, counts: list[int], elapsed: float) -> float:
+    """Seconds until one more turn fits under ``limit``, ``elapsed`` seconds into the last of
+    ``counts``' buckets (oldest first, as ``_estimate`` reads them), if no other turn is counted
+    meanwhile: the first bucket, from this one on, whose whole buckets leave room once the
+    partly counted one's weight has decayed enough."""
     size = RATE_BUCKET_SECONDS
-    room = limit - current - 1  # what the previous bucket's weighted count may be at most
-    if room < 0:  # not in this bucket: in the next one, where this one is the previous
-        wait = size - elapsed + size * (1 - (limit - 1) / current)
-    else:  # in this bucket, once the previous one's weight has decayed enough
-        wait = size * (1 - room / previous) - elapsed if previous else 0.0
-    return max(wait, 0.001)  # 0 only after a race (a turn taken back meanwhile): at once
+    counts = list(counts)
+    for ahead in range(len(counts)):  # every count has left the window after as many buckets
+        start = elapsed if ahead == 0 else 0.0
+        room = limit - 1 - sum(counts[1:])  # what the partly counted bucket may weigh at most
+        if room >= 0:
+            at = size * (1 - room / counts[0]) if counts[0] > room else 0.0
+            if at < size:
+                return max(ahead * size + max(at, start) - elapsed, 0.001)
+        counts = [*counts[1:], 0]  # the next bucket: the oldest leaves, an empty one starts
+    return len(counts) * size - elapsed  # a limit of 1 and a turn in the oldest bucket: once it has left
 
 
 def refund_turn(user, session_key: str | None, bucket: int | None) -> None:
@@ -225,8 +249,8 @@ def _holder(value) -> str:
 
 
 class Admission:
-    """A turn let through the limits: the stream slot it holds and the rate bucket (minute) it
-    was counted in. ``refund()`` undoes both, for a turn that turned out not to start (a resend, another
+    """A turn let through the limits: the stream slot it holds and the rate bucket it was
+    counted in. ``refund()`` undoes both, for a turn that turned out not to start (a resend, another
     answer being written): a retry never costs the caller their limits."""
 
     def __init__(self, user, session_key: str | None):
