@@ -219,6 +219,18 @@ def test_bad_messages_are_a_400_and_save_nothing(alice, conversation, raw_body, 
     assert conversation.last_seq == 0
 
 
+def test_a_body_is_read_in_its_declared_charset(alice, conversation):
+    # The same bytes read alike on every transport (tests/test_sse.py, test_openai_endpoint.py).
+    body = json.dumps({"content": "Crème brûlée?"}, ensure_ascii=False).encode("iso-8859-1")
+    response = alice.post(messages_url(conversation), body, content_type="application/json; charset=iso-8859-1")
+    assert response.status_code == 201 and response.json()["user_message"]["content"] == "Crème brûlée?"
+    response = alice.post(messages_url(conversation), body, content_type="application/json")  # not UTF-8
+    assert (response.status_code, response.json()["code"]) == (400, "parse_error")
+    response = alice.post(messages_url(conversation), b'{"content": "hi"}', content_type="application/json; charset=base64")
+    assert (response.status_code, response.json()["code"]) == (400, "parse_error")
+    assert conversation.messages.count() == 2
+
+
 def test_a_form_encoded_message_is_refused_as_unsupported(alice, conversation):
     response = alice.post(messages_url(conversation), {"content": "hi"})  # multipart
     assert response.status_code == 415 and response.json()["code"] == "unsupported_media_type"

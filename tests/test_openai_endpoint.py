@@ -383,6 +383,19 @@ BAD_BODIES = [
 ]
 
 
+def test_a_body_is_read_in_its_declared_charset(server, key, product_corpus):
+    body = json.dumps({"model": "default", "messages": ask("Crème brûlée?")}, ensure_ascii=False).encode("iso-8859-1")
+    with httpx.Client(timeout=20, headers={"Authorization": f"Bearer {key}"}) as http:
+        url = f"{server.url}/openai/v1/chat/completions"
+        for content_type, status in [("application/json", 400), ("application/json; charset=base64", 400),
+                                     ("application/json; charset=iso-8859-1", 200)]:
+            response = http.post(url, content=body, headers={"Content-Type": content_type})
+            assert response.status_code == status, (content_type, response.text)
+            if status == 400:
+                assert response.json()["error"]["code"] == "parse_error"
+    assert Message.objects.get(role="user").content == "Crème brûlée?"
+
+
 def test_bad_bodies_are_400_and_save_nothing(server, key):
     with httpx.Client(timeout=20, headers={"Authorization": f"Bearer {key}"}) as http:
         url = f"{server.url}/openai/v1/chat/completions"

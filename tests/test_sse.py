@@ -118,6 +118,20 @@ def test_refusals_are_http_statuses_with_the_error_event_as_body(server, product
     assert not Message.objects.exists()
 
 
+def test_a_body_is_read_in_its_declared_charset(server, product_corpus, user, conversation):
+    caller = caller_for(user)
+    body = json.dumps({"content": "Crème brûlée?"}, ensure_ascii=False).encode("iso-8859-1")
+    with httpx.Client(cookies=caller.cookies, timeout=20) as client:
+        url = sse_url(server, conversation.pk)
+        for content_type, status in [("application/json", 400), ("application/json; charset=base64", 400),
+                                     ("application/json; charset=iso-8859-1", 200)]:
+            response = client.post(url, content=body, headers={**sse_headers(caller), "Content-Type": content_type})
+            assert response.status_code == status, content_type
+            if status == 400:
+                assert response.json()["code"] == "parse_error"
+    assert conversation.messages.get(role="user").content == "Crème brûlée?"
+
+
 def test_anonymous_sessions_stream_in_their_own_conversations_only(server, product_corpus):
     alice, mallory = anonymous_caller(), anonymous_caller()
     conversation = Conversation.objects.create(session_key=alice.sessionid)

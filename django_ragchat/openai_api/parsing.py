@@ -72,7 +72,7 @@ def read_body(request) -> dict[str, Any]:
     except RequestDataTooBig:
         raise OpenAIError(413, "too_large", "The request body is too large.") from None
     try:
-        data = jsonbody.loads(body)
+        data = jsonbody.loads(jsonbody.body_text(body, request.encoding))
     except jsonbody.JSONRefused as exc:
         # The refusal's own code: ``too_many_fields`` is that code on every transport.
         raise OpenAIError(400, exc.code, f"We could not parse the JSON body of your request: {exc}") from None

@@ -1,7 +1,8 @@
 """JSON read from clients, with the limits every transport applies.
 
-The REST API's parser, the server-sent events endpoint and the websocket consumer all read
-client JSON through ``loads``, so the same body gets the same answer everywhere: a depth past
+The REST API's parser, the server-sent events endpoint, the OpenAI-compatible endpoint and the
+websocket consumer all read client JSON through ``loads`` (the HTTP ones decode the body with
+its declared charset first, ``body_text``), so the same body gets the same answer everywhere: a depth past
 ``MAX_DEPTH`` (or one deep enough to exhaust Python's recursion limit) is a ``parse_error``,
 never a ``RecursionError`` that would surface as a 500, and more object keys than Django's
 ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` is ``too_many_fields``, as it is for a form.
@@ -60,6 +61,19 @@ def _refusal(value: Any, depth_limit: int, field_limit: int | None) -> JSONRefus
     return None
 
 
+def body_text(raw: bytes, charset: str | None) -> str:
+    """A request body as text, decoded with the charset its ``Content-Type`` declares (Django's
+    ``request.encoding``), else ``DEFAULT_CHARSET`` (UTF-8, what JSON's RFC 8259 asks for): the
+    same bytes read alike on every transport. ``JSONRefused`` when they are not that charset."""
+    encoding = charset or settings.DEFAULT_CHARSET
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError:
+        raise JSONRefused(f"The body is not valid {encoding} text.") from None
+    except LookupError:  # known to ``codecs`` but not a text encoding ("base64", "zlib")
+        raise JSONRefused(f"The charset {encoding} is not a text encoding.") from None
+
+
 def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     """``json.loads`` that raises ``JSONRefused`` for invalid JSON and for nesting deeper than
     ``max_depth`` (objects and arrays count one level each), ``TooManyFields`` for more object
@@ -82,11 +96,8 @@ class LimitedJSONParser(JSONParser):
 
     def parse(self, stream, media_type=None, parser_context=None):
         parser_context = parser_context or {}
-        encoding = parser_context.get("encoding", "utf-8")
         try:
             raw = stream.read() if stream is not None else b""
-            return loads(raw.decode(encoding))
-        except UnicodeDecodeError:
-            raise ParseError("The body is not valid UTF-8 JSON.", code="parse_error") from None
+            return loads(body_text(raw, parser_context.get("encoding")))
         except JSONRefused as exc:
             raise ParseError(str(exc), code=exc.code) from None

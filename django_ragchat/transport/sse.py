@@ -72,7 +72,7 @@ def _read_content(request) -> tuple[Any, str]:
     if len(body) > transport.max_request_chars():
         raise too_large
     try:
-        data = jsonbody.loads(body)
+        data = jsonbody.loads(jsonbody.body_text(body, request.encoding))
     except jsonbody.TooManyFields as exc:
         raise TurnRefused(exc.code, str(exc), 400) from None
     except jsonbody.JSONRefused:
