@@ -5,15 +5,18 @@ call or when the turn ends before it."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from asgiref.sync import async_to_sync
 
 from django_ragchat.checks import check_settings
 from django_ragchat.events import Delta
-from django_ragchat.models import Conversation
+from django_ragchat.models import Conversation, Message
 from django_ragchat.transport.turns import TurnRefused, turn_events
 from django_ragchat.turn import start_gate
+from django_ragchat.turn.pipeline import run_turn_sync
+from django_ragchat.turn.sync_bridge import background_loop
 
 QUESTION = "How much does the Aurora X2 cost?"
 
@@ -159,3 +162,29 @@ def test_a_refused_turn_gives_its_place_back(ragchat_settings_override, product_
     events = async_to_sync(within(main(), 20))()
     assert events[-1].type == "done"
 
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_whole_answer_turn_waits_at_the_gate_of_its_loop(ragchat_settings_override, product_corpus, conversation):
+    """``run_turn_sync`` (the REST API's whole answers, management commands) passes the gate of
+    the process's background loop, as the streamed turns on that loop do."""
+    ragchat_settings_override(STARTING_TURNS=1)
+    held, release = threading.Event(), threading.Event()
+
+    async def another_turn_before_its_model() -> None:
+        async with start_gate.passing():
+            held.set()
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+
+    holder = asyncio.run_coroutine_threadsafe(another_turn_before_its_model(), background_loop())
+    assert held.wait(5)
+    results = []
+    turn = threading.Thread(target=lambda: results.append(run_turn_sync(conversation, QUESTION)))
+    turn.start()
+    turn.join(0.5)
+    assert turn.is_alive() and not Message.objects.exists()  # waiting at the gate: nothing saved yet
+    release.set()
+    holder.result(5)
+    turn.join(20)
+    assert results and results[0].status == "complete" and "$699" in results[0].answer

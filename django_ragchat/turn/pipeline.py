@@ -950,12 +950,21 @@ def run_turn_sync(conversation: Conversation, text: Any, *, stream: bool = False
     made once per process, not per turn. Its database work still runs in the calling thread,
     as with a plain ``async_to_sync``: asgiref hands a coroutine to a parent loop named in
     ``SyncToAsync.threadlocal`` and serves the coroutine's thread-sensitive calls from this
-    thread meanwhile (the mechanism it uses for sync code called from async code)."""
+    thread meanwhile (the mechanism it uses for sync code called from async code).
+
+    It passes the start gate (``start_gate``) of that loop, as the streamed turns do: at a
+    burst of whole-answer requests (the REST API under WSGI threads), they reach their model in
+    arrival order, at most ``STARTING_TURNS`` at once."""
 
     threadlocal = SyncToAsync.threadlocal
     saved = getattr(threadlocal, "main_event_loop", None), getattr(threadlocal, "main_event_loop_pid", None)
     threadlocal.main_event_loop, threadlocal.main_event_loop_pid = background_loop(), os.getpid()
     try:
-        return async_to_sync(run_turn)(conversation, text, stream=stream, client_id=client_id, user=user)
+        return async_to_sync(_gated_turn)(conversation, text, stream=stream, client_id=client_id, user=user)
     finally:
         threadlocal.main_event_loop, threadlocal.main_event_loop_pid = saved
+
+
+async def _gated_turn(conversation: Conversation, text: Any, **options: Any) -> TurnResult:
+    async with start_gate.passing():  # given back at the model call (``generate``) or the end
+        return await run_turn(conversation, text, **options)
