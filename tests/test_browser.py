@@ -314,41 +314,89 @@ def check_refusal_shown(driver, *, text: str) -> None:
     assert not driver.find_elements(By.CSS_SELECTOR, ".ragchat-assistant")  # no "…" left waiting
 
 
-def test_a_rate_limited_message_says_when_to_try_again(page, asgi, product_corpus, live_prefix):
-    """The refusal names the wait the server asks for (``retry_after``), not only the limit."""
+def spend_the_rate_limit(session: str, prefix: str, wait: float = 4.5) -> None:
+    """Count turns in the one bucket that is leaving the window ``wait`` s from now, enough for
+    the live servers' TURNS_PER_MINUTE (25) to refuse a turn for ``wait`` s to about ``wait`` +
+    0.4 s: the sliding window lets one in once that bucket weighs 24 or less (its p turns
+    weigh p * (1 - elapsed / RATE_BUCKET_SECONDS) then, elapsed in the bucket that follows the
+    window's whole ones). Before then the bucket counts whole, or weighs more: refused."""
+    import math
     import time
 
     import redis
 
     from tests.live_servers import REDIS_URL
 
+    size = limits.RATE_BUCKET_SECONDS
+    bucket, elapsed = divmod(time.time() + wait, size)
+    leaving = int(bucket) - limits.RATE_WINDOW_SECONDS // size
+    spent = max(25, math.ceil(24 / (1 - elapsed / size)))
+    client = redis.Redis.from_url(REDIS_URL)
+    client.set(f"{prefix}:1:ragchat:rate:s{session}:{leaving}", spent, ex=180)
+    client.close()
+
+
+def wait_shown(driver) -> str:
+    return js(driver, "const w = document.querySelector('.ragchat-refused .ragchat-wait'); return w ? w.textContent : ''")
+
+
+def test_a_rate_limited_message_counts_down_the_wait_and_is_sent_again_by_retry(
+        page, asgi, product_corpus, live_prefix):
+    """The refusal names the wait the server asks for (``retry_after``) and counts it down, once a
+    second, silently for screen readers; at 0 it says so and Retry stands out, sending nothing by
+    itself; Retry then sends it, the server's wait being over."""
     open_chat(page, f"{asgi.url}/chat/")
     wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))
-    session = page.get_cookie("sessionid")["value"]
-    now = int(time.time() // limits.RATE_BUCKET_SECONDS)
-    client = redis.Redis.from_url(REDIS_URL)
-    for bucket in (now, now + 1):  # the live servers' TURNS_PER_MINUTE (25) spent, in this bucket or the next
-        client.set(f"{live_prefix}:1:ragchat:rate:s{session}:{bucket}", 25, ex=180)
-    client.close()
+    spend_the_rate_limit(page.get_cookie("sessionid")["value"], live_prefix)
     type_question(page, QUESTION)
     page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
     check_refusal_shown(page, text="Too many messages")
-    note = page.find_elements(By.CSS_SELECTOR, ".ragchat-user.ragchat-refused .ragchat-note")[-1].text
-    seconds = int(note.split("Try again in ")[1].split(" s.")[0])
-    # Until the later bucket's 25 turns weigh at most 24 as they leave the window: 50.4 to 70.4 s.
-    assert 50 <= seconds <= 71, note
-    assert page.find_elements(By.CSS_SELECTOR, ".ragchat-refused .ragchat-retry")
-    assert not Conversation.objects.exists()
-    # The wait over (the counts gone), Retry sends it: the question stands once, answered.
-    client = redis.Redis.from_url(REDIS_URL)
-    client.delete(*client.scan_iter(match=f"{live_prefix}:1:ragchat:rate:s{session}:*"))
-    client.close()
-    page.find_element(By.CSS_SELECTOR, ".ragchat-refused .ragchat-retry").click()
+    note = page.find_elements(By.CSS_SELECTOR, ".ragchat-user.ragchat-refused .ragchat-note")[-1]
+    seconds = int(wait_shown(page).split("Try again in ")[1].split(" s.")[0])
+    assert 3 <= seconds <= 8, note.text
+    assert note.text.startswith("Not sent: Too many messages") and "Try again in" in note.text
+    assert note.find_element(By.CSS_SELECTOR, ".ragchat-wait").get_attribute("aria-live") == "off"
+    status = page.find_element(By.CSS_SELECTOR, ".ragchat-status")
+    # Said once where it is announced, for screen readers only (the count is on the message).
+    hidden = status.find_element(By.CSS_SELECTOR, ".ragchat-visually-hidden")
+    assert hidden.get_attribute("textContent") == f"Try again in {seconds} s."
+    assert status.get_attribute("textContent") == f"Too many messages: at most 25 a minute. Try again in {seconds} s."
+    retry = page.find_element(By.CSS_SELECTOR, ".ragchat-refused .ragchat-retry")
+    assert "ragchat-retry-ready" not in retry.get_attribute("class")
+    # Down a second at a time, then ready: nothing sent by itself.
+    wait(page, lambda d: wait_shown(d) == f"Try again in {seconds - 1} s.", timeout=2.5)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.save_screenshot(str(SCREENSHOTS / "refusal-counting-down.png"))
+    wait(page, lambda d: wait_shown(d) == "You can try again now.", timeout=seconds + 1)
+    page.save_screenshot(str(SCREENSHOTS / "refusal-wait-over.png"))
+    assert "ragchat-retry-ready" in retry.get_attribute("class")
+    assert status.text == "You can try again now."
+    assert js(page, "return document.querySelector('.ragchat').ragchat.waits.size") == 0
+    assert len(page.find_elements(By.CSS_SELECTOR, ".ragchat-user")) == 1 and not Conversation.objects.exists()
+    # Retry sends it, the server's wait over: the question stands once, answered.
+    retry.click()
     wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant"))
     wait(page, idle)
     assert "$699" in last_answer_text(page)
     assert len(page.find_elements(By.CSS_SELECTOR, ".ragchat-user")) == 1
     assert not page.find_elements(By.CSS_SELECTOR, ".ragchat-refused")
+
+
+def test_a_wait_being_counted_stops_with_retry_or_another_conversation(page, asgi, product_corpus, live_prefix):
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))
+    spend_the_rate_limit(page.get_cookie("sessionid")["value"], live_prefix, wait=8)
+    type_question(page, QUESTION)
+    page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+    # Pressed (and the click handled) in one script: the count is stopped before anything else runs.
+    press = "document.querySelector(arguments[0]).click(); return document.querySelector('.ragchat').ragchat.waits.size"
+    wait(page, lambda d: wait_shown(d).startswith("Try again in"))
+    assert js(page, press, ".ragchat-refused .ragchat-retry") == 0
+    # Sent again within the wait: refused again, counting again, in the one bubble.
+    wait(page, lambda d: wait_shown(d).startswith("Try again in"))
+    assert len(page.find_elements(By.CSS_SELECTOR, ".ragchat-user")) == 1
+    assert js(page, press, ".ragchat-new") == 0
+    assert not page.find_elements(By.CSS_SELECTOR, ".ragchat-user")
 
 
 def test_a_refused_first_message_is_shown_as_an_error_and_creates_nothing(page, asgi, product_corpus, settings):

@@ -34,11 +34,15 @@ const NOT_RETRYABLE = new Set(["empty", "invalid_type", "invalid_characters", "t
                                "parse_error", "forbidden", "not_found", "not_authenticated", "session_ended",
                                "invalid_client_id"]);
 
-/* " Try again in 66 s." when the server asks for a wait worth saying (a second or two is not). */
-function waitHint(error) {
+/* The seconds to count down when the server asks for a wait worth saying (a second or two is
+   not): 0 otherwise. */
+function waitSeconds(error) {
   const seconds = Math.ceil(Number(error.retry_after) || 0);
-  return seconds >= 3 ? ` Try again in ${seconds} s.` : "";
+  return seconds >= 3 ? seconds : 0;
 }
+
+const waitText = (seconds) => `Try again in ${seconds} s.`;
+const READY = "You can try again now.";
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -144,6 +148,7 @@ class ChatWidget {
     this.websocket = Boolean(config.websocket && "WebSocket" in window);
     this.viewCount = 0;
     this.ratings = new Map();  // message id -> {rating, comment}
+    this.waits = new Set();    // the views counting down a refusal's wait
     this.bind();
   }
 
@@ -598,6 +603,7 @@ class ChatWidget {
     this.conversationId = id;
     this.turn = null;
     this.markOpenConversation();
+    for (const view of this.waits) this.stopCountDown(view);  // their bubbles go with the log
     this.ui.log.replaceChildren(this.ui.empty);
     this.ui.empty.hidden = false;
     this.setStatus("");
@@ -751,14 +757,17 @@ class ChatWidget {
         // Refused: nothing was saved. Say so on the question, and offer it again.
         answer.node.remove();
         user.node.classList.add("ragchat-refused");
-        this.setNote(user, `Not sent: ${text}${waitHint(error)}`, true);
+        this.setNote(user, `Not sent: ${text}`, true);
         if (turn.own && !this.ui.input.value) this.ui.input.value = turn.question;
         if (turn.own && !NOT_RETRYABLE.has(error.code)) this.offerRetry(user, turn, error);
+        this.setStatus(text, true);
+        const seconds = waitSeconds(error);
+        if (seconds) this.countDown(user, seconds);
       } else {
         this.setNote(answer, text, true);
         if (turn.own) this.offerRetry(answer, turn, error);
+        this.setStatus(text, true);
       }
-      this.setStatus(text, true);
     } else {
       if (cancelled) this.setNote(answer, STOPPED);
       this.setStatus("");
@@ -766,11 +775,47 @@ class ChatWidget {
     this.scrollToEnd();
   }
 
+  /* "Try again in N s." on a refused question, counting down to "You can try again now.", which
+     emphasises Retry (nothing is sent by itself: the user decides). The count is aria-live="off"
+     inside the log's live region and the status line is set only at the start and the end, so a
+     screen reader hears the wait once and its end once, not every second. */
+  countDown(view, seconds) {
+    const counter = el("span", "ragchat-wait", waitText(seconds));
+    counter.setAttribute("aria-live", "off");
+    view.note.append(" ", counter);
+    // Heard on the status line, not seen there: a number that stays put would contradict the count.
+    this.ui.status.append(" ", el("span", "ragchat-visually-hidden", waitText(seconds)));
+    const started = this.ui.status.textContent;
+    // Counted from the clock, not the ticks: a background tab's timers run late.
+    const end = Date.now() + seconds * 1000;
+    view.waitTimer = setInterval(() => {
+      if (!view.node.isConnected) return this.stopCountDown(view);  // the bubble is gone
+      const left = Math.ceil((end - Date.now()) / 1000);
+      if (left > 0) {
+        counter.textContent = waitText(left);
+        return;
+      }
+      this.stopCountDown(view);
+      counter.textContent = READY;
+      view.node.classList.add("ragchat-wait-over");
+      view.actions.querySelector(".ragchat-retry")?.classList.add("ragchat-retry-ready");
+      // Announced once, unless the status line has moved on to something else meanwhile.
+      if (this.ui.status.textContent === started) this.setStatus(READY);
+    }, 1000);
+    this.waits.add(view);
+  }
+
+  stopCountDown(view) {
+    clearInterval(view.waitTimer);
+    this.waits.delete(view);
+  }
+
   offerRetry(view, turn, error) {
     const retry = button("ragchat-retry", "Retry");
     if (error.retry_after) retry.title = `The server asks to wait ${Math.ceil(error.retry_after)} s.`;
     retry.addEventListener("click", () => {
       if (this.turn && !this.turn.ended) return;
+      this.stopCountDown(view);
       view.actions.hidden = true;
       // A refused question was never saved: sent again, it stands once, where it is sent.
       if (view.node.classList.contains("ragchat-refused")) view.node.remove();
