@@ -143,3 +143,76 @@ def test_a_trace_page_has_one_raw_json_and_the_trace_list_names_how_each_turn_en
     link = browser.find_element(By.CSS_SELECTOR, ".field-message_link a")
     assert link.text.endswith("storage, a…")
     browser.save_screenshot(str(SCREENSHOTS / "admin-feedback-answer-link.png"))
+
+
+# A question, a comment and a memory as long as people write them; a document named by its URL.
+LONG_QUESTION = ("How much does the Aurora X2 cost with 256 GB of storage, and is the price the same in every "
+                 "country where it is sold?")
+PASTED_LINK = "https://shop.example.com/account/orders/ORD-2026-000017/invoice?format=pdf&download=1"
+LONG_SOURCE = "https://support.example.com/knowledge-base/products/phones/aurora-x2/pricing-and-storage-options.md"
+
+
+WIDTHS = """const box = document.querySelector('#changelist .results');
+return {page: document.documentElement.scrollWidth, window: window.innerWidth,
+        list: box.scrollWidth, box: box.clientWidth};"""
+
+
+def fill_every_list(user) -> None:
+    """A row, or a few, in each of the app's admin lists, with text of a realistic length."""
+    import datetime
+
+    from django.utils import timezone
+
+    from django_ragchat.ingestion.pipeline import ingest_text
+    from django_ragchat.models import ApiKey, MemoryRecord, SourceState, ToolInvocation
+
+    ingest_text(LONG_SOURCE, "# Aurora X2 pricing and storage options by country\n\n## Prices\n"
+                "The Aurora X2 costs $699 with 256 GB of storage in every country where it is sold.",
+                title="Aurora X2 — pricing, storage options and availability by country", content_type="markdown")
+    conversation = Conversation.objects.create(owner=user, title=LONG_QUESTION[:80])
+    result = run_turn_sync(conversation, LONG_QUESTION)
+    answer = Message.objects.get(pk=result.message["id"])
+    Conversation.objects.create(session_key="k" * 32)  # an anonymous visitor's, empty
+    # A pasted link as the question: one long word in every column that names the conversation.
+    pasted = Conversation.objects.create(owner=user, title=PASTED_LINK[:80])
+    run_turn_sync(pasted, PASTED_LINK)
+    Feedback.objects.create(message=answer, user=user, rating="down", comment=(
+        "The answer gives the price in dollars only; I asked about every country, and the storage options "
+        "differ in Europe."))
+    MemoryRecord.objects.create(user=user, conversation=conversation, kind="summary", covers_until_seq=2, content=(
+        "The user asked about the price of the Aurora X2 with 256 GB of storage in several countries and "
+        "was told it costs $699."))
+    ToolInvocation.objects.create(message=answer, call_id="call_8f2d1c7e9a4b4d0f9c3e2a1b", name="lookup_order",
+                                  arguments='{"order": "ORD-17"}', status="done", content='{"status": "shipped"}')
+    key = ApiKey(user=user, name="Reporting dashboard (production)")
+    key.set_key(ApiKey.generate())
+    key.save()
+    SourceState.objects.create(
+        name="shop.Product", last_sync={"mode": "since", "counts": {"created": 12, "updated": 3, "unchanged": 240}},
+        last_sync_finished_at=timezone.now() - datetime.timedelta(hours=2), last_live_sync_at=timezone.now(),
+        last_error="OperationalError: could not connect to server: Connection refused. Is the server running on "
+                   "host db.internal and accepting TCP/IP connections on port 5432?")
+
+
+def test_every_changelist_fits_a_1280_px_wide_window(asgi, product_corpus, user, django_user_model):
+    """No list of the app scrolls sideways at 1280x800 (the admin's sidebar open, as it is at
+    first) with text of a realistic length in it: neither the page nor the table in its box."""
+    from django.contrib import admin
+
+    fill_every_list(user)
+    with chromium(window="1280,800") as browser:
+        sign_in_as_boss(browser, asgi, django_user_model)
+        assert browser.execute_script("return window.innerWidth") == 1280
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        wide = {}
+        for model in sorted((m for m in admin.site._registry if m._meta.app_label == "django_ragchat"),
+                            key=lambda m: m._meta.model_name):
+            name = model._meta.model_name
+            browser.get(asgi.url + reverse(f"admin:django_ragchat_{name}_changelist"))
+            assert browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr"), name  # rows to measure
+            browser.save_screenshot(str(SCREENSHOTS / f"admin-list-{name}.png"))
+            # The page, and the list's own box: the admin scrolls a wide table inside it (.results).
+            widths = browser.execute_script(WIDTHS)
+            if widths["page"] > widths["window"] or widths["list"] > widths["box"]:
+                wide[name] = widths
+        assert not wide, f"wider than the window (1280 px) or than the list's box: {wide}"

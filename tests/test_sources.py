@@ -445,6 +445,9 @@ def test_the_admin_shows_each_sources_state_and_resyncs(sources_on, client, djan
                            follow=True)
     assert "Resynced articles" in response.content.decode()
     assert SourceState.objects.get(name="articles").last_sync["counts"]["unchanged"] == 2
+    # The list says what the last sync did, not its stored JSON.
+    row = client.get("/admin/django_ragchat/sourcestate/").content.decode().split('class="field-last_sync_summary">')[1]
+    assert "2 unchanged" in row.split("</td>")[0] and "&quot;counts&quot;" not in row.split("</td>")[0]
     # Documents and chunks: who may read each is shown; what the superuser may not read is not listed.
     documents = client.get("/admin/django_ragchat/document/").content.decode()
     assert "Atlas" in documents and "Private atlas" not in documents and "everyone" in documents

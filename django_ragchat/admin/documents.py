@@ -21,6 +21,7 @@ from django.utils.safestring import mark_safe
 
 from django_ragchat import tasks
 from django_ragchat.access import InvalidAccess, access_tokens, principals_of_user_id
+from django_ragchat.admin import views as admin_views
 from django_ragchat.admin.base import RagchatAdmin, ReadOnlyAdmin, admin_link, count_subquery, deletion_summary, short
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
@@ -104,8 +105,9 @@ class DocumentUploadForm(forms.Form):
 
 @admin.register(Document)
 class DocumentAdmin(RagchatAdmin):
-    list_display = ("__str__", "source", "origin", "readers", "content_type", "chunk_count", "embedding_spaces",
-                    "updated_at")
+    # The origin and the content type are filters, not columns: a model source's documents are
+    # named "<origin>:<pk>" already, and with them the list was wider than a 1280 px window.
+    list_display = ("__str__", "source", "readers", "chunk_count", "embedding_spaces", "updated_at")
     list_filter = ("origin", "content_type")
     search_fields = ("title", "source")
     fields = ("title", "source", "origin", "object_pk", "readers", "content_type", "checksum", "chunks_by_space",
@@ -238,7 +240,8 @@ class DocumentAdmin(RagchatAdmin):
 
 @admin.register(Chunk)
 class ChunkAdmin(ReadOnlyAdmin):
-    list_display = ("__str__", "document_link", "ordinal", "space", "heading", "readers", "short_text")
+    # No ordinal column: the row's own label says it ("<document id>#<ordinal>").
+    list_display = ("__str__", "document_link", "space", "heading", "readers", "short_text")
     list_filter = ("space",)
     search_fields = ("text", "heading", "document__title", "document__source")
     fields = ("document_link", "ordinal", "space", "heading", "readers", "chunk_text", "token_count", "metadata")
@@ -265,7 +268,8 @@ class ChunkAdmin(ReadOnlyAdmin):
 
     @admin.display(description="text")
     def short_text(self, obj):
-        return short(obj.text)
+        # Without the heading line the text starts with: the heading has a column of its own.
+        return short(admin_views.chunk_snippet(obj))
 
     @admin.display(description="text")
     def chunk_text(self, obj):

@@ -143,7 +143,8 @@ class ToolInvocationAdmin(ReadOnlyAdmin):
 
 @admin.register(Message)
 class MessageAdmin(ReadOnlyAdmin):
-    list_display = ("__str__", "conversation_link", "seq", "role", "status", "created_at", "trace_link")
+    # No seq column: the row's own label says it ("assistant #12: …").
+    list_display = ("__str__", "conversation_link", "role", "status", "created_at", "trace_link")
     list_filter = ("role", "status", ("created_at", admin.DateFieldListFilter))
     search_fields = ("content", "conversation__title")
     fields = ("conversation_link", "seq", "role", "status", "text", "searched_query", "token_count", "prompt_tokens",
@@ -192,8 +193,9 @@ class MessageAdmin(ReadOnlyAdmin):
 @admin.register(MessageSource)
 class MessageSourceAdmin(ReadOnlyAdmin):
     # The row's own link first ("[1] title"): a first column that is itself a link (the message)
-    # would be wrapped in the row's link, and a click would open the message.
-    list_display = ("__str__", "message_link", "conversation_link", "document", "heading", "fusion_score", "cited")
+    # would be wrapped in the row's link, and a click would open the message. It names the
+    # document, so the document has no column of its own.
+    list_display = ("__str__", "message_link", "conversation_link", "heading", "fusion_score", "cited")
     list_filter = ("cited",)
     ordering = ("-message", "rank")  # the latest answers first, each one's sources in their order
     search_fields = ("title", "source")

@@ -23,9 +23,9 @@ from django_ragchat.sources import registry as source_registry
 
 @admin.register(SourceState)
 class SourceStateAdmin(RagchatAdmin):
-    list_display = ("name", "source_model", "objects", "indexed", "chunks", "last_sync", "last_live_sync_at",
+    list_display = ("name", "source_model", "objects", "indexed", "chunks", "last_sync_summary", "last_live_sync_at",
                     "pending_changes", "error")
-    fields = ("name", "source_model", "objects", "indexed", "chunks", "last_sync", "last_sync_started_at",
+    fields = ("name", "source_model", "objects", "indexed", "chunks", "last_sync_summary", "last_sync_started_at",
               "last_sync_finished_at", "last_live_sync_at", "pending_changes", "last_error")
     readonly_fields = fields
     actions = ["resync"]
@@ -74,7 +74,9 @@ class SourceStateAdmin(RagchatAdmin):
         return obj._chunks
 
     @admin.display(description="last sync")
-    def last_sync(self, obj):
+    def last_sync_summary(self, obj):
+        # Not named last_sync: the admin shows a model field before a method of the same name,
+        # and the list showed the field's raw JSON.
         if not obj.last_sync_finished_at:
             return "never"
         counts = (obj.last_sync or {}).get("counts", {})
@@ -85,7 +87,7 @@ class SourceStateAdmin(RagchatAdmin):
     @admin.display(description="pending changes")
     def pending_changes(self, obj):
         count = tasks.pending(tasks.sync_source_objects, obj.name)
-        return "— (this task backend keeps no list)" if count is None else count
+        return "—" if count is None else count  # this task backend keeps no list (docs/admin.md)
 
     @admin.display(description="last error")
     def error(self, obj):
