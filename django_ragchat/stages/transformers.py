@@ -352,7 +352,8 @@ class FollowUpEnricher(QueryTransformer):
     * a follow-up without a name ("And its warranty?") keeps the subject; once the conversation
       has switched subjects, only the current subject's name is appended;
     * a message that starts afresh ("Thanks. Now, what is your return policy?") carries
-      nothing, and nothing said before it is carried later;
+      nothing, and nothing said before it is carried later; so does one asking whether the shop
+      has a thing the current subject's documents never write ("Do you sell blenders?");
     * a conversation that never names a corpus subject, or stays on one, is enriched as
       before (``enrich``), which is what ``bench/bench_canard.py`` measures.
 
