@@ -157,6 +157,50 @@ def test_a_fresh_start_carries_nothing(sample_docs, conversation):
     assert first_source(result) == "sample/support.md"
 
 
+# "Do you sell blenders?" after another product (found twice by new users of the example project):
+# a thing the current subject's documents never write is the question's own subject.
+
+
+@pytest.mark.parametrize("opening", ["How long does the Zephyr Kettle take to boil?", "How much do the Zephyr Buds cost?"])
+def test_a_question_about_a_thing_of_its_own_carries_nothing_and_its_decline_names_only_it(
+        sample_docs, conversation, opening):
+    run_turn_sync(conversation, opening)
+
+    result = run_turn_sync(conversation, "Do you sell blenders?")
+
+    assert result.trace["queries"]["final"] == "Do you sell blenders?"
+    assert result.trace["queries"]["followup"]["subject_rule"] == "fresh"
+    assert "asks about a thing of its own (blenders): nothing carried" in step_of(result)["note"]
+    assert result.answer.startswith("The documents don't say anything about blenders."), result.answer
+    assert "Zephyr" not in result.answer and "sell" not in result.answer
+
+
+def test_a_kind_of_another_product_searches_that_product(sample_docs, conversation):
+    run_turn_sync(conversation, "How much do the Zephyr Buds cost?")
+
+    result = run_turn_sync(conversation, "Do you sell tablets?")
+
+    assert "Zephyr" not in result.trace["queries"]["final"]
+    assert first_source(result) == "sample/nimbus-tab.md"
+    assert "Zephyr" not in result.answer and "sell" not in result.answer
+    # What comes after leans on the new question, never on the product left behind.
+    later = run_turn_sync(conversation, "How much is it?")
+    assert "Zephyr" not in later.trace["queries"]["final"] and "$449" in later.answer
+
+
+@pytest.mark.parametrize("question", ["Do you sell spare ear tips?", "How much does it cost?", "And the warranty?",
+                                      "What about the blue one?", "Do you have any in blue?",
+                                      "Do you sell cases for them?"])
+def test_genuine_follow_ups_still_lean_on_the_conversation(sample_docs, conversation, question):
+    run_turn_sync(conversation, "Tell me about the Zephyr Buds.")
+
+    result = run_turn_sync(conversation, question)
+
+    assert "Zephyr Buds" in result.trace["queries"]["final"], step_of(result)["note"]
+    assert result.trace["queries"]["followup"]["subject_rule"] == "kept"
+    assert first_source(result) == "sample/zephyr-buds.md"
+
+
 def test_subjects_come_from_ingested_titles_and_are_reloaded_when_the_corpus_changes(shop):
     from django_ragchat.ingestion.pipeline import ingest_text
     from django_ragchat.profiles import get_profile
@@ -392,3 +436,39 @@ def test_the_shop_policy_rule_reads_the_profiles_own_synonyms():
     shop = Profile(vocabulary={"synonyms": {"return": ["hand it back"]}})
     enricher = FollowUpEnricher(shop, vocabulary=Vocabulary.for_profile(shop))
     assert enricher.resolve(query, None, index).text == "Can I hand it back?"
+
+
+TEXTS = {1: "Zephyr Buds are wireless earbuds. Spare ear tips cost $9 a pair.",
+         2: "The Nimbus Tab is an 11-inch tablet for drawing.", 3: "The Aurora X2 is a 6.1-inch phone."}
+
+
+def index_with_texts() -> SubjectIndex:
+    return SubjectIndex.from_rows(KIND_ROWS, openings=OPENINGS, document_text=lambda ids: [TEXTS[i] for i in ids])
+
+
+@pytest.mark.parametrize("carry_opening", [True, False])
+def test_asking_whether_the_shop_has_a_thing_the_subjects_documents_never_write_starts_afresh(carry_opening):
+    enricher, index = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY, carry_opening=carry_opening), index_with_texts()
+
+    def resolved(question: str, *earlier: str) -> Query:
+        return enricher.resolve(Query(text=question, original=question, history=history(*earlier)), None, index)
+
+    for question in ("Do you sell blenders?", "Do you guys stock tablets?", "Have you got any kettles for a cafe?"):
+        assert resolved(question, "How much do the Zephyr Buds cost?").text == question
+    assert resolved("Do you sell blenders?", "How long does the Zephyr Kettle take to boil?").text == \
+        "Do you sell blenders?"  # no subject of the corpus talked about: nothing to tie it to
+    # The subject's documents write it, or it points back: a follow-up, searched as before.
+    for question in ("Do you sell spare ear tips?", "Do you have any in blue?", "Do you sell anything cheaper?",
+                     "Do you sell cases for them?"):
+        note = resolved(question, "How much do the Zephyr Buds cost?").metadata["transform_note"]
+        assert "subject kept (Zephyr Buds)" in note, (question, note)
+    # What follows leans on the new question, not the product left behind.
+    later = resolved("How much are they?", "How much do the Zephyr Buds cost?", "Do you sell blenders?")
+    assert "Zephyr" not in later.text and "blenders" in later.text, later.text
+
+
+def test_without_the_documents_texts_a_thing_is_not_known_to_be_new():
+    query = Query(text="Do you sell blenders?", original="", history=history("How much do the Zephyr Buds cost?"))
+    index = SubjectIndex.from_rows(KIND_ROWS, openings=OPENINGS)
+    assert index.uses(index.subjects[0], "blenders") is None
+    assert "Zephyr" in FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).resolve(query, None, index).text

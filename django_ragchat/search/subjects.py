@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from django.db import connections
@@ -105,10 +106,14 @@ class SubjectIndex:
     """The subject names of a corpus and how to find them in a message."""
 
     def __init__(self, subjects: list[Subject], kinds: dict[str, str] | None = None,
-                 language: Language | None = None):
+                 language: Language | None = None,
+                 document_text: Callable[[frozenset[int]], Iterable[str]] | None = None):
         self.subjects = subjects
         self.kinds = kinds or {}
         self.language = language or load_language()
+        # The texts of some documents, read only when asked (``uses``): most turns never need them.
+        self.document_text = document_text
+        self._stems: dict[Subject, frozenset[str]] = {}
         self._by_token: dict[str, list[Subject]] = {}
         # "the tablet" names the one subject the corpus defines as a tablet ({subject name: kind}).
         by_kind: dict[str, list[Subject]] = {}
@@ -123,6 +128,18 @@ class SubjectIndex:
     def __len__(self) -> int:
         return len(self.subjects)
 
+    def uses(self, subject: Subject, word: str) -> bool | None:
+        """Whether ``subject``'s documents use ``word`` (any inflection: "blenders" is "blender");
+        None when the index has no texts to read (built from rows alone). Read once per subject
+        and corpus version: the index is rebuilt when the documents change."""
+        if self.document_text is None:
+            return None
+        known = self._stems.get(subject)
+        if known is None:
+            known = frozenset(stem(w) for text in self.document_text(subject.documents) for w in words(text))
+            self._stems[subject] = known
+        return name_key(word) in known
+
     def restricted_to(self, documents: set[int]) -> SubjectIndex:
         """The index of the subjects named by ``documents`` (ids) alone."""
         kept = []
@@ -132,17 +149,19 @@ class SubjectIndex:
                 kept.append(subject if readable == subject.documents else
                             Subject(subject.name, subject.tokens, frozenset(readable)))
         names = {s.name for s in kept}
-        return SubjectIndex(kept, {n: k for n, k in self.kinds.items() if n in names}, self.language)
+        return SubjectIndex(kept, {n: k for n, k in self.kinds.items() if n in names}, self.language,
+                            self.document_text)
 
     @classmethod
     def from_rows(cls, rows, *, named_in_text=None, openings: dict[int, str] | None = None,
-                  language: Language | None = None) -> SubjectIndex:
+                  language: Language | None = None, document_text=None) -> SubjectIndex:
         """Build from (document id, title, heading path) rows, e.g. one per distinct chunk
         heading. ``named_in_text({heading: document id})``, when given, returns the headings
         whose document writes them, capitalised, in its prose ("The Basic Plan delivers..."):
         a title-case section heading ("Personal Life", "Return Policy") is not written so.
         ``openings`` ({document id: its first chunk's text}) gives each title's kind
-        (``kind_of``), so "the tablet" names the Nimbus Tab."""
+        (``kind_of``), so "the tablet" names the Nimbus Tab. ``document_text(document ids)``, when
+        given, returns those documents' texts for ``uses``."""
         titles, headings = _titles_and_headings(rows)
         named: dict[tuple[str, ...], Subject] = {}
         for name, documents in titles.items():
@@ -163,7 +182,7 @@ class SubjectIndex:
                 named[name_tokens(name)] = Subject(name, name_tokens(name), frozenset({document_id}))
         language = language or load_language()
         kinds = _kinds(named.values(), openings or {}, language)
-        return cls(sorted(named.values(), key=lambda s: (-len(s.tokens), s.name)), kinds, language)
+        return cls(sorted(named.values(), key=lambda s: (-len(s.tokens), s.name)), kinds, language, document_text)
 
     def kind_named(self, text: str) -> list[tuple[Subject, int]]:
         """(subject, character offset) for each "the/this/that <kind>" in ``text`` whose kind is
@@ -320,8 +339,15 @@ def _full_index(space: str, using: str, language: Language) -> _Cached:
             # Each document's first chunk defines what it is about ("... is an 11-inch tablet").
             openings = dict(Chunk.objects.using(using).filter(space=space, ordinal=0, document_id__in=list(titles))
                             .values_list("document_id", "text"))
+
+            # "Do you sell blenders?": whether the current subject's documents write the word.
+            def document_text(documents: frozenset[int]) -> list[str]:
+                return list(Chunk.objects.using(using).filter(space=space, document_id__in=list(documents))
+                            .values_list("text", flat=True))
+
             cached = _Cached(stamp, SubjectIndex.from_rows(rows, named_in_text=named_in_text, openings=openings,
-                                                           language=language), access, {})
+                                                           language=language, document_text=document_text),
+                             access, {})
             _cache[key] = cached
     return cached
 

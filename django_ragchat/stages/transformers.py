@@ -127,6 +127,7 @@ class Grammar:
     question_openers: frozenset[str]  # "And how heavy is it?" asks a question of its own
     echo: frozenset[str]  # "Does the phone have one too?" points back at the attribute
     refining_prepositions: frozenset[str]  # "And with the pen?" refines the last question
+    kind_stop_words: frozenset[str]  # "blenders for a cafe": the thing is the word before these
     generic: frozenset[str]  # words that say nothing about what is asked
     light_stems: frozenset[str]  # words that give a question no subject of its own
     ellipsis: re.Pattern
@@ -134,6 +135,8 @@ class Grammar:
     continues: re.Pattern
     how_much: re.Pattern
     kind_pointer: re.Pattern
+    catalogue: re.Pattern  # "Do you sell blenders?"
+    comparison: re.Pattern  # "anything cheaper" is measured against the conversation's subject
 
     @classmethod
     def of(cls, vocabulary: Vocabulary) -> Grammar:
@@ -142,11 +145,13 @@ class Grammar:
         return cls(
             anaphora=word("anaphora"), pronouns=word("pronouns"), fillers=word("fillers"),
             value_kind=word("value_kind"), question_openers=word("question_openers"), echo=word("echo"),
-            refining_prepositions=word("refining_prepositions"), generic=vocabulary.generic,
+            refining_prepositions=word("refining_prepositions"), kind_stop_words=word("kind_stop_words"),
+            generic=vocabulary.generic,
             # Only fillers and words that qualify the asking: a kind ("earbuds") still says what it is about.
             light_stems=frozenset(stem(w) for w in word("fillers") | qualifying | word("light")),
             ellipsis=pattern("ellipsis"), fresh_start=pattern("fresh_start"), continues=pattern("continues"),
             how_much=pattern("how_much"), kind_pointer=pattern("kind_pointer"),
+            catalogue=pattern("catalogue_question"), comparison=pattern("comparison"),
         )
 
 
@@ -164,6 +169,8 @@ class Reading:
     # It asks only the kind of value ("How long is it?") or adds a detail to the last question
     # ("And with the pen?"): the attribute asked before still holds, with its own words added.
     refines: bool = False
+    # "Do you sell blenders?": the thing the shop is asked whether it has ("blenders"), or "".
+    thing: str = ""
 
 
 def _attribute_words(rest: str, named: tuple[Subject, ...], index: SubjectIndex,
@@ -212,6 +219,33 @@ def _adds_or_echoes(rest: str, attribute: list[str], grammar: Grammar) -> bool:
     return (adds and bool(attribute)) or echoes
 
 
+def _thing_asked(rest: str, grammar: Grammar) -> str:
+    """"Do you sell blenders?": the word naming what the shop is asked whether it has, the last
+    content word before a preposition or clause, as a document's kind is read ("blenders" in
+    "blenders for a cafe"; a generic word such as "tablets" only when there is no other); ""
+    when no such thing is asked, or it points back ("any for it?", "any in blue?", "anything
+    cheaper?")."""
+    match = grammar.catalogue.search(rest[:_MAX_SCAN_CHARS])
+    if not match or grammar.comparison.search(match.group(1)):
+        return ""
+    thing = generic = ""
+    for token in _TOKEN_RE.findall(match.group(1)):
+        folded = normalize(token)
+        if folded in grammar.anaphora or folded in grammar.pronouns:
+            return ""
+        if folded in grammar.kind_stop_words:
+            if thing or generic:
+                break
+            return ""  # "Do you have any in blue?": the thing is the one talked about
+        if folded in STOPWORDS or stem(folded) in grammar.light_stems:
+            continue
+        if folded in grammar.generic:
+            generic = token
+        else:
+            thing = token
+    return thing or generic
+
+
 def read_message(text: str, index: SubjectIndex, grammar: Grammar) -> Reading:
     """Split a user message into subject names and attribute words (see ``Reading``)."""
     fresh_match = grammar.fresh_start.match(text)
@@ -230,7 +264,8 @@ def read_message(text: str, index: SubjectIndex, grammar: Grammar) -> Reading:
     # something of its own after the thanks starts afresh.
     fresh = (bool(fresh_match) and bool(rest.strip()) and not elliptical and not pronoun
              and not grammar.ellipsis.match(rest) and not grammar.continues.match(rest))
-    return Reading(named, tuple(attribute), elliptical and bool(named), pronoun, fresh, not fresh and refines)
+    thing = "" if named or pronoun else _thing_asked(rest, grammar)
+    return Reading(named, tuple(attribute), elliptical and bool(named), pronoun, fresh, not fresh and refines, thing)
 
 
 @dataclass
@@ -245,10 +280,20 @@ class ConversationState:
     # Whether the conversation has moved from one subject to another since it (re)started.
     switched: bool = False
 
-    def step(self, reading: Reading, grammar: Grammar) -> ConversationState:
+    def leaves_for(self, reading: Reading, index: SubjectIndex | None) -> bool:
+        """Whether ``reading`` asks about a thing of its own ("Do you sell blenders?"): one the
+        documents of the subject talked about never write, or when no subject was talked about.
+        Without the documents' texts (an index built from rows alone) it is not known: no."""
+        if not reading.thing:
+            return False
+        if self.subject is None:
+            return True
+        return index is not None and index.uses(self.subject, reading.thing) is False
+
+    def step(self, reading: Reading, grammar: Grammar, index: SubjectIndex | None = None) -> ConversationState:
         """The state after ``reading`` (this one is not changed)."""
         new = ConversationState(previous_subject=self.subject, switched=self.switched)
-        if reading.fresh:
+        if reading.fresh or self.leaves_for(reading, index):
             new.subject = reading.named[-1] if reading.named else None
             new.subject_rule = "fresh"
             new.attribute = reading.attribute
@@ -307,7 +352,8 @@ class FollowUpEnricher(QueryTransformer):
     * a follow-up without a name ("And its warranty?") keeps the subject; once the conversation
       has switched subjects, only the current subject's name is appended;
     * a message that starts afresh ("Thanks. Now, what is your return policy?") carries
-      nothing, and nothing said before it is carried later;
+      nothing, and nothing said before it is carried later; so does one asking whether the shop
+      has a thing the current subject's documents never write ("Do you sell blenders?");
     * a conversation that never names a corpus subject, or stays on one, is enriched as
       before (``enrich``), which is what ``bench/bench_canard.py`` measures.
 
@@ -441,9 +487,12 @@ class FollowUpEnricher(QueryTransformer):
         return self._resolve_with_subjects(query, turn)
 
     async def _resolve_with_subjects(self, query, turn):
-        index = await sync_to_async(subject_index)(turn.components.embedder.space,
-                                                   language=self.vocabulary.language,
-                                                   principals=getattr(turn, "principals", None))
+        # In the thread: "Do you sell blenders?" may read the current subject's documents.
+        return await sync_to_async(self._resolve_in_thread)(query, turn)
+
+    def _resolve_in_thread(self, query, turn):
+        index = subject_index(turn.components.embedder.space, language=self.vocabulary.language,
+                              principals=getattr(turn, "principals", None))
         return self.resolve(query, turn, index)
 
     def state_of(self, query: Query, index: SubjectIndex) -> tuple[ConversationState, ConversationState, Reading]:
@@ -452,17 +501,19 @@ class FollowUpEnricher(QueryTransformer):
         messages = [m.content for m in query.history if m.role == "user"][-self.lookback:] if self.lookback else []
         state = ConversationState()
         for text in messages:
-            state = state.step(read_message(text, index, self.grammar), self.grammar)
+            state = state.step(read_message(text, index, self.grammar), self.grammar, index)
         reading = read_message(query.text, index, self.grammar)
-        return state, state.step(reading, self.grammar), reading
+        return state, state.step(reading, self.grammar, index), reading
 
     def since_fresh_start(self, query: Query, index: SubjectIndex) -> Query:
         """``query`` with the history before the last fresh start dropped: what the user left
         behind with "Thanks. Now, ..." is never carried into a later follow-up."""
-        start = 0
+        start, state = 0, ConversationState()
         for position, message in enumerate(query.history):
-            if message.role == "user" and read_message(message.content, index, self.grammar).fresh:
-                start = position
+            if message.role == "user":
+                state = state.step(read_message(message.content, index, self.grammar), self.grammar, index)
+                if state.subject_rule == "fresh":
+                    start = position
         return query.replace(history=query.history[start:]) if start else query
 
     def resolve(self, query: Query, turn: TurnContext | None, index: SubjectIndex | None):
@@ -481,6 +532,10 @@ class FollowUpEnricher(QueryTransformer):
                  + (f" ({' '.join(after.attribute)})" if after.attribute else ""))
         if reading.fresh:
             return _noted(query, f"fresh start: nothing carried; {rules}")
+        if after.subject_rule == "fresh":
+            # "Do you sell blenders?" after the Zephyr Buds: a thing their documents never write
+            # is the question's own subject; the conversation's would pull its passages first.
+            return _noted(query, f"asks about a thing of its own ({reading.thing}): nothing carried; {rules}")
         if (not reading.named and after.subject is not None and after.subject in index.kind_keys
                 and self._asks_a_shop_policy(query.text)):
             # "I'd like to return my Zephyr Buds." / "Will I get my money back?": the shop's
