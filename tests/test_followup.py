@@ -8,11 +8,13 @@ from rows, as ingestion records them.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from django_ragchat.answerer.vocabulary import Vocabulary, default_vocabulary
+from django_ragchat.language import read_language
 from django_ragchat.profiles import Profile
 from django_ragchat.search.subjects import SubjectIndex, clear_cache, subject_index
 from django_ragchat.stages.transformers import FollowUpEnricher, Grammar, read_message
@@ -472,3 +474,16 @@ def test_without_the_documents_texts_a_thing_is_not_known_to_be_new():
     index = SubjectIndex.from_rows(KIND_ROWS, openings=OPENINGS)
     assert index.uses(index.subjects[0], "blenders") is None
     assert "Zephyr" in FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).resolve(query, None, index).text
+
+
+def test_a_language_folder_without_the_catalogue_pattern_keeps_working(tmp_path):
+    """A site's own language folder written before the rule: the rule is off, nothing fails."""
+    folder = tmp_path / "en"
+    shutil.copytree(Path(VOCABULARY.language.directory), folder)
+    patterns = folder / "patterns.toml"
+    patterns.write_text("\n".join(line for line in patterns.read_text().splitlines()
+                                  if not line.startswith("catalogue_question")))
+    vocabulary = Vocabulary(read_language(folder))
+    query = Query(text="Do you sell blenders?", original="", history=history("How much do the Zephyr Buds cost?"))
+    resolved = FollowUpEnricher(PROFILE, vocabulary=vocabulary).resolve(query, None, index_with_texts())
+    assert "Zephyr" in resolved.text  # a follow-up, as before the rule

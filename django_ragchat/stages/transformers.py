@@ -135,7 +135,7 @@ class Grammar:
     continues: re.Pattern
     how_much: re.Pattern
     kind_pointer: re.Pattern
-    catalogue: re.Pattern  # "Do you sell blenders?"
+    catalogue: re.Pattern | None  # "Do you sell blenders?"; None: the language has no such pattern
     comparison: re.Pattern  # "anything cheaper" is measured against the conversation's subject
 
     @classmethod
@@ -151,7 +151,8 @@ class Grammar:
             light_stems=frozenset(stem(w) for w in word("fillers") | qualifying | word("light")),
             ellipsis=pattern("ellipsis"), fresh_start=pattern("fresh_start"), continues=pattern("continues"),
             how_much=pattern("how_much"), kind_pointer=pattern("kind_pointer"),
-            catalogue=pattern("catalogue_question"), comparison=pattern("comparison"),
+            # Optional: a site's language folder written before this rule keeps working without it.
+            catalogue=vocabulary.language.patterns.get("catalogue_question"), comparison=pattern("comparison"),
         )
 
 
@@ -225,7 +226,7 @@ def _thing_asked(rest: str, grammar: Grammar) -> str:
     "blenders for a cafe"; a generic word such as "tablets" only when there is no other); ""
     when no such thing is asked, or it points back ("any for it?", "any in blue?", "anything
     cheaper?")."""
-    match = grammar.catalogue.search(rest[:_MAX_SCAN_CHARS])
+    match = grammar.catalogue.search(rest[:_MAX_SCAN_CHARS]) if grammar.catalogue else None
     if not match or grammar.comparison.search(match.group(1)):
         return ""
     thing = generic = ""
