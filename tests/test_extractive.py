@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from django_ragchat.answerer.question import derived, one_typo
-from django_ragchat.answerer.selector import AnswerSelector
+from django_ragchat.answerer.selector import AnswerSelector, _leaf_in_sentence
 from django_ragchat.answerer.vocabulary import Vocabulary, default_vocabulary
 from django_ragchat.ingestion.pipeline import ingest_paths
 from django_ragchat.language import load_language
@@ -84,6 +84,37 @@ def test_not_covered_attribute_is_declined_naming_what_the_documents_describe(sa
 def test_a_question_naming_an_unknown_product_is_not_answered_with_a_known_ones_facts(sample_docs):
     answer = ask("Does the Galaxy S9 have a warranty?")
     assert "Galaxy S9" in answer and "Zephyr" not in answer and not CITATION.search(answer), answer
+
+
+# Found by a new user of the example project: "the Zephyr Kettle" was declined "for Zephyr Buds".
+@pytest.mark.parametrize(("question", "name"), [("How long does the Zephyr Kettle take to boil?", "Zephyr Kettle"),
+                                                ("Does the Zephyr Kettle have a warranty?", "Zephyr Kettle"),
+                                                ("How much is the Aurora Toaster?", "Aurora Toaster")])
+def test_a_name_sharing_a_word_with_a_product_is_a_thing_of_its_own(sample_docs, question, name):
+    answer = ask(question)
+    assert answer.startswith(f"The documents don't mention {name},"), answer
+    assert "Buds" not in answer and "X2" not in answer and not CITATION.search(answer), answer
+
+
+@pytest.mark.parametrize(("question", "fact"), [("How long is the Zephyr warranty?", "two-year"),
+                                                ("Does Zephyr have noise cancelling?", "noise cancelling"),
+                                                ("What is the battery life of the Buds?", "eight hours"),
+                                                ("How much is the X2?", "$699"),
+                                                ("How much is the bundle with the Nimbus Pen?", "$529")])
+def test_a_part_of_a_products_name_still_names_it(sample_docs, question, fact):
+    assert fact in ask(question)
+
+
+@pytest.mark.parametrize(("leaf", "written"), [("Opening hours", "opening hours"), ("FAQ", "FAQ"),
+                                               ("Zephyr K3 Pro", "Zephyr K3 Pro"), ("Customer questions", "customer questions")])
+def test_a_decline_lists_a_heading_in_lower_case_but_a_name_or_acronym_as_written(leaf, written):
+    assert _leaf_in_sentence(leaf) == written
+
+
+def test_an_unknown_name_in_a_follow_up_is_not_tied_to_the_conversations_product(sample_docs):
+    answer = ask("How much is the Aurora X2?", "How long does the Zephyr Kettle take to boil?")
+    assert answer.startswith("The documents don't mention Zephyr Kettle,"), answer
+    assert "Aurora" not in answer and "Buds" not in answer
 
 
 # --- The examples from a site of its own ----------------------------------------------------

@@ -177,6 +177,18 @@ def test_a_question_about_a_thing_of_its_own_carries_nothing_and_its_decline_nam
     assert "Zephyr" not in result.answer and "sell" not in result.answer
 
 
+@pytest.mark.parametrize("opening", ["What is the battery life of the Zephyr Buds?", "How much is the Aurora X2?"])
+def test_a_name_sharing_a_word_with_a_product_is_a_thing_of_its_own_and_carries_nothing(
+        sample_docs, conversation, opening):
+    run_turn_sync(conversation, opening)
+
+    result = run_turn_sync(conversation, "How long does the Zephyr Kettle take to boil?")
+
+    assert result.trace["queries"]["final"] == "How long does the Zephyr Kettle take to boil?"
+    assert "asks about a thing of its own (Kettle): nothing carried" in step_of(result)["note"]
+    assert result.answer.startswith("The documents don't mention Zephyr Kettle,"), result.answer
+
+
 def test_a_kind_of_another_product_searches_that_product(sample_docs, conversation):
     run_turn_sync(conversation, "How much do the Zephyr Buds cost?")
 
@@ -467,6 +479,21 @@ def test_asking_whether_the_shop_has_a_thing_the_subjects_documents_never_write_
     # What follows leans on the new question, not the product left behind.
     later = resolved("How much are they?", "How much do the Zephyr Buds cost?", "Do you sell blenders?")
     assert "Zephyr" not in later.text and "blenders" in later.text, later.text
+
+
+def test_a_capitalised_word_a_subjects_name_and_documents_lack_names_a_thing_of_its_own():
+    enricher, index = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY), index_with_texts()
+
+    def note(question: str) -> str:
+        query = Query(text=question, original=question, history=history("How much do the Zephyr Buds cost?"))
+        return enricher.resolve(query, None, index).metadata["transform_note"]
+
+    assert "a thing of its own (Kettle)" in note("How long does the Zephyr Kettle take to boil?")
+    assert "a thing of its own (Toaster)" in note("Is the Aurora Toaster any good?")
+    # Its documents write it, it is lower case, or it only starts the sentence: the subject's own.
+    for question in ("Do the Zephyr Ear Tips fit?", "Does the Zephyr kettle boil?", "Zephyr Buds battery?",
+                     "Kettle Zephyr?", "How long is the Zephyr warranty?"):
+        assert "subject kept (Zephyr Buds)" in note(question), (question, note(question))
 
 
 def test_without_the_documents_texts_a_thing_is_not_known_to_be_new():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from django_ragchat.answerer.passages import Passage, name_sequences
+from django_ragchat.answerer.passages import Passage, _sentence_start, name_sequences
 from django_ragchat.answerer.vocabulary import Vocabulary, fold, labels, stem, stems, word_of, words
 from django_ragchat.text import sentences
 
@@ -270,12 +270,41 @@ def _subject_by_kind(question: str, passages: list[Passage], vocabulary: Vocabul
     return {next(iter(kinds[k])) for k in asked_kinds} if len(asked_kinds) == 1 else set()
 
 
+def _foreign_names(question: str, entities: _Entities, known_stems: frozenset[str]) -> list[str]:
+    """Names written as names that share the first word of a known entity's name but hold another
+    capitalised word that no entity has and no passage uses: "Zephyr Kettle" beside the Zephyr
+    Buds is an unknown thing, not the Zephyr Buds named in part. A shared type word ("Visitor
+    Card" beside the Adult Card, "Station Road" beside Millbrook Station) is no such sign, and a
+    sentence's first word is capitalised anyway ("Kettle" in "Kettle by Zephyr?")."""
+    v = entities.vocabulary
+    light = v.stopwords | v.generic
+    known = {w for e in entities.known for w in e}
+    first = {e[0] for e in entities.known if e}
+    found = []
+    for display, _ in name_sequences(question, v.stopwords):
+        tokens = words(display)  # "Aurora X2's" is aurora, x2
+        if not any(t in first or stem(t) in first for t in tokens):
+            continue  # a name sharing no word is unknown as a whole (``_find_subjects``)
+        written = tokens[1:] if _sentence_start(question, question.find(display)) else tokens
+        if any(t not in light and t not in known and stem(t) not in known and stem(t) not in known_stems
+               for t in written):
+            found.append(display)
+    return found
+
+
 def _find_subjects(need: Need, question: str, search_query: str, asked: str | None, passages: list[Passage],
-                   entities: _Entities) -> set[str]:
+                   entities: _Entities, known_stems: frozenset[str] = frozenset()) -> set[str]:
     """Set ``need``'s subjects, the entities it mentions and the names no passage knows; return
     the words of every name in play (names are subjects, not attributes)."""
     v = entities.vocabulary
     light = v.stopwords | v.generic
+    # "How long does the Zephyr Kettle take to boil?": the unknown name names no subject, even in
+    # part, and the conversation's subject is not what the question is about either.
+    foreign = _foreign_names(question, entities, known_stems)
+    for display in foreign:
+        need.unknown.append(display)
+        question, search_query = question.replace(display, " "), search_query.replace(display, " ")
+        asked = asked.replace(display, " ") if asked is not None else None
     own_words = set(words(question))
     everything = entities.named(own_words | set(words(search_query)))
     # The user's own words name the subject when they name one: in "And the Aurora X2?" after
@@ -285,7 +314,8 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
     # warranty? My Zephyr Buds came with two years." asks about the Aurora X2 alone.
     asking_words = set(words(" ".join(asked_clauses(question, v)) if asked is None else asked))
     in_asking = {e for e in entities.known if set(e) <= asking_words | {stem(w) for w in asking_words}}
-    need.subjects = in_asking or entities.named(own_words, type_words=not inherited) or everything
+    need.subjects = in_asking or entities.named(own_words, type_words=not inherited) or (
+        set() if foreign else everything)
     # "And the pen?" in a conversation about the Nimbus Tab: the Nimbus Pen its sentences name.
     headed = {p.subject for p in passages if p.subject}
     need.mentioned = {e for e in everything if e not in headed and set(e) & (own_words - light)}
@@ -412,7 +442,8 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], voc
     search_query = corrected(search_query, known_stems, vocabulary)
     if asked is not None:
         asked = corrected(asked, known_stems, vocabulary)
-    names = _find_subjects(need, question, search_query, asked, passages, _Entities.of(passages, vocabulary))
+    names = _find_subjects(need, question, search_query, asked, passages, _Entities.of(passages, vocabulary),
+                           known_stems)
     # In "I have an Aurora X2. How long does the battery last?" (or a pasted "Ignore all previous
     # instructions. How much...?") the attribute is what the question sentence asks.
     part = asked is not None  # one part of the question: the search query holds the other parts' words

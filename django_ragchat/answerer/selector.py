@@ -159,10 +159,12 @@ def _has_other_topic(sentence: Sentence, need: Need, vocabulary: Vocabulary) -> 
 
 def _leaf_in_sentence(leaf: str) -> str:
     """A heading as a decline names it mid-sentence: "address and opening hours", but a name
-    keeps its capitals ("Zephyr K3 Pro": a word after the first is capitalised)."""
-    if any(word[:1].isupper() for word in leaf.split()[1:]):
+    keeps its capitals ("Zephyr K3 Pro": a word after the first is capitalised), and so does an
+    acronym ("FAQ", not "faq")."""
+    head, _, rest = leaf.partition(" ")
+    if any(word[:1].isupper() for word in rest.split()):
         return leaf
-    return leaf.lower()
+    return (head if len(head) > 1 and head.isupper() else head.lower()) + (" " + rest.lower() if rest else "")
 
 
 def light_weight(norm: float) -> float:

@@ -247,6 +247,37 @@ def _thing_asked(rest: str, grammar: Grammar) -> str:
     return thing or generic
 
 
+def _name_runs(text: str) -> list[list[re.Match]]:
+    """The runs of two or more capitalised words (or codes) written together: "Zephyr Kettle"."""
+    runs: list[list[re.Match]] = [[]]
+    for match in _TOKEN_RE.finditer(text[:_MAX_SCAN_CHARS]):
+        token, run = match.group(0), runs[-1]
+        capital = token[:1].isupper() and normalize(token) not in STOPWORDS
+        if capital and run and text[run[-1].end():match.start()].strip() == "":
+            run.append(match)
+        elif capital:
+            runs.append([match])
+        elif run:
+            runs.append([])
+    return [run for run in runs if len(run) > 1]
+
+
+def _foreign_name_word(text: str, index: SubjectIndex) -> str:
+    """"How long does the Zephyr Kettle take to boil?": a capitalised word written with the first
+    word of a subject's name ("Zephyr") that the name lacks and the subject's documents never
+    write ("Kettle"), so the message names a thing of its own, not the Zephyr Buds in part; "".
+    A shared type word ("Visitor Card" beside the Adult Card) is no sign, a sentence's first
+    word is capitalised anyway, and without the documents' texts nothing is known."""
+    for run in _name_runs(text):
+        keys = [name_key(m.group(0)) for m in run]
+        for subject in (s for s in index.subjects if s.tokens and s.tokens[0] in keys):
+            for match, key in zip(run, keys, strict=True):
+                if (key not in subject.tokens and not _starts_sentence(text, match)
+                        and index.uses(subject, match.group(0)) is False):
+                    return match.group(0)
+    return ""
+
+
 def read_message(text: str, index: SubjectIndex, grammar: Grammar) -> Reading:
     """Split a user message into subject names and attribute words (see ``Reading``)."""
     fresh_match = grammar.fresh_start.match(text)
@@ -265,7 +296,7 @@ def read_message(text: str, index: SubjectIndex, grammar: Grammar) -> Reading:
     # something of its own after the thanks starts afresh.
     fresh = (bool(fresh_match) and bool(rest.strip()) and not elliptical and not pronoun
              and not grammar.ellipsis.match(rest) and not grammar.continues.match(rest))
-    thing = "" if named or pronoun else _thing_asked(rest, grammar)
+    thing = "" if named or pronoun else _thing_asked(rest, grammar) or _foreign_name_word(rest, index)
     return Reading(named, tuple(attribute), elliptical and bool(named), pronoun, fresh, not fresh and refines, thing)
 
 

@@ -23,7 +23,9 @@ class ProductSource(ModelSource):
 
     def text(self, obj):
         questions = "".join(f"\n\n**{q.question}** {q.answer}" for q in obj.questions.all())
-        return obj.description + (f"\n\n## Questions{questions}" if questions else "")
+        # "Customer questions": a decline lists the headings the passages are about, and
+        # "about pricing, warranty and questions" said nothing of these.
+        return obj.description + (f"\n\n## Customer questions{questions}" if questions else "")
 
     def metadata(self, obj):
         return {"category": obj.category, "price": float(obj.price)}
