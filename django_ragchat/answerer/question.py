@@ -18,6 +18,8 @@ TYPO_MIN_LENGTH = 5
 _WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*", re.UNICODE)  # as text.words
 # Where a question's context clause ends: "I sketch by a window - will the screen glare?".
 _CLAUSE_SEPARATOR_RE = re.compile(r",\s+|\s+[-–—]+\s+|;\s+")
+# A decline names "Galaxy S9", not "Galaxy S9's" of "Galaxy S9's battery".
+_POSSESSIVE_END_RE = re.compile(r"['’]s?$")
 
 Entity = tuple[str, ...]
 
@@ -302,7 +304,7 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
     # part, and the conversation's subject is not what the question is about either.
     foreign = _foreign_names(question, entities, known_stems)
     for display in foreign:
-        need.unknown.append(display)
+        need.unknown.append(_POSSESSIVE_END_RE.sub("", display))  # "Zephyr Kettle's lid"
         question, search_query = question.replace(display, " "), search_query.replace(display, " ")
         asked = asked.replace(display, " ") if asked is not None else None
     own_words = set(words(question))
@@ -324,7 +326,7 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
     for display, folded in name_sequences(question, v.stopwords):
         tokens = set(folded.split())
         if not any((tokens | {stem(t) for t in tokens}) & set(e) for e in entities.known) and not tokens <= light:
-            need.unknown.append(display)
+            need.unknown.append(_POSSESSIVE_END_RE.sub("", display))
     holding = {h for h in headed for e in need.subjects if set(e) < set(h)}
     if len(holding) == 1 and not need.subjects & headed:
         need.subjects |= holding  # "at millbrook": the Millbrook Library, the one subject named so
