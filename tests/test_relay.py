@@ -2,7 +2,7 @@
 layers (in-memory, and Redis as the suite's two-worker tests run it): deltas that pile up behind a slow socket go out as
 one frame with the same text; a socket that keeps up gets one frame per delta; the group is
 not sent to while no other socket is in it; each frame is encoded once, the same text for the
-sender and the watchers."""
+sender and the watchers; a frame pushed while the relay is idle is written within ``push``."""
 
 from __future__ import annotations
 
@@ -74,6 +74,60 @@ def test_after_a_retry_the_coalesced_deltas_count_from_zero_again():
     assert "".join(d["text"] for d in before) == "".join(PIECES[:25])
     assert "".join(d["text"] for d in after) == "".join(PIECES[25:])
     assert [d["index"] for d in after] == list(range(len(after))) and after
+
+
+def test_a_frame_pushed_while_the_relay_is_idle_is_written_within_push_and_the_rest_of_the_tick_coalesced():
+    """The model's first piece reaches the socket before the turn reads on: no loop iteration
+    between ``push`` and the write. The pieces pushed in the same tick follow as one frame."""
+    async def scenario():
+        socket = Socket()
+        relay = TurnRelay(socket.send, GroupRelay(None, "g", None))
+        relay.push({"type": "ack", "conversation_id": "c"})
+        await relay.flush()  # idle again, as when the model's first piece arrives
+        for piece in PIECES[:3]:  # read from the model in one go, with no await between them
+            relay.push({"type": "delta", "text": piece, "index": 0, "conversation_id": "c"})
+        written_within_push = socket.frames()
+        await relay.flush()
+        return written_within_push, socket.frames()
+
+    within, frames = asyncio.run(scenario())
+    assert [f["type"] for f in within] == ["ack", "delta"] and within[1]["text"] == PIECES[0]
+    assert [(f["text"], f["index"]) for f in frames[1:]] == [(PIECES[0], 0), ("".join(PIECES[1:3]), 1)]
+
+
+def test_a_coroutine_started_now_that_suspends_is_finished_by_a_task_which_passes_cancellation_to_it():
+    from django_ragchat.transport.relay import started
+
+    async def scenario():
+        steps, gate = [], asyncio.Event()
+
+        async def send(result):
+            steps.append("started")
+            try:
+                await gate.wait()
+            except asyncio.CancelledError:
+                steps.append("cancelled")
+                raise
+            await asyncio.sleep(0)  # a bare yield too
+            return result
+
+        async def done_at_once():
+            return "unused"
+
+        assert started(done_at_once()) is None
+        going = started(send("sent"))
+        assert steps == ["started"] and not going.done()  # its first step ran within started()
+        gate.set()
+        result = await going
+        gate.clear()
+        stopped = started(send("never"))
+        await asyncio.sleep(0)
+        stopped.cancel()
+        await asyncio.gather(stopped, return_exceptions=True)
+        return steps, result, stopped.cancelled()
+
+    steps, result, cancelled = asyncio.run(scenario())
+    assert result == "sent" and cancelled and steps == ["started", "started", "cancelled"]
 
 
 async def pending(layer: InMemoryChannelLayer, channel: str) -> list[dict]:

@@ -4,10 +4,12 @@ sockets watching the conversation (``transport.consumers``).
 Per delta, a turn costs as little as the relay can make it:
 
 * **Coalescing.** The turn hands each frame to ``TurnRelay.push`` without waiting for the
-  socket; a writer task sends what is pending. Deltas that pile up while the writer is behind
-  (the worker busy with other turns, the model's pieces arriving faster than they can be
-  sent) go out as one ``delta`` frame carrying their concatenated text. A socket that keeps
-  up gets one frame per piece, as soon as it is written. The relay numbers the deltas it sends
+  socket. A frame pushed while the relay is idle is written at once, inside ``push`` (no loop
+  iteration between the model's piece and the socket); a writer task then sends what is pushed
+  after it. Deltas that pile up while the writer is behind (the turn reading more of the
+  model's pieces in the same loop tick, the worker busy with other turns, a slow socket) go
+  out as one ``delta`` frame carrying their concatenated text. A socket that keeps up gets one
+  frame per piece, as soon as it is written. The relay numbers the deltas it sends
   (``index`` from 0, with no gap, again from 0 after a ``retry``), so the protocol is
   unchanged: what a client assembles is the same text.
 * **One encode.** Each frame is encoded to JSON once; the same text goes to the sender's
@@ -19,11 +21,13 @@ Per delta, a turn costs as little as the relay can make it:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from channels.layers import InMemoryChannelLayer
 
@@ -128,8 +132,9 @@ async def _others_in_group(layer, group: str, origin: str | None) -> bool:
 class TurnRelay:
     """One turn's frames to the socket that sent the message (``send``) and to the group.
 
-    ``push`` queues a frame and returns at once; the writer task sends, coalescing the deltas
-    pending together into one (module docstring). ``flush`` waits until all is sent.
+    ``push`` queues a frame and returns at once: written within ``push`` when the relay is
+    idle, else by the writer task, coalescing the deltas pending together into one (module
+    docstring). ``flush`` waits until all is sent.
     """
 
     def __init__(self, send: Callable[[str], Awaitable[None]], group: GroupRelay):
@@ -140,28 +145,37 @@ class TurnRelay:
 
     def push(self, frame: dict) -> None:
         """Queue ``frame`` (owned by the relay from now on: a delta may be extended)."""
-        if frame["type"] == "delta" and self.pending and self.pending[-1]["type"] == "delta":
+        if self.writing is None:
+            # Idle: this frame goes out now, not one loop iteration later (the turn may read
+            # more of the model before it yields). The writer, started after it, sends (and
+            # coalesces) what is pushed before its first step.
+            self.writing = asyncio.ensure_future(self._write(started(self._sent(frame))))
+        elif frame["type"] == "delta" and self.pending and self.pending[-1]["type"] == "delta":
             self.pending[-1]["text"] += frame["text"]
         else:
             self.pending.append(frame)
-        if self.writing is None:
-            self.writing = asyncio.create_task(self._write())
 
-    async def _write(self) -> None:
+    async def _sent(self, frame: dict) -> None:
+        """Send one frame (numbered, encoded, published); on a failure, drop what is pending."""
+        kind = frame["type"]
+        if kind == "delta":
+            frame["index"], self.index = self.index, self.index + 1
+        elif kind == "retry":
+            self.index = 0
+        text = encode(frame)
+        self.group.publish(text, ack=kind == "ack")
         try:
-            while self.pending:
-                frame = self.pending.popleft()
-                kind = frame["type"]
-                if kind == "delta":
-                    frame["index"], self.index = self.index, self.index + 1
-                elif kind == "retry":
-                    self.index = 0
-                text = encode(frame)
-                self.group.publish(text, ack=kind == "ack")
-                await self.send(text)
+            await self.send(text)
         except Exception:
             logger.exception("ragchat: could not relay a turn's frame")
             self.pending.clear()
+
+    async def _write(self, first: Awaitable[None] | None) -> None:
+        try:
+            if first is not None:  # the frame written in push() is still going out
+                await first
+            while self.pending:
+                await self._sent(self.pending.popleft())
         finally:
             self.writing = None
 
@@ -170,3 +184,40 @@ class TurnRelay:
         while self.writing is not None:
             await asyncio.shield(self.writing)
         await self.group.flush()
+
+
+def started(coro: Coroutine) -> Awaitable | None:
+    """Run ``coro`` now, up to its first suspension (what Python 3.12's eager tasks do): ``None``
+    when it finished (its result is dropped), else a task that finishes it."""
+    try:
+        waiting = coro.send(None)
+    except StopIteration:
+        return None
+    return asyncio.ensure_future(_finish(coro, waiting))
+
+
+async def _finish(coro: Coroutine, waiting: Any) -> Any:
+    return await _Resumed(coro, waiting)
+
+
+class _Resumed:
+    """Awaits what a coroutine, already started and suspended on ``waiting`` (a future, or
+    ``None`` for a bare yield), waits for, then drives it on: ``yield from`` for a coroutine
+    that has already taken its first step. Cancellation is passed to it."""
+
+    def __init__(self, coro: Coroutine, waiting: Any):
+        self.coro, self.waiting = coro, waiting
+
+    def __await__(self):
+        coro, waiting = self.coro, self.waiting
+        while True:
+            try:
+                value = yield waiting
+            except BaseException as exc:  # thrown in by the task (a cancellation): the coroutine's to handle
+                step = functools.partial(coro.throw, exc)
+            else:
+                step = functools.partial(coro.send, value)
+            try:
+                waiting = step()
+            except StopIteration as stop:
+                return stop.value
