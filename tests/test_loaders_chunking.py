@@ -168,6 +168,18 @@ def test_markdown_sections_and_plain_text(tmp_path):
     assert sections[("User Guide", "Install", "On PostgreSQL")] == "Enable the pgvector extension."
 
 
+def test_markdown_leaves_out_the_text_of_scripts_and_styles_in_raw_html(tmp_path):
+    # Tags were stripped, but a script's code stayed in the text and reached answers.
+    doc = load_document(write(tmp_path / "gifts.md", (
+        "# Gift Cards <b>bold</b>\n\nGift cards never expire. <script>alert(1)</script> Sold in "
+        "<b>three</b> amounts. <style>p { color: red }</style>\n\n<script>\nalert(2)\n</script>\n\n"
+        "<div>A block <noscript>Enable scripts</noscript> kept.</div>\n")))
+    text = " ".join(by_path(doc).values())
+    assert doc.title == "Gift Cards bold"
+    assert "alert" not in text and "color" not in text and "Enable scripts" not in text
+    assert "Gift cards never expire." in text and "Sold in three amounts." in text and "A block kept." in text
+
+
 def test_markdown_title_falls_back_to_first_line_then_stem(tmp_path):
     assert load_document(write(tmp_path / "a.md", "Just a line\n\nmore")).title == "Just a line"
     assert load_document(write(tmp_path / "b.md", "## Only h2\n\ntext")).title == "Only h2"

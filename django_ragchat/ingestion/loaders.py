@@ -425,9 +425,16 @@ def _md_inline_text(token) -> str:
     """Plain text of an ``inline`` token: markup dropped, link and image-alt
     text kept, soft line breaks joined with a space."""
     parts: list[str] = []
+    dropped = None  # "<script>alert(1)</script>" inline: the element whose text is left out
     for child in token.children or ():
         kind = child.type
-        if kind in ("text", "code_inline", "text_special"):
+        if dropped is not None:
+            if kind == "html_inline" and _closes(child.content, dropped):
+                dropped = None
+            continue
+        if kind == "html_inline" and (opened := _dropped_opening(child.content)):
+            dropped = opened
+        elif kind in ("text", "code_inline", "text_special"):
             parts.append(child.content)
         elif kind == "softbreak":
             parts.append(" ")
@@ -539,8 +546,25 @@ def _md_add(builder: _SectionBuilder, text: str, lists: list[str], prefix: str |
 def _html_fragment_text(fragment: str) -> str:
     from bs4 import BeautifulSoup  # noqa: PLC0415 - a parser is imported when a file of its type is first read
 
+    soup = BeautifulSoup(fragment, "html.parser")
+    for element in soup.find_all(_HTML_DROP):  # a script's code is not the page's text
+        element.decompose()
     # get_text() leaves out comments, so "<!-- toc -->" markers vanish.
-    return BeautifulSoup(fragment, "html.parser").get_text(" ", strip=True)
+    return soup.get_text(" ", strip=True)
+
+
+_OPENING_TAG_RE = re.compile(r"<([a-z]+)\b[^>]*(?<!/)>\Z", re.IGNORECASE)
+
+
+def _dropped_opening(tag: str) -> str | None:
+    """The name of an element whose text is left out (``_HTML_DROP``) that ``tag`` opens."""
+    match = _OPENING_TAG_RE.match(tag.strip())
+    name = match.group(1).lower() if match else None
+    return name if name in _HTML_DROP else None
+
+
+def _closes(tag: str, name: str) -> bool:
+    return re.fullmatch(rf"</{name}\s*>", tag.strip(), re.IGNORECASE) is not None
 
 
 # --------------------------------------------------------------------------
