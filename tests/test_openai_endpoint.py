@@ -383,7 +383,7 @@ BAD_BODIES = [
 ]
 
 
-def test_a_body_is_read_in_its_declared_charset(server, key, product_corpus):
+def test_a_body_is_read_in_its_declared_charset_and_must_be_json(server, key, product_corpus):
     body = json.dumps({"model": "default", "messages": ask("Crème brûlée?")}, ensure_ascii=False).encode("iso-8859-1")
     with httpx.Client(timeout=20, headers={"Authorization": f"Bearer {key}"}) as http:
         url = f"{server.url}/openai/v1/chat/completions"
@@ -393,6 +393,11 @@ def test_a_body_is_read_in_its_declared_charset(server, key, product_corpus):
             assert response.status_code == status, (content_type, response.text)
             if status == 400:
                 assert response.json()["error"]["code"] == "parse_error"
+        for content_type in ("application/x-www-form-urlencoded", "text/plain"):  # 415, as on the REST API
+            response = http.post(url, content=body, headers={"Content-Type": content_type})
+            error = response.json()["error"]
+            assert (response.status_code, error["code"], error["type"]) == (415, "unsupported_media_type",
+                                                                           "invalid_request_error"), content_type
     assert Message.objects.get(role="user").content == "Crème brûlée?"
 
 

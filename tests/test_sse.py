@@ -118,7 +118,7 @@ def test_refusals_are_http_statuses_with_the_error_event_as_body(server, product
     assert not Message.objects.exists()
 
 
-def test_a_body_is_read_in_its_declared_charset(server, product_corpus, user, conversation):
+def test_a_body_is_read_in_its_declared_charset_and_must_be_json(server, product_corpus, user, conversation):
     caller = caller_for(user)
     body = json.dumps({"content": "Crème brûlée?"}, ensure_ascii=False).encode("iso-8859-1")
     with httpx.Client(cookies=caller.cookies, timeout=20) as client:
@@ -129,6 +129,10 @@ def test_a_body_is_read_in_its_declared_charset(server, product_corpus, user, co
             assert response.status_code == status, content_type
             if status == 400:
                 assert response.json()["code"] == "parse_error"
+        # A body that is not declared JSON is 415, as on the REST API.
+        for content_type in ("application/x-www-form-urlencoded", "text/plain"):
+            response = client.post(url, content=b"content=hi", headers={**sse_headers(caller), "Content-Type": content_type})
+            assert (response.status_code, response.json()["code"]) == (415, "unsupported_media_type"), content_type
     assert conversation.messages.get(role="user").content == "Crème brûlée?"
 
 

@@ -72,6 +72,10 @@ def read_body(request) -> dict[str, Any]:
     except RequestDataTooBig:
         raise OpenAIError(413, "too_large", "The request body is too large.") from None
     try:
+        jsonbody.check_media_type(request.content_type)
+    except jsonbody.UnsupportedMediaType as exc:
+        raise OpenAIError(415, exc.code, str(exc)) from None
+    try:
         data = jsonbody.loads(jsonbody.body_text(body, request.encoding))
     except jsonbody.JSONRefused as exc:
         # The refusal's own code: ``too_many_fields`` is that code on every transport.

@@ -33,6 +33,22 @@ class TooManyFields(JSONRefused):
     code = "too_many_fields"
 
 
+class UnsupportedMediaType(JSONRefused):
+    """A body declared as something other than JSON (code ``unsupported_media_type``, 415)."""
+
+    code = "unsupported_media_type"
+
+
+def check_media_type(content_type: str) -> None:
+    """Refuse a body whose ``Content-Type`` (Django's ``request.content_type``, parameters left
+    out) is not JSON, as DRF does on the REST API: a form or ``text/plain`` is a client's
+    mistake worth naming, not a ``parse_error``. A body with no type declared is read as JSON."""
+    media = (content_type or "").strip().lower()
+    if media and media != "application/json" and not media.endswith("+json"):
+        raise UnsupportedMediaType(f'Unsupported media type "{media}": send JSON, with '
+                                   '"Content-Type: application/json".')
+
+
 def max_fields() -> int | None:
     """The most object keys a body may hold, all objects together: Django's own limit on form
     fields, ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` (1,000 by default; ``None``: no limit). No request

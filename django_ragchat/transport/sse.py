@@ -72,6 +72,10 @@ def _read_content(request) -> tuple[Any, str]:
     if len(body) > transport.max_request_chars():
         raise too_large
     try:
+        jsonbody.check_media_type(request.content_type)
+    except jsonbody.UnsupportedMediaType as exc:
+        raise TurnRefused(exc.code, str(exc), 415) from None
+    try:
         data = jsonbody.loads(jsonbody.body_text(body, request.encoding))
     except jsonbody.TooManyFields as exc:
         raise TurnRefused(exc.code, str(exc), 400) from None
