@@ -89,6 +89,23 @@ def test_ingest_reports_failures_and_closes_with_counts(tmp_path):
     assert "0 created, 0 updated, 2 unchanged, 1 failed; 0 chunk(s) written" in out
 
 
+def test_ingest_names_files_stored_again_from_another_working_folder(tmp_path, monkeypatch):
+    docs = tmp_path / "site" / "docs"
+    docs.mkdir(parents=True)
+    for name in ("contact.md", "shipping.md"):
+        (docs / name).write_text(f"# {name}\n\nText of {name}.")
+    monkeypatch.chdir(tmp_path / "site")
+    _, err = run("ragchat_ingest", "docs", "--no-progress")
+    assert err == ""
+    monkeypatch.chdir(docs)  # the same files, stored relative to another folder
+    out, err = run("ragchat_ingest", ".", "--no-progress")
+    assert "2 created" in out.splitlines()[-1]
+    assert err.strip() == (
+        "2 new document(s) repeat a file stored under another path (contact.md = docs/contact.md; "
+        "shipping.md = docs/shipping.md). Sources are relative to the working folder: ingest from the same "
+        "folder each time, or pass --root; delete the copies in the admin (Documents).")
+
+
 def test_ingest_fails_only_when_nothing_was_found_or_everything_failed(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CommandError, match=r"No documents found in .*empty \(supported: .*\.md"):

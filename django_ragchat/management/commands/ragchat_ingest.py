@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import PurePosixPath
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
@@ -22,7 +23,7 @@ from django_ragchat.access import InvalidAccess, access_tokens
 from django_ragchat.ingestion.loaders import SUPPORTED_SUFFIXES
 from django_ragchat.ingestion.pipeline import FAILED, ingest_paths
 from django_ragchat.management.progress import progress_bar
-from django_ragchat.models import Chunk
+from django_ragchat.models import Chunk, Document
 from django_ragchat.search import postgres
 
 
@@ -67,10 +68,42 @@ class Command(BaseCommand):
             )
         if report.count(FAILED) < len(report.results):
             build_missing_indexes(self.stdout)
+        self._warn_of_copies(report)
         self.stdout.write(f"Ingested {report.summary()}")  # the last line: the counts
         if report.count(FAILED) == len(report.results):
             raise CommandError("Every document failed to ingest.")
 
+
+
+    def _warn_of_copies(self, report) -> None:
+        """Name documents just created that repeat a stored file: the same bytes and file name
+        under another source, as ingesting from another working folder stores them."""
+        copies = stored_copies([r for r in report.results if r.status == "created"])
+        if not copies:
+            return
+        examples = "; ".join(f"{new} = {old}" for new, old in copies[:3]) + ("; …" if len(copies) > 3 else "")
+        self.stderr.write(
+            f"{len(copies)} new document(s) repeat a file stored under another path ({examples}). Sources are "
+            "relative to the working folder: ingest from the same folder each time, or pass --root; delete "
+            "the copies in the admin (Documents).")
+
+
+def stored_copies(created, batch: int = 500) -> list[tuple[str, str]]:
+    """(new source, stored source) for each of ``created`` (ingest results) whose bytes and
+    file name a document stored under another source has. Two queries per ``batch`` results."""
+    copies = []
+    for start in range(0, len(created), batch):
+        ids = [r.document_id for r in created[start:start + batch] if r.document_id]
+        new = dict(Document.objects.filter(pk__in=ids).exclude(checksum="").values_list("source", "checksum"))
+        stored = Document.objects.filter(checksum__in=set(new.values())).values_list("checksum", "source")
+        by_checksum: dict[str, list[str]] = {}
+        for checksum, source in stored.order_by("source"):
+            if source not in new:
+                by_checksum.setdefault(checksum, []).append(source)
+        for source, checksum in sorted(new.items()):
+            name = PurePosixPath(source).name
+            copies += [(source, old) for old in by_checksum.get(checksum, ()) if PurePosixPath(old).name == name]
+    return copies
 
 
 def build_missing_indexes(stdout) -> None:
