@@ -692,3 +692,24 @@ def test_no_list_page_nests_a_link_in_the_row_link(admin_client, chatted):
         assert page.status_code == 200, model
         rows = page.content.decode().split('id="result_list"', 1)[-1]
         assert not _nested_links(rows), (model.__name__, _nested_links(rows)[:1])
+
+
+def breadcrumbs(page: str) -> tuple[str, list[str]]:
+    """The element Django's breadcrumbs use on ``page`` ("ol" or "div") and their texts."""
+    match = re.search(r'<(ol|div) class="breadcrumbs">(.*?)</\1>', page, re.S)
+    assert match, "no breadcrumbs"
+    texts = [t.strip() for t in re.split(r"<[^>]+>|&rsaquo;|›", match.group(2)) if t.strip()]
+    return match.group(1), texts
+
+
+def test_the_apps_own_pages_write_breadcrumbs_as_the_running_django_does(admin_client, user):
+    # Django 6 writes <ol class="breadcrumbs">, styled per item; a <div> of links showed unstyled.
+    own, _ = breadcrumbs(admin_client.get(url("document_changelist")).content.decode())
+    pages = {
+        url("user_data_search"): ["Home", "RAG chat", "User chat data"],
+        url("user_data", user.pk): ["Home", "RAG chat", "User chat data", str(user)],
+        url("document_add"): ["Home", "RAG chat", "Documents", "Upload a document"],
+    }
+    for page_url, expected in pages.items():
+        element, texts = breadcrumbs(admin_client.get(page_url).content.decode())
+        assert (element, texts) == (own, expected), page_url
