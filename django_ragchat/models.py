@@ -275,7 +275,9 @@ class Chunk(models.Model):
         indexes = [models.Index(fields=["space", "id"], name="ragchat_chunk_space_id")]
 
     def __str__(self) -> str:
-        return f"{self.document_id}#{self.ordinal}"
+        # What a person recognises (its heading), not "16#0"; no query for the document's title.
+        where = shorten(self.heading, 60) if self.heading else f"Document {self.document_id}"
+        return f"{where}, part {self.ordinal + 1}"
 
 
 class SourceState(models.Model):

@@ -713,3 +713,10 @@ def test_the_apps_own_pages_write_breadcrumbs_as_the_running_django_does(admin_c
     for page_url, expected in pages.items():
         element, texts = breadcrumbs(admin_client.get(page_url).content.decode())
         assert (element, texts) == (own, expected), page_url
+
+
+def test_a_chunk_is_named_by_its_heading_and_part(product_corpus):
+    chunk = Chunk.objects.exclude(heading="").order_by("document", "ordinal").first()
+    assert str(chunk) == f"{chunk.heading}, part {chunk.ordinal + 1}"
+    chunk.heading = ""
+    assert str(chunk) == f"Document {chunk.document_id}, part {chunk.ordinal + 1}"
