@@ -35,6 +35,16 @@ def shorten(text: str, limit: int) -> str:
     return cut.rstrip(" ,;:.") + "…"
 
 
+#: How long a conversation's label made from a question is (the widget's titles, the API's
+#: ``label``, the admin's list, the OpenAI endpoint's titles).
+QUESTION_LABEL_CHARS = 80
+
+
+def question_label(question: str) -> str:
+    """A conversation's name made from its first question: shortened at a word boundary."""
+    return shorten(question, QUESTION_LABEL_CHARS)
+
+
 # Letters that render as nothing (Hangul fillers, the Braille blank): not whitespace to Python.
 _BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 

@@ -105,6 +105,35 @@ def test_conversations_are_listed_most_recently_active_first_and_paginated(alice
     assert [c["title"] for c in rest["results"]] == ["c3", "c2"]
 
 
+def test_an_untitled_conversation_is_labelled_by_its_first_question(alice, user, django_assert_max_num_queries):
+    """Started through the API, a conversation has no title: its ``label`` is its first question,
+    shortened at a word boundary, so a list of them does not read "Conversation of <date>" each
+    time (found by a new user); a title wins; with neither the label is empty."""
+    question = "Is the Aurora X2 available in blue, and if it is, is the price the same as the black one?"
+    asked = post_json(alice, f"{API}/conversations/", {}).json()
+    assert asked["title"] == "" and asked["label"] == ""
+    assert post_json(alice, f"{API}/conversations/{asked['id']}/messages/", {"content": question}).status_code == 201
+    post_json(alice, f"{API}/conversations/{asked['id']}/messages/", {"content": "And in green?"})
+    titled = post_json(alice, f"{API}/conversations/", {"title": "Phones"}).json()
+    assert titled["label"] == "Phones"
+    label = "Is the Aurora X2 available in blue, and if it is, is the price the same as the…"
+    assert len(label) <= 81 and question.startswith(label[:-1])
+    assert alice.get(f"{API}/conversations/{asked['id']}/").json()["label"] == label
+    for i in range(3):
+        other = Conversation.objects.create(owner=user)
+        Message.objects.create(conversation=other, seq=1, role="user", content=f"Question {i}")
+    with django_assert_max_num_queries(8):  # one query for the page's labels, not one each
+        listed = alice.get(f"{API}/conversations/").json()["results"]
+    labels = {c["id"]: c["label"] for c in listed}
+    assert labels[asked["id"]] == label and labels[titled["id"]] == "Phones"
+    assert {"Question 0", "Question 1", "Question 2"} <= set(labels.values())
+    # Renamed, the title is the label; blank again, the question is.
+    alice.patch(f"{API}/conversations/{asked['id']}/", {"title": "Blue"}, format="json")
+    assert alice.get(f"{API}/conversations/{asked['id']}/").json()["label"] == "Blue"
+    renamed = alice.patch(f"{API}/conversations/{asked['id']}/", {"title": ""}, format="json").json()
+    assert renamed["label"] == label
+
+
 def test_a_conversation_with_a_named_profile(alice, ragchat_settings_override):
     ragchat_settings_override(PROFILES={"default": {}, "support": {"top_k": 2}})
     response = post_json(alice, f"{API}/conversations/", {"profile": "support"})

@@ -22,6 +22,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
 from django_ragchat.models import Conversation, Feedback, Message
+from django_ragchat.text import shorten
 from django_ragchat.turn import limits
 from tests.live_servers import caller_for, chromium
 
@@ -30,6 +31,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.pairwise, pytest.mark.django_db(t
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "var" / "screenshots"
+#: The refusal states at 1280x800, to look at (RAGCHAT_SHOTS overrides where).
+SHOTS = Path(os.environ.get("RAGCHAT_SHOTS", SCREENSHOTS))
 QUESTION = "How much does the Aurora X2 cost?"
 
 
@@ -357,12 +360,9 @@ def test_a_rate_limited_message_counts_down_the_wait_and_is_sent_again_by_retry(
     assert note.text.startswith("Not sent: Too many messages") and "Try again in" in note.text
     assert note.find_element(By.CSS_SELECTOR, ".ragchat-wait").get_attribute("aria-live") == "off"
     status = page.find_element(By.CSS_SELECTOR, ".ragchat-status")
-    # Said once where it is announced, for screen readers only (the count is on the message).
-    hidden = status.find_element(By.CSS_SELECTOR, ".ragchat-visually-hidden")
-    assert hidden.get_attribute("textContent") == f"Try again in {seconds} s."
-    assert status.get_attribute("textContent") == f"Too many messages: at most 25 a minute. Try again in {seconds} s."
     retry = page.find_element(By.CSS_SELECTOR, ".ragchat-refused .ragchat-retry")
     assert "ragchat-retry-ready" not in retry.get_attribute("class")
+    assert not retry.get_attribute("title")  # no second number, that would not count down
     # Down a second at a time, then ready: nothing sent by itself.
     wait(page, lambda d: wait_shown(d) == f"Try again in {seconds - 1} s.", timeout=2.5)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -380,6 +380,101 @@ def test_a_rate_limited_message_counts_down_the_wait_and_is_sent_again_by_retry(
     assert "$699" in last_answer_text(page)
     assert len(page.find_elements(By.CSS_SELECTOR, ".ragchat-user")) == 1
     assert not page.find_elements(By.CSS_SELECTOR, ".ragchat-refused")
+
+
+def show_at_1280x800(driver) -> None:
+    """A viewport of 1280x800 (the window's own bars come on top), for the screenshots to look at."""
+    driver.set_window_size(1280, 800)
+    bars = 800 - js(driver, "return window.innerHeight")
+    driver.set_window_size(1280, 800 + bars)
+
+
+def waits_said(driver) -> dict:
+    """In one script (one instant): the status line's text, the waits it says (heard, not seen)
+    and the count on the refused question."""
+    return js(driver, """
+        const status = document.querySelector('.ragchat-status');
+        const count = document.querySelector('.ragchat-refused .ragchat-wait');
+        return {status: status.textContent, count: count ? count.textContent : '',
+                heard: Array.from(status.querySelectorAll('.ragchat-visually-hidden'), (s) => s.textContent)};""")
+
+
+def test_the_status_line_says_the_wait_once_and_never_a_number_the_count_has_left(
+        page, asgi, product_corpus, live_prefix):
+    """One wait on the page: the status line says it once for screen readers, from the deadline
+    the count reads (the same number then), and holds no number once the count has moved on:
+    it said "Try again in 62 s." while the message counted "60 s" (found by a new user)."""
+    show_at_1280x800(page)
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))
+    spend_the_rate_limit(page.get_cookie("sessionid")["value"], live_prefix)
+    type_question(page, QUESTION)
+    page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+    wait(page, lambda d: wait_shown(d).startswith("Try again in"))
+    said = waits_said(page)
+    # Heard at most once, the same number as the count (unless the first tick already took it).
+    assert said["heard"] in ([said["count"]], []), said
+    assert said["status"] in (f"Too many messages: at most 25 a minute. {said['count']}",
+                              "Too many messages: at most 25 a minute."), said
+    seconds = int(said["count"].split("Try again in ")[1].split(" s.")[0])
+    wait(page, lambda d: wait_shown(d) == f"Try again in {seconds - 1} s.", timeout=2.5)
+    page.save_screenshot(str(SHOTS / "1-refused-counting-down.png"))
+    # Counting: the status line keeps the refusal, with no second, stale number.
+    said = waits_said(page)
+    assert said["status"] == "Too many messages: at most 25 a minute." and not said["heard"], said
+    wait(page, lambda d: wait_shown(d) == "You can try again now.", timeout=seconds + 1)
+    page.save_screenshot(str(SHOTS / "2-refused-wait-over.png"))
+    assert waits_said(page)["status"] == "You can try again now."
+
+
+def test_a_question_sent_again_by_hand_replaces_its_refused_copy(page, asgi, product_corpus, live_prefix):
+    """Sent again from the box (not by Retry) once the wait is over, and accepted: the refused
+    copy goes, with its Retry, so the question stands once and cannot be sent twice (it stayed,
+    Retry active: found by a new user). The new conversation is named after the question, cut
+    at a word boundary (it was cut mid-word at 80 characters)."""
+    show_at_1280x800(page)
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))
+    spend_the_rate_limit(page.get_cookie("sessionid")["value"], live_prefix)
+    question = "How much does the Aurora X2 cost, and is the price the same in each of the colours it comes in?"
+    assert question[79:81].isalpha()  # 80 characters end mid-word
+    type_question(page, question)
+    page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+    check_refusal_shown(page, text="Too many messages")
+    wait(page, lambda d: wait_shown(d) == "You can try again now.", timeout=8)
+    # Typed again (the box kept it) and sent with Send, not Retry.
+    assert page.find_element(By.CSS_SELECTOR, ".ragchat-input").get_attribute("value") == question
+    page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+    wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant"))
+    wait(page, idle)
+    page.save_screenshot(str(SHOTS / "3-sent-again-by-hand.png"))
+    assert "$699" in last_answer_text(page)
+    assert len(page.find_elements(By.CSS_SELECTOR, ".ragchat-user")) == 1
+    assert not page.find_elements(By.CSS_SELECTOR, ".ragchat-refused")
+    assert not page.find_elements(By.CSS_SELECTOR, ".ragchat-user .ragchat-retry")
+    assert js(page, "return document.querySelector('.ragchat').ragchat.waits.size") == 0
+    title = shorten(question, 80)
+    assert title.endswith(" in each of the…"), title  # not "…of the colou"
+    wait(page, lambda d: d.find_element(By.CSS_SELECTOR, ".ragchat-conversation").text == title)
+    wait(page, lambda d: Conversation.objects.get().title == title)
+
+
+def test_an_untitled_conversation_is_listed_by_its_first_question(page, asgi, product_corpus):
+    """Conversations started through the REST API have no title: the list names them by their
+    first question (the API's ``label``), not "Conversation of <date>" each (found by a new user)."""
+    show_at_1280x800(page)
+    open_chat(page, f"{asgi.url}/chat/")
+    session = page.get_cookie("sessionid")["value"]
+    asked = Conversation.objects.create(session_key=session, profile="fake")
+    Message.objects.create(conversation=asked, seq=1, role="user", content="<b>Which</b> colours does the Aurora X2 come in?")
+    Message.objects.create(conversation=asked, seq=2, role="user", content="And the price?")
+    Conversation.objects.create(session_key=session, profile="fake")  # nothing asked yet
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")) == 2)
+    labels = [e.text for e in page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")]
+    assert "<b>Which</b> colours does the Aurora X2 come in?" in labels, labels
+    assert any(label.startswith("Conversation of ") for label in labels), labels
+    page.save_screenshot(str(SHOTS / "4-untitled-conversations-listed.png"))
 
 
 def test_a_wait_being_counted_stops_with_retry_or_another_conversation(page, asgi, product_corpus, live_prefix):

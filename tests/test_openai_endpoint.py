@@ -12,6 +12,7 @@ from datetime import timedelta
 import httpx
 import openai
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from django_ragchat.models import ApiKey, Conversation, Message, TurnTrace
@@ -161,7 +162,8 @@ def test_a_profile_with_output_guardrails_streams_the_answer_they_passed(server,
 # --- history ----------------------------------------------------------------------------------
 
 
-def test_a_stateless_follow_up_is_answered_from_the_messages_it_sends(server, key, product_corpus, openai_server):
+def test_a_stateless_follow_up_is_answered_from_the_messages_it_sends(server, key, product_corpus, openai_server,
+                                                                      admin_client):
     client = client_for(server, key)
     follow_up = "And how much does it cost?"
     history = [{"role": "system", "content": "Answer like a pirate."},
@@ -176,6 +178,11 @@ def test_a_stateless_follow_up_is_answered_from_the_messages_it_sends(server, ke
     conversation = Conversation.objects.get(pk=response.model_extra["conversation"])
     assert list(conversation.messages.values_list("role", "content")) == [
         ("user", follow_up), ("assistant", response.choices[0].message.content)]
+    # It is named after the request's first question, not the last one, which is all it stored
+    # (the admin listed it as "And how much does it cost?": found by a new user).
+    assert conversation.title == "Tell me about the Aurora X2."
+    page = admin_client.get(reverse("admin:django_ragchat_conversation_changelist")).content.decode()
+    assert f'/{conversation.pk}/change/">Tell me about the Aurora X2.</a>' in page
     trace = conversation.messages.get(role="assistant").trace.data
     assert trace["history"]["supplied"] == 2 and trace["origin"]["ignored_system_messages"] == 1
     assert trace["supplied_history"] == [{"role": m["role"], "content": m["content"]} for m in history[1:3]]
@@ -191,6 +198,7 @@ def test_a_stored_conversation_is_continued_by_its_id(server, key, product_corpu
     client = client_for(server, key)
     first = client.chat.completions.create(model="default", messages=ask("Tell me about the Aurora X2."))
     conversation_id = first.model_extra["conversation"]
+    assert Conversation.objects.get(pk=conversation_id).title == "Tell me about the Aurora X2."
     # Only the new message: the stored log is the history (a body field, or the header).
     second = client.chat.completions.create(model="default", messages=ask("And how much does it cost?"),
                                             extra_body={"conversation": conversation_id})

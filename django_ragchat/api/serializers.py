@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import OuterRef, Subquery
+from django.db.models.functions import Substr
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -21,6 +23,7 @@ from django_ragchat.models import (
 )
 from django_ragchat.permissions import can_use_profile
 from django_ragchat.profiles import UnknownProfile, get_profile, profile_names
+from django_ragchat.text import question_label
 
 
 class StrictCharField(serializers.CharField):
@@ -46,11 +49,34 @@ class ConversationSerializer(serializers.ModelSerializer):
         read_only=True,
         help_text="Sequence number of the last message; the log is append-only, so also its length.",
     )
+    label = serializers.SerializerMethodField(
+        help_text="What to call it: its title, or, untitled, its first question shortened at a word "
+                  "boundary (at most 80 characters and \"…\"); empty when it has neither.",
+    )
 
     class Meta:
         model = Conversation
-        fields = ["id", "title", "profile", "last_seq", "created_at", "updated_at"]
+        fields = ["id", "title", "label", "profile", "last_seq", "created_at", "updated_at"]
         read_only_fields = ["id", "profile", "created_at", "updated_at"]
+
+    def get_label(self, obj: Conversation) -> str:
+        if obj.title:
+            return obj.title
+        # Annotated by the list (one query for the page); looked up for one conversation.
+        question = obj.first_question if hasattr(obj, "first_question") else first_question(obj)
+        return question_label(question or "")
+
+
+def first_question_subquery(length: int = 400):
+    """The first user message of each conversation (its first ``length`` characters, enough for
+    a label), for ``.annotate(first_question=...)``."""
+    return Subquery(Message.objects.filter(conversation=OuterRef("pk"), role=Message.Role.USER)
+                    .order_by("seq").values_list(Substr("content", 1, length))[:1])
+
+
+def first_question(conversation: Conversation) -> str:
+    return (conversation.messages.filter(role=Message.Role.USER).order_by("seq")
+            .values_list(Substr("content", 1, 400), flat=True).first() or "")
 
 
 def profile_name(value: str | None) -> str:

@@ -227,7 +227,7 @@ class ConversationList(RagchatAPIView, generics.ListCreateAPIView):
     def get_queryset(self):
         return rules.visible_conversations(
             self.request.user, access.caller_session_key(self.request)
-        ).order_by("-updated_at", "-created_at", "pk")
+        ).annotate(first_question=s.first_question_subquery()).order_by("-updated_at", "-created_at", "pk")
 
     def create(self, request, *args, **kwargs):
         form = s.ConversationCreateSerializer(data=request.data, context={"request": request})

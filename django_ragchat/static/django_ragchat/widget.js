@@ -43,6 +43,26 @@ function waitSeconds(error) {
 
 const waitText = (seconds) => `Try again in ${seconds} s.`;
 const READY = "You can try again now.";
+/* Whole seconds left until ``end`` (a Date.now() time), rounded up: the one reading of a wait,
+   for the bubble's count and the status line alike. */
+const secondsLeft = (end) => Math.ceil((end - Date.now()) / 1000);
+
+/* A question as the widget compares and names it: on one line, spaces collapsed. */
+const oneLine = (text) => String(text || "").trim().replace(/\s+/g, " ");
+
+/* ``text`` on one line, cut at the last word boundary within ``limit`` characters (mid-word only
+   for a word longer than half of it), with "…" when cut: django_ragchat.text.shorten. */
+function shorten(text, limit) {
+  text = oneLine(text);
+  if (text.length <= limit) return text;
+  let cut = text.slice(0, limit + 1);  // a space just past the limit: the last word is whole
+  const space = cut.lastIndexOf(" ");
+  cut = space > Math.floor(limit / 2) ? cut.slice(0, space) : cut.slice(0, limit);
+  return cut.replace(/[ ,;:.]+$/, "") + "…";
+}
+
+/* The longest conversation title the widget makes from a question. */
+const TITLE_CHARS = 80;
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -149,6 +169,8 @@ class ChatWidget {
     this.viewCount = 0;
     this.ratings = new Map();  // message id -> {rating, comment}
     this.waits = new Set();    // the views counting down a refusal's wait
+    this.refused = new Set();  // the refused questions shown in the log
+    this.statusWait = null;    // the refused question whose wait the status line says
     this.bind();
   }
 
@@ -159,6 +181,7 @@ class ChatWidget {
   }
 
   setStatus(text, isError) {
+    this.statusWait = null;  // the line no longer says a refusal's wait (countDown)
     this.ui.status.textContent = text || "";
     this.ui.status.classList.toggle("ragchat-status-error", Boolean(isError));
   }
@@ -573,8 +596,12 @@ class ChatWidget {
 
   addConversationItem(conversation, first) {
     const item = el("li");
-    const label = conversation.title || `Conversation of ${new Date(conversation.created_at).toLocaleString()}`;
+    // The API's label is the title, else the first question (docs/api.md); the date only
+    // when there is neither (a conversation with no message yet).
+    const label = conversation.label || conversation.title
+      || `Conversation of ${new Date(conversation.created_at).toLocaleString()}`;
     const entry = button("ragchat-conversation", label);
+    entry.title = label;  // whole on hover, where the list's width cuts it
     entry.dataset.id = conversation.id;
     entry.addEventListener("click", () => {
       if (conversation.id !== this.conversationId) this.openConversation(conversation.id);
@@ -604,6 +631,7 @@ class ChatWidget {
     this.turn = null;
     this.markOpenConversation();
     for (const view of this.waits) this.stopCountDown(view);  // their bubbles go with the log
+    this.refused.clear();
     this.ui.log.replaceChildren(this.ui.empty);
     this.ui.empty.hidden = false;
     this.setStatus("");
@@ -637,7 +665,7 @@ class ChatWidget {
   adoptConversation(id, question) {
     if (this.conversationId === id) return;
     this.conversationId = id;
-    const title = question.trim().replace(/\s+/g, " ").slice(0, 80);
+    const title = shorten(question, TITLE_CHARS);  // at a word boundary, as the API's label
     this.addConversationItem({ id, title, created_at: new Date().toISOString() }, true);
     this.markOpenConversation();
     this.setBusy(true);  // the new entry too
@@ -680,6 +708,7 @@ class ChatWidget {
         turn.accepted = true;
         turn.assistantMessageId = event.assistant_message_id;
         if (turn.own && event.conversation_id) this.adoptConversation(event.conversation_id, turn.question);
+        if (turn.own) this.dropRefused(turn);
         this.setProgress(answer, turn.stopRequested ? "Stopping…" : "Thinking…");
         if (turn.stopRequested) turn.abort();
         break;
@@ -757,6 +786,7 @@ class ChatWidget {
         // Refused: nothing was saved. Say so on the question, and offer it again.
         answer.node.remove();
         user.node.classList.add("ragchat-refused");
+        this.refused.add(user);
         this.setNote(user, `Not sent: ${text}`, true);
         if (turn.own && !this.ui.input.value) this.ui.input.value = turn.question;
         if (turn.own && !NOT_RETRYABLE.has(error.code)) this.offerRetry(user, turn, error);
@@ -777,20 +807,28 @@ class ChatWidget {
 
   /* "Try again in N s." on a refused question, counting down to "You can try again now.", which
      emphasises Retry (nothing is sent by itself: the user decides). The count is aria-live="off"
-     inside the log's live region and the status line is set only at the start and the end, so a
-     screen reader hears the wait once and its end once, not every second. */
+     inside the log's live region; the status line says the wait once, for screen readers, and
+     its end once, so a screen reader hears neither every second. One deadline: the count and
+     the status line read the same seconds left from it, and the status line's number goes at
+     the first tick (a removal is not announced), so it never says a wait the count has left
+     behind ("Try again in 62 s." there, "60 s." on the message). */
   countDown(view, seconds) {
-    const counter = el("span", "ragchat-wait", waitText(seconds));
+    const end = Date.now() + seconds * 1000;
+    const counter = el("span", "ragchat-wait", waitText(secondsLeft(end)));
     counter.setAttribute("aria-live", "off");
     view.note.append(" ", counter);
-    // Heard on the status line, not seen there: a number that stays put would contradict the count.
-    this.ui.status.append(" ", el("span", "ragchat-visually-hidden", waitText(seconds)));
-    const started = this.ui.status.textContent;
+    // Heard on the status line, not seen there (the count is on the message).
+    const heard = el("span", "ragchat-visually-hidden", counter.textContent);
+    this.ui.status.append(" ", heard);
+    this.statusWait = view;
     // Counted from the clock, not the ticks: a background tab's timers run late.
-    const end = Date.now() + seconds * 1000;
     view.waitTimer = setInterval(() => {
       if (!view.node.isConnected) return this.stopCountDown(view);  // the bubble is gone
-      const left = Math.ceil((end - Date.now()) / 1000);
+      if (heard.isConnected) {  // said: not to be read later, stale
+        heard.previousSibling?.remove();  // its space
+        heard.remove();
+      }
+      const left = secondsLeft(end);
       if (left > 0) {
         counter.textContent = waitText(left);
         return;
@@ -800,7 +838,7 @@ class ChatWidget {
       view.node.classList.add("ragchat-wait-over");
       view.actions.querySelector(".ragchat-retry")?.classList.add("ragchat-retry-ready");
       // Announced once, unless the status line has moved on to something else meanwhile.
-      if (this.ui.status.textContent === started) this.setStatus(READY);
+      if (this.statusWait === view) this.setStatus(READY);
     }, 1000);
     this.waits.add(view);
   }
@@ -810,15 +848,32 @@ class ChatWidget {
     this.waits.delete(view);
   }
 
+  /* A question sent and accepted while an earlier, refused copy of it is still shown: the
+     refused one goes (it was never saved), so the question stands once and no Retry is left
+     to send it a second time, as when Retry itself sends it. */
+  dropRefused(turn) {
+    const question = oneLine(turn.question);
+    for (const view of this.refused) {
+      if (view === turn.user || oneLine(view.text) !== question) continue;
+      this.stopCountDown(view);
+      view.node.remove();
+      this.refused.delete(view);
+    }
+  }
+
   offerRetry(view, turn, error) {
     const retry = button("ragchat-retry", "Retry");
-    if (error.retry_after) retry.title = `The server asks to wait ${Math.ceil(error.retry_after)} s.`;
+    // A short wait is in the tooltip; a longer one is counted on the message (countDown).
+    if (error.retry_after && !waitSeconds(error)) retry.title = `The server asks to wait ${Math.ceil(error.retry_after)} s.`;
     retry.addEventListener("click", () => {
       if (this.turn && !this.turn.ended) return;
       this.stopCountDown(view);
       view.actions.hidden = true;
       // A refused question was never saved: sent again, it stands once, where it is sent.
-      if (view.node.classList.contains("ragchat-refused")) view.node.remove();
+      if (view.node.classList.contains("ragchat-refused")) {
+        view.node.remove();
+        this.refused.delete(view);
+      }
       if (this.ui.input.value === turn.question) this.ui.input.value = "";
       this.send(turn.question);
     });
