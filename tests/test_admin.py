@@ -16,6 +16,7 @@ from django.contrib.auth.models import Group
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.db.models import Count
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
@@ -722,3 +723,13 @@ def test_a_chunk_is_named_by_its_heading_and_part(product_corpus):
     assert str(chunk) == f"{chunk.heading}, part {chunk.ordinal + 1}"
     chunk.heading = ""
     assert str(chunk) == f"Document {chunk.document_id}, part {chunk.ordinal + 1}"
+
+
+def test_a_documents_page_shows_its_text_by_chunk(admin_client, product_corpus):
+    document = Document.objects.annotate(n=Count("chunks")).filter(n__gt=1).first()
+    chunks = list(document.chunks.order_by("ordinal"))
+    page = admin_client.get(url("document_change", document.pk)).content.decode()
+    shown = page.split('class="ragchat-document-chunks"', 1)[1].split("</ol>", 1)[0]
+    for chunk in chunks:
+        assert url("chunk_change", chunk.pk) in shown and escape(str(chunk)) in shown
+    assert escape(admin_views.chunk_snippet(chunks[0])) in shown

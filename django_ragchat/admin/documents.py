@@ -103,6 +103,10 @@ class DocumentUploadForm(forms.Form):
         return cleaned
 
 
+#: How many chunks a document's page shows (the chunk list has them all).
+CHUNKS_SHOWN = 20
+
+
 @admin.register(Document)
 class DocumentAdmin(RagchatAdmin):
     # The origin and the content type are filters, not columns: a model source's documents are
@@ -111,7 +115,7 @@ class DocumentAdmin(RagchatAdmin):
     list_filter = ("origin", "content_type")
     search_fields = ("title", "source")
     fields = ("title", "source", "origin", "object_pk", "readers", "content_type", "checksum", "chunks_by_space",
-              "metadata", "created_at", "updated_at")
+              "metadata", "created_at", "updated_at", "chunk_texts")
     readonly_fields = fields
     actions = ["reingest", "delete_selected"]
 
@@ -143,6 +147,24 @@ class DocumentAdmin(RagchatAdmin):
     def chunks_by_space(self, obj):
         rows = obj.chunks.order_by("space").values_list("space", flat=False).annotate(n=Count("pk"))
         return format_html_join(mark_safe("<br>"), "{}: {}", rows) or "no chunks"
+
+    @admin.display(description="its text, by chunk")
+    def chunk_texts(self, obj):
+        # What was ingested, readable on the document's own page (a new user found it empty):
+        # the chunks of one embedding space in order, each linked, the first CHUNKS_SHOWN.
+        space = obj.chunks.order_by("space").values_list("space", flat=True).first()
+        chunks = list(obj.chunks.filter(space=space).order_by("ordinal").defer("embedding", "analysis")
+                      [:CHUNKS_SHOWN + 1])
+        if not chunks:
+            return "no chunks"
+        items = format_html_join("", '<li><a href="{}">{}</a><div class="ragchat-text">{}</div></li>', (
+            (reverse("admin:django_ragchat_chunk_change", args=[c.pk]), str(c), admin_views.chunk_snippet(c))
+            for c in chunks[:CHUNKS_SHOWN]))
+        more = ""
+        if len(chunks) > CHUNKS_SHOWN:
+            url = reverse("admin:django_ragchat_chunk_changelist") + f"?document__id__exact={obj.pk}"
+            more = format_html('<p><a href="{}">All of its chunks</a></p>', url)
+        return format_html('<ol class="ragchat-document-chunks">{}</ol>{}', items, more)
 
     def get_deleted_objects(self, objs, request):
         objs = list(objs)
@@ -240,8 +262,8 @@ class DocumentAdmin(RagchatAdmin):
 
 @admin.register(Chunk)
 class ChunkAdmin(ReadOnlyAdmin):
-    # No ordinal column: the row's own label says it ("<document id>#<ordinal>").
-    list_display = ("__str__", "document_link", "space", "heading", "readers", "short_text")
+    # No heading or ordinal column: the row's own label says both ("<heading>, part 2").
+    list_display = ("__str__", "document_link", "space", "readers", "short_text")
     list_filter = ("space",)
     search_fields = ("text", "heading", "document__title", "document__source")
     fields = ("document_link", "ordinal", "space", "heading", "readers", "chunk_text", "token_count", "metadata")
