@@ -153,8 +153,8 @@ class TraceView:
     total_ms: float | None = None
     model: str = ""
     usage: dict = field(default_factory=dict)
-    prompt: dict = field(default_factory=dict)
-    history: dict = field(default_factory=dict)
+    prompt: str = ""  # the prompt's size against its budget, as a sentence (``prompt_sentence``)
+    history: str = ""  # the earlier messages the model was shown (``history_sentence``)
     ended_by: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     error: dict = field(default_factory=dict)
@@ -308,11 +308,55 @@ def _read_timings(view: TraceView, data: dict) -> None:
                     for k, v in stages]
 
 
+def _figure(value: Any) -> str:
+    """An int with thousands separators; anything else as text."""
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+def _rest(data: dict, said: tuple[str, ...]) -> list[str]:
+    """What a sentence did not say, as "key: value" (a trace written by another version)."""
+    return [f"{key}: {_figure(value)}" for key, value in data.items() if key not in said]
+
+
+def prompt_sentence(prompt: dict) -> str:
+    """A trace's ``prompt`` for a person: "1,210 tokens (budget 7,089); history 640 of its
+    2,481; 6,449 left for the passages; 1 passage dropped for the budget"."""
+    n = {key: _figure(value) for key, value in prompt.items()}
+    parts = []
+    if "tokens" in n or "budget" in n:
+        parts.append(" ".join(filter(None, [f"{n['tokens']} tokens" if "tokens" in n else "",
+                                            f"(budget {n['budget']})" if "budget" in n else ""])))
+    if "history_tokens" in n:
+        parts.append(f"history {n['history_tokens']}" + (f" of its {n['history_budget']}" if "history_budget" in n
+                                                         else ""))
+    if "context_budget" in n:
+        parts.append(f"{n['context_budget']} left for the passages")
+    if prompt.get("documents_dropped_for_budget"):
+        dropped = prompt["documents_dropped_for_budget"]
+        parts.append(f"{_figure(dropped)} passage{'s' if dropped != 1 else ''} dropped for the budget")
+    said = ("tokens", "budget", "history_tokens", "history_budget", "context_budget", "documents_dropped_for_budget")
+    return "; ".join(parts + _rest(prompt, said))
+
+
+def history_sentence(history: dict) -> str:
+    """A trace's ``history`` for a person: "4 earlier messages (#3 to #10)", and those a
+    stateless client supplied."""
+    parts = []
+    count, seqs = history.get("messages"), history.get("seqs")
+    if isinstance(count, int):
+        span = (f" (#{seqs[0]}" + (f" to #{seqs[-1]})" if seqs[-1] != seqs[0] else ")")
+                if isinstance(seqs, list) and seqs and count else "")
+        parts.append(f"{count} earlier message{'s' if count != 1 else ''}{span}")
+    if "supplied" in history:
+        parts.append(f"{_figure(history['supplied'])} supplied by the client")
+    return "; ".join(parts + _rest(history, ("messages", "seqs", "supplied")))
+
+
 def _read_outcome(view: TraceView, data: dict) -> None:
     view.model = str(data.get("model") or "")
     view.usage = _as_dict(data.get("usage"))
-    view.prompt = _as_dict(data.get("prompt"))
-    view.history = _as_dict(data.get("history"))
+    view.prompt = prompt_sentence(_as_dict(data.get("prompt")))
+    view.history = history_sentence(_as_dict(data.get("history")))
     ended_by = data.get("ended_by")
     view.ended_by = ended_by if isinstance(ended_by, dict) else ({"stage": str(ended_by)} if ended_by else {})
     warnings = data.get("warnings")
