@@ -718,3 +718,16 @@ def test_do_you_sell_asks_about_the_thing_not_the_selling(sample_docs):
     assert answer.startswith("The documents don't say anything about gift cards."), answer
     answer = ask("Do you sell the Nimbus Tab?")
     assert "about sell" not in answer and "Nimbus Tab" in answer, answer
+
+
+def test_how_much_after_another_attribute_asks_the_price_not_the_carried_words():
+    """A new user's "Is the kettle covered by warranty?" then "and how much is it?": the search
+    carried "kettle ... warranty" (they say which subject); the question asks a price."""
+    def section(n, leaf, body):
+        return RetrievedChunk(chunk_id=n, text=f"Pour-over kettle > {leaf}\n{body}", score=1.0, document_id=1,
+                              source="k.md", title="Pour-over kettle", heading=f"Pour-over kettle > {leaf}")
+
+    price, warranty = section(1, "Price", "It costs $79."), section(2, "Warranty", "One-year warranty against faults.")
+    question = prompt("and how much is it?", warranty, price,
+                      search_query="and how much is it? Is the kettle covered by warranty?")
+    assert AnswerSelector().answer(question) == "It costs $79 [2].", AnswerSelector().answer(question)

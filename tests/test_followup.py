@@ -514,3 +514,65 @@ def test_a_language_folder_without_the_catalogue_pattern_keeps_working(tmp_path)
     query = Query(text="Do you sell blenders?", original="", history=history("How much do the Zephyr Buds cost?"))
     resolved = FollowUpEnricher(PROFILE, vocabulary=vocabulary).resolve(query, None, index_with_texts())
     assert "Zephyr" in resolved.text  # a follow-up, as before the rule
+
+
+# --- A new user's coffee shop: names written in part, an opening about something else ----------
+
+COFFEE_SHOP = {
+    "coffee/grinder.md": "# Millstone G2 Coffee Grinder\n\n## Overview\n\nThe Millstone G2 Coffee Grinder is a burr "
+                         "grinder for home baristas.\n\n## Price\n\nThe Millstone G2 Coffee Grinder costs $149.\n\n"
+                         "## Warranty\n\nThe Millstone G2 Coffee Grinder comes with a two-year warranty.\n",
+    "coffee/kettle.md": "# Brightwater Kettle\n\n## Overview\n\nThe Brightwater Kettle is a gooseneck kettle for "
+                        "pour-over coffee.\n\n## Price\n\nThe Brightwater Kettle costs $79.\n\n## Warranty\n\n"
+                        "The Brightwater Kettle is covered by a one-year warranty.\n",
+    "coffee/gift-cards.md": "# Gift cards\n\nGift cards are sold in amounts from $10 to $200 and never expire.\n",
+}
+
+
+@pytest.fixture
+def coffee_shop(db):
+    from django_ragchat.ingestion.pipeline import ingest_text
+
+    return [ingest_text(source, text, content_type="markdown") for source, text in COFFEE_SHOP.items()]
+
+
+def test_a_subject_named_in_part_is_carried_not_an_opening_about_something_else(coffee_shop, conversation):
+    run_turn_sync(conversation, "Do you sell espresso machines?")
+    named = run_turn_sync(conversation, "What about the Millstone G2 grinder, how long is its warranty?")
+    assert named.trace["queries"]["followup"]["subject"] == "Millstone G2 Coffee Grinder"
+
+    result = run_turn_sync(conversation, "and how much is it?")
+
+    assert result.trace["queries"]["final"] == "and how much is it? Millstone G2 Coffee Grinder"
+    assert "not the opening message" in step_of(result)["note"]
+    assert "$149" in result.answer, result.answer
+
+
+@pytest.mark.parametrize("opening, follow_up, stated", [
+    ("What is the warranty on the kettle?", "And the grinder?", "two-year warranty"),
+    ("Does the Millstone G2 Coffee Grinder have a warranty?", "What about the kettle?", "one-year warranty"),
+])
+def test_the_kind_a_name_holds_switches_to_its_subject(coffee_shop, conversation, opening, follow_up, stated):
+    run_turn_sync(conversation, opening)
+
+    result = run_turn_sync(conversation, follow_up)
+
+    assert result.trace["queries"]["followup"]["subject_rule"] == "replaced"
+    assert stated in result.answer, result.answer
+
+
+def test_a_model_code_one_subject_has_names_it():
+    index = SubjectIndex.from_rows([(1, "Millstone G2 Coffee Grinder", []), (2, "Trail 500", []),
+                                    (3, "Trail 700", []), (4, "Aurora X2", []), (5, "Nimbus X2", [])])
+    assert [s.name for s in index.find("How much is the G2?")] == ["Millstone G2 Coffee Grinder"]
+    assert [s.name for s in index.find("the millstone g2 grinder")] == ["Millstone G2 Coffee Grinder"]
+    assert index.find("Is 500 grams too heavy?") == []  # a number alone is an amount, not a name
+    assert index.find("And the X2?") == []  # two subjects have it: it names neither
+
+
+def test_an_opening_that_names_nothing_is_still_carried_as_context():
+    index = SubjectIndex.from_rows([(1, "Central Library", []), (2, "Millbrook Library", [])])
+    query = Query(text="Is the entrance OK for me?", original="",
+                  history=history("I'm a wheelchair user.", "I want to visit Central Library."))
+    result = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY, carry_opening=True).resolve(query, None, index)
+    assert result.text == "Is the entrance OK for me? I'm a wheelchair user.", result.text

@@ -378,8 +378,7 @@ def _drop_words_that_say_how(need: Need, asked: str, asked_at: dict[str, int], v
         need.forget(coming, asked_at)  # "How much storage does it come with?" asks the storage
 
 
-def _take_carried_attribute(need: Need, question: str, asked: str, typed_keys: set[str], names: set[str],
-                            vocabulary: Vocabulary) -> None:
+def _take_carried_attribute(need: Need, asked: str, typed_keys: set[str], vocabulary: Vocabulary) -> None:
     """Make the words the search query carried (the transformer's, or the question's context)
     the asked attribute where the asking clause alone does not say what it is about."""
     def promote(keys: set[str]) -> None:
@@ -396,13 +395,14 @@ def _take_carried_attribute(need: Need, question: str, asked: str, typed_keys: s
         # "How long is it?" asks only the kind of value: what it is about came with the search
         # query ("... Zephyr Buds warranty").
         promote({key for key in carried if need.groups[key] == 0.5})
-    if not need.own and need.groups and not vocabulary.pattern("purpose").search(asked):
+    if (not need.own and need.groups and not vocabulary.pattern("purpose").search(asked)
+            and not vocabulary.pattern("price_question").search(asked)):
         # "What about the Nimbus Tab?": the attribute is the one the transformer carried over, or
         # the context's ("I lost one of my Zephyr Buds, what now?"); but "hi, quick question -
-        # how much is it?" asks a price, not the context's words.
-        typed = ({key for key, _ in vocabulary.group_keys(question, names)}
-                 if vocabulary.pattern("price_question").search(asked) else set())
-        promoted = {key for key in need.groups if key not in typed}
+        # how much is it?", or "and how much is it?" after the kettle's warranty, asks a price:
+        # neither the context's words nor those carried from earlier turns ("kettle warranty"),
+        # which only say which subject.
+        promoted = set(need.groups)
         if promoted:
             need.promoted = True
             promote(promoted)
@@ -455,6 +455,6 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], voc
     by_place = sorted((at, key) for key, at in asked_at.items() if not key.startswith("~"))
     need.adjacent = [(a, b) for (i, a), (j, b) in zip(by_place, by_place[1:]) if j - i <= 2]
     if not part:
-        _take_carried_attribute(need, question, asked, set(asked_at), names, vocabulary)
+        _take_carried_attribute(need, asked, set(asked_at), vocabulary)
     _value_asked(need, asked, vocabulary)
     return need

@@ -57,6 +57,12 @@ def _identifies(word: str) -> bool:
     return word not in STOPWORDS or len(word) == 1 or any(c.isdigit() for c in word)
 
 
+def _is_code(key: str) -> bool:
+    """A model code ("g2", "x2"): letters and digits together. A number alone ("500") is as
+    likely an amount in a question as part of a name."""
+    return any(c.isdigit() for c in key) and any(c.isalpha() for c in key)
+
+
 def name_tokens(name: str) -> tuple[str, ...]:
     """The keys of the words of ``name`` that identify it: stop words dropped, single letters
     and codes kept."""
@@ -124,6 +130,13 @@ class SubjectIndex:
                 by_kind.setdefault(name_key(kinds[subject.name]), []).append(subject)
         self._by_kind = {key: found[0] for key, found in by_kind.items() if len(found) == 1}
         self.kind_keys = {subject: key for key, subject in self._by_kind.items()}
+        # "the G2" names the Millstone G2 Coffee Grinder: a model code one subject's name alone has.
+        by_code: dict[str, list[Subject]] = {}
+        for subject in subjects:
+            for token in subject.tokens:
+                if _is_code(token):
+                    by_code.setdefault(token, []).append(subject)
+        self._by_code = {key: found[0] for key, found in by_code.items() if len(found) == 1}
 
     def __len__(self) -> int:
         return len(self.subjects)
@@ -222,6 +235,11 @@ class SubjectIndex:
                               for p in used)
                 if written or self._in_a_row(subject, keys, positions):
                     found[subject] = min(used)
+        for key, subject in self._by_code.items():
+            # "the Millstone G2 grinder", "the G2": the code alone tells which subject, whatever
+            # other words of its name are left out ("Coffee").
+            if key in positions and subject not in found:
+                found[subject] = positions[key][0]
         chosen = [s for s in found if not any(
             other is not s and set(s.tokens) < set(other.tokens) for other in found)]
         order = {s: matches[found[s]].start() for s in chosen}
@@ -257,7 +275,9 @@ def _kinds(subjects, openings: dict[int, str], language: Language) -> dict[str, 
     for subject in subjects:
         for document_id in sorted(subject.documents):
             kind = kind_of(subject.name, openings.get(document_id, ""), language)
-            if kind and name_key(kind) not in subject.tokens:
+            # A kind the name itself holds counts too: "the kettle" names the Brightwater Kettle
+            # when no other subject is a kettle (a name needs all its words otherwise).
+            if kind:
                 kinds[subject.name] = kind
                 break
     return kinds

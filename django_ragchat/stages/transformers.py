@@ -617,7 +617,7 @@ class FollowUpEnricher(QueryTransformer):
     def _enriched(self, query: Query, index: SubjectIndex, after: ConversationState, rules: str) -> Query:
         """A dependent question in a conversation on one subject: ``enrich``, and the attribute
         it inherits ("How long is it?" after the warranty: its length)."""
-        result = self.enrich(self.since_fresh_start(query, index))
+        result = self._subject_for_opening(self.since_fresh_start(query, index), index, after)
         if after.attribute_rule == "inherited":
             own = {stem(w) for w in words(result.text)}
             added = [w for w in after.attribute if stem(normalize(w)) not in own]
@@ -625,6 +625,28 @@ class FollowUpEnricher(QueryTransformer):
                 result = _noted(result, f"{result.metadata['transform_note']}; added {added}",
                                 text=f"{result.text} {' '.join(added)}")
         return _noted(result.replace(history=query.history), f"{result.metadata['transform_note']}; {rules}")
+
+    def _subject_for_opening(self, query: Query, index: SubjectIndex, after: ConversationState) -> Query:
+        """``enrich``, unless the opening message it would carry is about something else than the
+        subject of the latest turns ("Do you sell espresso machines?" before the Millstone G2 was
+        asked about): then the subject's name, as the ranked names would, for the opening's words
+        would pull the search away from what is talked about."""
+        opening = self.opening_message(query) if self.carry_opening else ""
+        if not opening or after.subject is None or not self._elsewhere(opening, index, after.subject):
+            return self.enrich(query)
+        if self._names_it(query.text, after.subject):
+            return _noted(query, "self-contained (names its subject)")
+        return _noted(query, f"follow-up: added the subject {after.subject.name!r}, not the opening message",
+                      text=f"{query.text} {after.subject.name}")
+
+    def _elsewhere(self, opening: str, index: SubjectIndex, subject: Subject) -> bool:
+        """Whether ``opening`` names another subject, or asks about a thing of its own that
+        ``subject``'s documents never write. One that names nothing ("I'm a wheelchair user.")
+        is context for whatever is asked next, and still carried."""
+        reading = read_message(opening, index, self.grammar)
+        if reading.named:
+            return subject not in reading.named
+        return bool(reading.thing) and index.uses(subject, reading.thing) is False
 
     def enrich(self, query: Query) -> Query:
         """The subject-blind follow-up: salient names of the history appended to a dependent
