@@ -61,14 +61,16 @@ def questions(products: list[str]):
 def make_conversation(earlier: int, products: list[str], offset: int):
     """A conversation with ``earlier`` complete messages (user and assistant alternating),
     inserted in one ``bulk_create``; the last user question names a product, so a follow-up
-    has something to resolve against."""
+    has something to resolve against. Every message is about one product (``offset``'s): the
+    conversations of each length then search alike, the follow-up transformer carrying the same
+    subject and opening, and differ in their history alone."""
     from django_ragchat.models import Conversation, Message
     from django_ragchat.tokens import count_tokens
 
     conversation = Conversation.objects.create(profile="default", title="bench", last_seq=earlier)
     messages = []
     for seq in range(1, earlier + 1):
-        product = products[(offset + seq // 2) % len(products)]
+        product = products[offset % len(products)]
         if seq % 2:
             content = f"Tell me about the {product} and its battery and warranty."
             role = Message.Role.USER
