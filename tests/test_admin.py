@@ -82,8 +82,8 @@ def test_the_conversation_page_shows_the_transcript_and_each_answers_trace(admin
     assert 'class="ragchat-rewritten">' + trace["queries"]["final"] in transcript
     assert "<code>followup</code>" in transcript
     assert "Documents the model saw" in transcript and "ragchat-badge-cited" in transcript
-    # Two scales, each named: the retriever's similarity, the joiner's fused rank score.
-    assert "retriever's score</th>" in transcript and "joined score 0." in transcript
+    # Two scales, each named: the retriever's similarity, the final (joined, post-processed) score.
+    assert "retriever's score</th>" in transcript and "final score 0." in transcript
     assert escape(cited.title) + " — Pricing" in transcript
     assert "Stage timings" in transcript and "retrieval" in transcript
     assert "extractive" in transcript  # the model
