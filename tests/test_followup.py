@@ -110,11 +110,16 @@ PRODUCTS = {
 }
 
 
-@pytest.fixture
-def shop(db):
+def ingest_markdown(documents: dict[str, str]) -> list:
+    """``documents`` ({source: Markdown text}) ingested with the default profile."""
     from django_ragchat.ingestion.pipeline import ingest_text
 
-    return [ingest_text(source, text, content_type="markdown") for source, text in PRODUCTS.items()]
+    return [ingest_text(source, text, content_type="markdown") for source, text in documents.items()]
+
+
+@pytest.fixture
+def shop(db):
+    return ingest_markdown(PRODUCTS)
 
 
 def test_and_for_the_other_product_after_the_warranty_of_the_first(shop, conversation):
@@ -531,9 +536,7 @@ COFFEE_SHOP = {
 
 @pytest.fixture
 def coffee_shop(db):
-    from django_ragchat.ingestion.pipeline import ingest_text
-
-    return [ingest_text(source, text, content_type="markdown") for source, text in COFFEE_SHOP.items()]
+    return ingest_markdown(COFFEE_SHOP)
 
 
 def test_a_subject_named_in_part_is_carried_not_an_opening_about_something_else(coffee_shop, conversation):
