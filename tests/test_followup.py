@@ -579,3 +579,61 @@ def test_an_opening_that_names_nothing_is_still_carried_as_context():
                   history=history("I'm a wheelchair user.", "I want to visit Central Library."))
     result = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY, carry_opening=True).resolve(query, None, index)
     assert result.text == "Is the entrance OK for me? I'm a wheelchair user.", result.text
+
+
+# --- A new question after a product: what only a topic's page writes -------------------------
+
+SUPPORT_PAGE = {"coffee/support.md": "# Customer support\n\n## Contact\n\nTo contact support, email "
+                                     "help@brewhouse.example or call 0800 123 456.\n"}
+
+
+def test_a_question_only_a_topic_page_answers_carries_nothing_of_the_product_before(coffee_shop, conversation):
+    """A new user's trial: "How do I contact support?" after the grinder was declined "...about
+    contact support for Millstone G2 Coffee Grinder", though the contact passage was retrieved."""
+    ingest_markdown(SUPPORT_PAGE)
+    run_turn_sync(conversation, "What about the Millstone G2 grinder, how long is its warranty?")
+    run_turn_sync(conversation, "and how much is it?")
+
+    result = run_turn_sync(conversation, "How do I contact support?")
+
+    assert result.trace["queries"]["final"] == "How do I contact support?"
+    assert result.trace["queries"]["followup"]["subject_rule"] == "fresh"
+    assert "help@brewhouse.example" in result.answer, result.answer
+    assert "Millstone" not in result.answer
+
+
+TOPIC_TEXTS = {**TEXTS, 4: "Orbit Devices support. To contact support, email help@orbit.example. "
+                           "The Zephyr Buds have a headphone jack adapter.",
+               5: "Returns are accepted within 30 days."}
+
+
+def topic_index() -> SubjectIndex:
+    rows = [*KIND_ROWS, (4, "Customer support", []), (5, "Returns", [])]
+    return SubjectIndex.from_rows(rows, openings=OPENINGS, document_text=lambda ids: [TOPIC_TEXTS[i] for i in ids])
+
+
+def test_the_topic_page_is_a_subject_with_no_kind_that_writes_every_asked_word():
+    index = topic_index()
+    [aurora] = [s for s in index.subjects if s.name == "Aurora X2"]
+    assert index.topic_page(aurora, ["contact", "support"]).name == "Customer support"
+    assert index.topic_page(aurora, ["returns"]).name == "Returns"
+    assert index.topic_page(aurora, ["contact", "refund"]) is None  # no page writes both
+    assert index.topic_page(aurora, ["phone"]) is None  # the Aurora's own page writes it
+    # An item's page writes them all: the question is of an item's kind, declined on this one.
+    assert index.topic_page(aurora, ["spare", "tips"]) is None
+    assert index.topic_page(aurora, []) is None
+    without_texts = SubjectIndex.from_rows(KIND_ROWS + [(4, "Customer support", [])], openings=OPENINGS)
+    assert without_texts.topic_page(without_texts.subjects[0], ["contact"]) is None
+
+
+def test_only_a_plain_question_leaves_the_subject_for_a_topic_page():
+    enricher, index = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY), topic_index()
+
+    def note(question: str) -> str:
+        query = Query(text=question, original=question, history=history("How much does the Aurora X2 cost?"))
+        return enricher.resolve(query, None, index).metadata["transform_note"]
+
+    assert "a thing of its own (contact support)" in note("How do I contact support?")
+    # A pronoun or an opening that points back keeps the subject, whatever the words.
+    for question in ("How do I contact support about it?", "And contact support?"):
+        assert "subject kept (Aurora X2)" in note(question), (question, note(question))

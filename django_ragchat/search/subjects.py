@@ -111,6 +111,9 @@ def kind_of(name: str, text: str, language: Language | None = None) -> str:
 class SubjectIndex:
     """The subject names of a corpus and how to find them in a message."""
 
+    #: ``topic_page`` reads the documents of at most this many subjects.
+    MAX_TOPIC_SCAN = 64
+
     def __init__(self, subjects: list[Subject], kinds: dict[str, str] | None = None,
                  language: Language | None = None,
                  document_text: Callable[[frozenset[int]], Iterable[str]] | None = None):
@@ -152,6 +155,26 @@ class SubjectIndex:
             known = frozenset(stem(w) for text in self.document_text(subject.documents) for w in words(text))
             self._stems[subject] = known
         return name_key(word) in known
+
+    def topic_page(self, current: Subject, keys: list[str]) -> Subject | None:
+        """The page a question's own words ``keys`` (it names nothing and points back at nothing)
+        ask about instead of ``current``: "How do I contact support?" after the Millstone G2 Coffee
+        Grinder asks the support page. That is a subject with no kind (a page on a topic, not an
+        item of a catalogue) that writes every key, when ``current``'s documents write none of
+        them and no item writes them all ("Is there a headphone jack?" after a phone whose page
+        never says stays on the phone, to be declined, when the earbuds' page writes "headphone
+        jack"). None otherwise, without the documents' texts, or in a corpus of more than
+        ``MAX_TOPIC_SCAN`` subjects (their texts are not read on a turn)."""
+        if not keys or self.document_text is None or len(self.subjects) > self.MAX_TOPIC_SCAN:
+            return None
+        if any(self.uses(current, key) for key in keys):
+            return None
+        items = [s for s in self.subjects if self.kinds.get(s.name)]
+        if any(all(self.uses(item, key) for key in keys) for item in items if item is not current):
+            return None
+        # A heading named inside an item's page ("Nimbus Pen") writes nothing its item does not.
+        return next((s for s in self.subjects if s is not current and not self.kinds.get(s.name)
+                     and all(self.uses(s, key) for key in keys)), None)
 
     def restricted_to(self, documents: set[int]) -> SubjectIndex:
         """The index of the subjects named by ``documents`` (ids) alone."""

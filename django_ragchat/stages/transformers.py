@@ -172,6 +172,9 @@ class Reading:
     refines: bool = False
     # "Do you sell blenders?": the thing the shop is asked whether it has ("blenders"), or "".
     thing: str = ""
+    # "How do I contact support?": the words asking what, of a question naming nothing and
+    # pointing back at nothing (empty otherwise); ``ConversationState.leaves_for`` reads them.
+    topic_words: tuple[str, ...] = ()
 
 
 def _attribute_words(rest: str, named: tuple[Subject, ...], index: SubjectIndex,
@@ -297,7 +300,11 @@ def read_message(text: str, index: SubjectIndex, grammar: Grammar) -> Reading:
     fresh = (bool(fresh_match) and bool(rest.strip()) and not elliptical and not pronoun
              and not grammar.ellipsis.match(rest) and not grammar.continues.match(rest))
     thing = "" if named or pronoun else _thing_asked(rest, grammar) or _foreign_name_word(rest, index)
-    return Reading(named, tuple(attribute), elliptical and bool(named), pronoun, fresh, not fresh and refines, thing)
+    plain = not (named or pronoun or refines or grammar.ellipsis.match(rest))
+    topic = tuple(w for w in attribute if normalize(w) not in grammar.generic
+                  and stem(normalize(w)) not in grammar.light_stems) if plain else ()
+    return Reading(named, tuple(attribute), elliptical and bool(named), pronoun, fresh, not fresh and refines, thing,
+                   topic)
 
 
 @dataclass
@@ -314,10 +321,13 @@ class ConversationState:
 
     def leaves_for(self, reading: Reading, index: SubjectIndex | None) -> bool:
         """Whether ``reading`` asks about a thing of its own ("Do you sell blenders?"): one the
-        documents of the subject talked about never write, or when no subject was talked about.
+        documents of the subject talked about never write, or when no subject was talked about;
+        or, naming nothing, asks what only a topic's page writes (``SubjectIndex.topic_page``).
         Without the documents' texts (an index built from rows alone) it is not known: no."""
         if not reading.thing:
-            return False
+            # "How do I contact support?" after a product: words only a topic's page writes.
+            return (self.subject is not None and index is not None
+                    and index.topic_page(self.subject, list(reading.topic_words)) is not None)
         if self.subject is None:
             return True
         return index is not None and index.uses(self.subject, reading.thing) is False
@@ -567,7 +577,8 @@ class FollowUpEnricher(QueryTransformer):
         if after.subject_rule == "fresh":
             # "Do you sell blenders?" after the Zephyr Buds: a thing their documents never write
             # is the question's own subject; the conversation's would pull its passages first.
-            return _noted(query, f"asks about a thing of its own ({reading.thing}): nothing carried; {rules}")
+            asked = reading.thing or " ".join(reading.topic_words)
+            return _noted(query, f"asks about a thing of its own ({asked}): nothing carried; {rules}")
         if (not reading.named and after.subject is not None and after.subject in index.kind_keys
                 and self._asks_a_shop_policy(query.text)):
             # "I'd like to return my Zephyr Buds." / "Will I get my money back?": the shop's
