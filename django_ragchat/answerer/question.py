@@ -166,9 +166,13 @@ class _Corrector:
                 or self.known(word)):
             return match.group(0)
         stemmed = stem(word)
+        # A word the model knows whole is no misspelling of another with one letter changed
+        # ("bring" of "bridge", "change" of "charge"), though it may be a spelling of one with a
+        # letter more or less ("color" of "colour").
+        whole = v.is_word(word)
         found = {c for c in (*self.known_stems, *v.stems_by_initial.get(word[0], ()))
                  if len(c) >= TYPO_MIN_LENGTH and c[0] == word[0]
-                 and (one_typo(word, c) or one_typo(stemmed, c))}
+                 and any(one_typo(w, c) and not (whole and len(w) == len(c)) for w in (word, stemmed))}
         if len(found) > 1 and len({v.of_stem.get(c) for c in found}) == 1 and v.of_stem.get(next(iter(found))):
             found = {min(found)}  # "weigth": "weight" or "weigh", the same group either way
         return next(iter(found)) if len(found) == 1 else match.group(0)

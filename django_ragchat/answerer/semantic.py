@@ -60,8 +60,14 @@ class SentenceSimilarity(_Similarity):
 
     def __init__(self, encode: Encode, cache_size: int = CACHE_SIZE,
                  encode_ids: Callable[[list[list[int]]], np.ndarray] | None = None,
-                 word_norms: Callable[[list[str]], list[float]] | None = None):
+                 word_norms: Callable[[list[str]], list[float]] | None = None,
+                 token_ids: Callable[[list[str]], list[list[int]]] | None = None):
         self.encode = encode
+        # The model's tokenizer when it has one: a word it holds as one piece is a word of its own
+        # (``is_word``), not a typo of a passage's word.
+        self.token_ids = token_ids
+        self._whole: dict[str, bool] = {}
+        _caches.append(self._whole)
         # The model's ``word_norms`` when it has one: how much each word says (its vector's length
         # before normalising), which weighs the answerer's light words (``norms``).
         self.word_norms = word_norms
@@ -87,6 +93,20 @@ class SentenceSimilarity(_Similarity):
                     self._norms.clear()
                 self._norms.update(zip(missing, self.word_norms(missing), strict=True))
             return {w: self._norms[w] for w in words}
+
+    def is_word(self, word: str) -> bool:
+        """Whether the model's tokenizer holds ``word`` (folded) as one piece: its vocabulary of
+        common words ("bring", "someone", "week"), which a misspelling ("warrenty", "weigth",
+        "baterry") never is. False without a tokenizer."""
+        if self.token_ids is None:
+            return False
+        found = self._whole.get(word)
+        if found is None:
+            found = len(self.token_ids([word])[0]) == 1
+            if len(self._whole) > self.cache_size:
+                self._whole.clear()
+            self._whole[word] = found
+        return found
 
     def vectors(self, texts: Sequence[str]) -> np.ndarray:
         with self._lock:
@@ -149,6 +169,10 @@ class NearWords(Vocabulary):
         # A turn asks the same (key, sentence) many times (weights, exclusions, coverage, word
         # places): each answer is kept for the turn, as the words' neighbours are.
         self._covered: dict[tuple[str, frozenset[str]], float] = {}
+
+    def is_word(self, word: str) -> bool:
+        similarity = getattr(self._similarity, "similarity", self._similarity)  # StoredVectors wraps it
+        return similarity.is_word(word) if hasattr(similarity, "is_word") else False
 
     def near(self, word: str) -> frozenset[str]:
         """The passages' stems whose words the model finds close to ``word`` (a stem)."""

@@ -209,6 +209,11 @@ class Vocabulary:
 
     # --- Reading a text through the table --------------------------------------------------------
 
+    def is_word(self, word: str) -> bool:
+        """Whether ``word`` is known as a word of its own, never a typo to correct: not without a
+        model (``semantic.NearWords`` asks the model's tokenizer)."""
+        return False
+
     def covers(self, key: str, text_stems: frozenset[str]) -> float:
         """How strongly ``text_stems`` state ``key``: 1 for the asked word (or an asked phrase's
         group), ``SYNONYM_EVIDENCE`` for another word of its group, 0 for none."""

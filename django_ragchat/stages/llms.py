@@ -108,7 +108,8 @@ class ExtractiveAnswerer(LLMBackend):
                                        max_sentences=max_sentences, no_answer=no_answer,
                                        similarity=SentenceSimilarity(
                                            embedder.embed, encode_ids=getattr(embedder, "embed_ids", None),
-                                           word_norms=getattr(embedder, "word_norms", None))
+                                           word_norms=getattr(embedder, "word_norms", None),
+                                           token_ids=getattr(embedder, "token_ids", None))
                                        if semantic else None,
                                        semantic_weight=semantic_weight, min_similarity=min_similarity,
                                        near_word_similarity=near_word_similarity,
