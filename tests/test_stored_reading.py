@@ -216,3 +216,64 @@ def test_searches_leave_the_reading_in_the_database_when_the_answerer_does_not_r
         assert hits and all(hit.analysis is None for hit in hits)
         assert not any("analysis" in q["sql"] for q in queries.captured_queries)
         assert all(hit.analysis for hit in run())  # outside the block: fetched
+
+
+# --- The reading's version: stored readings stay usable across edits that do not change them ----
+
+#: Markdown read into (text, heading, title) triples by the test itself, so a change to the
+#: chunker does not count as a change to the reading.
+GOLDEN_CORPORA = ("example_project/sample_docs", "bench/data/library/docs", "bench/data/followup_catalogue",
+                  "tests/fixtures/outdoor_shop")
+#: READING_VERSION -> the digest of the golden corpus's readings made by that version's code.
+KNOWN_READINGS = {2: "6d5db8b9387e5072"}
+
+
+def golden_chunks() -> list[tuple[str, str, str]]:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    chunks = []
+    for folder in GOLDEN_CORPORA:
+        for path in sorted((root / folder).rglob("*.md")):
+            title, sections = path.stem, [["", []]]
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if line.startswith("# "):
+                    title = line[2:].strip()
+                elif line.startswith("## "):
+                    sections.append([line[3:].strip(), []])
+                else:
+                    sections[-1][1].append(line)
+            for section, lines in sections:
+                heading = f"{title} > {section}" if section else title
+                chunks.append((f"{heading}\n" + "\n".join(lines).strip(), heading, title))
+    return chunks
+
+
+def golden_digest() -> str:
+    import hashlib
+    import json
+
+    from django_ragchat.answerer.stored import _header
+
+    vocabulary = Vocabulary(load_language("en", BASELINE_LANG))  # language data that never changes
+    light = vocabulary.stopwords | vocabulary.generic
+    digest = hashlib.sha256()
+    for text, heading, title in golden_chunks():
+        digest.update(json.dumps(_header(text, heading, title, vocabulary, light), sort_keys=True,
+                                 ensure_ascii=False).encode())
+    return digest.hexdigest()[:16]
+
+
+def test_the_readings_change_only_with_the_reading_version():
+    """Stored readings are keyed by ``READING_VERSION``, not by the code's files: an edit that does
+    not change what a reading holds keeps every site's readings. One that does must raise it."""
+    from django_ragchat.answerer.stored import READING_VERSION
+
+    assert len(golden_chunks()) > 60
+    found = golden_digest()
+    assert KNOWN_READINGS.get(READING_VERSION) == found, (
+        f"The answerer's readings of the golden corpus changed (digest {found}) while READING_VERSION "
+        f"is {READING_VERSION}, which made {KNOWN_READINGS.get(READING_VERSION)}. Raise READING_VERSION "
+        f"in django_ragchat/answerer/stored.py and record the new digest in KNOWN_READINGS here, so "
+        f"sites re-read their chunks (ragchat_reembed --analysis) instead of using stale readings.")
+    assert found not in {d for v, d in KNOWN_READINGS.items() if v != READING_VERSION}
