@@ -477,6 +477,23 @@ def test_an_untitled_conversation_is_listed_by_its_first_question(page, asgi, pr
     page.save_screenshot(str(SHOTS / "4-untitled-conversations-listed.png"))
 
 
+def test_a_long_label_shows_two_lines_of_its_question_and_the_rest_on_hover(page, asgi):
+    """One line of the list's width held about 25 characters of a question."""
+    show_at_1280x800(page)
+    open_chat(page, f"{asgi.url}/chat/")
+    question = "How long is the warranty on the Nimbus Tab if I bought it second-hand from a friend?"
+    Conversation.objects.create(session_key=page.get_cookie("sessionid")["value"], title=question)
+    open_chat(page, f"{asgi.url}/chat/")
+    entry = wait(page, lambda d: d.find_element(By.CSS_SELECTOR, ".ragchat-conversation"))
+    shown = js(page, """const span = arguments[0].querySelector('span');
+        const lines = Math.round(span.getBoundingClientRect().height / parseFloat(getComputedStyle(span).lineHeight));
+        return {lines, cut: span.scrollHeight > span.clientHeight, wide: arguments[0].scrollWidth <= arguments[0].clientWidth};""",
+               entry)
+    assert shown == {"lines": 2, "cut": True, "wide": True}, shown
+    assert entry.get_attribute("title") == question and entry.text.startswith("How long is the warranty on the Nimbus")
+    page.save_screenshot(str(SHOTS / "4-long-label-two-lines.png"))
+
+
 def test_a_wait_being_counted_stops_with_retry_or_another_conversation(page, asgi, product_corpus, live_prefix):
     open_chat(page, f"{asgi.url}/chat/")
     wait(page, lambda d: js(d, "return document.querySelector('.ragchat-log').dataset.live === 'websocket'"))

@@ -600,7 +600,8 @@ class ChatWidget {
     // when there is neither (a conversation with no message yet).
     const label = conversation.label || conversation.title
       || `Conversation of ${new Date(conversation.created_at).toLocaleString()}`;
-    const entry = button("ragchat-conversation", label);
+    const entry = button("ragchat-conversation", "");
+    entry.append(el("span", null, label));  // the span is cut at two lines (widget.css)
     entry.title = label;  // whole on hover, where the list's width cuts it
     entry.dataset.id = conversation.id;
     entry.addEventListener("click", () => {
