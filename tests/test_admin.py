@@ -329,6 +329,22 @@ def test_a_memory_record_needs_a_user_or_a_conversation(admin_client, user):
     assert record.content == "Likes green tea"
 
 
+def test_a_memory_records_metadata_is_read_as_lines_of_text_and_kept_when_staff_correct_it(admin_client, user):
+    """It was a raw JSON text area: staff could break what the summary memory wrote."""
+    record = MemoryRecord.objects.create(user=user, kind="summary", content="They talked about tea",
+                                         metadata={"model": "<b>m</b>", "folded_messages": 6, "ids": [1, 2]})
+    page = admin_client.get(url("memoryrecord_change", record.pk)).content.decode()
+    assert 'name="metadata"' not in page
+    assert "<dt>folded messages</dt><dd>6</dd>" in page and "<dd>[1, 2]</dd>" in page
+    assert "<dd>&lt;b&gt;m&lt;/b&gt;</dd>" in page and "<b>m</b>" not in page
+    response = admin_client.post(url("memoryrecord_change", record.pk), {
+        "kind": "summary", "content": "They talked about green tea", "user": user.pk, "conversation": "",
+        "metadata": "{}"})
+    assert response.status_code == 302
+    record.refresh_from_db()
+    assert record.content == "They talked about green tea" and record.metadata["folded_messages"] == 6
+
+
 def test_memory_records_filter_by_user_kind_and_conversation(admin_client, user, other_user):
     conversation = Conversation.objects.create(owner=user)
     mine = MemoryRecord.objects.create(user=user, kind="fact", content="Alice likes tea")

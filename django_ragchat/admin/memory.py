@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 from django import forms
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
+from django.utils.html import format_html, format_html_join
 
 from django_ragchat.admin.base import RagchatAdmin, UserFieldsMixin, admin_link, short, user_link
 from django_ragchat.models import (
@@ -16,7 +19,8 @@ from django_ragchat.models import (
 class MemoryRecordForm(forms.ModelForm):
     class Meta:
         model = MemoryRecord
-        fields = ("kind", "user", "conversation", "content", "covers_until_seq", "metadata")
+        # Not the metadata: the summary memory writes it (model, messages folded); staff read it.
+        fields = ("kind", "user", "conversation", "content", "covers_until_seq")
 
     def clean(self):
         cleaned = super().clean()
@@ -40,6 +44,19 @@ class MemoryRecordAdmin(UserFieldsMixin, RagchatAdmin):
     list_filter = ("kind", ("user", admin.RelatedOnlyFieldListFilter), ("conversation", admin.EmptyFieldListFilter))
     search_fields = ("content", "conversation__title")
     raw_id_fields = ("user", "conversation")
+    readonly_fields = ("details",)
+
+    @admin.display(description="written by")
+    def details(self, obj):
+        """The record's metadata as lines of text ("folded messages: 6"), never as markup."""
+        if not obj.metadata:
+            return "—"
+        if not isinstance(obj.metadata, dict):  # written by code of a site's own
+            return json.dumps(obj.metadata, ensure_ascii=False)
+        rows = ((key.replace("_", " "), value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+                for key, value in sorted(obj.metadata.items()))
+        return format_html('<dl class="ragchat-details">{}</dl>',
+                           format_html_join("", "<dt>{}</dt><dd>{}</dd>", rows))
 
     def get_search_fields(self, request):
         return (*self.search_fields, f"user__{get_user_model().USERNAME_FIELD}")
