@@ -167,6 +167,7 @@ SUBSETS = {
     "after a switch": lambda o: o.kind in AFTER_SWITCH,
     "inheriting the attribute": lambda o: o.kind in INHERITS,
     "fresh starts": lambda o: o.kind == "fresh",
+    "a topic's own page after a product": lambda o: o.kind == "topic",
 }
 
 
