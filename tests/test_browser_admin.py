@@ -216,3 +216,32 @@ def test_every_changelist_fits_a_1280_px_wide_window(asgi, product_corpus, user,
             if widths["page"] > widths["window"] or widths["list"] > widths["box"]:
                 wide[name] = widths
         assert not wide, f"wider than the window (1280 px) or than the list's box: {wide}"
+
+
+def test_staff_correct_a_summary_and_read_what_wrote_it(browser, asgi, user, django_user_model):
+    from django_ragchat.models import MemoryRecord
+
+    django_user_model.objects.create_superuser("boss", "boss@example.com", "secret-pw")
+    conversation = Conversation.objects.create(owner=user, title="Warranty questions")
+    record = MemoryRecord.objects.create(conversation=conversation, kind="summary", covers_until_seq=6,
+                                         content="The user asked about the Aurora X2's warranty.",
+                                         metadata={"model": "gpt-4o-mini", "folded_messages": 6,
+                                                   "updated_by": "summary memory"})
+    browser.get(asgi.url + reverse("admin:login"))
+    browser.find_element(By.ID, "id_username").send_keys("boss")
+    browser.find_element(By.ID, "id_password").send_keys("secret-pw")
+    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
+    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "user-tools"))
+    browser.get(asgi.url + reverse("admin:django_ragchat_memoryrecord_change", args=[record.pk]))
+    details = WebDriverWait(browser, 20).until(lambda d: d.find_element(By.CSS_SELECTOR, "dl.ragchat-details"))
+    assert details.text.split("\n") == ["folded messages", "6", "model", "gpt-4o-mini", "updated by",
+                                        "summary memory"]
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SCREENSHOTS / "admin-memory-record.png"))
+    content = browser.find_element(By.ID, "id_content")
+    content.clear()
+    content.send_keys("The user asked about the Aurora X2's two-year warranty.")
+    browser.find_element(By.CSS_SELECTOR, "input[name=_save]").click()
+    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".messagelist .success"))
+    record.refresh_from_db()
+    assert "two-year" in record.content and record.metadata["folded_messages"] == 6
