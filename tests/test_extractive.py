@@ -518,6 +518,13 @@ def test_a_word_the_model_knows_whole_is_no_typo_of_a_word_one_letter_different(
     assert "colour" in ask("What colors does the Nimbus Tab come in?")
 
 
+def test_another_product_after_the_shops_policy_gets_the_policy_not_its_price(sample_docs):
+    """"Zephyr Buds cost $149." was close to "and for the Zephyr Buds? returns policy" by the
+    name alone, and answered it."""
+    answer = ask("Aurora X2 price?", "ok thanks. what's your returns policy", "and for the Zephyr Buds?")
+    assert "30 days" in answer and "$149" not in answer, answer
+
+
 def test_the_shops_policy_after_a_product_is_the_shops(sample_docs):
     assert "30 days" in ask("Tell me about the Nimbus Tab", "What's your return policy?")
 

@@ -438,8 +438,18 @@ class AnswerSelector:
         return self.cited(found[:self.max_sentences]) if len(found) > 1 else ""
 
     def pick(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> list[Choice]:
-        """The answer to ``need`` from the on-subject sentences, else from the shop's policy ones."""
-        return self.select(need, passages, eligible) or self.select(need, passages, self.policy(need, passages))
+        """The answer to ``need`` from the on-subject sentences, else from the shop's policy ones;
+        from those first when the on-subject answer states none of the asked words (it is close
+        by the subject's name alone: "Zephyr Buds cost $149." for "and for the Zephyr Buds?"
+        after the returns policy) and a policy sentence states them."""
+        picked = self.select(need, passages, eligible)
+        if picked and any(c.coverage for c in picked):
+            return picked
+        shop = self.policy(need, passages)
+        stated = self.select(need, passages, shop) if shop else []
+        if picked and not any(c.coverage for c in stated):
+            return picked
+        return stated
 
     def policy(self, need: Need, passages: list[Passage]) -> list[tuple[Passage, Sentence]]:
         """The shop's own policy sentences, for a question about a product that its passages do
