@@ -31,7 +31,6 @@ def browser():
 
 def test_staff_expand_a_turns_trace_and_see_the_rewritten_query_and_cited_source(
         browser, asgi, product_corpus, user, django_user_model):
-    django_user_model.objects.create_superuser("boss", "boss@example.com", "secret-pw")
     conversation = Conversation.objects.create(owner=user)
     run_turn_sync(conversation, "Tell me about the Aurora X2 phone")
     result = run_turn_sync(conversation, "How much does it cost?")
@@ -39,11 +38,7 @@ def test_staff_expand_a_turns_trace_and_see_the_rewritten_query_and_cited_source
     assert rewritten != "How much does it cost?"
     cited = MessageSource.objects.get(message_id=result.message["id"], cited=True, rank=1)
 
-    browser.get(asgi.url + reverse("admin:login"))
-    browser.find_element(By.ID, "id_username").send_keys("boss")
-    browser.find_element(By.ID, "id_password").send_keys("secret-pw")
-    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
-    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "user-tools"))
+    sign_in_as_boss(browser, asgi, django_user_model)
     # From the conversation list (owner and first question shown) to the conversation.
     browser.get(asgi.url + reverse("admin:django_ragchat_conversation_changelist"))
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -75,14 +70,9 @@ def test_staff_expand_a_turns_trace_and_see_the_rewritten_query_and_cited_source
 
 def test_staff_erase_a_users_chat_data_after_a_page_counting_it(browser, asgi, product_corpus, user,
                                                                 django_user_model):
-    django_user_model.objects.create_superuser("boss", "boss@example.com", "secret-pw")
     conversation = Conversation.objects.create(owner=user)
     run_turn_sync(conversation, "How much does the Aurora X2 cost?")
-    browser.get(asgi.url + reverse("admin:login"))
-    browser.find_element(By.ID, "id_username").send_keys("boss")
-    browser.find_element(By.ID, "id_password").send_keys("secret-pw")
-    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
-    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "user-tools"))
+    sign_in_as_boss(browser, asgi, django_user_model)
     browser.get(asgi.url + reverse("admin:django_ragchat_conversation_change", args=[conversation.pk]))
     browser.find_element(By.LINK_TEXT, "Export or erase this user's chat data").click()
     counts = WebDriverWait(browser, 20).until(lambda d: d.find_element(By.ID, "ragchat-user-data-counts"))
@@ -221,17 +211,12 @@ def test_every_changelist_fits_a_1280_px_wide_window(asgi, product_corpus, user,
 def test_staff_correct_a_summary_and_read_what_wrote_it(browser, asgi, user, django_user_model):
     from django_ragchat.models import MemoryRecord
 
-    django_user_model.objects.create_superuser("boss", "boss@example.com", "secret-pw")
     conversation = Conversation.objects.create(owner=user, title="Warranty questions")
     record = MemoryRecord.objects.create(conversation=conversation, kind="summary", covers_until_seq=6,
                                          content="The user asked about the Aurora X2's warranty.",
                                          metadata={"model": "gpt-4o-mini", "folded_messages": 6,
                                                    "updated_by": "summary memory"})
-    browser.get(asgi.url + reverse("admin:login"))
-    browser.find_element(By.ID, "id_username").send_keys("boss")
-    browser.find_element(By.ID, "id_password").send_keys("secret-pw")
-    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
-    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "user-tools"))
+    sign_in_as_boss(browser, asgi, django_user_model)
     browser.get(asgi.url + reverse("admin:django_ragchat_memoryrecord_change", args=[record.pk]))
     details = WebDriverWait(browser, 20).until(lambda d: d.find_element(By.CSS_SELECTOR, "dl.ragchat-details"))
     assert details.text.split("\n") == ["folded messages", "6", "model", "gpt-4o-mini", "updated by",

@@ -486,12 +486,17 @@ def test_asking_whether_the_shop_has_a_thing_the_subjects_documents_never_write_
     assert "Zephyr" not in later.text and "blenders" in later.text, later.text
 
 
+def transform_note(index: SubjectIndex, question: str, *earlier: str) -> str:
+    """The followup transformer's note on ``question`` after the user turns ``earlier``."""
+    query = Query(text=question, original=question, history=history(*earlier))
+    return FollowUpEnricher(PROFILE, vocabulary=VOCABULARY).resolve(query, None, index).metadata["transform_note"]
+
+
 def test_a_capitalised_word_a_subjects_name_and_documents_lack_names_a_thing_of_its_own():
-    enricher, index = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY), index_with_texts()
+    index = index_with_texts()
 
     def note(question: str) -> str:
-        query = Query(text=question, original=question, history=history("How much do the Zephyr Buds cost?"))
-        return enricher.resolve(query, None, index).metadata["transform_note"]
+        return transform_note(index, question, "How much do the Zephyr Buds cost?")
 
     assert "a thing of its own (Kettle)" in note("How long does the Zephyr Kettle take to boil?")
     assert "a thing of its own (Toaster)" in note("Is the Aurora Toaster any good?")
@@ -627,11 +632,10 @@ def test_the_topic_page_is_a_subject_with_no_kind_that_writes_every_asked_word()
 
 
 def test_only_a_plain_question_leaves_the_subject_for_a_topic_page():
-    enricher, index = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY), topic_index()
+    index = topic_index()
 
     def note(question: str) -> str:
-        query = Query(text=question, original=question, history=history("How much does the Aurora X2 cost?"))
-        return enricher.resolve(query, None, index).metadata["transform_note"]
+        return transform_note(index, question, "How much does the Aurora X2 cost?")
 
     assert "a thing of its own (contact support)" in note("How do I contact support?")
     # A pronoun or an opening that points back keeps the subject, whatever the words.
