@@ -518,6 +518,31 @@ def test_a_word_the_model_knows_whole_is_no_typo_of_a_word_one_letter_different(
     assert "colour" in ask("What colors does the Nimbus Tab come in?")
 
 
+ORDERS = {"orders/17.md": "# Order ORD-17\n\nOrder ORD-17 has status shipped. Order ORD-17 ships with DHL.\n",
+          "orders/19.md": "# Order ORD-19\n\nOrder ORD-19 has status processing. Order ORD-19 ships with no "
+                          "carrier yet.\n"}
+
+
+def test_a_code_no_passage_writes_is_declined_by_its_code_not_answered_with_another(db):
+    """A new user's trial: "What is the status of order ORD-18?" was answered with ORD-19's
+    status (the code was read as a typo of "ord-19", then split at its hyphen)."""
+    from django_ragchat.ingestion.pipeline import ingest_text
+
+    for source, text in ORDERS.items():
+        ingest_text(source, text, content_type="markdown")
+    unknown = "The documents don't mention ORD-18, so I can't answer that from them."
+    assert ask("What is the status of order ORD-18?") == unknown
+    assert ask("Which carrier ships ORD-18?") == unknown
+    assert ask("What is the status of order ORD-17?", "and ORD-18?") == unknown
+    assert "ORD-17 has status shipped" in ask("What is the status of order ORD-17?")
+    assert "ORD-19 has status processing" in ask("What is the status of order ord-19?")
+
+
+def test_a_known_code_in_the_plural_is_known(sample_docs):
+    assert "48 MP" in ask("hows many megapixels is the aurora x2s main camera")
+    assert "$200" in ask("How much will you knock off if our firm hands in old handsets against new Aurora X2s?")
+
+
 def test_another_product_after_the_shops_policy_gets_the_policy_not_its_price(sample_docs):
     """"Zephyr Buds cost $149." was close to "and for the Zephyr Buds? returns policy" by the
     name alone, and answered it."""

@@ -20,6 +20,8 @@ _WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*", re.UNICODE)  # as text.wor
 _CLAUSE_SEPARATOR_RE = re.compile(r",\s+|\s+[-–—]+\s+|;\s+")
 # A decline names "Galaxy S9", not "Galaxy S9's" of "Galaxy S9's battery".
 _POSSESSIVE_END_RE = re.compile(r"['’]s?$")
+# A code: a word that starts with a letter and holds a digit ("ORD-18", "X3", "SKU1042").
+_CODE_RE = re.compile(r"(?<![\w-])[^\W\d_][\w-]*\d[\w-]*(?![\w-])")
 
 Entity = tuple[str, ...]
 
@@ -160,8 +162,10 @@ class _Corrector:
 
     def fix(self, match: re.Match) -> str:
         word, v = fold(match.group(0)), self.vocabulary
-        if "-" in word and not self.known(word) and any(self.known(p) for p in word.split("-") if len(p) > 2):
-            return match.group(0).replace("-", " ")  # "top-capacity" is "top capacity"; "front-facing" stays
+        if ("-" in word and not self.known(word) and not any(c.isdigit() for c in word)
+                and any(self.known(p) for p in word.split("-") if len(p) > 2)):
+            # "top-capacity" is "top capacity"; "front-facing" stays, and so does a code ("ORD-18")
+            return match.group(0).replace("-", " ")
         if (len(word) < TYPO_MIN_LENGTH or not word.isalpha() or word in v.stopwords or word in v.generic
                 or self.known(word)):
             return match.group(0)
@@ -246,18 +250,19 @@ class _Entities:
                 known.update(tuple(n.split()) for n in s.names)
         return cls(frozenset(known), vocabulary, frozenset().union(*(s.loose for p in passages for s in p.sentences)))
 
-    def named(self, query_words: set[str], type_words: bool = True) -> set[Entity]:
+    def named(self, query_words: set[str], type_words: bool = True, partial: bool = True) -> set[Entity]:
         """The entities ``query_words`` name. "Zephyr" alone names the Zephyr Buds; a full name
         ("Nimbus Pen") beats a shared word. Without ``type_words`` the shared word must be the
         name's first word or a model code: "the pen" is not the Nimbus Pen when the conversation
-        is about the Nimbus Tab."""
+        is about the Nimbus Tab. Without ``partial``, only full names: "order" in "order ORD-18"
+        names neither Order ORD-17 nor Order ORD-19."""
         query_words = query_words | {stem(w) for w in query_words}  # "my Zephyrs"
         light = self.vocabulary.stopwords | self.vocabulary.generic
         full = {e for e in self.known if set(e) <= query_words}
         shared = query_words - light - {w for w in query_words if w in self.common or stem(w) in self.common}
         partial = {e for e in self.known if any(
             type_words or w == e[0] or any(c.isdigit() for c in w)
-            for w in set(e) & shared)} if not full else set()
+            for w in set(e) & shared)} if not full and partial else set()
         # "Zappa" also means the "Frank Zappa" a heading names: add the longer names containing it.
         return (full or partial) | {e for e in self.known if any(set(f) < set(e) for f in full)}
 
@@ -292,10 +297,24 @@ def _foreign_names(question: str, entities: _Entities, known_stems: frozenset[st
         if not any(t in first or stem(t) in first for t in tokens):
             continue  # a name sharing no word is unknown as a whole (``_find_subjects``)
         written = tokens[1:] if _sentence_start(question, question.find(display)) else tokens
-        if any(t not in light and t not in known and stem(t) not in known and stem(t) not in known_stems
-               for t in written):
+        if any(t not in light and not _known_code(t, known) and stem(t) not in known_stems for t in written):
             found.append(display)
     return found
+
+
+def _unknown_codes(question: str, known_stems: frozenset[str], vocabulary: Vocabulary) -> list[str]:
+    """Codes the question writes that no passage writes: "What is the status of order ORD-18?"
+    over the passages of ORD-17 and ORD-19 asks about a thing none of them is, as a name no
+    passage knows does. A code within a name ("Galaxy S9") is the name's."""
+    in_names = {_POSSESSIVE_END_RE.sub("", w) for display, _ in name_sequences(question, vocabulary.stopwords)
+                for w in display.split()}
+    return [m.group(0) for m in _CODE_RE.finditer(question)
+            if m.group(0) not in in_names and not _known_code(fold(m.group(0)), known_stems)]
+
+
+def _known_code(token: str, known: frozenset[str] | set[str]) -> bool:
+    """Whether ``token`` is a code ``known`` holds, also in the plural ("X2s" of X2)."""
+    return token in known or stem(token) in known or (token.endswith("s") and token[:-1] in known)
 
 
 def _find_subjects(need: Need, question: str, search_query: str, asked: str | None, passages: list[Passage],
@@ -306,7 +325,7 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
     light = v.stopwords | v.generic
     # "How long does the Zephyr Kettle take to boil?": the unknown name names no subject, even in
     # part, and the conversation's subject is not what the question is about either.
-    foreign = _foreign_names(question, entities, known_stems)
+    foreign = _foreign_names(question, entities, known_stems) + _unknown_codes(question, known_stems, v)
     for display in foreign:
         need.unknown.append(_POSSESSIVE_END_RE.sub("", display))  # "Zephyr Kettle's lid"
         question, search_query = question.replace(display, " "), search_query.replace(display, " ")
@@ -320,7 +339,7 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
     # warranty? My Zephyr Buds came with two years." asks about the Aurora X2 alone.
     asking_words = set(words(" ".join(asked_clauses(question, v)) if asked is None else asked))
     in_asking = {e for e in entities.known if set(e) <= asking_words | {stem(w) for w in asking_words}}
-    need.subjects = in_asking or entities.named(own_words, type_words=not inherited) or (
+    need.subjects = in_asking or entities.named(own_words, type_words=not inherited, partial=not foreign) or (
         set() if foreign else everything)
     # "And the pen?" in a conversation about the Nimbus Tab: the Nimbus Pen its sentences name.
     headed = {p.subject for p in passages if p.subject}
