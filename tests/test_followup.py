@@ -578,6 +578,26 @@ def test_a_model_code_one_subject_has_names_it():
     assert index.find("And the X2?") == []  # two subjects have it: it names neither
 
 
+@pytest.mark.parametrize("turns, searched, stated", [
+    (["What is the status of my order?", "How big is the Nimbus Tab's screen?", "and how much is it?"],
+     "and how much is it? Nimbus Tab", "$449"),
+    (["Do you ship to Canada?", "What about the Zephyr Buds battery?", "and the warranty?"],
+     "and the warranty? Zephyr Buds", "two-year warranty"),
+])
+def test_a_question_before_the_subject_was_named_is_not_carried_after_it(sample_docs, conversation, turns, searched,
+                                                                         stated):
+    """A new user's trial: "and the warranty?" after "What is the range of the CityStream E?" was
+    searched with the conversation's opening question ("How do I contact you?") and answered with
+    another bike's warranty."""
+    for question in turns[:-1]:
+        run_turn_sync(conversation, question)
+
+    result = run_turn_sync(conversation, turns[-1])
+
+    assert result.trace["queries"]["final"] == searched
+    assert stated in result.answer, result.answer
+
+
 def test_an_opening_that_names_nothing_is_still_carried_as_context():
     index = SubjectIndex.from_rows([(1, "Central Library", []), (2, "Millbrook Library", [])])
     query = Query(text="Is the entrance OK for me?", original="",

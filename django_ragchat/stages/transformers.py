@@ -651,12 +651,16 @@ class FollowUpEnricher(QueryTransformer):
                       text=f"{query.text} {after.subject.name}")
 
     def _elsewhere(self, opening: str, index: SubjectIndex, subject: Subject) -> bool:
-        """Whether ``opening`` names another subject, or asks about a thing of its own that
-        ``subject``'s documents never write. One that names nothing ("I'm a wheelchair user.")
-        is context for whatever is asked next, and still carried."""
+        """Whether ``opening`` names another subject, asks about a thing of its own that
+        ``subject``'s documents never write, or is a question naming nothing ("What is the
+        status of my order?": it asked its own thing, and ``subject`` was named after it). One
+        that says something and names nothing ("I'm a wheelchair user.") is context for whatever
+        is asked next, and still carried."""
         reading = read_message(opening, index, self.grammar)
         if reading.named:
             return subject not in reading.named
+        if opening.rstrip().endswith("?"):
+            return True
         return bool(reading.thing) and index.uses(subject, reading.thing) is False
 
     def enrich(self, query: Query) -> Query:
