@@ -538,6 +538,24 @@ def test_a_code_no_passage_writes_is_declined_by_its_code_not_answered_with_anot
     assert "ORD-19 has status processing" in ask("What is the status of order ord-19?")
 
 
+GOLDEN = Path(__file__).resolve().parent / "fixtures" / "reading_golden"
+
+
+@pytest.mark.parametrize(("question", "stated"), [
+    ("What is the warranty on the CityStream E?", "two-year warranty"),
+    ("What warranty does the Trailblazer 300 have?", "lifetime warranty"),
+    ("How heavy is the Trailblazer 300?", "14.2 kg"),
+    ("Tell me about the Trailblazer 300", "hardtail mountain bike"),
+])
+def test_a_title_with_a_number_or_a_letter_names_its_pages_subject(db, question, stated):
+    """A new user's bike shop: titled "Trailblazer 300" and "CityStream E", its pages had no
+    subject (a lone capitalised word at the start is no name), so "What is the warranty on the
+    CityStream E?" was declined and "Tell me about the Trailblazer 300" got its price."""
+    ingest_paths([GOLDEN])
+    answer = ask(question)
+    assert stated in answer, answer
+
+
 def test_a_known_code_in_the_plural_is_known(sample_docs):
     assert "48 MP" in ask("hows many megapixels is the aurora x2s main camera")
     assert "$200" in ask("How much will you knock off if our firm hands in old handsets against new Aurora X2s?")

@@ -82,11 +82,13 @@ def _sentence_start(text: str, position: int) -> bool:
     return before < 0 or text[before] in ".?!:\n-*•#>"
 
 
-def name_sequences(text: str, stopwords: frozenset[str]) -> list[tuple[str, str]]:
+def name_sequences(text: str, stopwords: frozenset[str], numbers: bool = False) -> list[tuple[str, str]]:
     """(display, folded) capitalised name runs in ``text``: "Aurora X2", "Nimbus Pen", "Zappa".
 
     A run is capitalised words (and model codes like X2 right after one); a run of a single
-    word counts only inside a sentence, since any sentence starts with a capital.
+    word counts only inside a sentence, since any sentence starts with a capital. With
+    ``numbers`` (a title, not prose: "Friday 10" is no name), a number or a capital letter
+    right after a word continues it too: "Trailblazer 300", "CityStream E".
     """
     found = []
     run: list[re.Match] = []
@@ -100,6 +102,10 @@ def name_sequences(text: str, stopwords: frozenset[str]) -> list[tuple[str, str]
 
     for m in _NAME_TOKEN_RE.finditer(text[:_MAX_SCAN_CHARS]):
         token = m.group(0)
+        if numbers and run and text[run[-1].end():m.start()].strip() == "" and (
+                token.isdigit() or (len(token) == 1 and token.isupper() and fold(token) not in stopwords)):
+            run.append(m)
+            continue
         if not token[:1].isupper():  # neither a capitalised word nor a code: it ends a run
             if run:
                 close()
@@ -221,9 +227,9 @@ def analyse_text(text: str, heading: str, title: str,
     found = _scorable(body, vocabulary)
     parts = [p.strip() for p in heading.split(HEADING_SEPARATOR)] if heading else []
     top = parts[0] if parts else title
-    subject = next((display for display, _ in name_sequences(top or "", vocabulary.stopwords)), "")
+    subject = next((display for display, _ in name_sequences(top or "", vocabulary.stopwords, numbers=True)), "")
     if not subject and title:
-        subject = next((d for d, _ in name_sequences(title, vocabulary.stopwords)), "")
+        subject = next((d for d, _ in name_sequences(title, vocabulary.stopwords, numbers=True)), "")
     article = vocabulary.messages["article"]  # "the Aurora X2": a decline writes it so too
     mentions_the = bool(subject) and f"{article}{subject}".lower() in body.lower()
     kind = kind_of(subject, body, vocabulary.language) if subject else ""

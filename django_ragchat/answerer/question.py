@@ -343,7 +343,9 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
         set() if foreign else everything)
     # "And the pen?" in a conversation about the Nimbus Tab: the Nimbus Pen its sentences name.
     headed = {p.subject for p in passages if p.subject}
-    need.mentioned = {e for e in everything if e not in headed and set(e) & (own_words - light)}
+    # ... but not a name a heading's holds ("Trailblazer" in a sentence of the "Trailblazer 300").
+    need.mentioned = {e for e in everything if e not in headed and not any(set(e) < set(h) for h in headed)
+                      and set(e) & (own_words - light)}
     if not need.subjects:
         need.subjects = _subject_by_kind(question, passages, v)
     for display, folded in name_sequences(question, v.stopwords):
