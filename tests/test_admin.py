@@ -241,6 +241,24 @@ def test_messages_sources_traces_and_feedback_are_read_only(admin_client, chatte
     assert len(traces) == 2
 
 
+def test_the_tool_call_list_shows_times_rounded_and_orders_by_them(admin_client, chatted):
+    from django_ragchat.models import ToolInvocation
+
+    answer = Message.objects.filter(conversation=chatted, role="assistant").last()
+    for index, (ms, status, name) in enumerate(((4.102614000203175, "done", "lookup_order"), (1234.5678901234567, "error", "slow_tool"),
+                             (0.0, "pending", "cancel_order"))):
+        ToolInvocation.objects.create(message=answer, call_id=f"call_{name}", index=index, name=name, status=status,
+                                      ms=ms,
+                                      requires_confirmation=status == "pending")
+    response = admin_client.get(url("toolinvocation_changelist") + "?o=4")  # the time column, ascending
+    html = response.content.decode()
+    assert "4.1 ms" in html and "1,235 ms" in html and "4.102614" not in html and "1234.56" not in html
+    assert "lookup_<wbr>order" in html and "needs approval" in html.lower()
+    assert [c.name for c in response.context["cl"].result_list] == ["cancel_order", "lookup_order", "slow_tool"]
+    html = admin_client.get(url("message_change", answer.pk)).content.decode()  # its tool calls, inline
+    assert "4.1 ms" in html and "4.102614" not in html
+
+
 def test_traces_filter_by_the_stage_that_ended_the_turn_early_or_none(admin_client, user):
     conversation = Conversation.objects.create(owner=user)
     ended = {}

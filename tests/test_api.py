@@ -235,6 +235,7 @@ def test_messages_are_paginated_in_sequence_order(alice, product_corpus, convers
     ('{"content": ["a list"]}', "invalid_type"),
     ('{"content": {"an": "object"}}', "invalid_type"),
     ('{"text": "the wrong key"}', "invalid_type"),
+    ('{}', "invalid_type"),
     ('["not", "an", "object"]', "invalid_type"),
     ('"just a string"', "invalid_type"),
     ('{"content": "unterminated', "parse_error"),
@@ -246,6 +247,14 @@ def test_bad_messages_are_a_400_and_save_nothing(alice, conversation, raw_body, 
     assert not Message.objects.exists()
     conversation.refresh_from_db()
     assert conversation.last_seq == 0
+
+
+def test_a_missing_content_says_it_is_required(alice, conversation):
+    # The same code and words on every transport (test_sse.py, test_websocket.py, test_openai_endpoint.py).
+    for body in ({}, {"content": None}, {"content": 42}):
+        response = post_json(alice, messages_url(conversation), body)
+        assert (response.status_code, response.json()["code"]) == (400, "invalid_type")
+        assert response.json()["detail"] == "The message (content) is required and must be a string."
 
 
 def test_a_body_is_read_in_its_declared_charset(alice, conversation):

@@ -172,8 +172,20 @@ def fill_every_list(user) -> None:
     MemoryRecord.objects.create(user=user, conversation=conversation, kind="summary", covers_until_seq=2, content=(
         "The user asked about the price of the Aurora X2 with 256 GB of storage in several countries and "
         "was told it costs $699."))
+    # Tool calls as a model makes them: long snake_case names, JSON arguments, a duration to the
+    # microsecond (a float), one waiting for the user's approval.
     ToolInvocation.objects.create(message=answer, call_id="call_8f2d1c7e9a4b4d0f9c3e2a1b", name="lookup_order",
-                                  arguments='{"order": "ORD-17"}', status="done", content='{"status": "shipped"}')
+                                  arguments='{"order": "ORD-17"}', status="done", content='{"status": "shipped"}',
+                                  ms=4.102614000203175)
+    ToolInvocation.objects.create(
+        message=answer, call_id="call_3b9e0a6f1d2c4e8a9b7c5d3e", step=2, name="check_warranty_and_repair_options",
+        label="Checking the warranty of the Aurora X2…",
+        arguments='{"product": "Aurora X2", "country": "DE", "purchased_on": "2026-03-14"}', status="done",
+        content='{"warranty": "24 months", "repair": "mail-in"}', ms=1234.5678901234567)
+    ToolInvocation.objects.create(
+        message=answer, call_id="call_c1d2e3f4a5b6c7d8e9f0a1b2", step=2, index=1,
+        name="cancel_order_and_refund_payment", arguments='{"order": "ORD-2026-000017", "reason": "changed my mind"}',
+        status="pending", requires_confirmation=True, ms=0.0)
     key = ApiKey(user=user, name="Reporting dashboard (production)")
     key.set_key(ApiKey.generate())
     key.save()

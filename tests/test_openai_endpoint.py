@@ -377,6 +377,7 @@ BAD_BODIES = [
     ({"model": "default", "messages": [{"role": "user", "content": ""}]}, "empty", "messages"),
     ({"model": "default", "messages": [{"role": "user", "content": "\u200b"}]}, "empty", "messages"),
     ({"model": "default", "messages": [{"role": "user", "content": 42}]}, "invalid_type", "messages"),
+    ({"model": "default", "messages": [{"role": "user"}]}, "invalid_type", "messages"),
     ({"model": "default", "messages": [{"role": "user", "content": "x" * 16_001}]}, "too_long", "messages"),
     ({"model": "default", "messages": [{"role": "user", "content": "NUL \x00"}]}, "invalid_characters", "messages"),
     ({"model": "default", "messages": [{"role": "user", "content": "a\x00"}, {"role": "assistant", "content": "b"},
@@ -418,6 +419,8 @@ def test_bad_bodies_are_400_and_save_nothing(server, key):
             error = response.json()["error"]
             assert (response.status_code, error["code"], error["param"]) == (400, code, param), (body, error)
             assert error["type"] == "invalid_request_error" and error["message"]
+            if body == {"model": "default", "messages": [{"role": "user"}]}:  # as on the other transports
+                assert error["message"] == "The message (content) is required and must be a string."
         response = http.post(url, json={"model": "gpt-4o", "messages": ask(QUESTION)})
         assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
         assert http.get(url).status_code == 405

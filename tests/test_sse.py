@@ -104,6 +104,7 @@ def test_refusals_are_http_statuses_with_the_error_event_as_body(server, product
             (b"[" * 40_000 + b"]" * 40_000, 400, "parse_error"),
             (b"[1, 2]", 400, "invalid_type"),
             (b'{"text": "hi"}', 400, "invalid_type"),
+            (b"{}", 400, "invalid_type"),
             (b'{"content": ""}', 400, "empty"),
             (json.dumps({"content": "NUL \x00"}).encode(), 400, "invalid_characters"),
             (b'{"content": "lone \\ud800"}', 400, "invalid_characters"),
@@ -112,6 +113,8 @@ def test_refusals_are_http_statuses_with_the_error_event_as_body(server, product
         ]:
             response = client.post(url, content=body, headers={**sse_headers(caller), "Content-Type": "application/json"})
             assert (response.status_code, response.json()["code"]) == (status, code), body[:40]
+            if body in (b'{"text": "hi"}', b"{}"):  # the same words as the REST API and the websocket
+                assert response.json()["message"] == "The message (content) is required and must be a string."
         # Session authentication: without the CSRF token the request is refused.
         assert client.post(url, json={"content": QUESTION}).status_code == 403
         assert client.get(url).status_code == 405

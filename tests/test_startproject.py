@@ -71,8 +71,12 @@ def test_the_readme_marks_every_snippet_the_site_needs():
     found = snippets("README.md", "docs/deployment.md")
     assert set(found) == {"shell install", "append mysite/settings.py", "append mysite/urls.py",
                           "write mysite/asgi.py", "shell setup", "shell serve-asgi", "shell serve-wsgi",
-                          "write shop/models.py", "write shop/ragchat.py", "append mysite/settings.py, sources",
-                          "shell sources"}
+                          "shell startapp", "write shop/models.py", "write shop/ragchat.py",
+                          "append mysite/settings.py, sources", "shell sources", "append shop/models.py, orders",
+                          "shell orders", "append shop/ragchat.py, tools"}
+    # The shop app is made, and installed, by README's own lines (not by this test).
+    assert commands(found["shell startapp"]) == [["python", "manage.py", "startapp", "shop"]]
+    assert 'INSTALLED_APPS += ["shop"]' in found["append mysite/settings.py, sources"]
     assert commands(found["shell install"])[0][:2] == ["pip", "install"]
     assert "asgi" in commands(found["shell install"])[0][2]  # the extra with the websocket server
 
@@ -128,14 +132,14 @@ def new_site(tmp_path_factory):
     where = run([str(python), "-c", "import django_ragchat; print(django_ragchat.__file__)"], base, env)
     assert where.startswith(str(venv)), where  # the wheel's copy, not this checkout
 
-    # django-admin startproject, and an app of the site's own.
+    # django-admin startproject, and the shop's app as README makes it (before its files are
+    # written: startapp refuses a folder that exists; README adds it to INSTALLED_APPS).
     project = base / "project"
     project.mkdir()
     env = {**env, "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
     run([str(python), "-m", "django", "startproject", "mysite", "."], project, env)
-    run([str(python), "manage.py", "startapp", "shop"], project, env)
-    settings = project / "mysite" / "settings.py"
-    settings.write_text(settings.read_text() + '\nINSTALLED_APPS += ["shop"]\n')
+    for argv in commands(found["shell startapp"]):
+        run([str(python), *argv[1:]], project, env)
 
     # README's snippets, as written.
     for marker, code in found.items():
@@ -156,8 +160,9 @@ def new_site(tmp_path_factory):
         if argv[:2] == ["python", "manage.py"] and argv[2] == "createsuperuser":
             argv += ["--noinput", "--username", "admin", "--email", "admin@example.com"]
         run([str(python), *argv[1:]], project, env)
-    for argv in commands(found["shell sources"]):  # README's "Answer from your models"
-        run([str(python), *argv[1:]], project, env)
+    for marker in ("shell sources", "shell orders"):  # README's "Answer from your models", its tools
+        for argv in commands(found[marker]):
+            run([str(python), *argv[1:]], project, env)
     return {"python": python, "project": project, "env": env, "snippets": found, "logs": base}
 
 
@@ -228,6 +233,14 @@ def sign_in(url: str, username: str = "customer") -> httpx.Client:
 def test_check_reports_nothing_missing(new_site):
     out = run([str(new_site["python"]), "manage.py", "check"], new_site["project"], new_site["env"])
     assert "ragchat." not in out and "no issues" in out, out
+
+
+def test_the_readme_tool_is_registered_and_its_orders_table_made(new_site):
+    listing = json.loads(manage(new_site, "ragchat_plugins", "--json"))
+    assert not listing["errors"], listing
+    out = manage(new_site, "shell", "-c", "from django_ragchat.plugins import get_tools; "
+                 "from shop.models import Order; print(get_tools().get('order_status').name, Order.objects.count())")
+    assert out.strip().splitlines()[-1] == "order_status 0", out
 
 
 def test_rest_websocket_static_files_and_api_docs_under_the_asgi_server(new_site):

@@ -115,6 +115,8 @@ def test_malformed_frames_get_an_error_and_the_connection_stays_usable(asgi, pro
             frame = receive(ws)
             assert (frame["type"], frame["code"]) == ("error", code), text[:60]
             assert frame["message"]
+            if text == '{"type": "message"}':  # the same words as the REST API and server-sent events
+                assert frame["message"] == "The message (content) is required and must be a string."
         ws.send(b"\x00\x01binary")
         assert receive(ws)["code"] == "invalid_frame"
         # Still the same connection, still answering.

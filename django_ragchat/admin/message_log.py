@@ -96,11 +96,24 @@ class SourceInline(admin.TabularInline):
         return f"{obj.score:.4f}"
 
 
+def tool_call_time(call: ToolInvocation) -> str:
+    """How long the call ran, rounded as people read it ("4.1 ms", "1,235 ms"); "—" for a call
+    that has not run (awaiting approval, rejected, abandoned: its ``ms`` is the default 0)."""
+    if not call.ms and call.status not in (ToolInvocation.Status.DONE, ToolInvocation.Status.ERROR):
+        return "—"
+    return f"{call.ms:.1f} ms" if call.ms < 100 else f"{call.ms:,.0f} ms"
+
+
+def breakable_name(name: str) -> str:
+    """A tool's snake_case name that may wrap after each underscore (it is one long word)."""
+    return format_html_join(mark_safe("_<wbr>"), "{}", ((part,) for part in name.split("_")))
+
+
 class ToolCallInline(admin.TabularInline):
     model = ToolInvocation
     extra = 0
     can_delete = False
-    fields = ("step", "name", "arguments_shown", "status", "result_shown", "ms", "decided_at")
+    fields = ("step", "name", "arguments_shown", "status", "result_shown", "time_taken", "decided_at")
     readonly_fields = fields
     verbose_name_plural = "tool calls"
 
@@ -119,12 +132,18 @@ class ToolCallInline(admin.TabularInline):
         text = obj.content if not obj.error else f"{obj.error.get('code')}: {obj.error.get('message')}"
         return format_html('<div class="ragchat-text">{}</div>', short(text, 400))
 
+    @admin.display(description="time")
+    def time_taken(self, obj):
+        return tool_call_time(obj)
+
 
 @admin.register(ToolInvocation)
 class ToolInvocationAdmin(ReadOnlyAdmin):
     """Every tool call the assistant made or asked to make: who asked, what, what came of it."""
 
-    list_display = ("name", "status", "message_link", "step", "ms", "requires_confirmation", "created_at")
+    # Short headers and values (a tool's name wraps at its underscores, the time is rounded), so
+    # the list fits a 1280 px window beside the filters (docs/admin.md).
+    list_display = ("tool_name", "status", "message_link", "step", "time_taken", "asks_first", "created_at")
     list_filter = ("status", "name", "requires_confirmation", ("created_at", admin.DateFieldListFilter))
     search_fields = ("name", "arguments", "content", "message__conversation__owner__username")
     list_select_related = ("message",)
@@ -132,9 +151,22 @@ class ToolInvocationAdmin(ReadOnlyAdmin):
               "error", "requires_confirmation", "decided_by", "decided_at", "ms", "token_count", "created_at")
     readonly_fields = fields
 
+    @admin.display(description="tool", ordering="name")
+    def tool_name(self, obj):
+        return breakable_name(obj.name)
+
     @admin.display(description="message", ordering="message")
     def message_link(self, obj):
         return admin_link(obj.message)
+
+    @admin.display(description="time", ordering="ms")
+    def time_taken(self, obj):
+        return tool_call_time(obj)
+
+    @admin.display(description="needs approval", boolean=True, ordering="requires_confirmation")
+    def asks_first(self, obj):
+        """Whether the call waits for the user's approval (``requires_confirmation``)."""
+        return obj.requires_confirmation
 
     @admin.display(description="arguments")
     def arguments_shown(self, obj):

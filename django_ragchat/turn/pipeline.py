@@ -100,7 +100,7 @@ def validate_user_message(text: Any) -> str:
     as UTF-8).
     """
     if not isinstance(text, str):
-        raise InvalidMessage("invalid_type", "The message must be a string.")
+        raise InvalidMessage("invalid_type", "The message (content) is required and must be a string.")
     limit = ragchat_settings.MAX_MESSAGE_CHARS
     if len(text) > limit:
         raise InvalidMessage("too_long", f"The message has {len(text):,} characters; the limit is {limit:,}.")
