@@ -109,8 +109,8 @@ def open_conversation_sync(user, conversation_id, session_key, for_sending: bool
                            client_id: str = "") -> tuple[Conversation, bool]:
     """``open_conversation`` for synchronous callers (a view's preparation, off the loop)."""
     close_stale_connections()
-    # For sending: whether a turn is pending there, read with it (persistence.with_pending).
-    queryset = persistence.with_pending(Conversation.objects, client_id) if for_sending else None
+    # For sending: whether a turn is pending there, read with it (persistence.with_pending, as SQL).
+    queryset = persistence.PendingLookup(client_id) if for_sending else None
     try:
         conversation = permissions.get_conversation_for(user, conversation_id, session_key, queryset=queryset)
     except Conversation.DoesNotExist:
