@@ -140,7 +140,7 @@ def test_the_limits_wait_on_nothing_without_a_limit_or_with_a_local_cache(ragcha
 @pytest.mark.django_db(transaction=True)
 def test_a_message_reaches_its_ack_in_two_thread_hops(product_corpus, user, ragchat_settings_override, monkeypatch):
     """The session check and the conversation's read in one hop, the limits in place (a local
-    cache), the messages saved in another: two before the ``ack`` (four before)."""
+    cache), the messages saved in another: two before the ``ack`` (five before)."""
     ragchat_settings_override(TURNS_PER_MINUTE=30, MAX_CONCURRENT_STREAMS=3)
     session = _session(user)
     conversation = Conversation.objects.create(owner=user)
@@ -167,8 +167,9 @@ def test_a_message_reaches_its_ack_in_two_thread_hops(product_corpus, user, ragc
         return frame
 
     assert async_to_sync(run)()["type"] == "ack"
-    # (no_op: channels' per-frame connection cleanup, stubbed by its test communicator)
-    assert [h for h in hops if h != "no_op"][:2] == ["_open_for_message", "_begin_turn"], hops
+    # Not even channels' per-frame connection cleanup (its test communicator's no_op): a
+    # message's lane cleans up its own connections.
+    assert hops[:2] == ["_open_for_message", "_begin_turn"], hops
 
 
 @pytest.mark.django_db
@@ -184,3 +185,16 @@ def test_the_streaming_answers_read_as_sql_are_the_orms(user):
         read = persistence._streaming_answers(str(conversation.pk))
     assert sorted(read, key=str) == sorted(orm, key=str) and len(read) == 2
     assert isinstance(read[0][3], datetime.datetime)
+
+
+def test_the_traces_components_are_read_from_the_registry_once_per_profile(monkeypatch):
+    from django_ragchat.profiles import get_profile
+    from django_ragchat.turn import pipeline
+    from django_ragchat.turn.context import components_for
+
+    components = components_for(get_profile("default"))
+    first = pipeline._components_trace(components)
+    monkeypatch.setattr(pipeline, "get_registry", lambda: pytest.fail("the registry was read again"))
+    again = pipeline._components_trace(components)
+    assert again == first and again is not first and again[0] is not first[0]  # each turn its own rows
+    assert [row["stage"] for row in first] == [c.kind for c in components.each()]

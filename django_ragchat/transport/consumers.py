@@ -29,6 +29,7 @@ from importlib import import_module
 from typing import Any, ClassVar
 
 from asgiref.sync import sync_to_async
+from channels.db import aclose_old_connections
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
@@ -235,6 +236,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             if message["origin"] != self.channel_name:  # our own turns were sent directly
                 await self._relay_from_group(message)
             return
+        if message["type"] == "websocket.receive":
+            # Nor for a client's frame: a message's database work runs on a lane, which cleans
+            # up its own connections; the other frames' cleanup is done in receive(). A thread
+            # hop saved before every message's turn.
+            await self.websocket_receive(message)
+            return
         await super().dispatch(message)
 
     async def _relay_from_group(self, message: dict) -> None:
@@ -288,6 +295,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         frame, client_id, problem = self._parse(text_data)
         if problem is None and frame.get("type") == "message":
             return await self.on_message(frame, client_id)  # checks the session on its lane
+        await aclose_old_connections()  # channels' cleanup before a handler (skipped in dispatch)
         # Every frame, whatever it is, first checks that the socket's session still stands.
         if not await self._session_still_open(client_id):
             return
@@ -362,15 +370,16 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         """A message frame's checks, in their order, synchronously (one thread hop): (whether
         the socket's session still stands, the conversation it goes to, ``None`` for a new one).
         ``TurnRefused`` when the message cannot be sent."""
+        transport.close_stale_connections()  # this lane's, before its first statement
         if not session_is_current(self.user, self.scope.get("session")):
             return False, None
         transport.validate(content)
         if conversation_id is None and client_id:
-            found = transport.sent_with(self.user, self.session_key, client_id)
+            found = transport.sent_with(self.user, self.session_key, client_id, cleaned=True)
             conversation_id = str(found.pk) if found is not None else None
         if conversation_id is not None:
             return True, transport.open_conversation_sync(self.user, conversation_id, self.session_key, True,
-                                                          client_id or "")[0]
+                                                          client_id or "", cleaned=True)[0]
         if not (self.user is not None and self.user.is_authenticated) and not self.session_key:
             raise TurnRefused("forbidden", "Sign in to start a conversation.", 403)
         return True, None

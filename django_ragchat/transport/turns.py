@@ -106,9 +106,12 @@ def close_stale_connections() -> None:
 
 
 def open_conversation_sync(user, conversation_id, session_key, for_sending: bool,
-                           client_id: str = "") -> tuple[Conversation, bool]:
-    """``open_conversation`` for synchronous callers (a view's preparation, off the loop)."""
-    close_stale_connections()
+                           client_id: str = "", *, cleaned: bool = False) -> tuple[Conversation, bool]:
+    """``open_conversation`` for synchronous callers (a view's preparation, off the loop).
+    ``cleaned``: the caller has just run ``close_stale_connections`` (on PostgreSQL's pool with
+    ``CONN_MAX_AGE`` 0 each run hands the connection back and the next statement takes one)."""
+    if not cleaned:
+        close_stale_connections()
     # For sending: whether a turn is pending there, read with it (persistence.with_pending, as SQL).
     queryset = persistence.PendingLookup(client_id) if for_sending else None
     try:
@@ -155,9 +158,10 @@ def _admit(user, session_key: str | None) -> limits.Admission:
         raise TurnRefused(exc.code, exc.message, 429, exc.retry_after) from None
 
 
-def sent_with(user, session_key: str | None, client_id: str) -> Conversation | None:
-    """``conversation_sent_with`` for synchronous callers."""
-    close_stale_connections()
+def sent_with(user, session_key: str | None, client_id: str, *, cleaned: bool = False) -> Conversation | None:
+    """``conversation_sent_with`` for synchronous callers (``cleaned``: ``open_conversation_sync``'s)."""
+    if not cleaned:
+        close_stale_connections()
     found = (permissions.visible_conversations(user, session_key)
              .filter(messages__client_id=client_id, messages__role=Message.Role.USER).first())
     if found is None or not permissions.can_change(user, found, session_key):
