@@ -198,3 +198,23 @@ def test_the_traces_components_are_read_from_the_registry_once_per_profile(monke
     again = pipeline._components_trace(components)
     assert again == first and again is not first and again[0] is not first[0]  # each turn its own rows
     assert [row["stage"] for row in first] == [c.kind for c in components.each()]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_begin_turn_asks_whether_an_answer_streams_in_its_own_statements(user):
+    """SQLite: the UPDATE says; PostgreSQL: the INSERT, read after the UPDATE's lock (it used to
+    be a SELECT of its own between them). Then, on both, what streams is settled as before."""
+    conversation = Conversation.objects.create(owner=user)
+    with CaptureQueriesContext(connection) as queries:
+        persistence.begin_turn(conversation.pk, "first", "c1")
+    statements = [q["sql"].split()[0].upper() for q in queries]
+    assert [s for s in statements if s in ("SELECT", "UPDATE", "INSERT")] == ["UPDATE", "INSERT"], statements
+    with pytest.raises(persistence.TurnInProgress):  # the first answer's lease is alive
+        persistence.begin_turn(conversation.pk, "second", "c2")
+    with pytest.raises(persistence.DuplicateMessage):  # a resend while it streams
+        persistence.begin_turn(conversation.pk, "first", "c1")
+    Message.objects.filter(status="streaming").update(lease_expires_at=timezone.now() - datetime.timedelta(seconds=1))
+    _, assistant = persistence.begin_turn(conversation.pk, "third", "c3")  # the expired one is closed
+    assert list(Message.objects.filter(conversation=conversation).order_by("seq").values_list("seq", "status")) == [
+        (1, "complete"), (2, "interrupted"), (3, "complete"), (4, "streaming")]  # the refused took none
+    assert assistant.seq == 4 and not Message.objects.filter(content__in=["second"]).exists()
