@@ -9,12 +9,12 @@ Per delta, a turn costs as little as the relay can make it:
   after it. The turn's other frames (its ``ack``, stages, sources, ``done``) go to the writer
   task, which writes them when the turn next waits: a frame's write costs the worker a tenth
   of a millisecond or more, which before the first token was spent ahead of the model's
-  request instead of while the model works. Deltas that pile up while the writer is behind (the turn reading more of the
-  model's pieces in the same loop tick, the worker busy with other turns, a slow socket) go
-  out as one ``delta`` frame carrying their concatenated text. A socket that keeps up gets one
-  frame per piece, as soon as it is written. The relay numbers the deltas it sends
-  (``index`` from 0, with no gap, again from 0 after a ``retry``), so the protocol is
-  unchanged: what a client assembles is the same text.
+  request instead of while the model works. Deltas that pile up while the writer is behind
+  (the turn reading more of the model's pieces in the same loop tick, the worker busy with
+  other turns, a slow socket) go out as one ``delta`` frame carrying their concatenated text.
+  A socket that keeps up gets one frame per piece, as soon as it is written. The relay numbers
+  the deltas it sends (``index`` from 0, with no gap, again from 0 after a ``retry``), so the
+  protocol is unchanged: what a client assembles is the same text.
 * **One encode.** Each frame is encoded to JSON once; the same text goes to the sender's
   socket and, through the channel layer, to every watching socket.
 * **No publish unwatched.** The conversation's group is sent to only while another socket
