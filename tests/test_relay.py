@@ -2,7 +2,8 @@
 layers (in-memory, and Redis as the suite's two-worker tests run it): deltas that pile up behind a slow socket go out as
 one frame with the same text; a socket that keeps up gets one frame per delta; the group is
 not sent to while no other socket is in it; each frame is encoded once, the same text for the
-sender and the watchers; a frame pushed while the relay is idle is written within ``push``."""
+sender and the watchers; a delta pushed while the relay is idle is written within ``push``, the
+other frames when the turn next waits."""
 
 from __future__ import annotations
 
@@ -93,6 +94,29 @@ def test_a_frame_pushed_while_the_relay_is_idle_is_written_within_push_and_the_r
     within, frames = asyncio.run(scenario())
     assert [f["type"] for f in within] == ["ack", "delta"] and within[1]["text"] == PIECES[0]
     assert [(f["text"], f["index"]) for f in frames[1:]] == [(PIECES[0], 0), ("".join(PIECES[1:3]), 1)]
+
+
+def test_the_frames_before_the_first_delta_are_written_when_the_turn_next_waits_and_the_delta_within_push():
+    """The ack, stages and sources do not delay the turn's next step (its database work, its
+    model request): they go out when it waits. The model's first piece still goes out at once."""
+    async def scenario():
+        socket = Socket()
+        relay = TurnRelay(socket.send, GroupRelay(None, "g", None))
+        relay.push({"type": "ack", "conversation_id": "c"})
+        relay.push({"type": "stage", "stage": "retrieving", "conversation_id": "c"})
+        within_push = list(socket.texts)
+        await asyncio.sleep(0)  # the turn waits (a thread hop, the model's response)
+        after_waiting = socket.frames()
+        relay.push({"type": "delta", "text": PIECES[0], "index": 0, "conversation_id": "c"})
+        first_delta = socket.frames()
+        relay.push({"type": "done", "message": {"content": PIECES[0]}, "conversation_id": "c"})
+        await relay.flush()
+        return within_push, after_waiting, first_delta, socket.frames()
+
+    within, waited, delta, frames = asyncio.run(scenario())
+    assert within == [] and [f["type"] for f in waited] == ["ack", "stage"]
+    assert [f["type"] for f in delta] == ["ack", "stage", "delta"]
+    assert [f["type"] for f in frames] == ["ack", "stage", "delta", "done"]
 
 
 def test_a_coroutine_started_now_that_suspends_is_finished_by_a_task_which_passes_cancellation_to_it():

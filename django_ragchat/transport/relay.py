@@ -4,14 +4,17 @@ sockets watching the conversation (``transport.consumers``).
 Per delta, a turn costs as little as the relay can make it:
 
 * **Coalescing.** The turn hands each frame to ``TurnRelay.push`` without waiting for the
-  socket. A frame pushed while the relay is idle is written at once, inside ``push`` (no loop
+  socket. A delta pushed while the relay is idle is written at once, inside ``push`` (no loop
   iteration between the model's piece and the socket); a writer task then sends what is pushed
-  after it. Deltas that pile up while the writer is behind (the turn reading more of the
-  model's pieces in the same loop tick, the worker busy with other turns, a slow socket) go
-  out as one ``delta`` frame carrying their concatenated text. A socket that keeps up gets one
-  frame per piece, as soon as it is written. The relay numbers the deltas it sends
-  (``index`` from 0, with no gap, again from 0 after a ``retry``), so the protocol is
-  unchanged: what a client assembles is the same text.
+  after it. The turn's other frames (its ``ack``, stages, sources, ``done``) go to the writer
+  task, which writes them when the turn next waits: a frame's write costs the worker a tenth
+  of a millisecond or more, which before the first token was spent ahead of the model's
+  request instead of while the model works. Deltas that pile up while the writer is behind
+  (the turn reading more of the model's pieces in the same loop tick, the worker busy with
+  other turns, a slow socket) go out as one ``delta`` frame carrying their concatenated text.
+  A socket that keeps up gets one frame per piece, as soon as it is written. The relay numbers
+  the deltas it sends (``index`` from 0, with no gap, again from 0 after a ``retry``), so the
+  protocol is unchanged: what a client assembles is the same text.
 * **One encode.** Each frame is encoded to JSON once; the same text goes to the sender's
   socket and, through the channel layer, to every watching socket.
 * **No publish unwatched.** The conversation's group is sent to only while another socket
@@ -132,9 +135,9 @@ async def _others_in_group(layer, group: str, origin: str | None) -> bool:
 class TurnRelay:
     """One turn's frames to the socket that sent the message (``send``) and to the group.
 
-    ``push`` queues a frame and returns at once: written within ``push`` when the relay is
-    idle, else by the writer task, coalescing the deltas pending together into one (module
-    docstring). ``flush`` waits until all is sent.
+    ``push`` queues a frame and returns at once: a delta written within ``push`` when the relay
+    is idle, anything else by the writer task when the turn next yields, coalescing the deltas
+    pending together into one (module docstring). ``flush`` waits until all is sent.
     """
 
     def __init__(self, send: Callable[[str], Awaitable[None]], group: GroupRelay):
@@ -145,11 +148,16 @@ class TurnRelay:
 
     def push(self, frame: dict) -> None:
         """Queue ``frame`` (owned by the relay from now on: a delta may be extended)."""
-        if self.writing is None:
-            # Idle: this frame goes out now, not one loop iteration later (the turn may read
+        if self.writing is None and frame["type"] == "delta":
+            # Idle: this piece goes out now, not one loop iteration later (the turn may read
             # more of the model before it yields). The writer, started after it, sends (and
             # coalesces) what is pushed before its first step.
             self.writing = asyncio.ensure_future(self._write(started(self._sent(frame))))
+        elif self.writing is None:
+            # Not the model's text: written when the turn next waits (for the database, for the
+            # model's answer), not ahead of what the turn does next.
+            self.pending.append(frame)
+            self.writing = asyncio.ensure_future(self._write(None))
         elif frame["type"] == "delta" and self.pending and self.pending[-1]["type"] == "delta":
             self.pending[-1]["text"] += frame["text"]
         else:

@@ -106,11 +106,14 @@ def close_stale_connections() -> None:
 
 
 def open_conversation_sync(user, conversation_id, session_key, for_sending: bool,
-                           client_id: str = "") -> tuple[Conversation, bool]:
-    """``open_conversation`` for synchronous callers (a view's preparation, off the loop)."""
-    close_stale_connections()
-    # For sending: whether a turn is pending there, read with it (persistence.with_pending).
-    queryset = persistence.with_pending(Conversation.objects, client_id) if for_sending else None
+                           client_id: str = "", *, cleaned: bool = False) -> tuple[Conversation, bool]:
+    """``open_conversation`` for synchronous callers (a view's preparation, off the loop).
+    ``cleaned``: the caller has just run ``close_stale_connections`` (on PostgreSQL's pool with
+    ``CONN_MAX_AGE`` 0 each run hands the connection back and the next statement takes one)."""
+    if not cleaned:
+        close_stale_connections()
+    # For sending: whether a turn is pending there, read with it (persistence.with_pending, as SQL).
+    queryset = persistence.PendingLookup(client_id) if for_sending else None
     try:
         conversation = permissions.get_conversation_for(user, conversation_id, session_key, queryset=queryset)
     except Conversation.DoesNotExist:
@@ -133,6 +136,20 @@ async def open_conversation(user, conversation_id, session_key: str | None, *,
     return await sync_to_async(open_conversation_sync)(user, conversation_id, session_key, for_sending, client_id)
 
 
+async def _cache_work(blocks: bool, function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)``, work of the per-user limits in Django's cache: off the loop when it
+    ``blocks`` (a network round trip), but not on the thread that serialises database work; in
+    place when it does not (``limits.admission_blocks``, ``limits.cache_is_local``): a thread
+    hop costs a turn more than a dict lookup does."""
+    if not blocks:
+        return function(*args)
+    return await sync_to_async(function, thread_sensitive=False)(*args)
+
+
+async def _limits_call(function: Callable[..., Any], *args: Any) -> Any:
+    return await _cache_work(limits.admission_blocks(), function, *args)
+
+
 def _admit(user, session_key: str | None) -> limits.Admission:
     """Take one of the caller's stream slots and count the turn against their rate."""
     try:
@@ -141,8 +158,10 @@ def _admit(user, session_key: str | None) -> limits.Admission:
         raise TurnRefused(exc.code, exc.message, 429, exc.retry_after) from None
 
 
-def _sent_with(user, session_key: str | None, client_id: str) -> Conversation | None:
-    close_stale_connections()
+def sent_with(user, session_key: str | None, client_id: str, *, cleaned: bool = False) -> Conversation | None:
+    """``conversation_sent_with`` for synchronous callers (``cleaned``: ``open_conversation_sync``'s)."""
+    if not cleaned:
+        close_stale_connections()
     found = (permissions.visible_conversations(user, session_key)
              .filter(messages__client_id=client_id, messages__role=Message.Role.USER).first())
     if found is None or not permissions.can_change(user, found, session_key):
@@ -157,7 +176,7 @@ async def conversation_sent_with(user, session_key: str | None, client_id: str) 
     result instead of starting a second conversation. Every transport asks this first."""
     if not client_id:
         return None
-    return await sync_to_async(_sent_with)(user, session_key, client_id)
+    return await sync_to_async(sent_with)(user, session_key, client_id)
 
 
 def check_client_id(client_id: Any) -> str:
@@ -262,7 +281,7 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
                     yield event
         finally:
             if first_send is not None:
-                await sync_to_async(first_send.release, thread_sensitive=False)()
+                await _cache_work(not limits.cache_is_local(), first_send.release)
 
 
 async def _resent(conversation: Conversation | Callable[[], Awaitable[Conversation]],
@@ -283,7 +302,7 @@ async def _resent(conversation: Conversation | Callable[[], Awaitable[Conversati
 async def _claim_first_send(first_send: limits.FirstSend, user, session_key: str | None, client_id: str) -> None:
     refusal = TurnRefused("turn_in_progress", "This message is already being sent; send it again (same client_id) "
                           "to get its answer.", 409, retry_after=1)
-    if not await sync_to_async(first_send.claim, thread_sensitive=False)():
+    if not await _cache_work(not limits.cache_is_local(), first_send.claim):
         raise refusal
     if await conversation_sent_with(user, session_key, client_id) is not None:
         raise refusal  # its first attempt got through meanwhile: the resend finds it now
@@ -314,7 +333,7 @@ async def _admitted_turn(conversation, text: str, user, session_key: str | None,
                     await slot.refund()
                     raise _refusal(exc) from None
                 if first_send is not None:  # saved: a resend finds it from now on
-                    await sync_to_async(first_send.release, thread_sensitive=False)()
+                    await _cache_work(not limits.cache_is_local(), first_send.release)
                 yield first
                 async with contextlib.aclosing(_after_the_ack(events, first, slot)) as rest:
                     async for event in rest:
@@ -328,9 +347,7 @@ async def _admission(conversation, user, session_key: str | None, client_id: str
     started since it was read (two sends at once), the refusal is that answer's, 409
     ``turn_in_progress``, as it is when the caller has slots to spare: one cause, one code."""
     try:
-        # The limits live in Django's cache, which may be a network round trip: off the loop,
-        # but not on the thread that serialises database work.
-        return await sync_to_async(_admit, thread_sensitive=False)(user, session_key)
+        return await _limits_call(_admit, user, session_key)
     except TurnRefused as refusal:
         if refusal.code == "too_many_streams" and not callable(conversation):
             try:
@@ -361,13 +378,13 @@ class _HeldSlot:
         limits.unhold(self.slot)
         if self.held:
             self.held = False
-            await sync_to_async(self.slot.release, thread_sensitive=False)()
+            await _limits_call(self.slot.release)
 
     async def refund(self) -> None:
         """The turn did not start: free the slot and take back the turn counted."""
         limits.unhold(self.slot)
         self.held = False
-        await sync_to_async(self.admission.refund, thread_sensitive=False)()
+        await _limits_call(self.admission.refund)
 
 
 async def _after_the_ack(events: AsyncIterator[TurnEvent], accepted: Accepted,

@@ -63,6 +63,8 @@ class ProfileComponents:
         # Only an answerer that reads the chunks' stored readings needs them fetched.
         self.reads_stored_readings = hasattr(type(self.llm), "chunk_reader")
         self.tool_advisors = advising(self.advisors, "around_tool")
+        # The trace's rows naming each component's plugin (pipeline._components_trace), once.
+        self.trace_rows: list[dict[str, str]] | None = None
 
 
 def components_for(profile: Profile) -> ProfileComponents:

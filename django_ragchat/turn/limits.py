@@ -39,7 +39,9 @@ import math
 import secrets
 import time
 
-from django.core.cache import cache
+from django.core.cache import DEFAULT_CACHE_ALIAS, cache, caches
+from django.core.cache.backends.dummy import DummyCache
+from django.core.cache.backends.locmem import LocMemCache
 
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.turn import workers
@@ -51,6 +53,22 @@ class LimitExceeded(Exception):
         self.code = code
         self.message = message
         self.retry_after = retry_after
+
+
+def cache_is_local() -> bool:
+    """Whether Django's default cache lives in this process (local memory, or none): its calls
+    are a dict and a lock, no I/O, so a turn on the event loop makes them in place instead of
+    paying a thread hop for each (``transport.turns``). Redis, Memcached, a database cache: a
+    network round trip, made off the loop."""
+    return isinstance(caches[DEFAULT_CACHE_ALIAS], (LocMemCache, DummyCache))
+
+
+def admission_blocks() -> bool:
+    """Whether letting a turn through the limits (``Admission.take``, its release and refund) may
+    wait on I/O: only when a limit is set and the cache is not in this process. With neither
+    limit set nothing is read or written at all."""
+    limited = ragchat_settings.TURNS_PER_MINUTE or ragchat_settings.MAX_CONCURRENT_STREAMS
+    return bool(limited) and not cache_is_local()
 
 
 def _subject(user, session_key: str | None) -> str:

@@ -727,16 +727,19 @@ def describe_error(exc: BaseException) -> tuple[str, str, float | None]:
 
 
 def _components_trace(components: ProfileComponents) -> list[dict[str, str]]:
-    """Which component of which plugin runs at each stage: the trace shows what a turn ran."""
-    registry = get_registry()
-    rows = []
-    for component in components.each():
-        try:
-            plugin = registry.get(component.kind, component.name).plugin
-        except Exception:  # a component built outside the registry (tests, advisors)
-            plugin = ""
-        rows.append({"stage": component.kind, "name": component.name, "plugin": plugin})
-    return rows
+    """Which component of which plugin runs at each stage: the trace shows what a turn ran.
+    Read from the registry once per profile's components (they are built once per process)."""
+    if components.trace_rows is None:
+        registry = get_registry()
+        rows = []
+        for component in components.each():
+            try:
+                plugin = registry.get(component.kind, component.name).plugin
+            except Exception:  # a component built outside the registry (tests, advisors)
+                plugin = ""
+            rows.append({"stage": component.kind, "name": component.name, "plugin": plugin})
+        components.trace_rows = rows
+    return [dict(row) for row in components.trace_rows]  # the turn's own: a plugin may edit its trace
 
 
 def _new_trace(turn: TurnContext) -> dict[str, Any]:
