@@ -13,8 +13,6 @@ import datetime
 import pytest
 from asgiref.sync import SyncToAsync, async_to_sync
 from channels.testing import WebsocketCommunicator
-from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
-from django.contrib.sessions.backends.db import SessionStore
 from django.contrib.sessions.models import Session
 from django.db import connection
 from django.db.models.sql.compiler import SQLCompiler, SQLInsertCompiler
@@ -24,6 +22,7 @@ from django.utils import timezone
 from django_ragchat.models import Conversation, Message
 from django_ragchat.transport.consumers import ChatConsumer, session_is_current
 from django_ragchat.turn import limits, persistence
+from tests.test_turn_queries import _session
 
 REDIS_CACHE = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
                            "LOCATION": "redis://127.0.0.1:6379/0"}}
@@ -40,14 +39,6 @@ def no_orm_queries():
         patch.setattr(SQLCompiler, "as_sql", refuse)
         patch.setattr(SQLInsertCompiler, "as_sql", refuse)
         yield
-
-
-def _session(user) -> SessionStore:
-    session = SessionStore()
-    session.update({SESSION_KEY: str(user.pk), BACKEND_SESSION_KEY: "django.contrib.auth.backends.ModelBackend",
-                    HASH_SESSION_KEY: user.get_session_auth_hash()})
-    session.create()
-    return session
 
 
 @pytest.mark.django_db

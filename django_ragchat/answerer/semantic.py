@@ -41,6 +41,10 @@ class _Similarity:
     def vectors(self, texts: Sequence[str]) -> np.ndarray:
         raise NotImplementedError
 
+    def is_word(self, word: str) -> bool:
+        """Whether the model holds ``word`` as a word of its own (``SentenceSimilarity.is_word``)."""
+        return False
+
     def scores(self, query: str, texts: Sequence[str]) -> list[float]:
         """The similarity of each of ``texts`` to ``query`` (-1 to 1)."""
         return self.scores_per_query([query], texts)[0]
@@ -135,6 +139,9 @@ class StoredVectors(_Similarity):
         self.stored = dict(stored)
         self.tokens = tokens if tokens and similarity.encode_ids is not None else {}
 
+    def is_word(self, word: str) -> bool:
+        return self.similarity.is_word(word)
+
     def vectors(self, texts: Sequence[str]) -> np.ndarray:
         stored = self.stored
         missing = [t for t in dict.fromkeys(texts) if t not in stored]
@@ -171,8 +178,7 @@ class NearWords(Vocabulary):
         self._covered: dict[tuple[str, frozenset[str]], float] = {}
 
     def is_word(self, word: str) -> bool:
-        similarity = getattr(self._similarity, "similarity", self._similarity)  # StoredVectors wraps it
-        return similarity.is_word(word) if hasattr(similarity, "is_word") else False
+        return self._similarity.is_word(word)
 
     def near(self, word: str) -> frozenset[str]:
         """The passages' stems whose words the model finds close to ``word`` (a stem)."""
