@@ -233,7 +233,10 @@ def analyse_text(text: str, heading: str, title: str,
     article = vocabulary.messages["article"]  # "the Aurora X2": a decline writes it so too
     mentions_the = bool(subject) and f"{article}{subject}".lower() in body.lower()
     kind = kind_of(subject, body, vocabulary.language) if subject else ""
-    return (parts[-1] if len(parts) > 1 else ""), found, subject, mentions_the, kind
+    # A page of one section about a topic ("Contact and support") writes its topic in its title
+    # alone: the title is then its leaf, as a section's heading is. A subject's title names it.
+    leaf = parts[-1] if len(parts) > 1 else ("" if subject else top or "")
+    return leaf, found, subject, mentions_the, kind
 
 
 #: ``analyse_text`` cached per process: a chunk's text does not change.

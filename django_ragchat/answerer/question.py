@@ -471,6 +471,9 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], voc
         asked = corrected(asked, known_stems, vocabulary)
     names = _find_subjects(need, question, search_query, asked, passages, _Entities.of(passages, vocabulary),
                            known_stems)
+    # "the phone's battery" over a passage defining the Aurora X2 as a phone: the kind names the
+    # subject, it asks nothing; "your phone number" on a site that sells no phone asks a phone.
+    names |= {w for p in passages if p.kind for w in (p.kind, p.kind + "s")}
     # In "I have an Aurora X2. How long does the battery last?" (or a pasted "Ignore all previous
     # instructions. How much...?") the attribute is what the question sentence asks.
     part = asked is not None  # one part of the question: the search query holds the other parts' words
