@@ -69,6 +69,21 @@ def name_tokens(name: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(stem(w) for w in words(name) if _identifies(w)))
 
 
+def leading_name(title: str) -> str:
+    """The name a title opens with when the rest of it only describes the thing in lower case:
+    "Trailblazer 300" of "Trailblazer 300 mountain bike" (a user writes the name, seldom the
+    descriptor). ``title`` itself otherwise: a title written as a name ("Millstone G2 Coffee
+    Grinder"), or one opening with a single capitalised word ("Returns and refunds")."""
+    tokens = list(_NAME_WORD_RE.finditer(title))
+    end = 0
+    while end < len(tokens) and (tokens[end].group(0)[0].isupper() or tokens[end].group(0)[0].isdigit()):
+        end += 1
+    rest = [t.group(0) for t in tokens[end:]]
+    if end < 2 or not rest or any(not w.islower() for w in rest):
+        return title
+    return title[:tokens[end - 1].end()]
+
+
 def _written_as_name(heading: str) -> bool:
     """Every word capitalised (or a code such as "X2"), at least two words: "Basic Plan"."""
     tokens = _NAME_WORD_RE.findall(heading)
@@ -140,6 +155,14 @@ class SubjectIndex:
                 if _is_code(token):
                     by_code.setdefault(token, []).append(subject)
         self._by_code = {key: found[0] for key, found in by_code.items() if len(found) == 1}
+        # "back to the Trailblazer" names the Trailblazer 300: the words of a name with a number,
+        # without the number, when no other subject's name holds them all.
+        self._without_number = {}
+        for subject in subjects:
+            words_only = tuple(t for t in subject.tokens if not t.isdigit())
+            if words_only and len(words_only) < len(subject.tokens) and not any(
+                    other is not subject and set(words_only) <= set(other.tokens) for other in subjects):
+                self._without_number[words_only] = subject
 
     def __len__(self) -> int:
         return len(self.subjects)
@@ -200,7 +223,8 @@ class SubjectIndex:
         given, returns those documents' texts for ``uses``."""
         titles, headings = _titles_and_headings(rows)
         named: dict[tuple[str, ...], Subject] = {}
-        for name, documents in titles.items():
+        for title, documents in titles.items():
+            name = leading_name(title)
             tokens = name_tokens(name)
             if not tokens:
                 continue
@@ -258,6 +282,10 @@ class SubjectIndex:
                               for p in used)
                 if written or self._in_a_row(subject, keys, positions):
                     found[subject] = min(used)
+        for words_only, subject in self._without_number.items():
+            if subject not in found and all(t in positions for t in words_only) and all(
+                    matches[positions[t][0]].group(0)[0].isupper() for t in words_only):
+                found[subject] = min(positions[t][0] for t in words_only)
         for key, subject in self._by_code.items():
             # "the Millstone G2 grinder", "the G2": the code alone tells which subject, whatever
             # other words of its name are left out ("Coffee").
