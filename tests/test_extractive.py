@@ -825,3 +825,15 @@ def test_a_phone_is_asked_about_where_no_subject_is_a_phone(bike_shop, sample_do
     # returns email ("your order number"); it names a subject only where one is defined as a phone.
     assert "0800 555 0142" in ask("What is your phone number?")
     assert "two days" in ask("How long does the Nimbus Tab battery last?", "how about the phone's battery?")
+
+
+def test_how_long_does_it_last_after_the_warranty_asks_the_warranty(sample_docs):
+    assert "two-year warranty" in ask("What does the Zephyr Buds warranty cover?", "How long does it last?")
+    # After the battery, "last" is the battery life asked.
+    assert "two days" in ask("aurora x2 battery size?", "and how long does it last")
+
+
+def test_a_decline_for_last_says_what_was_asked_not_battery_life(bike_shop):
+    # A bike shop's "How long does it last?" had been declined as "battery life".
+    answer = ask("How much is the Trailblazer 300?", "How long does it last?")
+    assert "battery" not in answer and "how long it lasts" in answer, answer

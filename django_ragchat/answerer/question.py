@@ -395,6 +395,12 @@ def _drop_words_that_say_how(need: Need, asked: str, asked_at: dict[str, int], v
     if lasting and vocabulary.pattern("how_long").search(asked) and any(
             not k.startswith("~") and k not in lasting for k in need.own):
         need.forget(lasting, asked_at)  # "How long does the warranty last?" asks a duration
+    elif lasting and vocabulary.pattern("how_long").search(asked) and any(
+            key not in need.own and set(labels(key)) & vocabulary.group_class("time_bearing") - {"battery life"}
+            for key in need.groups):
+        # "How long does it last?" after the warranty asks the warranty's length (after the
+        # battery, "last" is the battery life it asks).
+        need.forget(lasting, asked_at)
     lengths = [k for k in need.own if k.split("=")[0] == "length"]
     if lengths and any(set(labels(k)) & vocabulary.group_class("time_bearing") for k in need.own):
         need.forget(lengths, asked_at)  # "zephyr buds warranty length": how long it runs, not cm
