@@ -657,6 +657,29 @@ def test_a_question_only_a_topic_page_answers_carries_nothing_of_the_product_bef
     assert "Millstone" not in result.answer
 
 
+def large_catalogue(extra: str = "") -> dict[str, str]:
+    """More items than ``SubjectIndex.MAX_TOPIC_SCAN``, each defined as a kettle, and a support page."""
+    pages = {f"shop/kettle-{n}.md": f"# Kettle K{n}\n\nThe Kettle K{n} is a kettle for tea.\n\n## Price\n"
+                                     f"The Kettle K{n} costs ${20 + n}.{extra if n == 7 else ''}\n"
+             for n in range(1, SubjectIndex.MAX_TOPIC_SCAN + 8)}
+    return {**pages, "shop/support.md": "# Customer support\n\nTo contact support, email help@kettles.example.\n"}
+
+
+@pytest.mark.parametrize("extra, fresh", [("", True), (" Contact support to register it.", False)])
+def test_a_topic_page_is_found_in_a_catalogue_too_large_to_read(db, conversation, extra, fresh):
+    # Past MAX_TOPIC_SCAN items the items' texts are not read on a turn: the database says whether
+    # one writes every asked word (the Kettle K7's page, in the second case).
+    clear_cache()
+    ingest_markdown(large_catalogue(extra))
+    run_turn_sync(conversation, "How much is the Kettle K3?")
+
+    result = run_turn_sync(conversation, "How do I contact support?")
+
+    assert (result.trace["queries"]["followup"]["subject_rule"] == "fresh") is fresh
+    if fresh:
+        assert "help@kettles.example" in result.answer, result.answer
+
+
 TOPIC_TEXTS = {**TEXTS, 4: "Orbit Devices support. To contact support, email help@orbit.example. "
                            "The Zephyr Buds have a headphone jack adapter.",
                5: "Returns are accepted within 30 days."}

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from django.db import connections
+from django.db.models import Exists, OuterRef
 
 from django_ragchat.access import Principals, current_principals
 from django_ragchat.language import Language, load_language
@@ -131,12 +132,16 @@ class SubjectIndex:
 
     def __init__(self, subjects: list[Subject], kinds: dict[str, str] | None = None,
                  language: Language | None = None,
-                 document_text: Callable[[frozenset[int]], Iterable[str]] | None = None):
+                 document_text: Callable[[frozenset[int]], Iterable[str]] | None = None,
+                 writes_all: Callable[[list[str], frozenset[int]], bool] | None = None):
         self.subjects = subjects
         self.kinds = kinds or {}
         self.language = language or load_language()
         # The texts of some documents, read only when asked (``uses``): most turns never need them.
         self.document_text = document_text
+        # Whether some of those documents write every word, asked of the database: ``topic_page``
+        # in a catalogue too large to read on a turn.
+        self.writes_all = writes_all
         self._stems: dict[Subject, frozenset[str]] = {}
         self._by_token: dict[str, list[Subject]] = {}
         # "the tablet" names the one subject the corpus defines as a tablet ({subject name: kind}).
@@ -186,18 +191,25 @@ class SubjectIndex:
         item of a catalogue) that writes every key, when ``current``'s documents write none of
         them and no item writes them all ("Is there a headphone jack?" after a phone whose page
         never says stays on the phone, to be declined, when the earbuds' page writes "headphone
-        jack"). None otherwise, without the documents' texts, or in a corpus of more than
-        ``MAX_TOPIC_SCAN`` subjects (their texts are not read on a turn)."""
-        if not keys or self.document_text is None or len(self.subjects) > self.MAX_TOPIC_SCAN:
+        jack"). None otherwise, without the documents' texts, or with more than ``MAX_TOPIC_SCAN``
+        topic pages (their texts are read on a turn). Over more items than that, whether one
+        writes every key is asked of the database (``writes_all``), and is taken as yes without it."""
+        if not keys or self.document_text is None or any(self.uses(current, key) for key in keys):
             return None
-        if any(self.uses(current, key) for key in keys):
-            return None
-        items = [s for s in self.subjects if self.kinds.get(s.name)]
-        if any(all(self.uses(item, key) for key in keys) for item in items if item is not current):
+        topics = [s for s in self.subjects if s is not current and not self.kinds.get(s.name)]
+        if len(topics) > self.MAX_TOPIC_SCAN:
             return None
         # A heading named inside an item's page ("Nimbus Pen") writes nothing its item does not.
-        return next((s for s in self.subjects if s is not current and not self.kinds.get(s.name)
-                     and all(self.uses(s, key) for key in keys)), None)
+        page = next((s for s in topics if all(self.uses(s, key) for key in keys)), None)
+        if page is None:
+            return None
+        items = [s for s in self.subjects if self.kinds.get(s.name) and s is not current]
+        if len(items) <= self.MAX_TOPIC_SCAN:
+            written = any(all(self.uses(item, key) for key in keys) for item in items)
+        else:
+            written = self.writes_all is None or self.writes_all(
+                [name_key(key) for key in keys], frozenset().union(*(item.documents for item in items)))
+        return None if written else page
 
     def restricted_to(self, documents: set[int]) -> SubjectIndex:
         """The index of the subjects named by ``documents`` (ids) alone."""
@@ -209,18 +221,19 @@ class SubjectIndex:
                             Subject(subject.name, subject.tokens, frozenset(readable)))
         names = {s.name for s in kept}
         return SubjectIndex(kept, {n: k for n, k in self.kinds.items() if n in names}, self.language,
-                            self.document_text)
+                            self.document_text, self.writes_all)
 
     @classmethod
     def from_rows(cls, rows, *, named_in_text=None, openings: dict[int, str] | None = None,
-                  language: Language | None = None, document_text=None) -> SubjectIndex:
+                  language: Language | None = None, document_text=None, writes_all=None) -> SubjectIndex:
         """Build from (document id, title, heading path) rows, e.g. one per distinct chunk
         heading. ``named_in_text({heading: document id})``, when given, returns the headings
         whose document writes them, capitalised, in its prose ("The Basic Plan delivers..."):
         a title-case section heading ("Personal Life", "Return Policy") is not written so.
         ``openings`` ({document id: its first chunk's text}) gives each title's kind
         (``kind_of``), so "the tablet" names the Nimbus Tab. ``document_text(document ids)``, when
-        given, returns those documents' texts for ``uses``."""
+        given, returns those documents' texts for ``uses``; ``writes_all(stems, document ids)``
+        whether one of those documents writes every stem (``topic_page``)."""
         titles, headings = _titles_and_headings(rows)
         named: dict[tuple[str, ...], Subject] = {}
         for title, documents in titles.items():
@@ -242,7 +255,8 @@ class SubjectIndex:
                 named[name_tokens(name)] = Subject(name, name_tokens(name), frozenset({document_id}))
         language = language or load_language()
         kinds = _kinds(named.values(), openings or {}, language)
-        return cls(sorted(named.values(), key=lambda s: (-len(s.tokens), s.name)), kinds, language, document_text)
+        return cls(sorted(named.values(), key=lambda s: (-len(s.tokens), s.name)), kinds, language, document_text,
+                   writes_all)
 
     def kind_named(self, text: str) -> list[tuple[Subject, int]]:
         """(subject, character offset) for each "the/this/that <kind>" in ``text`` whose kind is
@@ -344,6 +358,8 @@ class _Cached:
 
 #: Readers' views kept per cached index (one per distinct set of principals).
 MAX_VIEWS = 256
+#: ``writes_all`` answers yes (no topic page) past this many documents, rather than send their ids.
+MAX_WRITES_ALL_DOCUMENTS = 10_000
 _cache: dict[tuple[str, str, str], _Cached] = {}
 _lock = threading.Lock()
 
@@ -416,8 +432,17 @@ def _full_index(space: str, using: str, language: Language) -> _Cached:
                 return list(Chunk.objects.using(using).filter(space=space, document_id__in=list(documents))
                             .values_list("text", flat=True))
 
+            def writes_all(stems: list[str], documents: frozenset[int]) -> bool:
+                # One query, each stem matched as text (a superset of the words it stems).
+                if len(documents) > MAX_WRITES_ALL_DOCUMENTS:
+                    return True
+                writing = [Exists(Chunk.objects.filter(document=OuterRef("pk"), space=space, text__icontains=s))
+                           for s in stems]
+                return Document.objects.using(using).filter(*writing, pk__in=list(documents)).exists()
+
             cached = _Cached(stamp, SubjectIndex.from_rows(rows, named_in_text=named_in_text, openings=openings,
-                                                           language=language, document_text=document_text),
+                                                           language=language, document_text=document_text,
+                                                           writes_all=writes_all),
                              access, {})
             _cache[key] = cached
     return cached
