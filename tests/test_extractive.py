@@ -837,3 +837,13 @@ def test_a_decline_for_last_says_what_was_asked_not_battery_life(bike_shop):
     # A bike shop's "How long does it last?" had been declined as "battery life".
     answer = ask("How much is the Trailblazer 300?", "How long does it last?")
     assert "battery" not in answer and "how long it lasts" in answer, answer
+
+
+def test_where_i_live_asks_no_place_a_thing_is_kept():
+    from django_ragchat.answerer.question import analyse_query
+
+    vocabulary = default_vocabulary()
+    for question, placed in [("Where does the Nimbus Pen live?", True), ("Where I put the pen when I stop?", True),
+                             ("What do I need to bring to prove where I live?", False)]:
+        need = analyse_query(question, question, [], vocabulary)
+        assert ("=attachment" in need.own) is placed, question
