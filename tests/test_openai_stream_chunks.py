@@ -167,3 +167,21 @@ def test_events_are_read_as_the_openai_client_reads_them_however_the_body_is_spl
         assert ours(pieces, 2) == whole, cut
     assert ours([bytes([b]) for b in body], 1) == whole
     assert ours([bytes([b]) for b in body], 3) == whole
+
+
+def test_the_reader_hands_over_each_piece_until_the_first_words_then_what_came_meanwhile_at_once():
+    from django_ragchat.backends.openai import _Reader
+
+    async def body():
+        for piece in (b"a", b"b", b"c", b"d"):
+            yield piece  # all there at once: no wait between them
+
+    async def read():
+        reader = _Reader(body())
+        first = await reader.take()
+        reader.eager = False  # the first words are out
+        return first, await reader.take()
+
+    first, rest = asyncio.run(read())
+    assert first == ([b"a"], None)
+    assert rest == ([b"b", b"c", b"d"], True)

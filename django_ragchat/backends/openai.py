@@ -563,6 +563,8 @@ class ChunkLists(openai.AsyncStream[object]):
                 if pieces:
                     chunks, done, error = self._chunks(events.feed(pieces))
                     if chunks:
+                        if reader.eager and _has_words(chunks):
+                            reader.eager = False  # from now on, what comes meanwhile is read as one list
                         yield chunks
                     if error is not None:
                         raise error
@@ -618,15 +620,28 @@ class ChunkLists(openai.AsyncStream[object]):
         await self.response.aclose()
 
 
+def _has_words(chunks: list) -> bool:
+    """Whether a list of chunks has a choice whose delta carries something (text, a tool call)."""
+    for chunk in chunks:
+        choices = chunk.get("choices") if isinstance(chunk, dict) else None
+        for choice in choices if isinstance(choices, list) else ():
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if isinstance(delta, dict) and any(delta.get(k) for k in ("content", "refusal", "tool_calls")):
+                return True
+    return False
+
+
 class _Reader:
     """Reads a body's pieces in a task of its own: ``take`` returns every piece read since the
     last call (waiting for one when there is none), and how the body ended (``True``, or the
-    exception that ended it) once all its pieces are taken."""
+    exception that ended it) once all its pieces are taken. While ``eager`` (until the answer's
+    first words are out), a piece is handed over before the next is read."""
 
     def __init__(self, reads: AsyncIterator[bytes]):
         self.pieces: list[bytes] = []
         self.end: bool | BaseException | None = None
         self.waiter: asyncio.Future | None = None
+        self.eager = True  # hand each piece over as it comes (until the stream says otherwise)
         self.task = asyncio.ensure_future(self._run(reads))
 
     async def _run(self, reads: AsyncIterator[bytes]) -> None:
@@ -635,6 +650,10 @@ class _Reader:
                 self.pieces.append(piece)
                 if self.waiter is not None and not self.waiter.done():
                     self.waiter.set_result(None)
+                    if self.eager:
+                        # Until the answer's first words: its task goes first, and they leave
+                        # before more is read (a model that wrote its whole answer at once).
+                        await asyncio.sleep(0)
             self.end = True
         except Exception as exc:
             self.end = exc
