@@ -102,7 +102,8 @@ def test_a_streamed_turn_sends_deltas_and_records_the_usage_chunk(site, conversa
     events = events_of(conversation, QUESTION)
 
     deltas = [e for e in events if isinstance(e, Delta)]
-    assert len(deltas) == len(ANSWER.split())  # the server streams one chunk per word
+    # The server streams one chunk per word; the chunks one read brings are one delta.
+    assert 1 <= len(deltas) <= len(ANSWER.split())
     assert "".join(d.text for d in deltas) == ANSWER
     assert [d.index for d in deltas] == list(range(len(deltas)))
     done = events[-1]
@@ -136,7 +137,7 @@ def test_a_client_leaving_mid_stream_keeps_the_partial_answer_as_incomplete(site
             async for event in events:
                 if isinstance(event, Delta):
                     received.append(event.text)
-                    if len(received) == 2:
+                    if len("".join(received).split()) == 2:
                         break  # the client went away: the transport closes the stream
         return received
 

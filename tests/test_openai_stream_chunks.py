@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -15,8 +16,10 @@ from django_ragchat.exceptions import LLMError
 
 
 @contextlib.contextmanager
-def sse_server(*chunks):
-    """A server answering every POST with ``chunks`` as server-sent events, then [DONE]."""
+def sse_server(*chunks, together=False, pause=0.0, hold=None):
+    """A server answering every POST with ``chunks`` as server-sent events, then [DONE]: one
+    write per event, ``pause`` seconds apart, or all in one write (``together``); ``hold``: an
+    event set when the stream may go on after its first event."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
@@ -24,9 +27,16 @@ def sse_server(*chunks):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            for chunk in chunks:
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            self.wfile.write(b"data: [DONE]\n\n")
+            events = [f"data: {json.dumps(chunk)}\n\n".encode() for chunk in chunks] + [b"data: [DONE]\n\n"]
+            if together:
+                self.wfile.write(b"".join(events))
+                return
+            with contextlib.suppress(ConnectionError):  # a client that closed early
+                for position, event in enumerate(events):
+                    self.wfile.write(event)
+                    if hold is not None and position == 0:
+                        hold.wait(10)
+                    time.sleep(pause)
 
         def log_message(self, *args):
             pass
@@ -60,7 +70,7 @@ def test_text_refusal_usage_model_and_finish_reason_are_read_from_the_chunks():
     ]
     with sse_server(*chunks) as url:
         pieces = stream(url)
-    assert [p.text for p in pieces[:-1]] == ["Hel", "lo", " no"]
+    assert "".join(p.text for p in pieces[:-1]) == "Hello no"
     last = pieces[-1]
     assert (last.model, last.finish_reason) == ("served-model", "length")
     assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (7, 3)
@@ -83,3 +93,95 @@ def test_a_chunk_that_is_not_an_object_is_a_bad_response():
             pytest.raises(LLMError) as raised:
         stream(url)
     assert raised.value.code == "bad_response"
+
+
+TEXT_CHUNKS = [{"choices": [{"delta": {"content": word}}]} for word in ("Hel", "lo", " no")]
+
+
+def test_chunks_one_read_brings_are_one_piece_and_chunks_written_apart_stay_apart():
+    with sse_server(*TEXT_CHUNKS, together=True) as url:
+        pieces = stream(url)
+    assert [p.text for p in pieces] == ["Hello no", ""]
+    with sse_server(*TEXT_CHUNKS, pause=0.05) as url:
+        pieces = stream(url)
+    assert [p.text for p in pieces] == ["Hel", "lo", " no", ""]
+
+
+def test_closing_a_stream_early_stops_its_reader_and_closes_the_response():
+    hold = threading.Event()
+    model = None
+
+    async def first_then_close():
+        async with asyncio.timeout(5):
+            pieces = model.stream([{"role": "user", "content": "hi"}])
+            first = await pieces.__anext__()
+            await pieces.aclose()  # the model has not written the rest: the reader waits on the socket
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        return first.text, others
+
+    with sse_server(*TEXT_CHUNKS, hold=hold) as url:
+        model = ChatModel(OpenAIConnection.from_options({"base_url": url, "max_retries": 0}), model="m")
+        try:
+            text, others = asyncio.run(first_then_close())
+        finally:
+            hold.set()
+    assert text == "Hel" and others == []
+
+
+def sse_events(decoder_events):
+    return [(e.event, e.data) for e in decoder_events]
+
+
+@pytest.mark.parametrize("body", [
+    b"data: a\n\ndata: b\n\n",
+    b"data: a\r\n\r\ndata: b\r\rdata: c\r\n\r\n",
+    b": comment\ndata: x\ndata: y\n\nevent: thread.run\ndata: {}\n\n\n\ndata:z\n\n",
+    b"id: 7\ndata: a\n\nretry: 10\n\ndata: b\n\nfield: v\n\ndata: partial",
+    "data: caf\u00e9 \u2014 \U0001f600\n\n".encode(),
+])
+def test_events_are_read_as_the_openai_client_reads_them_however_the_body_is_split(body):
+    from openai._streaming import SSEDecoder
+
+    from django_ragchat.backends.openai import _Events
+
+    def expected(pieces):
+        async def read():
+            async def source():
+                for piece in pieces:
+                    yield piece
+            return [e async for e in SSEDecoder().aiter_bytes(source())]
+        return sse_events(asyncio.run(read()))
+
+    def ours(pieces, group):
+        events, out = _Events(), []
+        for start in range(0, len(pieces), group):
+            for item in events.feed(pieces[start:start + group]):
+                out.append(item if isinstance(item, tuple) else (None, item))
+        return out
+
+    whole = expected([body])
+    for cut in range(1, len(body)):
+        pieces = [body[:cut], body[cut:]]
+        assert expected(pieces) == whole
+        assert ours(pieces, 1) == whole, cut
+        assert ours(pieces, 2) == whole, cut
+    assert ours([bytes([b]) for b in body], 1) == whole
+    assert ours([bytes([b]) for b in body], 3) == whole
+
+
+def test_the_reader_hands_over_each_piece_until_the_first_words_then_what_came_meanwhile_at_once():
+    from django_ragchat.backends.openai import _Reader
+
+    async def body():
+        for piece in (b"a", b"b", b"c", b"d"):
+            yield piece  # all there at once: no wait between them
+
+    async def read():
+        reader = _Reader(body())
+        first = await reader.take()
+        reader.eager = False  # the first words are out
+        return first, await reader.take()
+
+    first, rest = asyncio.run(read())
+    assert first == ([b"a"], None)
+    assert rest == ([b"b", b"c", b"d"], True)

@@ -15,11 +15,11 @@ from asgiref.sync import SyncToAsync, async_to_sync
 from channels.testing import WebsocketCommunicator
 from django.contrib.sessions.models import Session
 from django.db import connection
-from django.db.models.sql.compiler import SQLCompiler, SQLInsertCompiler
+from django.db.models.sql.compiler import SQLCompiler, SQLInsertCompiler, SQLUpdateCompiler
 from django.test.utils import CaptureQueriesContext, override_settings
 from django.utils import timezone
 
-from django_ragchat.models import Conversation, Message
+from django_ragchat.models import Conversation, Message, MessageSource, TurnTrace
 from django_ragchat.transport.consumers import ChatConsumer, session_is_current
 from django_ragchat.turn import limits, persistence
 from tests.test_turn_queries import _session
@@ -209,3 +209,55 @@ def test_begin_turn_asks_whether_an_answer_streams_in_its_own_statements(user):
     assert list(Message.objects.filter(conversation=conversation).order_by("seq").values_list("seq", "status")) == [
         (1, "complete"), (2, "interrupted"), (3, "complete"), (4, "streaming")]  # the refused took none
     assert assistant.seq == 4 and not Message.objects.filter(content__in=["second"]).exists()
+
+
+@pytest.mark.django_db
+def test_an_answers_update_sources_and_trace_written_as_sql_are_the_orms(user):
+    """``finish_turn``'s three statements (the answer's row, its sources, its trace), written
+    once per process (``_update_answer``, ``_insert_rows``), save what the ORM saves."""
+    conversation = Conversation.objects.create(owner=user)
+    _, by_orm = persistence.begin_turn(conversation.pk, "How much is the Aurora X2?")
+    Message.objects.filter(pk=by_orm.pk).update(status=Message.Status.COMPLETE)  # no answer streams now
+    _, by_sql = persistence.begin_turn(conversation.pk, "And the Zephyr Buds?")
+    now = timezone.now()
+    for message in (by_orm, by_sql):
+        message.content, message.status, message.token_count = "It costs $699 [1].", "complete", 6
+        message.prompt_tokens, message.completion_tokens = 120, None
+        message.metadata = {"citations": [1], "note": "é \u2014 ok", "nested": {"a": [1.5, None, True]}}
+        message.lease_expires_at, message.updated_at = None, now
+
+    def sources(message):
+        return [MessageSource(message=message, chunk_id=None, rank=rank, score=0.25 * rank, cited=rank == 1,
+                              source=f"doc-{rank}.md", title=f"Doc {rank}") for rank in (1, 2, 3)]
+
+    def trace(message):
+        return TurnTrace(message=message, profile="default", ended_by="", total_ms=12.5,
+                         data={"timings": {"total": 12.5}, "stages": ["retrieval"], "text": "ünïcode"})
+
+    Message.objects.filter(pk=by_orm.pk).update(**{f: getattr(by_orm, f) for f in persistence._ANSWER_FIELDS})
+    MessageSource.objects.bulk_create(sources(by_orm))
+    TurnTrace.objects.create(**{f.name: getattr(trace(by_orm), f.name) for f in TurnTrace._meta.concrete_fields
+                                if not f.primary_key and f.name != "created_at"})
+    with no_orm_queries(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SQLUpdateCompiler, "as_sql", SQLCompiler.as_sql)  # refused too
+        assert persistence._update_answer(by_sql) == 1
+        persistence._insert_rows(MessageSource, sources(by_sql))
+        persistence._insert_rows(TurnTrace, [trace(by_sql)])
+        persistence._insert_rows(MessageSource, [])  # no rows, no statement
+
+    def row(model, exclude, **where):
+        fields = [f.attname for f in model._meta.concrete_fields if f.attname not in exclude]
+        return [[getattr(o, f) for f in fields] for o in model.objects.filter(**where).order_by("pk")]
+
+    assert row(Message, {"id", "seq", "created_at"}, pk=by_sql.pk) == row(Message, {"id", "seq", "created_at"},
+                                                                              pk=by_orm.pk)
+    assert row(Message, {"id", "seq", "content", "created_at"}, pk=by_sql.pk)[0][0] == conversation.pk
+    assert row(MessageSource, {"id", "message_id"}, message=by_sql) == row(MessageSource, {"id", "message_id"},
+                                                                            message=by_orm)
+    assert len(row(MessageSource, {"id"}, message=by_sql)) == 3
+    saved = TurnTrace.objects.get(message=by_sql)
+    assert row(TurnTrace, {"id", "message_id", "created_at"}, message=by_sql) == row(
+        TurnTrace, {"id", "message_id", "created_at"}, message=by_orm)
+    assert saved.created_at is not None and saved.data["text"] == "ünïcode"
+    Message.objects.filter(pk=by_sql.pk).delete()
+    assert persistence._update_answer(by_sql) == 0  # gone: finish_turn raises ConversationGone

@@ -38,12 +38,14 @@ import functools
 import json
 import logging
 import os
+import ssl
 import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import openai
 from django.core.exceptions import ImproperlyConfigured
 from openai.types.chat import ChatCompletion
@@ -446,29 +448,239 @@ class ChatModel:
                 # models: building a typed model is ~0.3 ms of CPU a token, the largest cost of
                 # relaying an answer, and what a worker streaming many answers at once spends
                 # its time on instead of starting the next turns.
-                cast_to=ChatCompletion, stream=True, stream_cls=openai.AsyncStream[object],
+                cast_to=ChatCompletion, stream=True, stream_cls=ChunkLists,
             )
         model, usage, finish = self.model, None, None
         calls = ToolCallAssembler()
         try:
             with model_errors(repr(self), during_stream=True):
-                async for chunk in response:
-                    if not isinstance(chunk, dict):
-                        logger.warning("stream chunk from %r has an unexpected shape: %r", self, chunk)
-                        raise LLMError("bad_response", USER_MESSAGES["bad_response"])
-                    model = _str(chunk.get("model")) or model
-                    usage = _usage_dict(chunk.get("usage")) or usage
-                    choices = chunk.get("choices")
-                    for choice in choices if isinstance(choices, list) else ():
-                        if not isinstance(choice, dict):
-                            continue
-                        finish = _str(choice.get("finish_reason")) or finish
-                        text = _delta_text(choice.get("delta"), calls)
-                        if text:
-                            yield LLMDelta(text=text)
+                async for chunks in response:
+                    # The chunks one read of the socket brought: their text is one piece.
+                    texts = []
+                    for chunk in chunks:
+                        if not isinstance(chunk, dict):
+                            if texts:  # what came before the bad chunk is still the answer's
+                                yield LLMDelta(text="".join(texts))
+                            logger.warning("stream chunk from %r has an unexpected shape: %r", self, chunk)
+                            raise LLMError("bad_response", USER_MESSAGES["bad_response"])
+                        model = _str(chunk.get("model")) or model
+                        usage = _usage_dict(chunk.get("usage")) or usage
+                        choices = chunk.get("choices")
+                        for choice in choices if isinstance(choices, list) else ():
+                            if not isinstance(choice, dict):
+                                continue
+                            finish = _str(choice.get("finish_reason")) or finish
+                            text = _delta_text(choice.get("delta"), calls)
+                            if text:
+                                texts.append(text)
+                    if texts:
+                        yield LLMDelta(text="".join(texts))
         finally:
             await response.close()
         yield LLMDelta(model=model, usage=usage, finish_reason=finish or "stop", tool_calls=calls.result())
+
+
+class _Events:
+    """Server-sent events from bytes, as the ``openai`` client's decoder reads them (lines ended
+    by CR, LF or CRLF; ``event``, ``data``, ``id``, ``retry`` fields; an event at each blank
+    line), at a fraction of its cost for the usual event, one ``data: ...`` line: ``feed`` takes
+    every piece of the body one read brought and returns the complete events among them, a data
+    string each (``(event, data)`` for an event with a name). An incomplete event at the end of
+    the body is dropped, as by the client's decoder."""
+
+    def __init__(self) -> None:
+        self.rest = b""  # the start of an incomplete event
+        self.cr = b""  # a CR ending a piece: the first half of a CRLF, maybe
+        self.event: str | None = None
+        self.data: list[str] = []
+        self.last_id: str | None = None
+        self.retry: int | None = None
+
+    def feed(self, pieces: list[bytes]) -> list:
+        raw = self.cr + b"".join(pieces) if len(pieces) > 1 or self.cr else pieces[0]
+        if b"\r" in raw:
+            if raw.endswith(b"\r"):
+                raw, self.cr = raw[:-1], b"\r"
+            else:
+                self.cr = b""
+            raw = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        blocks = (self.rest + raw if self.rest else raw).split(b"\n\n")
+        self.rest = blocks.pop()
+        events: list = []
+        for block in blocks:
+            if block[:6] == b"data: " and b"\n" not in block and self.last_id is None:
+                events.append(block[6:].decode("utf-8"))
+            else:
+                for line in block.split(b"\n"):
+                    self._line(line.decode("utf-8"), events)
+                self._line("", events)
+        return events
+
+    def _line(self, line: str, events: list) -> None:
+        # openai's SSEDecoder.decode, which follows the specification's event stream interpretation.
+        if not line:
+            if self.event or self.data or self.last_id or self.retry is not None:
+                data = "\n".join(self.data)
+                events.append((self.event, data) if self.event else data)
+                self.event, self.data, self.retry = None, [], None
+            return
+        if line.startswith(":"):
+            return
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "event":
+            self.event = value or None
+        elif name == "data":
+            self.data.append(value)
+        elif name == "id":
+            if "\0" not in value:
+                self.last_id = value
+        elif name == "retry":
+            with contextlib.suppress(TypeError, ValueError):
+                self.retry = int(value)
+
+
+class ChunkLists(openai.AsyncStream[object]):
+    """A chat completions stream read a list of chunks (their decoded JSON) at a time: every
+    event the model's socket brought since the list before (one when the model writes slower
+    than it is read, as a remote model does; many when a local model writes faster than a busy
+    worker gets to them). A worker relaying many answers then does per list, not per token,
+    what each piece costs up to the socket (``ChatModel.stream`` joins a list's text into one
+    piece). The body is read by a task of its own (``_Reader``), which waits for the socket
+    while the answer's own task relays what came. Read as the ``openai`` client's
+    ``AsyncStream`` reads an answer: the same events, ``[DONE]`` ending it, a chunk with an
+    ``error`` raised as ``openai.APIError``, the client's errors for a timeout or a lost
+    connection, the connection kept for the next request."""
+
+    async def __stream__(self) -> AsyncIterator[list]:  # type: ignore[override]
+        response = self.response
+        events = _Events()
+        reader = _Reader(response.aiter_bytes())
+        try:
+            while True:
+                pieces, end = await reader.take()
+                if pieces:
+                    chunks, done, error = self._chunks(events.feed(pieces))
+                    if chunks:
+                        if reader.eager and _has_words(chunks):
+                            reader.eager = False  # from now on, what comes meanwhile is read as one list
+                        yield chunks
+                    if error is not None:
+                        raise error
+                    if done:  # the rest of the body is read (the connection is reused), 0.1 s at most
+                        await reader.finish(0.1)
+                        return
+                if end is True:
+                    return
+                if end is not None:
+                    raise end
+        except _http.TimeoutException as exc:
+            raise openai.APITimeoutError(request=response.request) from exc
+        except (_http.RequestError, ssl.SSLError, anyio.EndOfStream) as exc:
+            raise openai.APIConnectionError(request=response.request) from exc
+        finally:
+            await reader.finish(0)
+            await response.aclose()
+
+    def _chunks(self, events: list) -> tuple[list, bool, BaseException | None]:
+        """The chunks of ``events``; whether ``[DONE]`` was among them; the error of a chunk
+        that could not be read (the chunks before it are read first, as by the client)."""
+        chunks: list = []
+        for item in events:
+            data = item if isinstance(item, str) else item[1]
+            if data.startswith("[DONE]"):
+                return chunks, True, None
+            try:
+                chunks.append(self._chunk(item, data))
+            except Exception as exc:
+                return chunks, False, exc
+        return chunks, False, None
+
+    def _chunk(self, item: Any, data: str) -> Any:
+        decoded = json.loads(data)
+        event = None if isinstance(item, str) else item[0]
+        if event and event.startswith("thread."):  # the Assistants' events, as the client yields them
+            if event == "error" and isinstance(decoded, dict) and decoded.get("error"):
+                self._raise(decoded)
+            return {"data": decoded, "event": event}
+        if isinstance(decoded, dict) and decoded.get("error"):
+            self._raise(decoded)
+        return decoded
+
+    def _raise(self, decoded: dict) -> None:
+        error = decoded.get("error")
+        message = error.get("message") if isinstance(error, dict) else None
+        if not message or not isinstance(message, str):
+            message = "An error occurred during streaming"
+        raise openai.APIError(message=message, request=self.response.request, body=error)
+
+    async def close(self) -> None:
+        await self._iterator.aclose()  # its reader stopped, then the response closed
+        await self.response.aclose()
+
+
+def _has_words(chunks: list) -> bool:
+    """Whether a list of chunks has a choice whose delta carries something (text, a tool call)."""
+    for chunk in chunks:
+        choices = chunk.get("choices") if isinstance(chunk, dict) else None
+        for choice in choices if isinstance(choices, list) else ():
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if isinstance(delta, dict) and any(delta.get(k) for k in ("content", "refusal", "tool_calls")):
+                return True
+    return False
+
+
+class _Reader:
+    """Reads a body's pieces in a task of its own: ``take`` returns every piece read since the
+    last call (waiting for one when there is none), and how the body ended (``True``, or the
+    exception that ended it) once all its pieces are taken. While ``eager`` (until the answer's
+    first words are out), a piece is handed over before the next is read."""
+
+    def __init__(self, reads: AsyncIterator[bytes]):
+        self.pieces: list[bytes] = []
+        self.end: bool | BaseException | None = None
+        self.waiter: asyncio.Future | None = None
+        self.eager = True  # hand each piece over as it comes (until the stream says otherwise)
+        self.task = asyncio.ensure_future(self._run(reads))
+
+    async def _run(self, reads: AsyncIterator[bytes]) -> None:
+        try:
+            async for piece in reads:
+                self.pieces.append(piece)
+                if self.waiter is not None and not self.waiter.done():
+                    self.waiter.set_result(None)
+                    if self.eager:
+                        # Until the answer's first words: its task goes first, and they leave
+                        # before more is read (a model that wrote its whole answer at once).
+                        await asyncio.sleep(0)
+            self.end = True
+        except Exception as exc:
+            self.end = exc
+        finally:
+            if self.end is None:  # cancelled
+                self.end = asyncio.CancelledError()
+            if self.waiter is not None and not self.waiter.done():
+                self.waiter.set_result(None)
+
+    async def take(self) -> tuple[list[bytes], bool | BaseException | None]:
+        if not self.pieces and self.end is None:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        pieces, self.pieces = self.pieces, []
+        return pieces, self.end
+
+    async def finish(self, seconds: float) -> None:
+        """Wait ``seconds`` at most for the body to end, then stop reading it."""
+        task = self.task
+        if not task.done() and seconds:
+            await asyncio.wait((task,), timeout=seconds)
+        if not task.done():
+            task.cancel()
+            await asyncio.wait((task,))
 
 
 def _delta_text(delta: Any, calls: ToolCallAssembler) -> str:

@@ -511,23 +511,75 @@ def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str,
     message.lease_expires_at = None
     message.updated_at = timezone.now()
     with transaction.atomic():
-        fields = ("content", "status", "token_count", "prompt_tokens", "completion_tokens", "metadata",
-                  "lease_expires_at", "updated_at")
-        if not Message.objects.filter(pk=message.pk).update(**{f: getattr(message, f) for f in fields}):
+        if not _update_answer(message):
             raise ConversationGone()
-        MessageSource.objects.bulk_create([
+        _insert_rows(MessageSource, [
             MessageSource(message=message, chunk_id=doc.chunk_id, rank=rank, score=doc.score,
                           cited=doc.chunk_id in cited, source=doc.source[:1000], title=doc.title[:500])
             for rank, doc in documents
         ])
-        TurnTrace.objects.create(
+        _insert_rows(TurnTrace, [TurnTrace(
             message=message, profile=turn.profile.name,
             ended_by=(turn.trace.get("ended_by") or {}).get("stage", ""),
             total_ms=turn.trace["timings"].get("total", 0.0), data=turn.trace,
-        )
+        )])
         if turn.tool_runs:
             save_tool_runs(message.pk, turn.tool_runs)
     return message
+
+
+#: What ``finish_turn`` writes over the assistant message's row.
+_ANSWER_FIELDS = ("content", "status", "token_count", "prompt_tokens", "completion_tokens", "metadata",
+                  "lease_expires_at", "updated_at")
+
+
+def _update_answer(message: Message) -> int:
+    """``Message.objects.filter(pk=message.pk).update(...)`` of the ``_ANSWER_FIELDS``, the
+    statement written once per process and database, each value prepared as the ORM's update
+    prepares it (``get_db_prep_save``): the rows updated."""
+    alias = router.db_for_write(Message)
+    connection = connections[alias]
+    key = ("answer", alias)
+    if key not in _statements:
+        qn, meta = connection.ops.quote_name, Message._meta
+        fields = [meta.get_field(name) for name in _ANSWER_FIELDS]
+        _statements[key] = (f"UPDATE {qn(meta.db_table)} SET {', '.join(f'{qn(f.column)} = %s' for f in fields)} "
+                            f"WHERE {qn(meta.pk.column)} = %s"), fields
+    sql, fields = _statements[key]
+    pk = Message._meta.pk
+    params = [f.get_db_prep_save(getattr(message, f.attname), connection) for f in fields]
+    params.append(pk.get_db_prep_value(message.pk, connection))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def _insert_rows(model, objects: list) -> None:
+    """``model.objects.bulk_create(objects)`` for rows whose ids are not read back (an answer's
+    sources and trace): the INSERT written once per process, database and number of rows, each
+    value prepared as the ORM's compiler prepares it (``pre_save``, ``get_db_prep_save``). No
+    statement for no rows, as ``bulk_create``; the ORM's own for more values than a statement
+    of SQLite's takes."""
+    if not objects:
+        return
+    alias = router.db_for_write(model)
+    connection = connections[alias]
+    meta = model._meta
+    fields = [f for f in meta.concrete_fields if not f.primary_key]  # the id is the database's
+    if len(objects) * len(fields) > 900:
+        model.objects.using(alias).bulk_create(objects)
+        return
+    key = ("rows", alias, meta.label, len(objects))
+    if key not in _statements:
+        qn = connection.ops.quote_name
+        row = f"({', '.join(['%s'] * len(fields))})"
+        _statements[key] = (f"INSERT INTO {qn(meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "
+                            f"VALUES {', '.join([row] * len(objects))}",)
+    params = [f.get_db_prep_save(f.pre_save(o, True), connection) for o in objects for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(_statements[key][0], params)
+    for o in objects:
+        o._state.adding, o._state.db = False, alias
 
 
 # --- Tool calls -------------------------------------------------------------------------------
