@@ -384,6 +384,28 @@ def subject_index(space: str, using: str = "default", language: Language | None 
     return view
 
 
+@dataclass(frozen=True)
+class _CorpusTexts:
+    """What the index reads of its documents' texts on a turn, from the database."""
+
+    space: str
+    using: str
+
+    def document_text(self, documents: frozenset[int]) -> list[str]:
+        """"Do you sell blenders?": the texts of the current subject's documents."""
+        return list(Chunk.objects.using(self.using).filter(space=self.space, document_id__in=list(documents))
+                    .values_list("text", flat=True))
+
+    def writes_all(self, stems: list[str], documents: frozenset[int]) -> bool:
+        """Whether one of ``documents`` writes every stem: one query, each stem matched as text (a
+        superset of the words it stems); yes past ``MAX_WRITES_ALL_DOCUMENTS``."""
+        if len(documents) > MAX_WRITES_ALL_DOCUMENTS:
+            return True
+        writing = [Exists(Chunk.objects.filter(document=OuterRef("pk"), space=self.space, text__icontains=s))
+                   for s in stems]
+        return Document.objects.using(self.using).filter(*writing, pk__in=list(documents)).exists()
+
+
 def _full_index(space: str, using: str, language: Language) -> _Cached:
     # Ingestion saves the Document row whenever it replaces its chunks (a new updated_at), and
     # ids are never reused, so this stamp changes with every change to titles or headings. The
@@ -427,22 +449,10 @@ def _full_index(space: str, using: str, language: Language) -> _Cached:
             openings = dict(Chunk.objects.using(using).filter(space=space, ordinal=0, document_id__in=list(titles))
                             .values_list("document_id", "text"))
 
-            # "Do you sell blenders?": whether the current subject's documents write the word.
-            def document_text(documents: frozenset[int]) -> list[str]:
-                return list(Chunk.objects.using(using).filter(space=space, document_id__in=list(documents))
-                            .values_list("text", flat=True))
-
-            def writes_all(stems: list[str], documents: frozenset[int]) -> bool:
-                # One query, each stem matched as text (a superset of the words it stems).
-                if len(documents) > MAX_WRITES_ALL_DOCUMENTS:
-                    return True
-                writing = [Exists(Chunk.objects.filter(document=OuterRef("pk"), space=space, text__icontains=s))
-                           for s in stems]
-                return Document.objects.using(using).filter(*writing, pk__in=list(documents)).exists()
-
+            texts = _CorpusTexts(space, using)
             cached = _Cached(stamp, SubjectIndex.from_rows(rows, named_in_text=named_in_text, openings=openings,
-                                                           language=language, document_text=document_text,
-                                                           writes_all=writes_all),
+                                                           language=language, document_text=texts.document_text,
+                                                           writes_all=texts.writes_all),
                              access, {})
             _cache[key] = cached
     return cached
