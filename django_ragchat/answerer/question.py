@@ -392,14 +392,12 @@ def _read_attribute(need: Need, asked: str, search_query: str, names: set[str], 
 def _drop_words_that_say_how(need: Need, asked: str, asked_at: dict[str, int], vocabulary: Vocabulary) -> None:
     """Words that only say how something is asked are no attribute of their own."""
     lasting = [k for k in need.own if k.split("=")[0] == "last"]
-    if lasting and vocabulary.pattern("how_long").search(asked) and any(
-            not k.startswith("~") and k not in lasting for k in need.own):
-        need.forget(lasting, asked_at)  # "How long does the warranty last?" asks a duration
-    elif lasting and vocabulary.pattern("how_long").search(asked) and any(
-            key not in need.own and set(labels(key)) & vocabulary.group_class("time_bearing") - {"battery life"}
-            for key in need.groups):
-        # "How long does it last?" after the warranty asks the warranty's length (after the
-        # battery, "last" is the battery life it asks).
+    # "How long does the warranty last?" asks a duration, and so does "How long does it last?"
+    # after the warranty (after the battery, "last" is the battery life it asks).
+    lasting_of = any(not k.startswith("~") and k not in lasting for k in need.own) or any(
+        key not in need.own and set(labels(key)) & vocabulary.group_class("time_bearing") - {"battery life"}
+        for key in need.groups)
+    if lasting and lasting_of and vocabulary.pattern("how_long").search(asked):
         need.forget(lasting, asked_at)
     lengths = [k for k in need.own if k.split("=")[0] == "length"]
     if lengths and any(set(labels(k)) & vocabulary.group_class("time_bearing") for k in need.own):

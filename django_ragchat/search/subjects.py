@@ -162,12 +162,12 @@ class SubjectIndex:
         self._by_code = {key: found[0] for key, found in by_code.items() if len(found) == 1}
         # "back to the Trailblazer" names the Trailblazer 300: the words of a name with a number,
         # without the number, when no other subject's name holds them all.
-        self._without_number = {}
+        self._without_number: dict[Subject, tuple[str, ...]] = {}
         for subject in subjects:
             words_only = tuple(t for t in subject.tokens if not t.isdigit())
-            if words_only and len(words_only) < len(subject.tokens) and not any(
-                    other is not subject and set(words_only) <= set(other.tokens) for other in subjects):
-                self._without_number[words_only] = subject
+            if words_only and len(words_only) < len(subject.tokens) and set(self._by_token[words_only[0]]).intersection(
+                    *(self._by_token[t] for t in words_only[1:])) == {subject}:
+                self._without_number[subject] = words_only
 
     def __len__(self) -> int:
         return len(self.subjects)
@@ -296,7 +296,8 @@ class SubjectIndex:
                               for p in used)
                 if written or self._in_a_row(subject, keys, positions):
                     found[subject] = min(used)
-        for words_only, subject in self._without_number.items():
+        for subject in dict.fromkeys(s for key in positions for s in self._by_token.get(key, ()) if s in self._without_number):
+            words_only = self._without_number[subject]
             if subject not in found and all(t in positions for t in words_only) and all(
                     matches[positions[t][0]].group(0)[0].isupper() for t in words_only):
                 found[subject] = min(positions[t][0] for t in words_only)
