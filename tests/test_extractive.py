@@ -839,6 +839,31 @@ def test_a_decline_for_last_says_what_was_asked_not_battery_life(bike_shop):
     assert "battery" not in answer and "how long it lasts" in answer, answer
 
 
+DELIVERY = ("# Delivery\n\n## Delivery times and costs\nStandard delivery takes 3 to 5 working days and is free on "
+            "orders over £500. Next-day delivery costs £25 and must be ordered before 2 pm.\n\n## Where we deliver\n"
+            "We deliver to mainland UK addresses only. We cannot deliver to PO boxes.")
+OPENING = ("# Contact and support\n\nYou can reach our team by email at help@trailworks.example. Our support lines are "
+           "open Monday to Friday, 9 am to 6 pm, and Saturday, 10 am to 4 pm.")
+
+
+def test_a_day_asked_with_another_topic_is_not_answered_by_that_day_alone(db):
+    # A new user's "Do you deliver on Saturdays?" was answered with the support lines' Saturday
+    # hours: "Saturday" read as a subject, and the hours' passage never says "deliver", which
+    # the delivery page is about.
+    from django_ragchat.ingestion.pipeline import ingest_text
+
+    ingest_text("delivery.md", DELIVERY, content_type="markdown")
+    ingest_text("contact.md", OPENING, content_type="markdown")
+    answer = ask("Do you deliver on Saturdays?")
+    assert answer.startswith("The documents don't say anything about deliver on Saturdays."), answer
+    assert "10 am to 4 pm" in ask("Are you open on Saturdays?")
+
+
+def test_a_day_named_beside_the_question_is_no_unknown_name(sample_docs):
+    answer = ask("How quickly do orders ship? We need kit for new starters on Monday.")
+    assert "two business days" in answer, answer
+
+
 def test_where_i_live_asks_no_place_a_thing_is_kept():
     from django_ragchat.answerer.question import analyse_query
 

@@ -248,6 +248,7 @@ class _Entities:
                 known.add(p.subject)
             for s in p.sentences:
                 known.update(tuple(n.split()) for n in s.names)
+        known = {e for e in known if not set(e) <= vocabulary.calendar}  # "Saturday" is a time, no subject
         return cls(frozenset(known), vocabulary, frozenset().union(*(s.loose for p in passages for s in p.sentences)))
 
     def named(self, query_words: set[str], type_words: bool = True, partial: bool = True) -> set[Entity]:
@@ -350,7 +351,9 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
         need.subjects = _subject_by_kind(question, passages, v)
     for display, folded in name_sequences(question, v.stopwords):
         tokens = set(folded.split())
-        if not any((tokens | {stem(t) for t in tokens}) & set(e) for e in entities.known) and not tokens <= light:
+        calendar = {t for t in tokens if t in v.calendar or stem(t) in v.calendar}
+        if not any((tokens | {stem(t) for t in tokens}) & set(e) for e in entities.known) and not tokens <= (
+                light | calendar):
             need.unknown.append(_POSSESSIVE_END_RE.sub("", display))
     holding = {h for h in headed for e in need.subjects if set(e) < set(h)}
     if len(holding) == 1 and not need.subjects & headed:

@@ -66,6 +66,10 @@ SEMANTIC_WEIGHT = 0.5
 #: asked words; below it (and below ``min_coverage``) the answer is a decline. Calibrated on the
 #: tuning set: the lowest threshold, in steps of 0.05, at which plain declines stay >= 90%.
 MIN_SIMILARITY = 0.7
+#: With a semantic model: a sentence less similar than this to what was asked does not answer
+#: when its passage never states an asked word that another passage's heading is about (it is
+#: about another topic); calibrated on the tuning sets (bench/README.md).
+OTHER_TOPIC_SIMILARITY = 0.35
 #: With a semantic model: a passage word whose vector is this close to an asked word states it
 #: (as a synonym would), with NEAR_WORD_EVIDENCE.
 NEAR_WORD_SIMILARITY = 0.45
@@ -165,6 +169,20 @@ def _leaf_in_sentence(leaf: str) -> str:
     if any(word[:1].isupper() for word in rest.split()):
         return leaf
     return (head if len(head) > 1 and head.isupper() else head.lower()) + (" " + rest.lower() if rest else "")
+
+
+def _passage_states(passage: Passage, key: str, vocabulary: Vocabulary) -> bool:
+    return bool(vocabulary.covers(key, passage.heading_stems)) or any(
+        vocabulary.covers(key, s.stems) for s in passage.sentences)
+
+
+def _topics_elsewhere(need: Need, eligible: list[tuple[Passage, Sentence]], chosen: Passage,
+                      vocabulary: Vocabulary) -> list[str]:
+    """The asked words that the heading of another passage on the subject is about and that
+    ``chosen`` never states: a sentence of ``chosen`` is then about another topic."""
+    others = {id(p): p for p, _ in eligible if p is not chosen}.values()
+    return [k for k in need.own if not k.startswith("~") and not _passage_states(chosen, k, vocabulary)
+            and any(vocabulary.covers(k, p.heading_stems) for p in others)]
 
 
 def light_weight(norm: float) -> float:
@@ -524,6 +542,9 @@ class AnswerSelector:
         best = max(choices, key=lambda c: (c.score, -c.passage.index, -c.sentence.position))
         if best.coverage < self.min_coverage and best.similarity < self.min_similarity:
             return []
+        if (self.similarity is not None and best.similarity < OTHER_TOPIC_SIMILARITY
+                and _topics_elsewhere(need, eligible, best.passage, self.vocabulary)):
+            return []  # "Do you deliver on Saturdays?" is not answered by the support lines' Saturday hours
         return self.compose(best, choices, need)
 
     def with_similarity(self, need: Need, choices: list[Choice]) -> list[Choice]:
@@ -590,7 +611,10 @@ class AnswerSelector:
         # A narrow group lacking is named as the group: "wireless charging", not "charge wirelessly".
         narrow = [label for k in lacking for label in labels(k) if label in v.group_class("decisive")]
         missing = [need.labels[k] for k in (lacking or asked)] or [self.messages["nothing_named"]]
-        topic = narrow[0] if narrow else span_of(need.asked, lacking) if len(lacking) > 1 else ""
+        # Every asked word stated, but never together ("deliver" and "Saturday"): what is missing
+        # is the words as the user put them, "deliver on Saturdays".
+        together = lacking if len(lacking) > 1 else asked if not lacking and len(asked) > 1 else []
+        topic = narrow[0] if narrow else span_of(need.asked, together) if together else ""
         return topic or " ".join(dict.fromkeys(missing[:3]))
 
     def decline(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> str:

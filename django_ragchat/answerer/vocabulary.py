@@ -183,6 +183,8 @@ class Vocabulary:
         self.pointing = word("pointing")
         self.wh = word("wh")
         self.polar = word("polar")
+        # Optional (a language written before it has none): days and months, never a subject.
+        self.calendar = language.words.get("calendar", frozenset())
         self.noun_of = language.noun_of
         self.classes = language.group_classes
         self.messages = language.messages
