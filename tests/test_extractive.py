@@ -864,6 +864,15 @@ def test_a_day_named_beside_the_question_is_no_unknown_name(sample_docs):
     assert "two business days" in answer, answer
 
 
+def test_a_subject_asked_about_after_an_opening_that_names_nothing_is_carried_with_it(sample_docs):
+    # The opening is context for the whole conversation, and was carried alone: the follow-up then
+    # searched "dad 80 smartphones" and answered with the Nimbus Tab's screen. (A subject only
+    # named in a statement, "I want to visit Central Library.", stays out: tests/test_followup.py.)
+    answer = ask("My dad is 80 and new to smartphones.", "Is the Aurora X2 easy to see outdoors?",
+                 "How bright does it go?")
+    assert "2,000 nits" in answer, answer
+
+
 def test_where_i_live_asks_no_place_a_thing_is_kept():
     from django_ragchat.answerer.question import analyse_query
 

@@ -643,8 +643,18 @@ class FollowUpEnricher(QueryTransformer):
         asked about): then the subject's name, as the ranked names would, for the opening's words
         would pull the search away from what is talked about."""
         opening = self.opening_message(query) if self.carry_opening else ""
-        if not opening or after.subject is None or not self._elsewhere(opening, index, after.subject):
+        if not opening or after.subject is None:
             return self.enrich(query)
+        if not self._elsewhere(opening, index, after.subject):
+            enriched = self.enrich(query)
+            users = [m.content for m in query.history if m.role == "user"]
+            naming = next((m for m in reversed(users) if self._names_it(m, after.subject)), "")
+            if self._names_it(enriched.text, after.subject) or not naming.rstrip().endswith("?"):
+                return enriched  # "I want to visit Central Library.": context, as the opening is
+            # "My dad is 80 and new to smartphones." then "Is the Aurora X2 easy to see outdoors?",
+            # then "How bright does it go?": the opening is context; "it" is the subject asked about.
+            return _noted(enriched, f"{enriched.metadata['transform_note']} and the subject {after.subject.name!r}",
+                          text=f"{enriched.text} {after.subject.name}")
         if self._names_it(query.text, after.subject):
             return _noted(query, "self-contained (names its subject)")
         return _noted(query, f"follow-up: added the subject {after.subject.name!r}, not the opening message",
