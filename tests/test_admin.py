@@ -147,6 +147,23 @@ def test_traces_of_unknown_or_odd_shape_render_without_error(admin_client, user)
     assert view.question == "" and view.documents == []
 
 
+def test_a_chunk_the_viewer_may_not_read_shows_as_hidden_not_as_gone(admin_client, user):
+    # A new user's trial: a customer's own order chunk (access ["user:N"]) showed to the superuser
+    # as "chunk 10 (gone since)", which says it was re-ingested; it is there, and not theirs to read.
+    document = Document.objects.create(source="orders/1", title="Order ORD-101", checksum="x")
+    own = Chunk.objects.create(document=document, ordinal=0, text="Blue teapot", heading="Items", space="s1",
+                               access=[f"user:{user.pk}"])
+    conversation = Conversation.objects.create(owner=user)
+    message = Message.objects.create(conversation=conversation, seq=1, role="assistant", content="x")
+    TurnTrace.objects.create(message=message, profile="default", data={"retrieval": [{"hits": [
+        {"chunk_id": own.pk, "score": 1.0}, {"chunk_id": 999999, "score": 0.5}]}]})
+    for page in (url("conversation_change", conversation.pk), url("turntrace_change", message.pk)):
+        html = admin_client.get(page).content.decode()
+        assert f"chunk {own.pk} (hidden: the asker or you may not read it now)" in html, page
+        assert "chunk 999999 (gone since)" in html and f"chunk {own.pk} (gone since)" not in html
+        assert "Blue teapot" not in html
+
+
 # --- Conversation list -------------------------------------------------------------------------
 
 

@@ -100,6 +100,7 @@ class Hit:
     seen: bool = False  # the model was given it
     cited: bool = False  # the answer cited it
     missing: bool = False  # the chunk is gone (re-ingested or deleted since)
+    hidden: bool = False  # the chunk is there, but the asker or the member of staff may not read it now
 
 
 @dataclass
@@ -218,18 +219,31 @@ def trace_chunk_ids(data: dict) -> set:
     return ids
 
 
-def load_chunks(ids, *readers: Principals) -> dict[int, Chunk]:
+class LoadedChunks(dict):
+    """Chunk id -> ``Chunk`` (``load_chunks``), and the ids of the chunks left out that still
+    exist (``hidden``): a chunk is shown as gone only when it is."""
+
+    hidden: frozenset[int] = frozenset()
+
+
+def load_chunks(ids, *readers: Principals) -> LoadedChunks:
     """The chunks with these ids that every one of ``readers`` may read now (the admin passes
     the asker of the conversation and the member of staff looking), with their documents'
-    titles, in one query (no embeddings). A chunk left out shows as missing."""
+    titles, in one query (no embeddings); a second, only when some are left out, says which of
+    those still exist: they show as hidden, the others as gone."""
+    loaded = LoadedChunks()
     if not ids:
-        return {}
+        return loaded
     chunks = Chunk.objects.filter(pk__in=list(ids))
     for principals in readers:
         chunks = chunks.filter(access__visible_to=principals)
     chunks = (chunks.select_related("document")
               .only("id", "heading", "text", "document__id", "document__title", "document__source"))
-    return {c.pk: c for c in chunks}
+    loaded.update((c.pk, c) for c in chunks)
+    left_out = set(ids) - loaded.keys()
+    if left_out:
+        loaded.hidden = frozenset(Chunk.objects.filter(pk__in=left_out).values_list("pk", flat=True))
+    return loaded
 
 
 @dataclass
@@ -246,8 +260,9 @@ class _Hits:
 
     def hit(self, chunk_id, score) -> Hit:
         chunk = self.chunks.get(chunk_id)
+        hidden = chunk is None and chunk_id in getattr(self.chunks, "hidden", ())
         hit = Hit(chunk_id=chunk_id, score=_number(score), seen=chunk_id in self.seen,
-                  cited=chunk_id in self.cited, missing=chunk is None)
+                  cited=chunk_id in self.cited, missing=chunk is None and not hidden, hidden=hidden)
         if chunk is not None:
             hit.title = chunk.document.title or chunk.document.source
             hit.source = chunk.document.source
