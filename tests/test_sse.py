@@ -86,7 +86,9 @@ def test_events_arrive_as_the_model_writes_them(server, user, product_corpus, op
     assert kinds[-1] == "done" and text == words(30), kinds
 
 
-def test_refusals_are_http_statuses_with_the_error_event_as_body(server, product_corpus, user, other_user, staff_user, conversation):
+def test_refusals_are_http_statuses_with_the_error_event_as_body(request, server, product_corpus, user, other_user,
+                                                                 staff_user, conversation):
+    server_kind = request.node.callspec.params["server"]
     caller = caller_for(user)
     theirs = Conversation.objects.create(owner=other_user)
     not_found = []
@@ -112,7 +114,11 @@ def test_refusals_are_http_statuses_with_the_error_event_as_body(server, product
             (json.dumps({"content": "NUL \x00"}).encode(), 400, "invalid_characters"),
             (b'{"content": "lone \\ud800"}', 400, "invalid_characters"),
             (json.dumps({"content": "x" * 16_001}).encode(), 413, "too_long"),
-            (b"x" * 1_000_000, 413, "too_large"),
+            (json.dumps({"content": "x" * 100_000}).encode(), 413, "too_long"),  # as on REST
+            # Over DATA_UPLOAD_MAX_MEMORY_SIZE, as on REST. Django leaves such a body unread, and a
+            # WSGI server then resets the connection before the client reads the 413 (the REST
+            # API's too: tests/test_api.py checks it in process); the ASGI server has read it all.
+            *([(b"x" * 3_000_000, 413, "too_large")] if server_kind == "asgi" else []),
         ]:
             response = client.post(url, content=body, headers={**sse_headers(caller), "Content-Type": "application/json"})
             assert (response.status_code, response.json()["code"]) == (status, code), body[:40]

@@ -292,7 +292,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     # --- client frames ------------------------------------------------------------------
 
     async def receive(self, text_data=None, bytes_data=None):
-        frame, client_id, problem = self._parse(text_data)
+        frame, client_id, problem = await transport.parse_off_the_loop(self._parse, text_data, len(text_data or ""))
         if problem is None and frame.get("type") == "message":
             return await self.on_message(frame, client_id)  # checks the session on its lane
         await aclose_old_connections()  # channels' cleanup before a handler (skipped in dispatch)
@@ -312,8 +312,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         """(the frame, its client_id, (code, message) of what is wrong with it or ``None``)."""
         if text_data is None:
             return {}, None, ("invalid_frame", "Send JSON in text frames.")
-        if len(text_data) > transport.max_request_chars():
-            return {}, None, ("too_large", f"Frames are limited to {transport.max_request_chars():,} characters.")
+        if len(text_data) > transport.max_body_chars():
+            return {}, None, ("too_large", f"Frames are limited to {transport.max_body_chars():,} characters.")
         try:
             frame = jsonbody.loads(text_data)
         except jsonbody.TooManyFields as exc:

@@ -57,6 +57,15 @@ def refusal_response(refusal: TurnRefused) -> JsonResponse:
     return JsonResponse(refusal.to_event().to_dict(), status=refusal.http_status, headers=refusal.http_headers())
 
 
+def _body_size(request) -> int:
+    """The body's length (the ASGI handler has read it all), for where to parse it; 0 for one
+    too large to read, which ``_read_content`` refuses at once."""
+    try:
+        return len(request.body)
+    except RequestDataTooBig:
+        return 0
+
+
 def _read_content(request) -> tuple[Any, str]:
     """The ``content`` of the JSON body (validated later, with the turn) and its ``client_id``
     (the idempotency key, "" for none); ``TurnRefused`` for a body that is too large or not a
@@ -67,10 +76,8 @@ def _read_content(request) -> tuple[Any, str]:
         # answers before the client finished sending resets the connection, and the client
         # never reads the 413.
         body = request.body
-    except RequestDataTooBig:
+    except RequestDataTooBig:  # over DATA_UPLOAD_MAX_MEMORY_SIZE, as the REST API refuses it
         raise too_large from None
-    if len(body) > transport.max_request_chars():
-        raise too_large
     try:
         jsonbody.check_media_type(request.content_type)
     except jsonbody.UnsupportedMediaType as exc:
@@ -342,7 +349,7 @@ async def stream_view(request, conversation_id=None):
         if not getattr(user, "is_authenticated", False) and not ragchat_settings.ALLOW_ANONYMOUS:
             # The REST API's answer to the same caller (docs/api.md), not a 404.
             raise TurnRefused("not_authenticated", "Sign in to chat (anonymous conversations are not enabled).", 403)
-        content, client_id = _read_content(request)
+        content, client_id = await transport.parse_off_the_loop(_read_content, request, _body_size(request))
         _, body = await start_events(
             request, lambda: turn_stream(user, session_key, conversation_id, content, client_id))
         return _event_stream_response(body)

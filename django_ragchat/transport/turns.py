@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import connections
 
 from django_ragchat import permissions
@@ -68,6 +69,29 @@ def max_request_chars() -> int:
     """The largest request body or websocket frame read: room for the longest valid message
     even if every character arrives JSON-escaped (``\\uXXXX``)."""
     return 6 * ragchat_settings.MAX_MESSAGE_CHARS + 1024
+
+
+#: The largest body a websocket frame may be when Django reads HTTP bodies of any size
+#: (``DATA_UPLOAD_MAX_MEMORY_SIZE = None``): Django's default.
+DEFAULT_MAX_BODY = 2_621_440
+
+
+def max_body_chars() -> int:
+    """The largest request body or websocket frame parsed: as large as the REST API reads
+    (Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE``), so that one message gets the same answer on
+    every transport ("too_long" for a long message, "too_large" above this). One larger than
+    ``max_request_chars`` cannot be valid: it is parsed off the event loop
+    (``parse_off_the_loop``)."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return max(max_request_chars(), DEFAULT_MAX_BODY if limit is None else limit)
+
+
+async def parse_off_the_loop(parse: Callable[[Any], Any], data: Any, size: int) -> Any:
+    """``parse(data)``: in place for a body (frame) of ``size`` a valid message can have, in a
+    thread for a larger one (parsing megabytes would hold every other socket of the worker)."""
+    if size <= max_request_chars():
+        return parse(data)
+    return await sync_to_async(parse, thread_sensitive=False)(data)
 
 
 def validate(content: Any) -> str:
