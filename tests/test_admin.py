@@ -155,9 +155,9 @@ def test_a_chunk_the_viewer_may_not_read_shows_as_hidden_not_as_gone(admin_clien
                                access=[f"user:{user.pk}"])
     conversation = Conversation.objects.create(owner=user)
     message = Message.objects.create(conversation=conversation, seq=1, role="assistant", content="x")
-    TurnTrace.objects.create(message=message, profile="default", data={"retrieval": [{"hits": [
+    trace = TurnTrace.objects.create(message=message, profile="default", data={"retrieval": [{"hits": [
         {"chunk_id": own.pk, "score": 1.0}, {"chunk_id": 999999, "score": 0.5}]}]})
-    for page in (url("conversation_change", conversation.pk), url("turntrace_change", message.pk)):
+    for page in (url("conversation_change", conversation.pk), url("turntrace_change", trace.pk)):
         html = admin_client.get(page).content.decode()
         assert f"chunk {own.pk} (hidden: the asker or you may not read it now)" in html, page
         assert "chunk 999999 (gone since)" in html and f"chunk {own.pk} (gone since)" not in html
