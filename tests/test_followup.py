@@ -714,3 +714,37 @@ def test_only_a_plain_question_leaves_the_subject_for_a_topic_page():
     # A pronoun or an opening that points back keeps the subject, whatever the words.
     for question in ("How do I contact support about it?", "And contact support?"):
         assert "subject kept (Aurora X2)" in note(question), (question, note(question))
+
+
+# --- A shop of topic pages only: the newest question that opened a topic ---------------------
+
+BIKE_SHOP_PAGES = {
+    "bikes/delivery.md": "# Delivery\n\nWe deliver within 20 miles of the shop, Monday to Friday. Delivery costs "
+                         "£15 and bikes arrive ready to ride.\n",
+    "bikes/servicing.md": "# Servicing\n\nA full service costs £60. A service takes about two working days, and "
+                          "we call you when the bike is ready.\n",
+}
+
+
+@pytest.mark.parametrize("turns, searched, stated", [
+    (["Do you deliver on Saturdays?", "How much does a service cost?", "and how long does it take?"],
+     "and how long does it take? How much does a service cost?", "two working days"),
+    # A later question that leans on the one before opens nothing: the opening is still carried.
+    (["How much does a service cost?", "and when will it be ready?", "and how long does it take?"],
+     "and how long does it take? How much does a service cost?", "two working days"),
+])
+def test_a_later_question_that_needs_nothing_before_it_opens_the_topic_carried(db, conversation, turns, searched,
+                                                                               stated):
+    """A new user's trial: in a shop whose pages are topics only, "and how long does it take?"
+    after "How much does a service cost?" was searched with the conversation's first question
+    ("Do you deliver on Saturdays?") and declined as about delivery on Saturdays."""
+    ingest_markdown(BIKE_SHOP_PAGES)
+    for question in turns[:-1]:
+        run_turn_sync(conversation, question)
+
+    result = run_turn_sync(conversation, turns[-1])
+
+    assert result.trace["queries"]["final"] == searched
+    assert stated in result.answer, result.answer
+    opened = "the opening message" if turns[0] in searched else "the question that opened the topic"
+    assert f"added {opened} " in step_of(result)["note"]

@@ -454,12 +454,26 @@ class FollowUpEnricher(QueryTransformer):
 
     def is_dependent(self, text: str) -> bool:
         """Whether the question likely needs the conversation to be understood."""
-        tokens = words(text)
-        if any(t in self.grammar.anaphora for t in tokens) or self.grammar.ellipsis.match(text):
-            return True
+        return self._points_back(text) or len(self._own_terms(text)) < self.min_own_terms
+
+    def _points_back(self, text: str) -> bool:
+        """"it", "they", "What about ...?", "and ...?"."""
+        return any(t in self.grammar.anaphora for t in words(text)) or bool(self.grammar.ellipsis.match(text))
+
+    def _own_terms(self, text: str) -> set[str]:
         # "ok but whats the exact capacity?": fillers and words that ask nothing are no content.
-        own = {t for t in content_terms(text) if t not in self.grammar.light_stems}
-        return len(own) < self.min_own_terms
+        return {t for t in content_terms(text) if t not in self.grammar.light_stems}
+
+    def _names_something(self, text: str) -> bool:
+        """Whether ``text`` writes a name ("Millbrook", "Frank Zappa"); a day or a month is none."""
+        calendar = self.vocabulary.calendar
+        return any(kind == NAME and (key := normalize(token)) not in calendar and stem(key) not in calendar
+                   for token, kind in classify_tokens(text, mid_sentence_names([text])))
+
+    def _opens_a_topic(self, text: str) -> bool:
+        """A question that points back at nothing and asks in two words of its own ("How much
+        does a service cost?"); "Is there parking?" may still ask about what came before."""
+        return _is_question(text) and not self._points_back(text) and len(self._own_terms(text)) >= 2
 
     def salient_terms(self, query: Query) -> list[str]:
         """Terms naming what the conversation is about, best first, none already in the query.
@@ -564,7 +578,7 @@ class FollowUpEnricher(QueryTransformer):
         if not query.history:
             return self._first_message(query, index)
         if index is None or not len(index):
-            return self.enrich(query)
+            return self.enrich(query, newest_topic=True)
         _before, after, reading = self.state_of(query, index)
         if turn is not None and isinstance(getattr(turn, "trace", None), dict):
             turn.trace.setdefault("queries", {})["followup"] = after.describe()
@@ -642,8 +656,10 @@ class FollowUpEnricher(QueryTransformer):
         subject of the latest turns ("Do you sell espresso machines?" before the Millstone G2 was
         asked about): then the subject's name, as the ranked names would, for the opening's words
         would pull the search away from what is talked about."""
+        if after.subject is None:
+            return self.enrich(query, newest_topic=True)
         opening = self.opening_message(query) if self.carry_opening else ""
-        if not opening or after.subject is None:
+        if not opening:
             return self.enrich(query)
         if not self._elsewhere(opening, index, after.subject):
             enriched = self.enrich(query)
@@ -673,16 +689,20 @@ class FollowUpEnricher(QueryTransformer):
             return True
         return bool(reading.thing) and index.uses(subject, reading.thing) is False
 
-    def enrich(self, query: Query) -> Query:
+    def enrich(self, query: Query, *, newest_topic: bool = False) -> Query:
         """The subject-blind follow-up: salient names of the history appended to a dependent
         question (the behaviour before subjects were tracked, and the fallback when the
         conversation names no subject of the corpus). With ``carry_opening`` (a semantic
         embedder), every question that does not start afresh is searched with the conversation's
         opening message instead, whatever its own words: the embedding reads the question's words
-        and the opening's together."""
-        opening = self.opening_message(query) if self.carry_opening else ""
+        and the opening's together. ``newest_topic``: in a conversation that names no subject of
+        the corpus, the newest question that opened a topic stands in for an opening question
+        (``opening_message``)."""
+        opening = self.opening_message(query, newest_topic=newest_topic) if self.carry_opening else ""
         if opening:
-            return _noted(query, f"follow-up: added the opening message {opening!r}", text=f"{query.text} {opening}")
+            which = "the opening message" if not newest_topic or opening == self.opening_message(query) else \
+                "the question that opened the topic"
+            return _noted(query, f"follow-up: added {which} {opening!r}", text=f"{query.text} {opening}")
         if not self.is_dependent(query.text):
             return _noted(query, "self-contained")
         terms = self.salient_terms(query)
@@ -690,17 +710,29 @@ class FollowUpEnricher(QueryTransformer):
             return _noted(query, "no salient terms")
         return _noted(query, f"follow-up: added {terms}", text=f"{query.text} {' '.join(terms)}")
 
-    def opening_message(self, query: Query) -> str:
+    def opening_message(self, query: Query, *, newest_topic: bool = False) -> str:
         """The user's first message within ``lookback`` user turns (``query``'s history starts at
         the last fresh start when subjects are tracked): what the conversation is about, in the
-        user's words; "" when there is none or the question already holds all its words."""
+        user's words; with ``newest_topic``, when that was a question naming nothing, the newest
+        later one that opened a topic of its own (``_opens_a_topic``); "" when there is none or
+        the question already holds all its words."""
         users = [m.content for m in query.history if m.role == "user"][-self.lookback:] if self.lookback else []
         if not users:
             return ""
         opening = users[0][:_MAX_SCAN_CHARS].strip()
+        if newest_topic and _is_question(opening) and not self._names_something(opening):
+            # "Do you deliver on Saturdays?", then "How much does a service cost?", then "and how
+            # long does it take?": a question that asks its own thing opened a topic, and a later
+            # one pointing back at nothing opened the next; "it" is the newest.
+            opening = next((text[:_MAX_SCAN_CHARS].strip() for text in reversed(users[1:])
+                            if self._opens_a_topic(text)), opening)
         if set(content_terms(opening)) <= set(content_terms(query.text)):
             return ""
         return opening
+
+
+def _is_question(text: str) -> bool:
+    return text[:_MAX_SCAN_CHARS].rstrip().endswith("?")
 
 
 def _noted(query: Query, note: str, **changes: Any) -> Query:
