@@ -881,3 +881,21 @@ def test_where_i_live_asks_no_place_a_thing_is_kept():
                              ("What do I need to bring to prove where I live?", False)]:
         need = analyse_query(question, question, [], vocabulary)
         assert ("=attachment" in need.own) is placed, question
+
+
+@pytest.mark.parametrize("question, body, stated", [
+    ("What should DEBUG be set to before going live?", "Set DEBUG=False to go live.", "DEBUG=False"),
+    ("How do I reset my password?", 'Choose "Forgot password" to reset it.', '"Forgot password"'),
+])
+def test_a_sentence_of_words_with_a_little_code_or_quotes_is_prose(question, body, stated):
+    # A new user's trial: a sentence was dropped at reading for 3 % of its characters being markup.
+    docs = (chunk(1, "Site help > Settings", body),)
+    assert stated in AnswerSelector().answer(prompt(question, *docs))
+
+
+@pytest.mark.parametrize("text", ['{"product": "Aurora X2", "price": "499 dollars", "colour": "blue"}',
+                                  "if a == b: return c", "items[0] = value for the first item in list"])
+def test_code_and_data_are_no_prose(text):
+    from django_ragchat.answerer.passages import is_prose
+
+    assert not is_prose(text)

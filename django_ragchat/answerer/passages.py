@@ -16,6 +16,7 @@ from django_ragchat.types import RetrievedChunk
 
 _CITE_BEFORE_STOP = re.compile(r"([.!?])$")
 _MARKUP_CHARS = set('{}[]"=<>|`\\')
+_QUOTED_WORDS = re.compile(r'"[^"{}\[\]<>=|`\\]{1,60}"')
 _NAME_TOKEN_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*")
 _LETTER_RE = re.compile(r"[^\W\d_]")
 # How far into a text names are looked for: long passages add cost, not names.
@@ -23,10 +24,21 @@ _MAX_SCAN_CHARS = 4000
 
 
 def is_prose(sentence: str) -> bool:
-    """False for code, JSON, tables and markup: quoting them is never a readable answer."""
-    markup = sum(map(sentence.count, _MARKUP_CHARS))  # str.count runs in C, per character it doesn't
+    """False for code, JSON, tables and markup: quoting them is never a readable answer. Words in
+    quotes ('Choose "Forgot password".') are prose, and so is a word or two of code among five
+    words or more ("Set DEBUG=False in your settings.")."""
     letters = len(_LETTER_RE.findall(sentence))
-    return markup / len(sentence) < 0.03 and letters / len(sentence) > 0.5
+    if letters / len(sentence) <= 0.5:
+        return False
+    bare, quoted = _QUOTED_WORDS.subn("", sentence) if '"' in sentence else (sentence, 0)
+    if quoted > 2:  # {"product": "Aurora X2", "price": ...}: data, not words in quotes
+        bare = sentence
+    markup = sum(map(bare.count, _MARKUP_CHARS))  # str.count runs in C, per character it doesn't
+    if markup / len(sentence) < 0.03:
+        return True
+    # "if a == b: return c" has five words too, but fewer letters.
+    return (markup <= 2 and letters / len(sentence) >= 0.7 and not any(map(bare.__contains__, "{}[]|"))
+            and len(words(sentence)) >= 5)
 
 
 def cite(sentence: str, index: int) -> str:
