@@ -13,6 +13,7 @@ between components of equal ``order``:
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import inspect
 import logging
 import threading
@@ -113,11 +114,21 @@ def build_plugin_manager() -> tuple[pluggy.PluginManager, list[str]]:
         except (PluginLoadError, ValueError) as exc:
             errors.append(str(exc))
     if ragchat_settings.LOAD_ENTRY_POINTS:
-        try:
-            pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-        except Exception as exc:  # a broken third-party distribution must not take the site down
-            errors.append(f"Loading the {ENTRY_POINT_GROUP!r} entry points failed: {exc!r}")
+        _load_entry_points(pm, errors)
     return pm, errors
+
+
+def _load_entry_points(pm: pluggy.PluginManager, errors: list[str]) -> None:
+    """The ``django_ragchat`` entry points, one at a time: pluggy's loader stops at the first that
+    fails, and one broken distribution must not switch off the others (their guardrails too)."""
+    for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=entry_point.name)
+        except Exception as exc:  # a broken third-party distribution must not take the site down
+            dist = entry_point.dist
+            owner = f" of the distribution {dist.name!r} {dist.version}" if dist is not None else ""
+            errors.append(f"Loading the entry point {entry_point.name!r} ({entry_point.value}){owner} failed: "
+                          f"{exc!r}. Its plugins are not loaded; the other plugins are.")
 
 
 def build_registry(pm: pluggy.PluginManager) -> ComponentRegistry:
@@ -192,6 +203,8 @@ def _ensure_loaded() -> dict[str, Any]:
             sources = collect_sources(pm, registry.errors)
             tools = build_tool_registry(pm)
             registry.errors += tools.errors
+            for message in registry.errors:  # servers run no system checks: say it where it is seen
+                logger.error("%s (manage.py check lists every plugin problem as ragchat.E004)", message)
             _state.update(pm=pm, registry=registry, tools=tools, instances={}, sources=sources)
         return _state
 

@@ -231,3 +231,51 @@ def test_a_misspelt_option_names_the_options_the_component_takes(ragchat_setting
     assert [e.id for e in errors] == ["ragchat.E002"]
     assert "has no option 'max_term'" in errors[0].msg and "max_terms" in errors[0].msg, errors[0].msg
     assert "takes no options" not in errors[0].msg
+
+
+@pytest.fixture
+def broken_and_working_dists(tmp_path):
+    """Two distributions really installed by pip: one whose module imports a dependency that is
+    not installed, one that works (a guardrail)."""
+    target = tmp_path / "site"
+    for name, module, body in [
+        ("ragchat-broken-plugin", "ragchat_broken_dist", "import a_dependency_that_is_not_installed\n"),
+        ("ragchat-working-plugin", "ragchat_working_dist",
+         "from django_ragchat import hookimpl\n"
+         "from django_ragchat.stages.guardrails import Guardrail\n\n"
+         "class NoHomework(Guardrail):\n    name = 'no_homework'\n\n"
+         "@hookimpl\ndef register_guardrails(register):\n    register(NoHomework)\n"),
+    ]:
+        source = tmp_path / name
+        (source / module).mkdir(parents=True)
+        (source / module / "__init__.py").write_text(body)
+        (source / "pyproject.toml").write_text(
+            f'[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n\n'
+            f'[project]\nname = "{name}"\nversion = "0.1"\n\n'
+            f'[project.entry-points.django_ragchat]\n{module} = "{module}"\n')
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                        "--no-index", "--target", str(target), str(source)], check=True, capture_output=True)
+    sys.path.insert(0, str(target))
+    importlib.invalidate_caches()
+    yield
+    sys.path.remove(str(target))
+    for module in ("ragchat_broken_dist", "ragchat_working_dist"):
+        sys.modules.pop(module, None)
+
+
+def test_a_broken_entry_point_is_reported_by_name_and_the_others_still_load(
+        broken_and_working_dists, ragchat_settings_override, caplog, capsys):
+    """A new user's trial: one distribution whose import failed switched off every entry point
+    plugin, its guardrail with it, and nothing was logged under a server (which runs no checks)."""
+    ragchat_settings_override(LOAD_ENTRY_POINTS=True)
+    with caplog.at_level("ERROR", logger="django_ragchat.plugins"):
+        registry = plugins.get_registry()
+    assert registry.get("guardrail", "no_homework").plugin == "ragchat_working_dist"
+    [error] = [e for e in checks.check_plugins() if e.id == "ragchat.E004"]
+    assert "'ragchat_broken_dist'" in error.msg and "'ragchat-broken-plugin' 0.1" in error.msg
+    assert "a_dependency_that_is_not_installed" in error.msg
+    assert "ragchat_broken_dist" in caplog.text and "ragchat.E004" in caplog.text
+    # The listing command still runs, to diagnose it, and prints the problem.
+    call_command("ragchat_plugins")
+    out, err = capsys.readouterr()
+    assert "ragchat_working_dist" in out and "ragchat_broken_dist" in err

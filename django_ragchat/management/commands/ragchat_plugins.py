@@ -86,6 +86,8 @@ def _sources() -> list[dict]:
 
 class Command(BaseCommand):
     help = "List plugins, hook implementations and components in call order, and what each profile runs."
+    # It diagnoses plugin problems, so it runs when the checks report them (and prints them last).
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="Print one JSON object.")
