@@ -16,6 +16,7 @@ from django_ragchat import hookimpl
 from django_ragchat.exceptions import InvalidMessage, LLMError
 from django_ragchat.models import Conversation, Message, MessageSource, TurnTrace
 from django_ragchat.stages.llms import LLMBackend
+from django_ragchat.stages.postprocessors import DocumentPostProcessor
 from django_ragchat.turn.persistence import TurnInProgress
 from django_ragchat.turn.pipeline import run_turn_sync, stream_turn
 from django_ragchat.types import LLMDelta
@@ -322,3 +323,37 @@ def test_sequence_numbers_continue_across_turns(product_corpus, conversation):
     assert list(conversation.messages.values_list("seq", flat=True)) == [1, 2, 3, 4, 5, 6]
     conversation.refresh_from_db()
     assert conversation.last_seq == 6
+
+
+class _FailingProcessor(DocumentPostProcessor):
+    name = "failing_processor"
+
+    def process(self, query, documents, turn):
+        return self.read(documents)
+
+    def read(self, documents):
+        raise RuntimeError("a bug in a post-processor")
+
+
+class _FailingPlugin:
+    @staticmethod
+    @hookimpl
+    def register_document_postprocessors(register):
+        register(_FailingProcessor)
+
+
+def test_a_failed_turn_names_the_component_that_raised(product_corpus, conversation, ragchat_settings_override,
+                                                       caplog, flaky_profile):
+    """A new user's trial: the log said "failed (internal_error)" and only the traceback showed
+    which plugin's component it was."""
+    ragchat_settings_override(PLUGINS=["tests.test_pipeline._FlakyPlugin", "tests.test_pipeline._FailingPlugin"])
+    with caplog.at_level("ERROR", logger="django_ragchat.turn.pipeline"):
+        result = run_turn_sync(conversation, "How much does the Aurora X2 cost?")
+    assert result.status == "error"
+    where = "document_postprocessor 'failing_processor' of plugin 'tests.test_pipeline._FailingPlugin'"
+    assert result.trace["error"]["raised_by"] == where
+    assert f"failed (internal_error) in the {where}" in caplog.text
+    # The model's own failure is the model backend's.
+    ragchat_settings_override(PLUGINS=["tests.test_pipeline._FlakyPlugin"])
+    result = run_turn_sync(conversation, "How much does the Aurora X2 cost?")
+    assert result.trace["error"]["raised_by"] == "llm 'flaky' of plugin 'tests.test_pipeline._FlakyPlugin'"

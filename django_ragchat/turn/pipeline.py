@@ -47,6 +47,7 @@ from asgiref.sync import SyncToAsync, async_to_sync, sync_to_async
 from django.contrib.auth.models import AnonymousUser
 
 from django_ragchat.access import principals_of_user_id, reading_as
+from django_ragchat.components import Component
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import (
     Accepted,
@@ -909,11 +910,32 @@ async def _save(turn: TurnContext, run: _Answering, answer: Answer, status: str,
     return persistence.message_payload(message, answer, turn.prompt.documents if turn.prompt else (), tool_calls)
 
 
+def raised_by(exc: BaseException) -> str:
+    """The component whose code raised ``exc`` ("document_postprocessor 'drop_returns' of plugin
+    'shop.ragchat'"): the innermost frame of a component's method in its traceback; "" if none."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, Component) and owner.kind:
+            found = owner
+        tb = tb.tb_next
+    if found is None:
+        return ""
+    try:
+        plugin = f" of plugin {get_registry().get(found.kind, found.name).plugin!r}"
+    except Exception:  # a component built outside the registry (a test's, a plugin's own)
+        plugin = ""
+    return f"{found.kind} {found.name!r}{plugin}"
+
+
 async def _failed(turn: TurnContext, run: _Answering, exc: Exception) -> Failed:
     """Save the partial answer of a failed turn; the ``error`` event that says so."""
     code, message, retry_after = describe_error(exc)
-    logger.exception("ragchat turn in conversation %s failed (%s)", turn.conversation.pk, code)
-    turn.trace["error"] = {"code": code, "detail": repr(exc)[:2000]}
+    where = raised_by(exc)
+    logger.exception("ragchat turn in conversation %s failed (%s)%s", turn.conversation.pk, code,
+                     f" in the {where}" if where else "")
+    turn.trace["error"] = {"code": code, "detail": repr(exc)[:2000], **({"raised_by": where} if where else {})}
     payload = await _save(turn, run, Answer(text=run.partial()), Message.Status.ERROR,
                           {"code": code, "message": message})
     await notify("on_turn_failed", turn=turn, error=exc)
