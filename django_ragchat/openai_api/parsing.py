@@ -63,6 +63,8 @@ class ChatRequest:
     ignored_system_messages: int = 0
     #: The ``Idempotency-Key`` header ("" for none): the user message's ``client_id``.
     idempotency_key: str = ""
+    #: Where the question is in the body (``messages.[2].content``): the ``param`` of its refusal.
+    question_param: str = "messages"
 
 
 def read_body(request) -> dict[str, Any]:
@@ -97,10 +99,11 @@ def parse(data: dict[str, Any], headers) -> ChatRequest:
     _refuse_unsupported(data)
     conversation_id = _conversation_id(data, headers)
     idempotency_key = _idempotency_key(headers)
-    question, history, ignored = read_messages(data.get("messages"), keep_history=conversation_id is None)
+    question, history, ignored, question_param = read_messages(data.get("messages"),
+                                                               keep_history=conversation_id is None)
     return ChatRequest(model=model, question=question, history=history, stream=stream, include_usage=include_usage,
                        conversation_id=conversation_id, ignored_system_messages=ignored,
-                       idempotency_key=idempotency_key)
+                       idempotency_key=idempotency_key, question_param=question_param)
 
 
 def _idempotency_key(headers) -> str:
@@ -157,9 +160,10 @@ def _conversation_id(data: dict[str, Any], headers) -> str | None:
     return value
 
 
-def read_messages(messages: Any, *, keep_history: bool = True) -> tuple[Any, list[HistoryMessage], int]:
+def read_messages(messages: Any, *, keep_history: bool = True) -> tuple[Any, list[HistoryMessage], int, str]:
     """(the last message's text, the messages before it as history, how many system messages
-    were ignored). Without ``keep_history`` the earlier messages are checked but not kept."""
+    were ignored, where the last message's text is: ``messages.[2].content``). Without
+    ``keep_history`` the earlier messages are checked but not kept."""
     if messages is None:
         raise bad_request("You must provide a messages parameter.", param="messages",
                           code="missing_required_parameter")
@@ -169,7 +173,7 @@ def read_messages(messages: Any, *, keep_history: bool = True) -> tuple[Any, lis
     if len(messages) > MAX_MESSAGES:
         raise bad_request(f"'messages' has {len(messages):,} items; at most {MAX_MESSAGES:,} are allowed.",
                           param="messages")
-    kept: list[tuple[str, Any]] = []
+    kept: list[tuple[int, str, Any]] = []
     ignored = 0
     for index, message in enumerate(messages):
         role, text = _message(index, message)
@@ -180,12 +184,14 @@ def read_messages(messages: Any, *, keep_history: bool = True) -> tuple[Any, lis
                                   code="system_message_not_allowed")
             ignored += 1
             continue
-        kept.append((role, text))
-    if not kept or kept[-1][0] != "user":
+        kept.append((index, role, text))
+    if not kept or kept[-1][1] != "user":
         raise bad_request("The last message (besides system messages) must be the user's: it is the question "
                           "answered.", param="messages", code="last_message_not_user")
-    history = [_history_message(role, text) for role, text in kept[:-1]] if keep_history else []
-    return kept[-1][1], history, ignored
+    history = [_history_message(role, text, f"messages.[{index}].content")
+               for index, role, text in kept[:-1]] if keep_history else []
+    index, _role, question = kept[-1]
+    return question, history, ignored, f"messages.[{index}].content"
 
 
 def _message(index: int, message: Any) -> tuple[str, Any]:
@@ -225,14 +231,14 @@ def _text(content: Any, role: str, param: str) -> Any:
     return content
 
 
-def _history_message(role: str, text: Any) -> HistoryMessage:
+def _history_message(role: str, text: Any, param: str) -> HistoryMessage:
     if not isinstance(text, str):
-        raise bad_request("Every message's content must be text.", param="messages", code="invalid_type")
+        raise bad_request(f"{param} must be text.", param=param, code="invalid_type")
     if "\x00" in text:
-        raise bad_request("A message contains NUL characters.", param="messages", code="invalid_characters")
+        raise bad_request(f"{param} contains NUL characters.", param=param, code="invalid_characters")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise bad_request("A message contains invalid Unicode (lone surrogates).", param="messages",
+        raise bad_request(f"{param} contains invalid Unicode (lone surrogates).", param=param,
                           code="invalid_characters") from None
     return HistoryMessage(role=role, content=text, token_count=count_tokens(text))

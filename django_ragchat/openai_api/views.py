@@ -80,6 +80,7 @@ async def chat_completions(request):
     if request.method != "POST":
         return _not_allowed(request, "POST")
     conversation_id = None
+    chat = None
     try:
         user = await auth.session_user(request)
         try:
@@ -93,7 +94,8 @@ async def chat_completions(request):
             return await _streamed(request, prepared)
         return await _whole(request, prepared)
     except TurnRefused as refusal:
-        param = "messages" if refusal.code in ("empty", "too_long", "invalid_characters", "invalid_type") else None
+        asked = chat.question_param if isinstance(chat, parsing.ChatRequest) else "messages"
+        param = asked if refusal.code in ("empty", "too_long", "invalid_characters", "invalid_type") else None
         error = OpenAIError.from_refusal(refusal, param)
     except OpenAIError as exc:
         error = exc
