@@ -257,3 +257,19 @@ def test_no_word_is_light_beside_a_long_word_the_passages_lack():
     assert _weights(need, passages, eligible, vocabulary, {"bicycl": TOPIC_NORM, "instead": 1.0}) == plain
     lighter = _weights(need, passages, eligible, vocabulary, {"bicycl": TOPIC_NORM - 1, "instead": 1.0})
     assert lighter["instead"] < plain["instead"]
+
+
+def test_a_cached_text_pushed_out_by_the_same_calls_new_ones_is_still_returned():
+    # Seen in a benchmark run of 3,868 questions: once the process-wide cache was full, a turn
+    # whose new texts pushed out its own oldest cached ones failed with a KeyError (internal_error)
+    # instead of answering. Any long-running server would have met it.
+    from django_ragchat.answerer.semantic import SentenceSimilarity
+
+    model = static.wordllama_model()
+    similarity = SentenceSimilarity(model.embed, cache_size=3)
+    similarity.vectors(["ill", "well"])
+    texts = ["ill", "a", "b", "c", "d", "well", "a"]
+    found = similarity.vectors(texts)
+    assert found.shape[0] == len(texts)
+    assert np.allclose(found, model.embed(texts))
+    assert len(similarity._vectors) == 3

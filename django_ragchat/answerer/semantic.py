@@ -113,18 +113,22 @@ class SentenceSimilarity(_Similarity):
         return found
 
     def vectors(self, texts: Sequence[str]) -> np.ndarray:
+        cache = self._vectors
+        found: dict[str, np.ndarray] = {}
         with self._lock:
-            missing = [t for t in dict.fromkeys(texts) if t not in self._vectors]
+            for text in dict.fromkeys(texts):
+                if text in cache:
+                    cache.move_to_end(text)
+                    found[text] = cache[text]
+            missing = [t for t in dict.fromkeys(texts) if t not in found]
             if missing:
                 for text, vector in zip(missing, self.encode(missing), strict=True):
-                    self._vectors[text] = vector
-                while len(self._vectors) > self.cache_size:
-                    self._vectors.popitem(last=False)
-            found = []
-            for text in texts:
-                self._vectors.move_to_end(text)
-                found.append(self._vectors[text])
-        return np.vstack(found) if found else np.zeros((0, 0), dtype=np.float32)
+                    cache[text] = found[text] = vector
+                # Oldest first; what this call asked for is kept in ``found`` even when evicted (a
+                # turn that asks more texts than the cache holds).
+                while len(cache) > self.cache_size:
+                    cache.popitem(last=False)
+        return np.vstack([found[t] for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
 
 
 class StoredVectors(_Similarity):
