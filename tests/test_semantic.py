@@ -273,3 +273,13 @@ def test_a_cached_text_pushed_out_by_the_same_calls_new_ones_is_still_returned()
     assert found.shape[0] == len(texts)
     assert np.allclose(found, model.embed(texts))
     assert len(similarity._vectors) == 3
+
+
+def test_word_norms_survive_the_cache_being_cleared_by_the_same_call():
+    from django_ragchat.answerer.semantic import SentenceSimilarity
+
+    model = static.wordllama_model()
+    similarity = SentenceSimilarity(model.embed, cache_size=2, word_norms=model.word_norms)
+    similarity.norms(["bus", "parking", "week"])  # over the size: the next new word clears it
+    norms = similarity.norms(["bus", "overdue"])
+    assert norms == dict(zip(["bus", "overdue"], model.word_norms(["bus", "overdue"]), strict=True))

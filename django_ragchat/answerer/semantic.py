@@ -91,12 +91,15 @@ class SentenceSimilarity(_Similarity):
         if self.word_norms is None:
             return {}
         with self._lock:
-            missing = [w for w in dict.fromkeys(words) if w not in self._norms]
+            found = {w: self._norms[w] for w in words if w in self._norms}
+            missing = [w for w in dict.fromkeys(words) if w not in found]
             if missing:
+                computed = dict(zip(missing, self.word_norms(missing), strict=True))
                 if len(self._norms) > self.cache_size:
-                    self._norms.clear()
-                self._norms.update(zip(missing, self.word_norms(missing), strict=True))
-            return {w: self._norms[w] for w in words}
+                    self._norms.clear()  # after ``found`` was read from it
+                self._norms.update(computed)
+                found.update(computed)
+            return found
 
     def is_word(self, word: str) -> bool:
         """Whether the model's tokenizer holds ``word`` (folded) as one piece: its vocabulary of

@@ -304,11 +304,13 @@ class Vocabulary:
         "price" to "How much does shipping cost?" pulled every product's Pricing section above
         the shipping passage; a phrase adds it only when it is the one group asked ("What would
         that set me back?")."""
-        if text not in self._group_names:
+        names = self._group_names.get(text)
+        if names is None:  # read into a local: another thread may clear the cache meanwhile
+            names = self._read_group_names(text)
             if len(self._group_names) > 1024:
                 self._group_names.clear()
-            self._group_names[text] = self._read_group_names(text)
-        return self._group_names[text]
+            self._group_names[text] = names
+        return names
 
     def _read_group_names(self, text: str) -> tuple[str, ...]:
         unexpanded = self.group_class("unexpanded_by_a_word")
