@@ -118,17 +118,19 @@ class SentenceSimilarity(_Similarity):
     def vectors(self, texts: Sequence[str]) -> np.ndarray:
         cache = self._vectors
         found: dict[str, np.ndarray] = {}
+        missing = []
         with self._lock:
             for text in dict.fromkeys(texts):
                 if text in cache:
                     cache.move_to_end(text)
                     found[text] = cache[text]
-            missing = [t for t in dict.fromkeys(texts) if t not in found]
+                else:
+                    missing.append(text)
             if missing:
                 for text, vector in zip(missing, self.encode(missing), strict=True):
                     cache[text] = found[text] = vector
-                # Oldest first; what this call asked for is kept in ``found`` even when evicted (a
-                # turn that asks more texts than the cache holds).
+                # Oldest first: what this call asked for is in ``found``, even if its new texts
+                # pushed its older ones out.
                 while len(cache) > self.cache_size:
                     cache.popitem(last=False)
         return np.vstack([found[t] for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)

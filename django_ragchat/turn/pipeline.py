@@ -45,6 +45,7 @@ from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync, sync_to_async
 from django.contrib.auth.models import AnonymousUser
+from django.core.exceptions import ImproperlyConfigured
 
 from django_ragchat.access import principals_of_user_id, reading_as
 from django_ragchat.components import Component
@@ -924,7 +925,7 @@ def raised_by(exc: BaseException) -> str:
         return ""
     try:
         plugin = f" of plugin {get_registry().get(found.kind, found.name).plugin!r}"
-    except Exception:  # a component built outside the registry (a test's, a plugin's own)
+    except ImproperlyConfigured:  # a component built outside the registry (a test's, a plugin's own)
         plugin = ""
     return f"{found.kind} {found.name!r}{plugin}"
 
