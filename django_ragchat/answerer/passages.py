@@ -78,6 +78,8 @@ class Passage:
     sentences: tuple[Sentence, ...]
     mentions_the: bool  # "the Aurora X2" appears: decline text uses the article
     kind: str = ""  # what its text defines the subject as ("tablet"), see subjects.kind_of
+    # A topic page's title ("Site help" over "Going live"): the page's context, not evidence.
+    title_stems: frozenset[str] = frozenset()
     # Read at ingestion (``answerer.stored``): its sentences' and heading's candidate words for
     # the model's word neighbours, (stem, word) in order, its sentences' vectors and its words'
     # token ids. None and {} when the passage was read in this process.
@@ -260,6 +262,13 @@ def clear_passage_cache() -> None:
     _analyse_text.cache_clear()
 
 
+def _title_stems(chunk: RetrievedChunk) -> frozenset[str]:
+    """The words of a topic page's title ("Site help" over "Going live"): every section of it
+    is about them ("How do I make the site go live?")."""
+    top = chunk.heading.split(HEADING_SEPARATOR)[0] if chunk.heading else chunk.title
+    return stems(top or "")
+
+
 def build_passages(documents: Iterable[RetrievedChunk], vocabulary: Vocabulary,
                    stored: Sequence[Any] | None = None) -> list[Passage]:
     """The prompt's documents as ``Passage`` objects, numbered from 1 as they are cited.
@@ -278,7 +287,7 @@ def build_passages(documents: Iterable[RetrievedChunk], vocabulary: Vocabulary,
                      "tokens": reading.tokens}
         passages.append(Passage(
             index=index, ordinal=chunk.ordinal, heading_leaf=leaf,
-            heading_stems=stems(leaf),
+            heading_stems=stems(leaf), title_stems=frozenset() if subject else _title_stems(chunk),
             subject_name=subject, subject=tuple(normalize(subject).split()) if subject else (),
             sentences=found, mentions_the=mentions_the, kind=kind, **extra,
         ))

@@ -418,11 +418,16 @@ def _take_carried_attribute(need: Need, asked: str, typed_keys: set[str], vocabu
         need.groups.update(dict.fromkeys(keys, 1.0))
 
     carried = {key for key in need.groups if key not in typed_keys and not key.startswith("~")}
-    if (need.own and not need.subjects and set(words(asked)) & vocabulary.word_class("topic_pointers")
-            and all(key.startswith("~") or labels(key) == ["price"] for key in need.own)):
-        # "How much does that cost?" after "How fast do you ship?": it asks a price, and with no
-        # product in play the words the transformer carried ("fast ship") are what "that" is.
-        promote(carried - need.own)
+    if need.own and all(key.startswith("~") or labels(key) == ["price"] for key in need.own):
+        # A price carried is no length: "and how long does it take?" after "How much does a
+        # service cost?" asks how long the service takes.
+        if not any(labels(key) == ["price"] for key in need.own) and not vocabulary.pattern(
+                "price_question").search(asked):
+            carried = {key for key in carried if labels(key) != ["price"]}
+        if not need.subjects and set(words(asked)) & vocabulary.word_class("topic_pointers"):
+            # "How much does that cost?" after "How fast do you ship?": it asks a price, and with
+            # no product in play the words the transformer carried ("fast ship") are what "that" is.
+            promote(carried - need.own)
     if need.own and all(key.startswith("~") for key in need.own):
         # "How long is it?" asks only the kind of value: what it is about came with the search
         # query ("... Zephyr Buds warranty").

@@ -221,8 +221,11 @@ def _weights(need: Need, passages: list[Passage], eligible: list[tuple[Passage, 
         # A word the subject's passages never use (nor a word the model finds close to it), and
         # no synonym group knows, is as likely a paraphrase ("patches against hackers") as the
         # point; it weighs less.
-        if "=" not in key and (len(need.own) > SHORT_QUESTION_WORDS or need.promoted) and not any(
+        if "=" not in key and (len(need.own) > SHORT_QUESTION_WORDS or need.promoted or any(
+                vocabulary.covers(key, p.title_stems) for p, _ in eligible)) and not any(
                 vocabulary.covers(key, s.stems) or vocabulary.covers(key, p.heading_stems) for p, s in eligible):
+            # A short question's word weighs in full, unless the title of the page found writes
+            # it: "site" in "How do I make the site go live?" over "Site help > Going live".
             idf[key] *= UNKNOWN_WORD_WEIGHT
         if (key.startswith("~") or word_of(key) in need.comparatives) and len(need.own) > 1:
             idf[key] *= ANSWER_TYPE_WEIGHT  # "how long", or "bigger" in "bigger storage options"
@@ -595,6 +598,12 @@ class AnswerSelector:
             expected += 1
         return picked
 
+    @staticmethod
+    def _as_written(need: Need, key: str) -> str:
+        """An asked word's label in the user's own capitals and accents ("Saturdays", "café")."""
+        written = span_of(need.asked, [key]) if "=" not in key else ""
+        return written if written and fold(written) == fold(need.labels[key]) else need.labels[key]
+
     def _topic(self, need: Need, eligible: list[tuple[Passage, Sentence]]) -> str:
         """The words a decline names as missing."""
         v = self.vocabulary
@@ -610,7 +619,7 @@ class AnswerSelector:
             lacking = [k for k in lacking if "=" in k] or lacking
         # A narrow group lacking is named as the group: "wireless charging", not "charge wirelessly".
         narrow = [label for k in lacking for label in labels(k) if label in v.group_class("decisive")]
-        missing = [need.labels[k] for k in (lacking or asked)] or [self.messages["nothing_named"]]
+        missing = [self._as_written(need, k) for k in (lacking or asked)] or [self.messages["nothing_named"]]
         # Every asked word stated, but never together ("deliver" and "Saturday"): what is missing
         # is the words as the user put them, "deliver on Saturdays".
         together = lacking if len(lacking) > 1 else asked if not lacking and len(asked) > 1 else []

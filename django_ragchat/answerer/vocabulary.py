@@ -185,6 +185,9 @@ class Vocabulary:
         self.polar = word("polar")
         # Optional (a language written before it has none): days and months, never a subject.
         self.calendar = language.words.get("calendar", frozenset())
+        # The days "weekend" states (optional too): "we do not deliver at weekends" answers Saturdays.
+        self.weekend = frozenset(stem(w) for w in language.words.get("weekend", ()))
+        self.weekend_stem = stem("weekend")
         self.noun_of = language.noun_of
         self.classes = language.group_classes
         self.messages = language.messages
@@ -224,6 +227,8 @@ class Vocabulary:
             return 1.0
         if group_labels and any(self.groups[label] & text_stems for label in group_labels.split("|")):
             return SYNONYM_EVIDENCE if word else 1.0
+        if word in self.weekend and self.weekend_stem in text_stems:
+            return SYNONYM_EVIDENCE
         return 0.0
 
     def _phrase_span(self, tokens: list[str], token_stems: list[str], i: int, phrase: tuple[str, ...]) -> int:
