@@ -148,6 +148,28 @@ def test_an_input_guardrail_refusal_lists_only_the_guardrails_that_ran(
             "embedder"} <= kinds
 
 
+def test_a_turn_an_input_guardrail_refused_is_left_out_of_the_history(
+    ragchat_settings_override, product_corpus, conversation
+):
+    # A new user's trial: "Can you do my homework?", refused, became the opening message the
+    # follow-up transformer carried into the next question's search; the model read it too.
+    from django_ragchat.stages.memory import load_recent_messages
+
+    ragchat_settings_override(PROFILES={"default": {
+        "guardrails": ["blocked_phrases"], "options": {"blocked_phrases": {"phrases": ["homework"]}}}})
+    run_turn_sync(conversation, "What is the battery life of the Aurora X2?")
+    refused = run_turn_sync(conversation, "Can you do my homework?")
+    assert refused.trace["ended_by"]["stage"] == "input_guardrails"
+
+    result = run_turn_sync(conversation, "How much is it?")
+
+    assert "homework" not in result.trace["queries"]["final"]
+    history = load_recent_messages(conversation.pk, before_seq=10**6, limit=50)
+    assert [m.content for m in history if m.role == "user"] == [
+        "What is the battery life of the Aurora X2?", "How much is it?"]
+    assert len(history) == 4 and Message.objects.filter(conversation=conversation).count() == 6  # all kept
+
+
 def test_an_around_llm_advisor_changes_the_prompt_and_the_response(
     ragchat_settings_override, product_corpus, conversation, openai_server
 ):

@@ -36,15 +36,37 @@ def load_recent_messages(conversation_id, before_seq: int, limit: int, *,
         Message.objects.filter(conversation_id=conversation_id, seq__lt=before_seq)
         .exclude(status__in=[Message.Status.ERROR, Message.Status.STREAMING])
         .order_by("-seq")
-        .values_list("pk", "role", "content", "seq", "token_count")[:limit]
+        .values_list("pk", "role", "content", "seq", "token_count", "trace__ended_by")[:limit]
     )
     rows.reverse()
+    refused = refused_turns(rows)
     exchanges = tool_exchanges([pk for pk, role, *_ in rows if role == Message.Role.ASSISTANT]) if with_tools else {}
     messages = []
-    for pk, role, content, seq, tokens in rows:
+    for pk, role, content, seq, tokens, _ended_by in rows:
+        if seq in refused:
+            continue
         messages += exchanges.get(pk, ())
         messages.append(HistoryMessage(role=role, content=content, seq=seq, token_count=tokens))
     return messages
+
+
+#: The stage (``turn.pipeline.STAGES``) whose refusal leaves its turn out of the history.
+REFUSED_INPUT_STAGE = "input_guardrails"
+
+
+def refused_turns(rows) -> set[int]:
+    """The seqs of the turns an input guardrail refused, the user's message and the refusal, of
+    rows ``(..., role, content, seq, token_count, ended_by)`` in order: what was refused never
+    reaches the model or the query transformers again (a refused injection, or a refused
+    question carried as the conversation's opening)."""
+    refused = set()
+    for before, row in zip([None, *rows], rows, strict=False):
+        *_, role, _content, seq, _tokens, ended_by = row
+        if role == Message.Role.ASSISTANT and ended_by == REFUSED_INPUT_STAGE:
+            refused.add(seq)
+            if before is not None and before[-5] == Message.Role.USER:
+                refused.add(before[-3])
+    return refused
 
 
 #: What the model reads of a call whose answer ended before it had a result.

@@ -67,7 +67,7 @@ from django_ragchat.backends.openai import chat_model_from_options
 from django_ragchat.exceptions import LLMError
 from django_ragchat.models import MemoryRecord, Message
 from django_ragchat.stages.llm_transformers import PromptedModel, is_refusal
-from django_ragchat.stages.memory import MemoryStrategy, newest_turns_within, split_turns
+from django_ragchat.stages.memory import MemoryStrategy, newest_turns_within, refused_turns, split_turns
 from django_ragchat.tokens import count_tokens
 from django_ragchat.types import HistoryMessage
 
@@ -97,8 +97,14 @@ def _visible(qs):
     return qs.exclude(status__in=[Message.Status.ERROR, Message.Status.STREAMING])
 
 
+#: What ``_history`` reads of each message (``memory.refused_turns`` reads the stage that ended it).
+_FIELDS = ("role", "content", "seq", "token_count", "trace__ended_by")
+
+
 def _history(rows) -> list[HistoryMessage]:
-    return [HistoryMessage(role=r, content=c, seq=s, token_count=t) for r, c, s, t in rows]
+    rows = list(rows)
+    refused = refused_turns(rows)
+    return [HistoryMessage(role=r, content=c, seq=s, token_count=t) for r, c, s, t, _ in rows if s not in refused]
 
 
 def _cut_to_tokens(text: str, tokens: int) -> str:
@@ -176,7 +182,7 @@ class SummaryMemory(MemoryStrategy):
         covers = (summary or {}).get("covers_until_seq") or 0
         rows = list(
             _visible(Message.objects.filter(conversation_id=conversation.pk, seq__gt=covers, seq__lt=before_seq))
-            .order_by("-seq").values_list("role", "content", "seq", "token_count")[: self.fetch_limit]
+            .order_by("-seq").values_list(*_FIELDS)[: self.fetch_limit]
         )
         return summary, facts, _history(reversed(rows)), len(rows) >= self.fetch_limit
 
@@ -254,7 +260,7 @@ class SummaryMemory(MemoryStrategy):
         covers = (record.covers_until_seq or 0) if record else 0
         messages = _history(
             _visible(Message.objects.filter(conversation_id=conversation_id, seq__gt=covers, seq__lte=until_seq))
-            .order_by("seq").values_list("role", "content", "seq", "token_count")
+            .order_by("seq").values_list(*_FIELDS)
         )
         kept = newest_turns_within(split_turns(messages), max_tokens=int(budget_tokens * self.keep_share))
         first_kept = kept[0].seq if kept else until_seq + 1
