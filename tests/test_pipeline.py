@@ -353,7 +353,11 @@ def test_a_failed_turn_names_the_component_that_raised(product_corpus, conversat
     where = "document_postprocessor 'failing_processor' of plugin 'tests.test_pipeline._FailingPlugin'"
     assert result.trace["error"]["raised_by"] == where
     assert f"failed (internal_error) in the {where}" in caplog.text
+    # The stage it failed in is named, and timed until the failure.
+    assert result.trace["error"]["stage"] == "postprocess"
+    assert "postprocess" in result.trace["timings"] and "prompt" not in result.trace["timings"]
     # The model's own failure is the model backend's.
     ragchat_settings_override(PLUGINS=["tests.test_pipeline._FlakyPlugin"])
     result = run_turn_sync(conversation, "How much does the Aurora X2 cost?")
     assert result.trace["error"]["raised_by"] == "llm 'flaky' of plugin 'tests.test_pipeline._FlakyPlugin'"
+    assert result.trace["error"]["stage"] == "llm" and "llm" in result.trace["timings"]

@@ -160,12 +160,29 @@ def searching_for(turn: TurnContext) -> Iterator[None]:
         yield
 
 
+def begin_stage(turn: TurnContext, name: str) -> float:
+    """Note that stage ``name`` runs (``components_that_ran``, and a failure's ``failed_stage``);
+    its start on ``time.perf_counter``."""
+    turn.state.setdefault("_stages_run", []).append(name)
+    turn.state["_stage_started"] = started = time.perf_counter()
+    return started
+
+
+def failed_stage(turn: TurnContext) -> str:
+    """The stage a failed turn was in (begun, never timed), with its time until the failure in
+    the trace's timings; "" when the turn failed between stages."""
+    stages = turn.state.get("_stages_run") or []
+    if not stages or stages[-1] in turn.trace["timings"]:
+        return ""
+    turn.trace["timings"][stages[-1]] = round((time.perf_counter() - turn.state["_stage_started"]) * 1000, 3)
+    return stages[-1]
+
+
 async def run_stage(turn: TurnContext, name: str, stage: Callable[[TurnContext], Awaitable[Any]]) -> Any:
     """Run one stage, record its duration in the trace and fire ``on_stage_completed`` (also
     when it ends the turn; not when it raises: the turn then fails). Its components search for
     the turn (``searching_for``)."""
-    started = time.perf_counter()
-    turn.state.setdefault("_stages_run", []).append(name)
+    started = begin_stage(turn, name)
     with searching_for(turn):
         result = await stage(turn)
     elapsed = (time.perf_counter() - started) * 1000
@@ -594,8 +611,7 @@ async def answer_stages(turn: TurnContext, run: _Answering) -> AsyncIterator[Tur
 
     yield SourcesFound(sources=[d.as_source(i) for i, d in enumerate(turn.prompt.documents, start=1)])
     yield StageChanged(stage="generating")
-    started = time.perf_counter()
-    turn.state.setdefault("_stages_run", []).append("llm")
+    started = begin_stage(turn, "llm")
     async for event in generate(turn, run):
         yield event
     if run.streaming:
@@ -608,8 +624,7 @@ async def answer_stages(turn: TurnContext, run: _Answering) -> AsyncIterator[Tur
     text = "".join(run.parts)
     answer = await run_stage(turn, "response_augmenters",
                              lambda t: augment_response(t, text, streamed=run.streaming))
-    started = time.perf_counter()
-    turn.state.setdefault("_stages_run", []).append("output_guardrails")
+    started = begin_stage(turn, "output_guardrails")
     async for event in check_output(turn, answer, run):
         yield event
     elapsed = (time.perf_counter() - started) * 1000
@@ -936,7 +951,9 @@ async def _failed(turn: TurnContext, run: _Answering, exc: Exception) -> Failed:
     where = raised_by(exc)
     logger.exception("ragchat turn in conversation %s failed (%s)%s", turn.conversation.pk, code,
                      f" in the {where}" if where else "")
-    turn.trace["error"] = {"code": code, "detail": repr(exc)[:2000], **({"raised_by": where} if where else {})}
+    stage = failed_stage(turn)
+    turn.trace["error"] = {"code": code, "detail": repr(exc)[:2000], **({"stage": stage} if stage else {}),
+                           **({"raised_by": where} if where else {})}
     payload = await _save(turn, run, Answer(text=run.partial()), Message.Status.ERROR,
                           {"code": code, "message": message})
     await notify("on_turn_failed", turn=turn, error=exc)
