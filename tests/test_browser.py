@@ -558,6 +558,12 @@ def test_a_failed_answer_can_be_retried(page, asgi, product_corpus, openai_serve
     answer = last_answer(page)
     note = answer.find_element(By.CSS_SELECTOR, ".ragchat-note")
     assert "ragchat-note-error" in note.get_attribute("class") and note.text
+    # Shown once, on the answer; the status line says it to a screen reader only.
+    status = page.find_element(By.CSS_SELECTOR, ".ragchat-status")
+    heard = status.find_element(By.CSS_SELECTOR, ".ragchat-visually-hidden").get_attribute("textContent")
+    assert heard and heard in note.text and heard == status.get_attribute("textContent")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.save_screenshot(str(SCREENSHOTS / "failed-answer.png"))
     answer.find_element(By.CSS_SELECTOR, ".ragchat-retry").click()
     wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant")) == 2)
     wait(page, idle)

@@ -180,9 +180,12 @@ class ChatWidget {
     return template.replace(this.config.idPlaceholder, encodeURIComponent(id));
   }
 
-  setStatus(text, isError) {
+  /* The status line is the live region: what it says is heard. ``heardOnly``: what a message's
+     note already shows (a failed answer's error) is said, not shown a second time. */
+  setStatus(text, isError, heardOnly = false) {
     this.statusWait = null;  // the line no longer says a refusal's wait (countDown)
-    this.ui.status.textContent = text || "";
+    this.ui.status.textContent = heardOnly ? "" : text || "";
+    if (heardOnly && text) this.ui.status.append(el("span", "ragchat-visually-hidden", text));
     this.ui.status.classList.toggle("ragchat-status-error", Boolean(isError));
   }
 
@@ -797,7 +800,7 @@ class ChatWidget {
       } else {
         this.setNote(answer, text, true);
         if (turn.own) this.offerRetry(answer, turn, error);
-        this.setStatus(text, true);
+        this.setStatus(text, true, true);
       }
     } else {
       if (cancelled) this.setNote(answer, STOPPED);
