@@ -69,9 +69,10 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # The page's script and styles under any server, uvicorn and gunicorn included (README's
-    # snippet does the same). The demo serves them from the apps' folders (no collectstatic);
-    # a copy of this site would run collectstatic into STATIC_ROOT instead.
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    # snippet does the same; ServeStatic serves them asynchronously under ASGI). The demo serves
+    # them from the apps' folders (no collectstatic); a copy of this site would run
+    # collectstatic into STATIC_ROOT instead.
+    "servestatic.middleware.ServeStaticMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -131,7 +132,7 @@ if os.environ.get("REDIS_URL"):
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
-WHITENOISE_USE_FINDERS = True
+SERVESTATIC_USE_FINDERS = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 LOGIN_URL = "ragchat:login"  # the chat's own sign-in page, for any user (README)

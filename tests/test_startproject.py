@@ -276,12 +276,17 @@ def test_rest_websocket_static_files_and_api_docs_under_the_asgi_server(new_site
         assert frames[-1]["type"] == "done", frames[-1]
         assert "$699" in frames[-1]["message"]["content"]
     assert "Traceback" not in log.read_text(), log.read_text()
+    # Static files are served asynchronously (WhiteNoise made Django warn for every file).
+    assert "must consume synchronous iterators" not in log.read_text(), log.read_text()
 
 
 def test_server_sent_events_under_gunicorn(new_site):
     with running(new_site, "shell serve-wsgi") as (url, log):
         add_customer(url, "wsgi-customer")
         client = sign_in(url, "wsgi-customer")
+        page = client.get("/chat/")
+        scripts = re.findall(r'<script[^>]+src="([^"]+)"', page.text)
+        assert scripts and all(client.get(src).status_code == 200 for src in scripts), scripts
         conversation_id = client.post("/api/ragchat/conversations/", json={}).json()["id"]
         with client.stream("POST", f"/chat/conversations/{conversation_id}/stream/", json={"content": QUESTION},
                            headers={"Accept": "text/event-stream"}) as response:
