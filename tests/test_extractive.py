@@ -892,8 +892,9 @@ def test_a_word_of_a_topic_pages_title_is_context_not_the_point(sectioned_shop):
     assert ask("How do I make the site go live?") == "Set DEBUG=False to go live [1]."
 
 
-def test_weekends_state_saturdays_and_a_decline_writes_the_users_word(sectioned_shop):
+def test_spans_of_days_state_their_days_and_a_decline_writes_the_users_word(sectioned_shop):
     assert "We do not deliver at weekends" in ask("Do you deliver on Saturdays?")
+    assert "We deliver Monday to Friday" in ask("Do you deliver on weekdays?")  # its first and last day
     answer = ask("Do you take PayPal?")
     assert "PayPal" in answer and "paypal" not in answer, answer
 

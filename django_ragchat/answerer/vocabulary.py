@@ -185,9 +185,9 @@ class Vocabulary:
         self.polar = word("polar")
         # Optional (a language written before it has none): days and months, never a subject.
         self.calendar = language.words.get("calendar", frozenset())
-        # The days "weekend" states (optional too): "we do not deliver at weekends" answers Saturdays.
-        self.weekend = frozenset(stem(w) for w in language.words.get("weekend", ()))
-        self.weekend_stem = stem("weekend")
+        # Spans of days (optional too): span stem -> its days' stems, in order.
+        self.day_spans = {stem(name): tuple(stem(w) for w in language.words[name])
+                          for name in ("weekend", "weekday") if language.words.get(name)}
         self.noun_of = language.noun_of
         self.classes = language.group_classes
         self.messages = language.messages
@@ -227,9 +227,15 @@ class Vocabulary:
             return 1.0
         if group_labels and any(self.groups[label] & text_stems for label in group_labels.split("|")):
             return SYNONYM_EVIDENCE if word else 1.0
-        if word in self.weekend and self.weekend_stem in text_stems:
-            return SYNONYM_EVIDENCE
-        return 0.0
+        return SYNONYM_EVIDENCE if word and self._span_states(word, text_stems) else 0.0
+
+    def _span_states(self, word: str, text_stems: frozenset[str]) -> bool:
+        """A span of days states its days ("at weekends": Saturdays), and a span is stated by
+        its first and last day ("Monday to Friday": weekdays)."""
+        days = self.day_spans.get(word)
+        if days:
+            return days[0] in text_stems and days[-1] in text_stems
+        return any(word in days and span in text_stems for span, days in self.day_spans.items())
 
     def _phrase_span(self, tokens: list[str], token_stems: list[str], i: int, phrase: tuple[str, ...]) -> int:
         """How many tokens from ``i`` spell the stemmed ``phrase`` (at most one object pronoun may
