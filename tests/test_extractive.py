@@ -899,6 +899,36 @@ def test_spans_of_days_state_their_days_and_a_decline_writes_the_users_word(sect
     assert "PayPal" in answer and "paypal" not in answer, answer
 
 
+BRANCHES = {
+    "central.md": "# Central Library\n\n## Address and opening hours\n\nCentral Library is at 12 Market Square. It is "
+                  "open Monday to Friday from 9 am to 8 pm, Saturday from 9 am to 5 pm and Sunday from 12 noon to 4 pm. "
+                  "It is closed on public holidays.\n",
+    "millbrook.md": "# Millbrook Library\n\n## Address and opening hours\n\nMillbrook Library is at 3 Station Road. "
+                    "It is open Tuesday to Saturday from 10 am to 6 pm. It is closed on Sundays and Mondays.\n",
+}
+
+
+@pytest.fixture
+def branches(db):
+    from django_ragchat.ingestion.pipeline import ingest_text
+
+    for source, text in BRANCHES.items():
+        ingest_text(source, text, content_type="markdown")
+
+
+@pytest.mark.parametrize("question, stated", [
+    # "Sundays" had become a subject (the day's plural, from "closed on Sundays"), and the
+    # question was declined as about an unknown "Central".
+    ("When does Central open on Sundays?", "Sunday from 12 noon to 4 pm"),
+    # "what time" asks a time (a number), "close" is answered by opening hours, and "Monday to
+    # Friday" states Thursdays.
+    ("What time does Central Library close on Thursdays?", "Monday to Friday from 9 am to 8 pm"),
+])
+def test_opening_hours_answer_a_day_within_their_span(branches, question, stated):
+    answer = ask(question)
+    assert stated in answer and "Millbrook" not in answer, answer
+
+
 def test_a_day_named_beside_the_question_is_no_unknown_name(sample_docs):
     answer = ask("How quickly do orders ship? We need kit for new starters on Monday.")
     assert "two business days" in answer, answer

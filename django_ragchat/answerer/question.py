@@ -248,7 +248,8 @@ class _Entities:
                 known.add(p.subject)
             for s in p.sentences:
                 known.update(tuple(n.split()) for n in s.names)
-        known = {e for e in known if not set(e) <= vocabulary.calendar}  # "Saturday" is a time, no subject
+        # "Saturday", "Sundays" are times, no subjects.
+        known = {e for e in known if not all(t in vocabulary.calendar or stem(t) in vocabulary.calendar for t in e)}
         return cls(frozenset(known), vocabulary, frozenset().union(*(s.loose for p in passages for s in p.sentences)))
 
     def named(self, query_words: set[str], type_words: bool = True, partial: bool = True) -> set[Entity]:
@@ -405,6 +406,10 @@ def _drop_words_that_say_how(need: Need, asked: str, asked_at: dict[str, int], v
     lengths = [k for k in need.own if k.split("=")[0] == "length"]
     if lengths and any(set(labels(k)) & vocabulary.group_class("time_bearing") for k in need.own):
         need.forget(lengths, asked_at)  # "zephyr buds warranty length": how long it runs, not cm
+    kind = vocabulary.pattern("quantity_question").search(asked)
+    named_kind = [k for k in need.own if kind and "=" not in k and words(kind.group(0))[-1:] == [need.labels[k]]]
+    if named_kind and len(need.own) > 2:
+        need.forget(named_kind, asked_at)  # "What time does it close on Thursdays?" asks a time of closing
     coming = [k for k in need.own if k == "=included" and need.labels.get(k, "").startswith(("come", "came"))]
     if coming and vocabulary.pattern("quantity_question").search(asked) and len(need.own) > 1:
         need.forget(coming, asked_at)  # "How much storage does it come with?" asks the storage

@@ -185,9 +185,10 @@ class Vocabulary:
         self.polar = word("polar")
         # Optional (a language written before it has none): days and months, never a subject.
         self.calendar = language.words.get("calendar", frozenset())
-        # Spans of days (optional too): span stem -> its days' stems, in order.
-        self.day_spans = {stem(name): tuple(stem(w) for w in language.words[name])
-                          for name in ("weekend", "weekday") if language.words.get(name)}
+        # Spans of days (optional too): span stem -> (its days' stems, the days that state it).
+        self.day_spans = {stem(name): (frozenset(stem(w) for w in language.words[name]), frozenset(
+            stem(w) for w in language.words.get(f"{name}_ends") or language.words[name]))
+            for name in ("weekend", "weekday") if language.words.get(name)}
         self.noun_of = language.noun_of
         self.classes = language.group_classes
         self.messages = language.messages
@@ -230,12 +231,12 @@ class Vocabulary:
         return SYNONYM_EVIDENCE if word and self._span_states(word, text_stems) else 0.0
 
     def _span_states(self, word: str, text_stems: frozenset[str]) -> bool:
-        """A span of days states its days ("at weekends": Saturdays), and a span is stated by
-        its first and last day ("Monday to Friday": weekdays)."""
-        days = self.day_spans.get(word)
-        if days:
-            return days[0] in text_stems and days[-1] in text_stems
-        return any(word in days and span in text_stems for span, days in self.day_spans.items())
+        """A span of days states its days ("at weekends": Saturdays), and a span and its days
+        are stated by its first and last day ("Monday to Friday": weekdays, and Thursdays)."""
+        if word in self.day_spans:
+            return self.day_spans[word][1] <= text_stems
+        return any(word in days and (span in text_stems or ends <= text_stems)
+                   for span, (days, ends) in self.day_spans.items())
 
     def _phrase_span(self, tokens: list[str], token_stems: list[str], i: int, phrase: tuple[str, ...]) -> int:
         """How many tokens from ``i`` spell the stemmed ``phrase`` (at most one object pronoun may
