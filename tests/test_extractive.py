@@ -27,6 +27,14 @@ OUTDOOR_SHOP = Path(__file__).resolve().parent / "fixtures" / "outdoor_shop"
 CITATION = re.compile(r"\[\d+\]")
 
 
+def ingest_pages(pages: dict[str, str]) -> None:
+    """Ingest Markdown ``pages`` (source -> text), as a site's own pages."""
+    from django_ragchat.ingestion.pipeline import ingest_text
+
+    for source, text in pages.items():
+        ingest_text(source, text, content_type="markdown")
+
+
 def ask(*questions: str) -> str:
     """Ask ``questions`` in one new conversation; the last answer."""
     conversation = Conversation.objects.create(profile="default")
@@ -807,10 +815,7 @@ BIKE_SHOP = {
 
 @pytest.fixture
 def bike_shop(db):
-    from django_ragchat.ingestion.pipeline import ingest_text
-
-    for source, text in BIKE_SHOP.items():
-        ingest_text(source, text, content_type="markdown")
+    ingest_pages(BIKE_SHOP)
 
 
 @pytest.mark.parametrize("question", ["How do I contact you?", "How can I get in touch?"])
@@ -872,10 +877,7 @@ SECTIONED_SHOP = {
 
 @pytest.fixture
 def sectioned_shop(db):
-    from django_ragchat.ingestion.pipeline import ingest_text
-
-    for source, text in SECTIONED_SHOP.items():
-        ingest_text(source, text, content_type="markdown")
+    ingest_pages(SECTIONED_SHOP)
 
 
 def test_how_long_after_a_price_asks_how_long_not_the_price(sectioned_shop):
@@ -910,10 +912,7 @@ BRANCHES = {
 
 @pytest.fixture
 def branches(db):
-    from django_ragchat.ingestion.pipeline import ingest_text
-
-    for source, text in BRANCHES.items():
-        ingest_text(source, text, content_type="markdown")
+    ingest_pages(BRANCHES)
 
 
 @pytest.mark.parametrize("question, stated", [
