@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files (offline)
     "channels",
+    "servestatic",  # ServeStatic's system checks (its middleware serves the static files)
     "django_ragchat",
     "example_project.shop",  # products the assistant answers from (shop/ragchat.py)
     "example_project.orders",  # the shop's orders and the assistant's tools over them

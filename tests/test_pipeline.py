@@ -246,13 +246,13 @@ def test_a_model_failing_mid_stream_keeps_the_partial_answer_marked_error(produc
     assert user.content == "How much does the Aurora X2 cost?" and user.status == "complete"
     assert assistant.status == "error" and assistant.content == "The answer is "
     assert assistant.metadata["error"]["code"] == "stream_interrupted"
-    # The conversation is not blocked: the next turn runs (and the failed answer is not shown
-    # to the model as history).
+    # The conversation is not blocked: the next turn runs (and neither the failed answer nor
+    # its question, asked again here, is shown to the model as history).
     conversation.profile = "offline"
     conversation.save()
     result = run_turn_sync(conversation, "How much does the Aurora X2 cost?")
     assert result.status == "complete"
-    assert result.trace["history"]["messages"] == 1
+    assert result.trace["history"]["messages"] == 0
 
 
 def test_cancelling_a_stream_saves_the_partial_answer_as_incomplete(product_corpus, conversation):
@@ -361,3 +361,23 @@ def test_a_failed_turn_names_the_component_that_raised(product_corpus, conversat
     result = run_turn_sync(conversation, "How much does the Aurora X2 cost?")
     assert result.trace["error"]["raised_by"] == "llm 'flaky' of plugin 'tests.test_pipeline._FlakyPlugin'"
     assert result.trace["error"]["stage"] == "llm" and "llm" in result.trace["timings"]
+
+
+def test_a_question_whose_answer_failed_is_read_once_when_it_is_asked_again(
+        product_corpus, conversation, ragchat_settings_override):
+    """A new user's trial: Retry after a failed answer sends the question again; the model and
+    the query transformers had read it twice, the first time with no answer after it."""
+    from django_ragchat.stages.memory import load_recent_messages
+
+    run_turn_sync(conversation, "What is the battery life of the Aurora X2?")
+    ragchat_settings_override(PLUGINS=["tests.test_pipeline._FailingPlugin"])
+    assert run_turn_sync(conversation, "How much does it cost?").status == "error"
+    ragchat_settings_override(PLUGINS=[])
+    result = run_turn_sync(conversation, "How much does it cost?")
+
+    assert result.status == "complete"
+    history = load_recent_messages(conversation.pk, before_seq=10**6, limit=50)
+    assert [(m.role, m.content) for m in history if m.role == "user"] == [
+        ("user", "What is the battery life of the Aurora X2?"), ("user", "How much does it cost?")]
+    assert [m.role for m in history] == ["user", "assistant", "user", "assistant"]
+    assert Message.objects.filter(conversation=conversation).count() == 6  # the failed turn is kept

@@ -55,17 +55,20 @@ REFUSED_INPUT_STAGE = "input_guardrails"
 
 
 def refused_turns(rows) -> set[int]:
-    """The seqs of the turns an input guardrail refused, the user's message and the refusal, of
-    rows ``(..., role, content, seq, token_count, ended_by)`` in order: what was refused never
-    reaches the model or the query transformers again (a refused injection, or a refused
-    question carried as the conversation's opening)."""
+    """The seqs of the messages the model and the query transformers never read again, of rows
+    ``(..., role, content, seq, token_count, ended_by)`` in order (failed answers already left
+    out): the turns an input guardrail refused, the user's message and the refusal (a refused
+    injection, or a refused question carried as the conversation's opening); and a question
+    whose answer failed, which is left without a reply (its retry asks it again, and the model
+    would otherwise read it twice or answer it late)."""
     refused = set()
-    for before, row in zip([None, *rows], rows, strict=False):
+    for row, after in zip(rows, [*rows[1:], None], strict=False):
         *_, role, _content, seq, _tokens, ended_by = row
         if role == Message.Role.ASSISTANT and ended_by == REFUSED_INPUT_STAGE:
             refused.add(seq)
-            if before is not None and before[-5] == Message.Role.USER:
-                refused.add(before[-3])
+        if role == Message.Role.USER and (after is None or after[-5] == Message.Role.USER
+                                          or after[-1] == REFUSED_INPUT_STAGE):
+            refused.add(seq)
     return refused
 
 
