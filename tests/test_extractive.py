@@ -872,6 +872,8 @@ SECTIONED_SHOP = {
                          "## How long it takes\n\nA full service takes about two working days.\n",
     "shop/site-help.md": "# Site help\n\n## Passwords\n\nChoose \"Forgot password\" to reset it.\n\n"
                          "## Going live\n\nSet DEBUG=False to go live.\n",
+    "shop/fitting.md": "# Bike fitting\n\n## Prices\n\nA bike fitting costs £90 per session.\n\n"
+                       "## How long a session takes\n\nA standard session lasts about two hours.\n",
 }
 
 
@@ -886,6 +888,14 @@ def test_how_long_after_a_price_asks_how_long_not_the_price(sectioned_shop):
     answer = ask("How much does a service cost?", "and how long does it take?")
     assert answer == "A full service takes about two working days [1].", answer
     assert "£60" in ask("How long does a full service take?", "and how much is it?")
+
+
+def test_how_long_after_a_price_may_be_answered_under_the_pages_title(sectioned_shop):
+    # A new user's garden centre: "A standard visit lasts about two hours." stands under
+    # "Plant care service > How long a visit takes"; the price sentence, which writes the
+    # carried "plant care service", had answered "and how long does it take?".
+    answer = ask("How much does a bike fitting cost?", "and how long does it take?")
+    assert answer.startswith("A standard session lasts about two hours ["), answer
 
 
 def test_a_word_of_a_topic_pages_title_is_context_not_the_point(sectioned_shop):

@@ -50,6 +50,9 @@ class Need:
     promoted: bool = False
     # Entities the user's own words point at that no passage is about, only names in passing.
     mentioned: set[Entity] = field(default_factory=set)
+    # Keys the search query carried that became asked beside an answer-type phrase the user typed
+    # ("plant care service" for "and how long does it take?"): what the value is of, not the point.
+    carried: set[str] = field(default_factory=set)
 
     def ask(self, key: str, label: str) -> None:
         """Add ``key`` to what the user's own words ask, labelled ``label`` in a decline."""
@@ -432,11 +435,13 @@ def _take_carried_attribute(need: Need, asked: str, typed_keys: set[str], vocabu
         if not need.subjects and set(words(asked)) & vocabulary.word_class("topic_pointers"):
             # "How much does that cost?" after "How fast do you ship?": it asks a price, and with
             # no product in play the words the transformer carried ("fast ship") are what "that" is.
-            promote(carried - need.own)
+            need.carried = carried - need.own
+            promote(need.carried)
     if need.own and all(key.startswith("~") for key in need.own):
         # "How long is it?" asks only the kind of value: what it is about came with the search
         # query ("... Zephyr Buds warranty").
-        promote({key for key in carried if need.groups[key] == 0.5})
+        need.carried = {key for key in carried if need.groups[key] == 0.5}
+        promote(need.carried)
     if (not need.own and need.groups and not vocabulary.pattern("purpose").search(asked)
             and not vocabulary.pattern("price_question").search(asked)):
         # "What about the Nimbus Tab?": the attribute is the one the transformer carried over, or

@@ -84,6 +84,8 @@ LIGHT_POWER = 2.0
 #: names its topic, and the light words beside it must not make a sentence without it an answer.
 TOPIC_NORM = 14.0
 
+#: An amount of money written with its currency sign ("£35", "$1,299.99").
+_AMOUNT_RE = re.compile(r"[$€£¥]\s?\d[\d,.]*")
 _WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*", re.UNICODE)
 _MARKUP_RE = re.compile(r"<(script|style)\b[^>]*>.*?</\1\s*>|<[^<>]{0,200}>", re.IGNORECASE | re.DOTALL)
 
@@ -251,12 +253,27 @@ class _Scoring:
         self.decisive = [k for k in need.own if set(labels(k)) & v.group_class("decisive")]
         self.charging_time = asks_charging_time(need.asked, v) and "charging" in self.asked_labels
         self.capacities = capacities(need.asked, v)
+        # Only the kind of value typed ("and how long does it take?"): the carried words that
+        # are not that kind too ("last week" after "how long") say what it is of.
+        typed = need.own - need.carried
+        kinds = {label for k in typed for label in labels(k)}
+        self.number = v.pattern("number")
+        self.carried_topic = {k for k in need.carried if not set(labels(k)) & kinds} if all(
+            k.startswith("~") for k in typed) else set()
 
     def excluded(self, p: Passage, s: Sentence) -> bool:
         """Sentences that cannot answer, whatever their words."""
         v = self.vocabulary
         if any(not v.covers(k, s.stems) and not v.covers(k, p.heading_stems) for k in self.decisive):
             return True  # "Is there a student discount?" is not answered by "$200 off" for a trade-in
+        if self.carried_topic and not any(
+                v.covers(k, s.stems) or v.covers(k, p.heading_stems) or v.covers(k, p.title_stems)
+                for k in self.carried_topic):
+            return True  # "and how long does it take?" is answered of what the search query carried
+        if (self.carried_topic and not self.need.wants_amount and s.has_money
+                and not any(v.covers(k, s.stems) for k in self.need.own - self.need.carried)
+                and not self.number.search(_AMOUNT_RE.sub("", s.text))):
+            return True  # ... and by a length, not by the price the search query carried
         if self.charging_time and not states_charging_time(s.text, v):
             return True  # "How long does it take to recharge?" is not "eight hours ... on one charge"
         # "Is there a 128 GB Nimbus Tab?" is not answered by "$449 with 64 GB"
@@ -273,6 +290,10 @@ class _Scoring:
             if evidence and key in need.own and _qualifies_a_fault(key, s, self.asked_labels, v):
                 evidence *= FAULT_QUALIFIER_EVIDENCE  # "covers battery failure" is no battery life
             evidence = evidence or 0.6 * v.covers(key, p.heading_stems)
+            if not evidence and key in need.carried:
+                # What the value is of may be the page's topic: "A standard visit lasts about two
+                # hours." under "Plant care service > How long a visit takes".
+                evidence = 0.6 * v.covers(key, p.title_stems)
             if evidence:
                 all_cov += evidence * weight * self.idf[key]
                 if key in need.own:
