@@ -872,6 +872,9 @@ SECTIONED_SHOP = {
                          "## How long it takes\n\nA full service takes about two working days.\n",
     "shop/site-help.md": "# Site help\n\n## Passwords\n\nChoose \"Forgot password\" to reset it.\n\n"
                          "## Going live\n\nSet DEBUG=False to go live.\n",
+    "shop/opening-hours.md": "# Opening hours\n\n## The shop\n\nMonday to Friday we are open from 8am to 6pm. "
+                             "On weekends we open 9am to 4pm.\n",
+    "shop/van-hire.md": "# Van hire\n\n## Days\n\nWe do not hire out the van on Mondays or Sundays.\n",
     "shop/fitting.md": "# Bike fitting\n\n## Prices\n\nA bike fitting costs £90 per session.\n\n"
                        "## How long a session takes\n\nA standard session lasts about two hours.\n",
 }
@@ -896,6 +899,13 @@ def test_how_long_after_a_price_may_be_answered_under_the_pages_title(sectioned_
     # carried "plant care service", had answered "and how long does it take?".
     answer = ask("How much does a bike fitting cost?", "and how long does it take?")
     assert answer.startswith("A standard session lasts about two hours ["), answer
+
+
+def test_a_day_alone_asks_when_of_what_the_conversation_asked(sectioned_shop):
+    # A new user's garden centre: "and on Sundays?" after the shop's opening hours had quoted
+    # the delivery days, which name Sundays too.
+    answer = ask("What time does the shop open on Monday?", "and on Sundays?")
+    assert answer.startswith("On weekends we open 9am to 4pm ["), answer
 
 
 def test_a_word_of_a_topic_pages_title_is_context_not_the_point(sectioned_shop):

@@ -260,6 +260,10 @@ class _Scoring:
         self.number = v.pattern("number")
         self.carried_topic = {k for k in need.carried if not set(labels(k)) & kinds} if all(
             k.startswith("~") for k in typed) else set()
+        if typed and all(v.is_calendar(k) for k in typed):
+            # "and on Sundays?" after the shop's opening hours: a day alone says when, the search
+            # query of what ("We do not deliver on Sundays" is no opening hour).
+            self.carried_topic = {k for k in need.groups if k not in need.own and not v.is_calendar(k)}
 
     def excluded(self, p: Passage, s: Sentence) -> bool:
         """Sentences that cannot answer, whatever their words."""

@@ -215,6 +215,11 @@ class Vocabulary:
 
     # --- Reading a text through the table --------------------------------------------------------
 
+    def is_calendar(self, key: str) -> bool:
+        """Whether group key ``key`` is a day or a month ("sunday", "sundays")."""
+        word = word_of(key)
+        return word in self.calendar or stem(word) in self.calendar
+
     def is_word(self, word: str) -> bool:
         """Whether ``word`` is known as a word of its own, never a typo to correct: not without a
         model (``semantic.NearWords`` asks the model's tokenizer)."""
