@@ -748,3 +748,31 @@ def test_a_later_question_that_needs_nothing_before_it_opens_the_topic_carried(d
     assert stated in result.answer, result.answer
     opened = "the opening message" if turns[0] in searched else "the question that opened the topic"
     assert f"added {opened} " in step_of(result)["note"]
+
+
+GARDEN_CENTRE_PAGES = {
+    "garden/plant-care.md": "# Plant care service\n\n## Prices\n\nThe plant care service costs £35 per visit.\n\n"
+                            "## How long a visit takes\n\nA standard visit lasts about two hours.\n",
+    "garden/delivery.md": "# Delivery\n\n## What it costs\n\nDelivery costs £6.50 for orders under £50.\n\n"
+                          "## How long it takes\n\nMost orders arrive within three working days.\n",
+}
+
+
+def test_a_question_after_a_turn_to_a_thing_of_its_own_carries_that_turn(db, conversation):
+    """A new user's garden centre: after "How much does the plant care service cost?" and
+    "what about delivery?", "and how long does that take?" was searched with the plant care
+    question and answered with the visit's length."""
+    ingest_markdown(GARDEN_CENTRE_PAGES)
+    for question in ("How much does the plant care service cost?", "what about delivery?"):
+        run_turn_sync(conversation, question)
+
+    result = run_turn_sync(conversation, "and how long does that take?")
+
+    assert result.trace["queries"]["final"] == "and how long does that take? what about delivery?"
+    assert "which turned from 'Plant care service'" in step_of(result)["note"]
+    assert "three working days" in result.answer, result.answer
+    # A qualifier of the same topic turns nothing: "and on Saturdays?" is still about plant care.
+    again = type(conversation).objects.create(owner=conversation.owner)
+    for question in ("How much does the plant care service cost?", "and on Saturdays?"):
+        run_turn_sync(again, question)
+    assert "plant care" in run_turn_sync(again, "and how long does it take?").trace["queries"]["final"]

@@ -475,6 +475,20 @@ class FollowUpEnricher(QueryTransformer):
         does a service cost?"); "Is there parking?" may still ask about what came before."""
         return _is_question(text) and not self._points_back(text) and len(self._own_terms(text)) >= 2
 
+    def _switches_topic(self, text: str, topic: str) -> bool:
+        """"what about delivery?" after "How much does the plant care service cost?": an
+        elliptical question naming a thing of its own, not a qualifier of the last one ("and for
+        orders over £500?", "and on Sundays?") nor a word of ``topic``, the question it follows."""
+        match = self.grammar.ellipsis.match(text)
+        if not match or not _is_question(text) or any(t in self.grammar.anaphora for t in words(text)):
+            return False
+        rest = words(text[match.end():])
+        if not rest or rest[0] in self.grammar.refining_prepositions:
+            return False
+        calendar = self.vocabulary.calendar
+        own = {t for t in self._own_terms(text) if t not in calendar and stem(t) not in calendar}
+        return bool(own) and not own & set(content_terms(topic))
+
     def salient_terms(self, query: Query) -> list[str]:
         """Terms naming what the conversation is about, best first, none already in the query.
 
@@ -661,6 +675,10 @@ class FollowUpEnricher(QueryTransformer):
         opening = self.opening_message(query) if self.carry_opening else ""
         if not opening:
             return self.enrich(query)
+        switch = self._later_switch(query, index, after.subject, opening)
+        if switch:
+            return _noted(query, f"follow-up: added {switch!r}, which turned from {after.subject.name!r}",
+                          text=f"{query.text} {switch}")
         if not self._elsewhere(opening, index, after.subject):
             enriched = self.enrich(query)
             users = [m.content for m in query.history if m.role == "user"]
@@ -675,6 +693,17 @@ class FollowUpEnricher(QueryTransformer):
             return _noted(query, "self-contained (names its subject)")
         return _noted(query, f"follow-up: added the subject {after.subject.name!r}, not the opening message",
                       text=f"{query.text} {after.subject.name}")
+
+    def _later_switch(self, query: Query, index: SubjectIndex, subject: Subject, opening: str) -> str:
+        """The newest earlier message that turned the conversation from ``subject`` to a thing of
+        its own that ``subject``'s documents never write ("what about delivery?" after "How much
+        does the plant care service cost?"), or "": "and how long does that take?" asks of it."""
+        users = [m.content[:_MAX_SCAN_CHARS].strip() for m in query.history if m.role == "user"][-self.lookback:]
+        for text in reversed(users[1:] if self.lookback else []):
+            if self._switches_topic(text, opening) and all(
+                    index.uses(subject, term) is False for term in self._own_terms(text)):
+                return text
+        return ""
 
     def _elsewhere(self, opening: str, index: SubjectIndex, subject: Subject) -> bool:
         """Whether ``opening`` names another subject, asks about a thing of its own that
