@@ -988,3 +988,22 @@ def test_code_and_data_are_no_prose(text):
     from django_ragchat.answerer.passages import is_prose
 
     assert not is_prose(text)
+
+
+VET_PLAN = {
+    "vet/puppy-plan.md": "# Puppy health plan\n\n## Price\n\nThe Puppy Health Plan costs £16 per month, paid by "
+                         "direct debit.\n\n## What the plan includes\n\nThe plan includes the first vaccination "
+                         "course, microchipping and two health checks a year.\n\n## Joining\n\nPuppies can join "
+                         "the plan from eight weeks old.\n",
+    "vet/vaccinations.md": "# Vaccinations\n\n## Prices\n\nA dog's first vaccination course costs £85.\n",
+}
+
+
+def test_a_topic_page_titled_with_a_subjects_name_is_about_it(db):
+    # A new user's vet clinic: "Puppy Health Plan" is named only in the price sentence; its
+    # page's other sections ("Puppy health plan > Joining") were taken for another subject's,
+    # and "From what age can my puppy join?" after its price was declined.
+    ingest_pages(VET_PLAN)
+    price = "How much is the puppy health plan per month?"
+    assert ask(price, "From what age can my puppy join?").startswith("Puppies can join the plan from eight weeks old")
+    assert ask(price, "What does it include?").startswith("The plan includes the first vaccination course")

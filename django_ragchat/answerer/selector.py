@@ -373,7 +373,10 @@ class AnswerSelector:
         if names & subjects or (passage.subject not in subjects and names_subject(sentence, subjects)):
             return True  # also "DVDs are lent for one week.": a name that opens a sentence is no run
         if passage.subject not in subjects and not any(
-                {tuple(n.split()) for n in other.names} & subjects for other in passage.sentences):
+                {tuple(n.split()) for n in other.names} & subjects for other in passage.sentences) and not any(
+                subject and all(stem(t) in passage.title_stems for t in subject) for subject in subjects):
+            # ... or a topic page titled with its name in lower case ("Puppy health plan >
+            # Joining" is about the Puppy Health Plan its price sentence names).
             return False
         own = set(passage.subject)
         opening = fold(sentence.text)
