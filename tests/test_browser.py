@@ -570,6 +570,15 @@ def test_a_failed_answer_can_be_retried(page, asgi, product_corpus, openai_serve
     check_cited_answer(page)
     statuses = list(conversation.messages.filter(role="assistant").order_by("seq").values_list("status", flat=True))
     assert statuses == ["error", "complete"]
+    # A new user's trial: the question then stood twice. The failed attempt leaves the page (the
+    # conversation keeps it), now and when the conversation is opened again.
+    for _ in range(2):
+        visible = [m for m in page.find_elements(By.CSS_SELECTOR, ".ragchat-message") if m.is_displayed()]
+        assert [m.get_attribute("class").split()[1] for m in visible] == ["ragchat-user", "ragchat-assistant"]
+        assert visible[0].text == QUESTION and "$699" in visible[1].text
+        page.save_screenshot(str(SCREENSHOTS / "retried-answer.png"))
+        open_chat(page, f"{asgi.url}/chat/")
+        wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-message")) == 4)
 
 
 def test_a_second_tab_on_the_conversation_shows_the_answer_live(page, asgi, product_corpus):

@@ -650,14 +650,17 @@ class ChatWidget {
       for (const feedback of ratings) this.ratings.set(feedback.message_id, feedback);
       let previous = null;
       let last = null;
+      const shown = [];
       for (const message of messages) {
         previous = last;
         last = this.showSavedMessage(message);
         last.message = message;
+        shown.push(last);
       }
+      this.foldRetried(shown);
       // An answer that failed last time can be asked for again from here.
       if (last && previous && previous.role === "user" && ["error", "interrupted"].includes(last.message.status)) {
-        this.offerRetry(last, { question: previous.message.content }, last.message.error || {});
+        this.offerRetry(last, { question: previous.message.content, user: previous }, last.message.error || {});
       }
       this.scrollToEnd();
     } catch (error) {
@@ -865,6 +868,28 @@ class ChatWidget {
     }
   }
 
+  /* A failed answer asked for again: the question and its failed answer leave the page (the
+     conversation keeps both, as the admin shows), so the question stands once, where it is
+     asked again, as the model reads it (memory leaves a failed turn out). */
+  foldAttempt(user, answer) {
+    for (const view of [user, answer]) {
+      view.node.hidden = true;
+      view.node.classList.add("ragchat-retried");
+    }
+  }
+
+  /* Saved messages: the same folding for every failed answer whose question was asked again
+     right after it. */
+  foldRetried(views) {
+    for (let i = 0; i + 2 < views.length; i++) {
+      const [user, answer, again] = views.slice(i, i + 3);
+      if (user.role === "user" && answer.role === "assistant" && again.role === "user"
+          && ["error", "interrupted"].includes(answer.message.status) && oneLine(again.text) === oneLine(user.text)) {
+        this.foldAttempt(user, answer);
+      }
+    }
+  }
+
   offerRetry(view, turn, error) {
     const retry = button("ragchat-retry", "Retry");
     // A short wait is in the tooltip; a longer one is counted on the message (countDown).
@@ -879,6 +904,7 @@ class ChatWidget {
         this.refused.delete(view);
       }
       if (this.ui.input.value === turn.question) this.ui.input.value = "";
+      if (turn.user && !view.node.classList.contains("ragchat-refused")) this.foldAttempt(turn.user, view);
       this.send(turn.question);
     });
     view.actions.replaceChildren(retry);
