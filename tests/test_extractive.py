@@ -893,19 +893,19 @@ def test_how_long_after_a_price_asks_how_long_not_the_price(sectioned_shop):
     assert "£60" in ask("How long does a full service take?", "and how much is it?")
 
 
-def test_how_long_after_a_price_may_be_answered_under_the_pages_title(sectioned_shop):
-    # A new user's garden centre: "A standard visit lasts about two hours." stands under
-    # "Plant care service > How long a visit takes"; the price sentence, which writes the
-    # carried "plant care service", had answered "and how long does it take?".
-    answer = ask("How much does a bike fitting cost?", "and how long does it take?")
-    assert answer.startswith("A standard session lasts about two hours ["), answer
-
-
-def test_a_day_alone_asks_when_of_what_the_conversation_asked(sectioned_shop):
-    # A new user's garden centre: "and on Sundays?" after the shop's opening hours had quoted
-    # the delivery days, which name Sundays too.
-    answer = ask("What time does the shop open on Monday?", "and on Sundays?")
-    assert answer.startswith("On weekends we open 9am to 4pm ["), answer
+@pytest.mark.parametrize("questions, answer_opens", [
+    # A new user's garden centre: "A standard visit lasts about two hours." stands under "Plant
+    # care service > How long a visit takes"; the price sentence, which writes the carried
+    # "plant care service", had answered "and how long does it take?".
+    (("How much does a bike fitting cost?", "and how long does it take?"), "A standard session lasts about two hours ["),
+    # ... and "and on Sundays?" after the shop's opening hours had quoted the delivery days,
+    # which name Sundays too: a day says when, the search query of what.
+    (("What time does the shop open on Monday?", "and on Sundays?"), "On weekends we open 9am to 4pm ["),
+])
+def test_a_follow_up_asking_only_a_kind_of_value_or_a_day_is_answered_of_the_topic_carried(
+        sectioned_shop, questions, answer_opens):
+    answer = ask(*questions)
+    assert answer.startswith(answer_opens), answer
 
 
 def test_a_word_of_a_topic_pages_title_is_context_not_the_point(sectioned_shop):
