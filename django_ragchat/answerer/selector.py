@@ -234,6 +234,19 @@ def _weights(need: Need, passages: list[Passage], eligible: list[tuple[Passage, 
     return idf
 
 
+def _carried_topic(need: Need, typed: set[str], vocabulary: Vocabulary) -> set[str]:
+    """What a follow-up that typed only a kind of value or a day asks it of: the words the search
+    query carried. "and how long does it take?": the carried words not of that kind ("last week"
+    after "how long" is none); "and on Sundays?" after the shop's opening hours: the carried
+    words that are no day ("We do not deliver on Sundays" is no opening hour). Else empty."""
+    if typed and all(vocabulary.is_calendar(k) for k in typed):
+        return {k for k in need.groups if k not in need.own and not vocabulary.is_calendar(k)}
+    if not all(k.startswith("~") for k in typed):
+        return set()
+    kinds = {label for k in typed for label in labels(k)}
+    return {k for k in need.carried if not set(labels(k)) & kinds}
+
+
 @dataclass
 class _Scoring:
     """Scores the sentences for one need (``AnswerSelector.select``)."""
@@ -253,17 +266,9 @@ class _Scoring:
         self.decisive = [k for k in need.own if set(labels(k)) & v.group_class("decisive")]
         self.charging_time = asks_charging_time(need.asked, v) and "charging" in self.asked_labels
         self.capacities = capacities(need.asked, v)
-        # Only the kind of value typed ("and how long does it take?"): the carried words that
-        # are not that kind too ("last week" after "how long") say what it is of.
-        typed = need.own - need.carried
-        kinds = {label for k in typed for label in labels(k)}
+        self.typed = need.own - need.carried
+        self.carried_topic = _carried_topic(need, self.typed, v)
         self.number = v.pattern("number")
-        self.carried_topic = {k for k in need.carried if not set(labels(k)) & kinds} if all(
-            k.startswith("~") for k in typed) else set()
-        if typed and all(v.is_calendar(k) for k in typed):
-            # "and on Sundays?" after the shop's opening hours: a day alone says when, the search
-            # query of what ("We do not deliver on Sundays" is no opening hour).
-            self.carried_topic = {k for k in need.groups if k not in need.own and not v.is_calendar(k)}
 
     def excluded(self, p: Passage, s: Sentence) -> bool:
         """Sentences that cannot answer, whatever their words."""
@@ -275,9 +280,9 @@ class _Scoring:
                 for k in self.carried_topic):
             return True  # "and how long does it take?" is answered of what the search query carried
         if (self.carried_topic and not self.need.wants_amount and s.has_money
-                and not any(v.covers(k, s.stems) for k in self.need.own - self.need.carried)
+                and not any(v.covers(k, s.stems) for k in self.typed)
                 and not self.number.search(_AMOUNT_RE.sub("", s.text))):
-            return True  # ... and by a length, not by the price the search query carried
+            return True  # ... and not by the carried topic's price alone (no length, no Sunday in it)
         if self.charging_time and not states_charging_time(s.text, v):
             return True  # "How long does it take to recharge?" is not "eight hours ... on one charge"
         # "Is there a 128 GB Nimbus Tab?" is not answered by "$449 with 64 GB"

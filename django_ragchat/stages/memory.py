@@ -39,11 +39,11 @@ def load_recent_messages(conversation_id, before_seq: int, limit: int, *,
         .values_list("pk", "role", "content", "seq", "token_count", "trace__ended_by")[:limit]
     )
     rows.reverse()
-    refused = refused_turns(rows)
+    left_out = turns_left_out(rows)
     exchanges = tool_exchanges([pk for pk, role, *_ in rows if role == Message.Role.ASSISTANT]) if with_tools else {}
     messages = []
     for pk, role, content, seq, tokens, _ended_by in rows:
-        if seq in refused:
+        if seq in left_out:
             continue
         messages += exchanges.get(pk, ())
         messages.append(HistoryMessage(role=role, content=content, seq=seq, token_count=tokens))
@@ -54,22 +54,22 @@ def load_recent_messages(conversation_id, before_seq: int, limit: int, *,
 REFUSED_INPUT_STAGE = "input_guardrails"
 
 
-def refused_turns(rows) -> set[int]:
+def turns_left_out(rows) -> set[int]:
     """The seqs of the messages the model and the query transformers never read again, of rows
     ``(..., role, content, seq, token_count, ended_by)`` in order (failed answers already left
     out): the turns an input guardrail refused, the user's message and the refusal (a refused
     injection, or a refused question carried as the conversation's opening); and a question
     whose answer failed, which is left without a reply (its retry asks it again, and the model
     would otherwise read it twice or answer it late)."""
-    refused = set()
+    left_out = set()
     for row, after in zip(rows, [*rows[1:], None], strict=False):
         *_, role, _content, seq, _tokens, ended_by = row
         if role == Message.Role.ASSISTANT and ended_by == REFUSED_INPUT_STAGE:
-            refused.add(seq)
+            left_out.add(seq)
         if role == Message.Role.USER and (after is None or after[-5] == Message.Role.USER
                                           or after[-1] == REFUSED_INPUT_STAGE):
-            refused.add(seq)
-    return refused
+            left_out.add(seq)
+    return left_out
 
 
 #: What the model reads of a call whose answer ended before it had a result.

@@ -67,7 +67,7 @@ from django_ragchat.backends.openai import chat_model_from_options
 from django_ragchat.exceptions import LLMError
 from django_ragchat.models import MemoryRecord, Message
 from django_ragchat.stages.llm_transformers import PromptedModel, is_refusal
-from django_ragchat.stages.memory import MemoryStrategy, newest_turns_within, refused_turns, split_turns
+from django_ragchat.stages.memory import MemoryStrategy, newest_turns_within, split_turns, turns_left_out
 from django_ragchat.tokens import count_tokens
 from django_ragchat.types import HistoryMessage
 
@@ -97,14 +97,14 @@ def _visible(qs):
     return qs.exclude(status__in=[Message.Status.ERROR, Message.Status.STREAMING])
 
 
-#: What ``_history`` reads of each message (``memory.refused_turns`` reads the stage that ended it).
+#: What ``_history`` reads of each message (``memory.turns_left_out`` reads the stage that ended it).
 _FIELDS = ("role", "content", "seq", "token_count", "trace__ended_by")
 
 
 def _history(rows) -> list[HistoryMessage]:
     rows = list(rows)
-    refused = refused_turns(rows)
-    return [HistoryMessage(role=r, content=c, seq=s, token_count=t) for r, c, s, t, _ in rows if s not in refused]
+    left_out = turns_left_out(rows)
+    return [HistoryMessage(role=r, content=c, seq=s, token_count=t) for r, c, s, t, _ in rows if s not in left_out]
 
 
 def _cut_to_tokens(text: str, tokens: int) -> str:

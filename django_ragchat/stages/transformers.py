@@ -485,8 +485,7 @@ class FollowUpEnricher(QueryTransformer):
         rest = words(text[match.end():])
         if not rest or rest[0] in self.grammar.refining_prepositions:
             return False
-        calendar = self.vocabulary.calendar
-        own = {t for t in self._own_terms(text) if t not in calendar and stem(t) not in calendar}
+        own = {t for t in self._own_terms(text) if not self.vocabulary.is_calendar(t)}
         return bool(own) and not own & set(content_terms(topic))
 
     def salient_terms(self, query: Query) -> list[str]:

@@ -29,6 +29,8 @@ const EXCERPT_CHARS = 220;
 // What a finished tool call says beside its label, by status (docs/protocol.md, tool_result).
 const TOOL_STATES = { done: "Done", error: "Failed", rejected: "Declined", abandoned: "Not confirmed in time",
                       cancelled: "Stopped", pending: "Waiting for your approval", approved: "Approved" };
+// A saved answer's statuses that offer Retry.
+const FAILED = new Set(["error", "interrupted"]);
 // Refusals a retry cannot fix: the message itself must change.
 const NOT_RETRYABLE = new Set(["empty", "invalid_type", "invalid_characters", "too_long", "too_large",
                                "parse_error", "forbidden", "not_found", "not_authenticated", "session_ended",
@@ -384,7 +386,7 @@ class ChatWidget {
     this.labelSources(view, cited);
     this.renderBody(view);
     if (message.status === "incomplete") this.setNote(view, STOPPED);
-    else if (message.status === "error" || message.status === "interrupted") {
+    else if (FAILED.has(message.status)) {
       this.setNote(view, (message.error && message.error.message) || "The answer was not finished.", true);
     }
     else if (message.status === "streaming") this.setNote(view, "Being written…");
@@ -659,7 +661,7 @@ class ChatWidget {
       }
       this.foldRetried(shown);
       // An answer that failed last time can be asked for again from here.
-      if (last && previous && previous.role === "user" && ["error", "interrupted"].includes(last.message.status)) {
+      if (last && previous && previous.role === "user" && FAILED.has(last.message.status)) {
         this.offerRetry(last, { question: previous.message.content, user: previous }, last.message.error || {});
       }
       this.scrollToEnd();
@@ -884,7 +886,7 @@ class ChatWidget {
     for (let i = 0; i + 2 < views.length; i++) {
       const [user, answer, again] = views.slice(i, i + 3);
       if (user.role === "user" && answer.role === "assistant" && again.role === "user"
-          && ["error", "interrupted"].includes(answer.message.status) && oneLine(again.text) === oneLine(user.text)) {
+          && FAILED.has(answer.message.status) && oneLine(again.text) === oneLine(user.text)) {
         this.foldAttempt(user, answer);
       }
     }
