@@ -776,3 +776,31 @@ def test_a_question_after_a_turn_to_a_thing_of_its_own_carries_that_turn(db, con
     for question in ("How much does the plant care service cost?", "and on Saturdays?"):
         run_turn_sync(again, question)
     assert "plant care" in run_turn_sync(again, "and how long does it take?").trace["queries"]["final"]
+
+
+BOOKSHOP_PAGES = {
+    "shop/delivery.md": "# Delivery\n\n## What it costs\n\nDelivery costs £3.95 per order, free over £25.\n",
+    "shop/loyalty-card.md": "# Loyalty card\n\nOur loyalty card earns you a stamp for every book you buy.\n\n"
+                            "## Getting a card\n\nAsk at the till for a card: it is free and issued on the spot.\n",
+    "shop/book-token.md": "# Gift Voucher\n\nThe Gift Voucher is a printed card for any book in the shop. It comes in £10, £20 or £50.\n",
+}
+
+
+@pytest.mark.parametrize(("named", "inherits"), [("what about the loyalty card?", False),
+                                                 ("and the Gift Voucher?", True)])
+def test_a_topic_pages_name_is_no_attribute_of_another_topic_page(db, conversation, named, inherits):
+    """A new user's bookshop: after "How much is delivery?", "what about the loyalty card?" was
+    searched with "delivery" added, as if it asked the card's delivery. The Delivery page's name
+    is what that question was about, not an attribute the card's page can have; an item of the
+    catalogue (the Gift Voucher, which the shop sells) may still be asked its delivery."""
+    ingest_markdown(BOOKSHOP_PAGES)
+    run_turn_sync(conversation, "How much is delivery?")
+
+    result = run_turn_sync(conversation, named)
+
+    followup = result.trace["queries"]["followup"]
+    assert ("delivery" in result.trace["queries"]["final"]) is inherits, (followup, step_of(result))
+    assert followup["attribute_rule"] == ("inherited" if inherits else "none"), followup
+    if not inherits:
+        later = run_turn_sync(conversation, "and how do I get one?")
+        assert "delivery" not in later.trace["queries"]["final"], later.trace["queries"]

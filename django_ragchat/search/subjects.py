@@ -211,6 +211,16 @@ class SubjectIndex:
                 [name_key(key) for key in keys], frozenset().union(*(item.documents for item in items)))
         return None if written else page
 
+    def topic_names_in(self, keys: set[str]) -> set[str]:
+        """The keys of ``keys`` that make up a whole topic page's name (a subject with no kind):
+        "delivery" in what "How much is delivery?" asks, when the corpus has a Delivery page."""
+        named: set[str] = set()
+        for key in keys:
+            for subject in self._by_token.get(key, ()):
+                if not self.kinds.get(subject.name) and set(subject.tokens) <= keys:
+                    named.update(subject.tokens)
+        return named
+
     def restricted_to(self, documents: set[int]) -> SubjectIndex:
         """The index of the subjects named by ``documents`` (ids) alone."""
         kept = []

@@ -350,18 +350,29 @@ class ConversationState:
         else:
             new.subject = self.subject
             new.subject_rule = "kept" if self.subject else "none"
-        if reading.refines and self.attribute:
+        inherited = self._inheritable(new.subject, index)
+        if reading.refines and inherited:
             own = [w for w in reading.attribute if normalize(w) not in grammar.value_kind]
-            new.attribute = tuple(dict.fromkeys([*self.attribute, *own]))
+            new.attribute = tuple(dict.fromkeys([*inherited, *own]))
             new.attribute_rule = "inherited"
         elif reading.attribute:
             new.attribute, new.attribute_rule = reading.attribute, "new"
-        elif reading.elliptical and self.attribute:
-            new.attribute, new.attribute_rule = self.attribute, "inherited"
+        elif reading.elliptical and inherited:
+            new.attribute, new.attribute_rule = inherited, "inherited"
         else:
             # Nothing asked: the last attribute stays the one a later "And the X?" inherits.
-            new.attribute, new.attribute_rule = self.attribute, "none"
+            new.attribute, new.attribute_rule = inherited, "none"
         return new
+
+    def _inheritable(self, subject: Subject | None, index: SubjectIndex | None) -> tuple[str, ...]:
+        """The attribute a message about ``subject`` may inherit. A topic page's name is not an
+        attribute of another topic page: "what about the loyalty card?" after "How much is
+        delivery?" asks about the card, not its delivery. An item keeps it ("And the Zephyr
+        Buds?" may ask what their delivery costs)."""
+        if index is None or subject is None or subject == self.subject or index.kinds.get(subject.name):
+            return self.attribute
+        pages = index.topic_names_in({name_key(w) for w in self.attribute}) - set(subject.tokens)
+        return tuple(w for w in self.attribute if name_key(w) not in pages)
 
     def describe(self) -> dict[str, Any]:
         """The trace's ``queries.followup`` entry."""
