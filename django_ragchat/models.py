@@ -319,7 +319,9 @@ class MessageSource(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"[{self.rank}] {self.title or self.source or self.chunk_id}"
+        # No document title: this string heads the admin's pages (breadcrumbs, inline rows), where
+        # a source whose chunk the member of staff may not read must not name its document.
+        return f"[{self.rank}] of message {self.message_id}"
 
 
 #: The stages that may end a turn early (``turn.pipeline._end``), in the order they run: the

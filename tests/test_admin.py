@@ -164,6 +164,34 @@ def test_a_chunk_the_viewer_may_not_read_shows_as_hidden_not_as_gone(admin_clien
         assert "Blue teapot" not in html
 
 
+def test_a_source_the_viewer_may_not_read_is_named_nowhere_in_the_admin(admin_client, user):
+    """The trace's retrieval table hid a restricted chunk's document, but "Documents the model
+    saw", the transcript's sources and the message-source pages showed the title saved with the
+    answer, and a search by it found the row. One rule now: a chunk the asker or the member of
+    staff may not read now is named nowhere; a chunk replaced since keeps its saved name."""
+    document = Document.objects.create(source="orders/ORD-101", title="Order ORD-101", checksum="x")
+    own = Chunk.objects.create(document=document, ordinal=0, text="Blue teapot", heading="Items", space="s1",
+                               access=[f"user:{user.pk}"])
+    conversation = Conversation.objects.create(owner=user)
+    message = Message.objects.create(conversation=conversation, seq=2, role="assistant", content="Shipped [1].")
+    hidden = MessageSource.objects.create(message=message, chunk=own, rank=1, score=0.5, cited=True,
+                                          title="Order ORD-101", source="orders/ORD-101")
+    MessageSource.objects.create(message=message, chunk=None, rank=2, score=0.4, title="Delivery times")
+    trace = TurnTrace.objects.create(message=message, profile="default", data={
+        "retrieval": [{"hits": [{"chunk_id": own.pk, "score": 1.0}]}],
+        "documents": [{"chunk_id": own.pk, "index": 1, "score": 0.5, "source": "orders/ORD-101"}]})
+    pages = [url("conversation_change", conversation.pk), url("turntrace_change", trace.pk),
+             url("message_change", message.pk), url("messagesource_changelist"),
+             url("messagesource_change", hidden.pk)]
+    for page in pages:
+        html = admin_client.get(page).content.decode()
+        assert "ORD-101" not in html and "Blue teapot" not in html, page
+    assert "Delivery times" in admin_client.get(url("conversation_change", conversation.pk)).content.decode()
+    found = admin_client.get(url("messagesource_changelist"), {"q": "ORD-101"}).context["cl"].result_count
+    assert found == 0
+    assert admin_client.get(url("messagesource_changelist"), {"q": "Delivery"}).context["cl"].result_count == 1
+
+
 # --- Conversation list -------------------------------------------------------------------------
 
 

@@ -42,13 +42,28 @@ def _asker(message: Message):
     return principals
 
 
+#: What the admin shows in place of a source the asker or the member of staff may not read now.
+NOT_READABLE = "(not readable by the asker or by you)"
+
+
+def _withheld(source: MessageSource) -> bool:
+    """Whether ``source``'s chunk is there but the asker or the member of staff looking may not
+    read it now: its document's name, heading and passage are then shown nowhere."""
+    return source.chunk is not None and (
+        not getattr(source, "chunk_readable", False) or not _asker(source.message).may_read(source.chunk.access))
+
+
 def source_chunk_text(source: MessageSource, attribute: str) -> str:
     """The chunk's ``attribute`` (heading, text) if both may read it now, else why not."""
     if source.chunk is None:
         return "(chunk replaced since)"
-    if not getattr(source, "chunk_readable", False) or not _asker(source.message).may_read(source.chunk.access):
-        return "(not readable by the asker or by you)"
-    return getattr(source.chunk, attribute)
+    return NOT_READABLE if _withheld(source) else getattr(source.chunk, attribute)
+
+
+def source_document(source: MessageSource) -> str:
+    """The document ``source`` names, as saved with the answer (kept when its chunk is replaced
+    since), unless its chunk is there and the asker or the member of staff may not read it."""
+    return NOT_READABLE if _withheld(source) else source.title or source.source or f"chunk {source.chunk_id}"
 
 
 class SourceChangeList(ChangeList):
@@ -85,7 +100,7 @@ class SourceInline(admin.TabularInline):
 
     @admin.display(description="document")
     def document(self, obj):
-        return obj.title or obj.source
+        return source_document(obj)
 
     @admin.display(description="heading")
     def heading(self, obj):
@@ -227,11 +242,11 @@ class MessageSourceAdmin(ReadOnlyAdmin):
     # The row's own link first ("[1] title"): a first column that is itself a link (the message)
     # would be wrapped in the row's link, and a click would open the message. It names the
     # document, so the document has no column of its own.
-    list_display = ("__str__", "message_link", "conversation_link", "heading", "fusion_score", "cited")
+    list_display = ("label", "message_link", "conversation_link", "heading", "fusion_score", "cited")
     list_filter = ("cited",)
     ordering = ("-message", "rank")  # the latest answers first, each one's sources in their order
     search_fields = ("title", "source")
-    fields = ("message_link", "rank", "document", "source", "heading", "fusion_score", "cited", "chunk_text")
+    fields = ("message_link", "rank", "document", "source_path", "heading", "fusion_score", "cited", "chunk_text")
     readonly_fields = fields
 
     def get_changelist(self, request, **kwargs):
@@ -240,6 +255,18 @@ class MessageSourceAdmin(ReadOnlyAdmin):
     def get_queryset(self, request):
         return readable_sources(super().get_queryset(request).select_related("message__conversation", "chunk")
                                 .defer("chunk__embedding"), request)
+
+    def get_search_results(self, request, queryset, search_term):
+        # A search by title must not tell which unreadable documents exist: it finds only the
+        # sources whose chunk the member of staff may read (or that are gone since).
+        queryset, duplicates = super().get_search_results(request, queryset, search_term)
+        if search_term:
+            queryset = queryset.filter(Q(chunk__isnull=True) | Q(chunk_readable=True))
+        return queryset, duplicates
+
+    @admin.display(description="source", ordering="rank")
+    def label(self, obj):
+        return f"[{obj.rank}] {source_document(obj)}"
 
     @admin.display(description="message", ordering="message")
     def message_link(self, obj):
@@ -251,7 +278,11 @@ class MessageSourceAdmin(ReadOnlyAdmin):
 
     @admin.display(description="document", ordering="title")
     def document(self, obj):
-        return obj.title or obj.source
+        return source_document(obj)
+
+    @admin.display(description="source")
+    def source_path(self, obj):
+        return NOT_READABLE if _withheld(obj) else obj.source
 
     @admin.display(description="heading")
     def heading(self, obj):

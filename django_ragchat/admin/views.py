@@ -300,17 +300,24 @@ def _read_retrieval(view: TraceView, data: dict, hits: _Hits) -> None:
         source = hits.by_rank.get(document.get("index"))
         if source is not None:
             hit.cited = source.cited
-            hit.title = hit.title or source.title or source.source
-            hit.source = hit.source or source.source
-        elif not hit.title:
-            hit.title = str(document.get("source", ""))
+            _saved_name(hit, source.title, source.source)
+        else:
+            _saved_name(hit, "", str(document.get("source", "")))
         view.documents.append(hit)
     if not view.documents and hits.sources:  # an older trace without "documents": the sources say it
         for source in hits.sources:
             hit = hits.hit(source.chunk_id, source.score)
             hit.seen, hit.cited = True, source.cited
-            hit.title = hit.title or source.title or source.source
+            _saved_name(hit, source.title, source.source)
             view.documents.append(hit)
+
+
+def _saved_name(hit: Hit, title: str, source: str) -> None:
+    """The document's name saved with the answer, for a chunk replaced since; a hidden chunk's
+    name is not shown (the asker or the member of staff may not read it now)."""
+    if not hit.hidden:
+        hit.title = hit.title or title or source
+        hit.source = hit.source or source
 
 
 def _read_timings(view: TraceView, data: dict) -> None:
@@ -467,9 +474,10 @@ def transcript(conversation: Conversation, page_number: Any = 1, per_page: int =
     turns = []
     for message in rows:
         sources = list(message.sources.all())
-        for source in sources:  # what the template shows beside the title
-            source.display_heading = (short_heading(source.chunk.heading, source.title)
-                                      if source.chunk_id in chunks else "")
+        for source in sources:  # what the template shows: a hidden chunk's name is not shown
+            readable = source.chunk_id in chunks
+            source.hidden = source.chunk_id is not None and not readable
+            source.display_heading = short_heading(source.chunk.heading, source.title) if readable else ""
         trace = traces.get(message.pk)
         turns.append(Turn(
             message=message, sources=sources, feedback=list(message.feedback.all()),
