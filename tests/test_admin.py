@@ -164,6 +164,30 @@ def test_a_chunk_the_viewer_may_not_read_shows_as_hidden_not_as_gone(admin_clien
         assert "Blue teapot" not in html
 
 
+@pytest.mark.parametrize(("followup", "sentence"), [
+    ({"subject": "Loyalty card", "previous_subject": None, "subject_rule": "set", "attribute": None,
+      "attribute_rule": "none"}, "Names Loyalty card."),
+    ({"subject": "Nimbus Tab", "previous_subject": "Aurora X2", "subject_rule": "replaced",
+      "attribute": "battery life", "attribute_rule": "inherited"},
+     "Moves from Aurora X2 to Nimbus Tab; asks what the question before asked (battery life)."),
+    ({"subject": None, "previous_subject": None, "subject_rule": "none", "attribute": "take",
+      "attribute_rule": "new"}, "No subject of the site&#x27;s pages in play; asks about: take."),
+])
+def test_the_trace_says_how_a_follow_up_was_read_and_what_each_stage_did_in_words(admin_client, user, followup,
+                                                                                    sentence):
+    """A vet clinic's staff read "subject none, attribute new (take)" and a stage called "llm"
+    for the offline answerer; the trace now says both in words, the names beside them."""
+    conversation = Conversation.objects.create(owner=user)
+    message = Message.objects.create(conversation=conversation, seq=2, role="assistant", content="x")
+    trace = TurnTrace.objects.create(message=message, profile="default", data={
+        "queries": {"original": "q", "final": "q", "followup": followup},
+        "timings": {"query_transformers": 0.5, "llm": 2.0, "total": 3.0}})
+    html = admin_client.get(url("turntrace_change", trace.pk)).content.decode()
+    assert f'<dd class="ragchat-followup">{sentence}</dd>' in html
+    assert 'answer written <code class="ragchat-stage">llm</code>' in html
+    assert 'question rewritten <code class="ragchat-stage">query_transformers</code>' in html
+
+
 def test_a_source_the_viewer_may_not_read_is_named_nowhere_in_the_admin(admin_client, user):
     """The trace's retrieval table hid a restricted chunk's document, but "Documents the model
     saw", the transcript's sources and the message-source pages showed the title saved with the

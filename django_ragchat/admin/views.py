@@ -103,12 +103,27 @@ class Hit:
     hidden: bool = False  # the chunk is there, but the asker or the member of staff may not read it now
 
 
+#: What each stage of the turn does, as the stage timings name it for staff (the stage's own
+#: name is shown beside it); a stage a plugin adds keeps its name.
+STAGE_LABELS = {
+    "input_guardrails": "checks on the question", "memory": "earlier messages read",
+    "query_transformers": "question rewritten", "query_expanders": "more queries made",
+    "retrieval": "passages searched", "join": "results merged", "postprocess": "passages filtered",
+    "prompt": "prompt built", "llm": "answer written", "response_augmenters": "answer completed",
+    "output_guardrails": "checks on the answer",
+}
+
+
 @dataclass
 class Timing:
     stage: str
     ms: float
     percent: float
     slowest: bool = False
+
+    @property
+    def label(self) -> str:
+        return STAGE_LABELS.get(self.stage, self.stage)
 
 
 @dataclass
@@ -147,6 +162,7 @@ class TraceView:
     question: str = ""
     steps: list[dict] = field(default_factory=list)
     final_query: str = ""
+    followup: str = ""  # how the follow-up transformer read the question (``followup_sentence``)
     expanded: list[str] = field(default_factory=list)
     retrieval: list[dict] = field(default_factory=list)
     documents: list[Hit] = field(default_factory=list)
@@ -281,7 +297,27 @@ def _read_queries(view: TraceView, data: dict) -> None:
             "skip_retrieval": step.get("skip_retrieval"),
         })
     view.final_query = str(queries.get("final") or "")
+    view.followup = followup_sentence(_as_dict(queries.get("followup")))
     view.expanded = [str(q) for q in _as_list(queries.get("expanded")) if str(q) != view.final_query]
+
+
+def followup_sentence(followup: dict) -> str:
+    """The follow-up transformer's reading (``queries.followup``) for staff: "Stays on Loyalty
+    card; asks what the question before asked (delivery)." instead of its rule names; "" when
+    there is none."""
+    if not followup:
+        return ""
+    subject, before = followup.get("subject"), followup.get("previous_subject")
+    subject_rule, attribute = followup.get("subject_rule"), followup.get("attribute")
+    said = {
+        "set": f"Names {subject}", "kept": f"Stays on {subject}", "fresh": "Starts afresh: nothing carried",
+        "replaced": f"Moves from {before} to {subject}",
+    }.get(subject_rule, "No subject of the site's pages in play")
+    if subject_rule == "fresh" and subject:
+        said = f"Starts afresh on {subject}: nothing carried"
+    asks = {"new": f"asks about: {attribute}", "inherited": f"asks what the question before asked ({attribute})"}
+    part = asks.get(followup.get("attribute_rule")) if attribute else None
+    return f"{said}; {part}." if part else f"{said}."
 
 
 def _read_retrieval(view: TraceView, data: dict, hits: _Hits) -> None:
