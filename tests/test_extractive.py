@@ -924,7 +924,8 @@ def test_spans_of_days_state_their_days_and_a_decline_writes_the_users_word(sect
 BRANCHES = {
     "central.md": "# Central Library\n\n## Address and opening hours\n\nCentral Library is at 12 Market Square. It is "
                   "open Monday to Friday from 9 am to 8 pm, Saturday from 9 am to 5 pm and Sunday from 12 noon to 4 pm. "
-                  "It is closed on public holidays.\n",
+                  "It is closed on public holidays.\n\n## Quiet Study Room\n\nThe Quiet Study Room has 60 desks. It opens "
+                  "with the library. During the exam season in May and June it also opens early, at 8 am, on weekdays.\n",
     "millbrook.md": "# Millbrook Library\n\n## Address and opening hours\n\nMillbrook Library is at 3 Station Road. "
                     "It is open Tuesday to Saturday from 10 am to 6 pm. It is closed on Sundays and Mondays.\n",
 }
@@ -942,6 +943,9 @@ def branches(db):
     # "what time" asks a time (a number), "close" is answered by opening hours, and "Monday to
     # Friday" states Thursdays.
     ("What time does Central Library close on Thursdays?", "Monday to Friday from 9 am to 8 pm"),
+    # "Monday to Friday" says weekdays as fully as the word does: the library's hours, not the
+    # study room's early opening in the exam season, which writes the word.
+    ("What are Central Library's opening hours on weekdays?", "Monday to Friday from 9 am to 8 pm"),
 ])
 def test_opening_hours_answer_a_day_within_their_span(branches, question, stated):
     answer = ask(question)

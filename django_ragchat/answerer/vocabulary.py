@@ -227,12 +227,15 @@ class Vocabulary:
 
     def covers(self, key: str, text_stems: frozenset[str]) -> float:
         """How strongly ``text_stems`` state ``key``: 1 for the asked word (or an asked phrase's
-        group), ``SYNONYM_EVIDENCE`` for another word of its group, 0 for none."""
+        group, or a span of days written by its first and last day), ``SYNONYM_EVIDENCE`` for
+        another word of its group, 0 for none."""
         word, group_labels = word_of(key), key.partition("=")[2]
         if word and word in text_stems:
             return 1.0
         if group_labels and any(self.groups[label] & text_stems for label in group_labels.split("|")):
             return SYNONYM_EVIDENCE if word else 1.0
+        if word in self.day_spans and self.day_spans[word][1] <= text_stems:
+            return 1.0  # "Monday to Friday" says weekdays as fully as the word does
         return SYNONYM_EVIDENCE if word and self._span_states(word, text_stems) else 0.0
 
     def _span_states(self, word: str, text_stems: frozenset[str]) -> bool:
