@@ -952,6 +952,43 @@ def test_opening_hours_answer_a_day_within_their_span(branches, question, stated
     assert stated in answer and "Millbrook" not in answer, answer
 
 
+LENDING = {
+    "borrowing.md": "# Borrowing\n\n## Loan periods\n\nBooks are lent for three weeks. DVDs are lent for one week. Overdue "
+                    "DVDs cost £1 a day.\n\n## Junior Cards\n\nJunior Card holders cannot borrow DVDs rated 15 or 18.\n\n"
+                    "## Book Bundles\n\nReading groups can borrow a Book Bundle of up to 30 books for eight weeks.\n",
+    "printing.md": "# Printing and scanning\n\n## Printing\n\nPrinting costs 15p a page. A scan to a USB stick is free.\n\n"
+                   "## Study pods\n\nThe library has four study pods. Pods are free and can be booked for two hours.\n",
+    "millbrook.md": BRANCHES["millbrook.md"] + "Millbrook Library has no return chute, so items can only be returned "
+                                              "here during opening hours.\n",
+}
+
+
+@pytest.fixture
+def lending(db):
+    ingest_pages(BRANCHES | LENDING)
+
+
+@pytest.mark.parametrize("questions, stated", [
+    # "is there a charge?" asks a price: "charge" alone is charging (a shop's phones); the pods'
+    # "free" answers, not the printing price or a charging sentence.
+    (("Can I use a study pod?", "is there a charge?"), "Pods are free"),
+    # "until when" asks a time, as "what time" does: the hours, not the sentence naming them.
+    (("What time does Millbrook Library open on Saturdays?", "and until when?"), "Saturday from 10 am to 6 pm"),
+    # Borrowing is lending seen from the other side: "lent" states "borrow", and the loan period
+    # is answered before a Junior Card's limit, which writes "borrow DVDs".
+    (("How long can I borrow DVDs for?",), "DVDs are lent for one week"),
+])
+def test_a_fee_a_closing_time_and_a_loan_asked_in_other_words(lending, questions, stated):
+    answer = ask(*questions)
+    assert stated in answer, answer
+
+
+def test_a_phrase_ending_in_another_form_is_not_that_phrase(sample_docs):
+    # "is there a charging brick" is no "is there a charge" (a price): the charger is asked about.
+    answer = ask("Is there a charging brick included with the Aurora X2?")
+    assert "A charger is not included" in answer, answer
+
+
 def test_a_day_named_beside_the_question_is_no_unknown_name(sample_docs):
     answer = ask("How quickly do orders ship? We need kit for new starters on Monday.")
     assert "two business days" in answer, answer

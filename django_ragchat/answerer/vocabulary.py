@@ -131,6 +131,14 @@ class _Compiling:
                 stems_of_group.add(stem("-".join(tokens)))
 
 
+def _other_form(written: list[str], listed: tuple[str, ...]) -> bool:
+    """Whether a phrase met through stems ends in another form than listed, a gerund for a noun or
+    the other way: "is there a charging brick" is no "is there a charge" (its last word describes
+    another noun), while "charge wirelessly" is "charging wirelessly"."""
+    return (len(written) == len(listed) and written[-1] != listed[-1]
+            and written[-1].endswith("ing") != listed[-1].endswith("ing"))
+
+
 class Vocabulary:
     """A language and a synonym table, compiled; what the offline components read text with.
 
@@ -264,7 +272,8 @@ class Vocabulary:
         # charging pad, not "on a charge").
         matches = sorted((tuple(tokens[i:i + n]) != self.phrases[index][0], index, i, n)
                          for i, first in enumerate(token_stems) for index in self.phrases_from.get(first, ())
-                         if (n := self._phrase_span(tokens, token_stems, i, self.stemmed[index])))
+                         if (n := self._phrase_span(tokens, token_stems, i, self.stemmed[index]))
+                         and not _other_form(tokens[i:i + n], self.phrases[index][0]))
         found = []
         for _inexact, index, i, n in matches:
             phrase, label = self.phrases[index]
