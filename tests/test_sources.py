@@ -457,3 +457,28 @@ def test_the_admin_shows_each_sources_state_and_resyncs(sources_on, client, djan
     response = client.post("/admin/django_ragchat/document/", {
         "action": "reingest", "_selected_action": [chunk.document_id]}, follow=True)
     assert "Synced from their objects: articles (objects): 1 object(s)" in response.content.decode()
+
+
+def test_the_source_list_counts_only_what_the_member_of_staff_may_see(sources_on, client, user, staff_user):
+    Article.objects.create(title="Atlas", body="The Atlas is a map.")
+    Article.objects.create(title="Private atlas", body="Alice's map.", owner=user)
+    Article.objects.create(title="Second private atlas", body="Alice's other map.", owner=user)
+    staff_user.user_permissions.add(Permission.objects.get(codename="view_sourcestate"))
+    client.force_login(staff_user)
+
+    def row() -> dict[str, str]:
+        page = client.get("/admin/django_ragchat/sourcestate/").content.decode()
+        cells = page.split("articles</a>")[1].split("</tr>")[0]
+        return {name: cells.split(f'class="field-{name}">')[1].split("</td>")[0]
+                for name in ("objects", "indexed", "chunks")}
+
+    # Alice's two articles are neither counted among the documents nor among the objects.
+    seen = row()
+    assert ">1</a>" in seen["indexed"] and seen["chunks"] == "1"
+    assert seen["objects"] == "(you may not view these objects)"
+    state = SourceState.objects.get(name="articles")
+    assert "(you may not view these objects)" in client.get(
+        f"/admin/django_ragchat/sourcestate/{state.pk}/change/").content.decode()
+    # With the model's view permission the objects are counted (the model's own admin lists them).
+    staff_user.user_permissions.add(Permission.objects.get(codename="view_article"))
+    assert row()["objects"] == "3"

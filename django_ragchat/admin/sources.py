@@ -6,19 +6,42 @@ or ``--since`` sync and what it did, the last live sync, the changes waiting for
 (counted where the task backend keeps a list: django-tasks-db), and the last error. "Resync"
 enqueues a whole sync of each selected source (on the immediate backend it runs before the
 page answers). Staff need ``change_sourcestate`` to resync (``ragchat_admin_group --documents``).
+
+The counts are what the member of staff looking may see, as in the lists they link to: documents
+and chunks they may read, and the model's objects only with its ``view`` permission (a reviewer
+without ``orders.view_order`` is not told how many orders there are).
 """
 
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import OuterRef
 from django.urls import reverse
 from django.utils.html import format_html
 
 from django_ragchat import tasks
+from django_ragchat.access import principals_of_user_id
 from django_ragchat.admin.base import RagchatAdmin, count_subquery, short
 from django_ragchat.models import Chunk, Document, SourceState
 from django_ragchat.sources import registry as source_registry
+
+
+def _mark_viewer(state: SourceState, user) -> SourceState:
+    """Remember on ``state`` whether ``user`` may view its source's model (Django's ``view``
+    permission), which decides whether its object count is shown."""
+    source = source_registry.sources().get(state.name)
+    model = source.get_model() if source else None
+    state.viewer_may_view_model = bool(model) and user.has_perm(f"{model._meta.app_label}.view_{model._meta.model_name}")
+    return state
+
+
+class SourceStateChangeList(ChangeList):
+    """Marks each listed source with what the member of staff looking may count."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        self.result_list = [_mark_viewer(state, request.user) for state in self.result_list]
 
 
 @admin.register(SourceState)
@@ -31,10 +54,18 @@ class SourceStateAdmin(RagchatAdmin):
     actions = ["resync"]
 
     def get_queryset(self, request):
-        documents = Document.objects.filter(origin=OuterRef("name"))
+        viewer = principals_of_user_id(request.user.pk)
+        documents = Document.objects.filter(origin=OuterRef("name"), access__visible_to=viewer)
+        chunks = Chunk.objects.filter(document__origin=OuterRef("name"), access__visible_to=viewer)
         return super().get_queryset(request).annotate(
-            _documents=count_subquery(documents, "origin"),
-            _chunks=count_subquery(Chunk.objects.filter(document__origin=OuterRef("name")), "document__origin"))
+            _documents=count_subquery(documents, "origin"), _chunks=count_subquery(chunks, "document__origin"))
+
+    def get_changelist(self, request, **kwargs):
+        return SourceStateChangeList
+
+    def get_object(self, request, object_id, from_field=None):
+        state = super().get_object(request, object_id, from_field)
+        return state and _mark_viewer(state, request.user)
 
     def changelist_view(self, request, extra_context=None):
         names = list(source_registry.sources())
@@ -62,14 +93,18 @@ class SourceStateAdmin(RagchatAdmin):
     @admin.display(description="objects now")
     def objects(self, obj):
         source = self._source(obj)
-        return source.get_queryset().count() if source else "—"
+        if source is None:
+            return "—"
+        if not getattr(obj, "viewer_may_view_model", False):
+            return "(you may not view these objects)"
+        return source.get_queryset().count()
 
-    @admin.display(description="indexed", ordering="_documents")
+    @admin.display(description="indexed (readable by you)", ordering="_documents")
     def indexed(self, obj):
         url = reverse("admin:django_ragchat_document_changelist") + f"?origin__exact={obj.name}"
         return format_html('<a href="{}">{}</a>', url, obj._documents)
 
-    @admin.display(description="chunks", ordering="_chunks")
+    @admin.display(description="chunks (readable by you)", ordering="_chunks")
     def chunks(self, obj):
         return obj._chunks
 
