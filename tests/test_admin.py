@@ -84,6 +84,8 @@ def test_the_conversation_page_shows_the_transcript_and_each_answers_trace(admin
     assert "Documents the model saw" in transcript and "ragchat-badge-cited" in transcript
     # Two scales, each named: the retriever's similarity, the final (joined, post-processed) score.
     assert "retriever's score</th>" in transcript and "final score 0." in transcript
+    # Each score says what scale it is on (a new user found two unexplained scales side by side).
+    assert "Scores of different retrievers are not comparable" in transcript and "is not a similarity" in transcript
     assert escape(cited.title) + " — Pricing" in transcript
     assert "Stage timings" in transcript and "retrieval" in transcript
     assert "extractive" in transcript  # the model
