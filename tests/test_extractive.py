@@ -1048,3 +1048,29 @@ def test_a_topic_page_titled_with_a_subjects_name_is_about_it(db):
     price = "How much is the puppy health plan per month?"
     assert ask(price, "From what age can my puppy join?").startswith("Puppies can join the plan from eight weeks old")
     assert ask(price, "What does it include?").startswith("The plan includes the first vaccination course")
+
+
+BOOKSHOP_CARD = {
+    "loyalty.md": "# Loyalty card\n\nEvery book you buy earns one stamp. Ten stamps give you a free paperback of "
+                  "your choice.\n\n## Getting a card\n\nAsk at the till in any of our shops. Cards are issued on the "
+                  "spot and cost nothing.\n",
+    "delivery.md": "# Delivery\n\n## Prices\n\nDelivery in the UK costs £3.50 and is free on orders over £25.\n",
+    "returns.md": "# Returns\n\n## Refunds\n\nRefunds are paid to your original payment method within five working "
+                  "days of the book reaching us.\n",
+}
+
+
+@pytest.mark.parametrize("questions, stated", [
+    # A new user's bookshop: "get" said nothing, and "loyalty" only the page's title wrote, so the
+    # card's opening (its stamps) answered how to get one. The section's heading opens with the
+    # action asked ("Getting a card"), and the title names the rest of the question.
+    (("How do I get a loyalty card?",), "Ask at the till"),
+    (("Tell me about the loyalty card", "and how do I get one?"), "Ask at the till"),
+    # The title's words alone are the page's opening's to answer, as before.
+    (("What does the loyalty card give me?",), "Ten stamps give you a free paperback"),
+    (("How much is delivery?", "what about the loyalty card?"), "Every book you buy earns one stamp"),
+])
+def test_a_section_heading_that_opens_with_the_asked_action_answers_it(db, questions, stated):
+    ingest_pages(BOOKSHOP_CARD)
+    answer = ask(*questions)
+    assert stated in answer, answer

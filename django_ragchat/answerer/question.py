@@ -396,6 +396,23 @@ def _read_attribute(need: Need, asked: str, search_query: str, names: set[str], 
     return asked_at
 
 
+def _read_heading_actions(need: Need, asked: str, asked_at: dict[str, int], passages: list[Passage],
+                          vocabulary: Vocabulary) -> None:
+    """Add the light verbs of ``asked`` that a passage's heading opens with as its action, of a
+    thing the question names too: "get" says nothing in most questions ("How quickly do I get my
+    money back?"), but in "How do I get a loyalty card?" beside a section "Getting a card" it is
+    what is asked."""
+    actions = {stem(first) for p in passages for first in words(p.heading_leaf)[:1]
+               if first.endswith("ing") and any(vocabulary.covers(k, p.heading_stems) for k in need.groups)}
+    for at, word in enumerate(words(asked)):
+        if word in vocabulary.stopwords and stem(word) in actions:
+            key = stem(word)
+            asked_at.setdefault(key, at)
+            need.own.add(key)
+            need.groups[key] = 1.0
+            need.labels.setdefault(key, word)
+
+
 def _drop_words_that_say_how(need: Need, asked: str, asked_at: dict[str, int], vocabulary: Vocabulary) -> None:
     """Words that only say how something is asked are no attribute of their own."""
     lasting = [k for k in need.own if k.split("=")[0] == "last"]
@@ -501,6 +518,7 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], voc
     part = asked is not None  # one part of the question: the search query holds the other parts' words
     need.asked = asked = " ".join(asked_clauses(question, vocabulary)) if asked is None else asked
     asked_at = _read_attribute(need, asked, search_query, names, known_stems, vocabulary)
+    _read_heading_actions(need, asked, asked_at, passages, vocabulary)
     _drop_words_that_say_how(need, asked, asked_at, vocabulary)
     by_place = sorted((at, key) for key, at in asked_at.items() if not key.startswith("~"))
     need.adjacent = [(a, b) for (i, a), (j, b) in zip(by_place, by_place[1:]) if j - i <= 2]

@@ -55,6 +55,9 @@ PROXIMITY_PENALTY = 0.5
 #: What an asked word is worth where a sentence only names a fault of it ("battery failure",
 #: "screen repair") and the question asked about neither warranty nor repairs.
 FAULT_QUALIFIER_EVIDENCE = 0.5
+#: What an asked word is worth where only the page's title states it, in a section the question
+#: asks about too (``_Scoring._names_page_and_section``).
+TITLE_EVIDENCE = 0.4
 #: A sentence opening with the asked subject's name is about it: its score rises this much
 #: (more than one retrieval rank), so "Zephyr Buds cost $149." answers their price before
 #: "...a single replacement bud costs $39." of a passage ranked above.
@@ -184,7 +187,15 @@ def _topics_elsewhere(need: Need, eligible: list[tuple[Passage, Sentence]], chos
     ``chosen`` never states: a sentence of ``chosen`` is then about another topic."""
     others = {id(p): p for p, _ in eligible if p is not chosen}.values()
     return [k for k in need.own if not k.startswith("~") and not _passage_states(chosen, k, vocabulary)
-            and any(vocabulary.covers(k, p.heading_stems) for p in others)]
+            and any(vocabulary.covers(k, p.heading_stems) and not _same_page_topic(k, p, chosen, vocabulary)
+                    for p in others)]
+
+
+def _same_page_topic(key: str, other: Passage, chosen: Passage, vocabulary: Vocabulary) -> bool:
+    """Whether ``key`` is the topic of the page both passages are on, which its title states:
+    "Loyalty card" heads the card's first section and "Getting a card" alike."""
+    return bool(chosen.title_stems) and other.title_stems == chosen.title_stems and bool(
+        vocabulary.covers(key, chosen.title_stems))
 
 
 def light_weight(norm: float) -> float:
@@ -269,6 +280,7 @@ class _Scoring:
         self.typed = need.own - need.carried
         self.carried_topic = _carried_topic(need, self.typed, v)
         self.number = v.pattern("number")
+        self._page_and_section: dict[int, bool] = {}
 
     def excluded(self, p: Passage, s: Sentence) -> bool:
         """Sentences that cannot answer, whatever their words."""
@@ -303,6 +315,8 @@ class _Scoring:
                 # What the value is of may be the page's topic: "A standard visit lasts about two
                 # hours." under "Plant care service > How long a visit takes".
                 evidence = 0.6 * v.covers(key, p.title_stems)
+            elif not evidence and key in need.own and self._names_page_and_section(p):
+                evidence = TITLE_EVIDENCE * v.covers(key, p.title_stems)
             if evidence:
                 all_cov += evidence * weight * self.idf[key]
                 if key in need.own:
@@ -311,6 +325,20 @@ class _Scoring:
             if _apart(a, b, s, v):
                 own_cov -= PROXIMITY_PENALTY * min(self.idf[a], self.idf[b])
         return own_cov / self.own_total, all_cov / self.all_total
+
+    def _names_page_and_section(self, p: Passage) -> bool:
+        """Whether the question names ``p``'s page by its whole title and asks its section too (the
+        heading states an asked word the title does not): "How do I get a loyalty card?" beside
+        "Loyalty card > Getting a card". Its title's words then count for the section's sentences
+        ("Cards are issued on the spot"). A question of the title's words alone ("What does the
+        loyalty card give me?") is the page's opening's to answer."""
+        if id(p) not in self._page_and_section:
+            v, own = self.vocabulary, self.need.own
+            named = {st for st in p.title_stems if st not in v.stopwords and st not in v.generic}
+            self._page_and_section[id(p)] = bool(named) and all(
+                any(v.covers(k, frozenset({st})) for k in own) for st in named) and any(
+                not v.covers(k, p.title_stems) and v.covers(k, p.heading_stems) for k in own)
+        return self._page_and_section[id(p)]
 
     def choice(self, p: Passage, s: Sentence) -> Choice:
         need = self.need
