@@ -1074,3 +1074,24 @@ def test_a_section_heading_that_opens_with_the_asked_action_answers_it(db, quest
     ingest_pages(BOOKSHOP_CARD)
     answer = ask(*questions)
     assert stated in answer, answer
+
+
+HOME_SERVICE = {
+    "home.md": "# Home Library Service\n\n## Who it is for\n\nThe Home Library Service brings books to your home every "
+               "four weeks.\n\n## Applying\n\nTo apply, phone 01632 960 455, or fill in the form at either branch.\n",
+    "cards.md": "# Library cards\n\n## Lost cards\n\nA replacement card costs £3.\n",
+}
+
+
+def test_a_figure_states_the_number_asked(db):
+    # "number" was an asked word no sentence wrote, so the phone number was declined ("The
+    # documents don't say anything about number").
+    ingest_pages(HOME_SERVICE)
+    answer = ask("What's the phone number for the Home Library Service?")
+    assert "01632 960 455" in answer, answer
+
+
+def test_an_amount_states_no_number(sample_docs):
+    # "...takes up to $200 off" names the phone and a figure, but a price is no phone number.
+    answer = ask("Is there a phone number for customer support?")
+    assert "$200" not in answer and "don't say" in answer, answer

@@ -89,6 +89,7 @@ TOPIC_NORM = 14.0
 
 #: An amount of money written with its currency sign ("£35", "$1,299.99").
 _AMOUNT_RE = re.compile(r"[$€£¥]\s?\d[\d,.]*")
+_FIGURE_RE = re.compile(r"\d")
 _WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*", re.UNICODE)
 _MARKUP_RE = re.compile(r"<(script|style)\b[^>]*>.*?</\1\s*>|<[^<>]{0,200}>", re.IGNORECASE | re.DOTALL)
 
@@ -308,6 +309,8 @@ class _Scoring:
             evidence = v.covers(key, s.stems)
             if s.has_money and "price" in labels(key):
                 evidence = max(evidence, SYNONYM_EVIDENCE)  # "$200" states a price
+            elif s.has_number and stem(word_of(key)) in v.figure_words and _FIGURE_RE.search(_AMOUNT_RE.sub("", s.text)):
+                evidence = max(evidence, SYNONYM_EVIDENCE)  # "phone 01632 960 400" states a number
             if evidence and key in need.own and _qualifies_a_fault(key, s, self.asked_labels, v):
                 evidence *= FAULT_QUALIFIER_EVIDENCE  # "covers battery failure" is no battery life
             evidence = evidence or 0.6 * v.covers(key, p.heading_stems)

@@ -198,6 +198,8 @@ class Vocabulary:
             stem(w) for w in language.words.get(f"{name}_ends") or language.words[name]))
             for name in ("weekend", "weekday") if language.words.get(name)}
         self.noun_of = language.noun_of
+        # Optional: words that ask for a figure ("What number do I ring?"), stated by one.
+        self.figure_words = frozenset(stem(w) for w in language.words.get("figure_words", ()))
         self.classes = language.group_classes
         self.messages = language.messages
 
