@@ -249,10 +249,9 @@ class Vocabulary:
         return SYNONYM_EVIDENCE if word and self._span_states(word, text_stems) else 0.0
 
     def _span_states(self, word: str, text_stems: frozenset[str]) -> bool:
-        """A span of days states its days ("at weekends": Saturdays), and a span and its days
-        are stated by its first and last day ("Monday to Friday": weekdays, and Thursdays)."""
-        if word in self.day_spans:
-            return self.day_spans[word][1] <= text_stems
+        """A day is stated by a span of days that holds it, named ("at weekends": Saturdays) or
+        written by its first and last day ("Monday to Friday": Thursdays). (A span asked itself
+        is ``covers``'s own case.)"""
         return any(word in days and (span in text_stems or ends <= text_stems)
                    for span, (days, ends) in self.day_spans.items())
 
