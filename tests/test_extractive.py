@@ -1095,3 +1095,22 @@ def test_an_amount_states_no_number(sample_docs):
     # "...takes up to $200 off" names the phone and a figure, but a price is no phone number.
     answer = ask("Is there a phone number for customer support?")
     assert "$200" not in answer and "don't say" in answer, answer
+
+
+NUMBERED_ORDERS = {
+    "orders/1.md": "# Order 1\n\nOrder 1 is for the Moomin box set. Its status is shipped.\n",
+    "help.md": "# Help\n\n## Delivery\n\nOrders ship within two working days.\n",
+}
+
+
+@pytest.mark.parametrize("question, unknown", [
+    ("What is the status of order 2?", "order 2"),
+    ("What is the status of order number 2?", "order number 2"),
+])
+def test_a_numbered_thing_no_passage_names_is_not_another_one(db, question, unknown):
+    # A new user's bookshop: "order number 2" (another customer's, which the asker may not read)
+    # was answered with the asker's own order 1, cited, as if it were order 2.
+    ingest_pages(NUMBERED_ORDERS)
+    answer = ask(question)
+    assert "shipped" not in answer and f"don't mention {unknown}" in answer, answer
+    assert "Its status is shipped" in ask("What is the status of order 1?")

@@ -317,6 +317,20 @@ def _unknown_codes(question: str, known_stems: frozenset[str], vocabulary: Vocab
             if m.group(0) not in in_names and not _known_code(fold(m.group(0)), known_stems)]
 
 
+def _unknown_numbered(question: str, entities: _Entities) -> list[str]:
+    """Things named by a kind and a number that no passage names, where the passages name things
+    of that kind by number: "What is the status of order 2?" over the passage of Order 1 asks
+    about an order that is not there (a site's own orders, tickets, rooms)."""
+    pattern = entities.vocabulary.language.patterns.get("numbered")  # optional: a language may have none
+    numbered = {e for e in entities.known if len(e) > 1 and e[-1].isdigit()}
+    if pattern is None or not numbered:
+        return []
+    kinds = {stem(e[-2]) for e in numbered}
+    return [m.group(0) for m in pattern.finditer(question)
+            if stem(fold(m.group(1))) in kinds and not any(
+                stem(e[-2]) == stem(fold(m.group(1))) and e[-1] == m.group(2) for e in numbered)]
+
+
 def _known_code(token: str, known: frozenset[str] | set[str]) -> bool:
     """Whether ``token`` is a code ``known`` holds, also in the plural ("X2s" of X2)."""
     return token in known or stem(token) in known or (token.endswith("s") and token[:-1] in known)
@@ -330,7 +344,8 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
     light = v.stopwords | v.generic
     # "How long does the Zephyr Kettle take to boil?": the unknown name names no subject, even in
     # part, and the conversation's subject is not what the question is about either.
-    foreign = _foreign_names(question, entities, known_stems) + _unknown_codes(question, known_stems, v)
+    foreign = (_foreign_names(question, entities, known_stems) + _unknown_codes(question, known_stems, v)
+               + _unknown_numbered(question, entities))
     for display in foreign:
         need.unknown.append(_POSSESSIVE_END_RE.sub("", display))  # "Zephyr Kettle's lid"
         question, search_query = question.replace(display, " "), search_query.replace(display, " ")
