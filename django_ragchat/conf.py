@@ -58,7 +58,7 @@ DEFAULTS: dict[str, Any] = {
     # in-process matrix.
     "SQLITE_VECTOR_BATCH_SIZE": 5000,
     # Who may see and change a conversation: dotted path of a callable(user, conversation) -> bool.
-    "CONVERSATION_PERMISSION": "django_ragchat.permissions.is_owner_or_staff",
+    "CONVERSATION_PERMISSION": "django_ragchat.permissions.is_owner_or_reviewer",
     # Who may change (send to, rename, delete) a conversation they can see; same signature.
     "CONVERSATION_CHANGE_PERMISSION": "django_ragchat.permissions.is_owner",
     # Who may add and delete documents through the API: dotted path of a callable(user) -> bool.

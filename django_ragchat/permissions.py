@@ -7,9 +7,11 @@ through ``get_conversation_for``, which answers an unknown id and a foreign id t
 The rules themselves are swappable, each a dotted path in ``RAGCHAT``:
 
 * ``CONVERSATION_PERMISSION``: who may *read* a conversation, ``(user, conversation,
-  session_key=None) -> bool``; default ``is_owner_or_staff``.
+  session_key=None) -> bool``; default ``is_owner_or_reviewer``: its owner, and staff with
+  ``django_ragchat.view_conversation``, as in the admin (``is_owner_or_staff`` lets any staff
+  member read every conversation).
 * ``CONVERSATION_CHANGE_PERMISSION``: who may *change* one (send messages, rename, delete),
-  same signature; default ``is_owner``, so staff read everything but write only their own.
+  same signature; default ``is_owner``, so reviewers read but write only their own.
   It is only asked about conversations the caller may read.
 * ``DOCUMENT_PERMISSION``: who may add and delete documents, ``(user) -> bool``; default
   ``is_staff``.
@@ -35,6 +37,23 @@ def is_owner_or_staff(user, conversation, session_key: str | None = None) -> boo
     """The owner, staff, or (for an anonymous conversation) the session that created it."""
     if user is not None and user.is_authenticated:
         return conversation.owner_id == user.pk or user.is_staff
+    if conversation.owner_id is None and session_key:
+        return conversation.session_key == session_key
+    return False
+
+
+def may_review(user, model_name: str) -> bool:
+    """Whether ``user`` is staff with the ``view`` permission of django_ragchat's ``model_name``
+    ("conversation", "memoryrecord", "feedback"): what the admin asks before showing other users'
+    chat data (``manage.py ragchat_admin_group`` grants them). Being staff alone is not enough."""
+    return is_staff(user) and user.has_perm(f"django_ragchat.view_{model_name}")
+
+
+def is_owner_or_reviewer(user, conversation, session_key: str | None = None) -> bool:
+    """The owner, staff who may review conversations (``may_review``), or (for an anonymous
+    conversation) the session that created it."""
+    if user is not None and user.is_authenticated:
+        return conversation.owner_id == user.pk or may_review(user, "conversation")
     if conversation.owner_id is None and session_key:
         return conversation.session_key == session_key
     return False

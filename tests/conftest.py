@@ -185,6 +185,18 @@ def staff_user(django_user_model):
 
 
 @pytest.fixture
+def reviewer(staff_user):
+    """``staff_user`` in the group ``ragchat_admin_group`` makes: staff who may read other users'
+    conversations, memory and feedback (being staff alone does not)."""
+    import io
+
+    from django.core.management import call_command
+
+    call_command("ragchat_admin_group", "--add", staff_user.username, stdout=io.StringIO())
+    return type(staff_user).objects.get(pk=staff_user.pk)  # no permission cache from before
+
+
+@pytest.fixture
 def conversation(user):
     from django_ragchat.models import Conversation
 

@@ -175,8 +175,13 @@ def test_unknown_malformed_and_foreign_ids_answer_the_same_404(alice, other_user
     assert not Message.objects.exists()
 
 
-def test_staff_read_other_users_conversations_but_do_not_write_to_them(staff_user, conversation):
-    staff = client_for(staff_user)
+def test_reviewers_read_other_users_conversations_but_do_not_write_to_them(reviewer, conversation,
+                                                                           django_user_model):
+    # Being staff alone reads nobody's chats (a new user's trial: any staff account read every
+    # conversation over the API while the admin turned it away): it takes view_conversation.
+    clerk = django_user_model.objects.create_user("clerk", password="pw", is_staff=True)
+    assert client_for(clerk).get(f"{API}/conversations/{conversation.pk}/").status_code == 404
+    staff = client_for(reviewer)
     assert staff.get(f"{API}/conversations/{conversation.pk}/").status_code == 200
     for response in (post_json(staff, messages_url(conversation), {"content": QUESTION}),
                      staff.patch(f"{API}/conversations/{conversation.pk}/", {"title": "x"}, format="json"),
@@ -461,10 +466,10 @@ def test_only_answers_can_be_rated(alice, answered):
     assert post_json(alice, f"{API}/messages/abc/feedback/", {"rating": "up"}).status_code == 404
 
 
-def test_the_feedback_list_is_your_own_and_staff_see_all(alice, answered, other_user, staff_user):
+def test_the_feedback_list_is_your_own_and_reviewers_see_all(alice, answered, other_user, reviewer):
     _, answer = answered
     post_json(alice, f"{API}/messages/{answer.pk}/feedback/", {"rating": "down"})
-    staff = client_for(staff_user)
+    staff = client_for(reviewer)
     post_json(staff, f"{API}/messages/{answer.pk}/feedback/", {"rating": "up"})
     assert [f["rating"] for f in alice.get(f"{API}/feedback/").json()["results"]] == ["down"]
     assert client_for(other_user).get(f"{API}/feedback/").json()["count"] == 0

@@ -80,8 +80,8 @@ def conversation_with_answer(**owner) -> tuple[Conversation, Message]:
 
 
 @pytest.fixture
-def world(user, other_user, staff_user, ragchat_settings_override):
-    """alice's conversation C with answer A (rated by alice and by staff), alice's memory
+def world(user, other_user, reviewer, django_user_model, ragchat_settings_override):
+    """alice's conversation C with answer A (rated by alice and by the reviewer), alice's memory
     record M, a document D, a queued upload's task T (on the database task backend), a tool
     call P awaiting alice's approval in an answer being written in another of her
     conversations, and an anonymous session's conversation with the same."""
@@ -91,7 +91,8 @@ def world(user, other_user, staff_user, ragchat_settings_override):
     queued = tasks.enqueue(tasks.ingest_upload, "upload/t.md", "# T\n\nText.", "", "markdown", None)
     conversation, answer = conversation_with_answer(owner=user)
     Feedback.objects.create(message=answer, user=user, rating="up")
-    Feedback.objects.create(message=answer, user=staff_user, rating="down")
+    Feedback.objects.create(message=answer, user=reviewer, rating="down")
+    clerk = django_user_model.objects.create_user("clerk", password="pw", is_staff=True)  # staff, no permission
     memory = MemoryRecord.objects.create(user=user, kind="fact", content="Likes tablets.")
     document = Document.objects.create(source="kb/a.md", title="A", checksum="0" * 64)
     writing = Conversation.objects.create(owner=user, last_seq=2)
@@ -109,7 +110,8 @@ def world(user, other_user, staff_user, ragchat_settings_override):
                 "P": pending.pk},
         "anonymous_ids": {"C": anon_conversation.pk, "A": anon_answer.pk, "M": anon_memory.pk},
         "clients": {
-            "owner": signed_in(user), "other user": signed_in(other_user), "staff": signed_in(staff_user),
+            "owner": signed_in(user), "other user": signed_in(other_user), "reviewer": signed_in(reviewer),
+            "staff": signed_in(clerk),
             "anonymous (off)": session_client(), "anonymous (on)": session_client(),
             "its session": visitor, "another session": session_client(), "signed-in user": signed_in(other_user),
         },
@@ -174,7 +176,8 @@ def test_anonymous_conversations_are_closed_when_anonymous_use_is_off(world):
 LISTED = {
     "owner": (True, True, True),
     "other user": (False, False, False),
-    "staff": (False, True, True),  # staff open anyone's conversation by id; their list is their own
+    "reviewer": (False, True, True),  # reviewers open anyone's conversation by id; their list is their own
+    "staff": (False, False, False),  # being staff alone reads nobody else's chats
     "anonymous (on)": (False, False, False),
 }
 
@@ -189,7 +192,7 @@ def test_lists_show_only_what_the_caller_may_see(world, ragchat_settings_overrid
     feedback = {f["id"] for f in client.get(f"{API}/feedback/").json()["results"]}
     alices_feedback = Feedback.objects.get(user=user).pk
     assert (str(ids["C"]) in conversations, ids["M"] in memory, alices_feedback in feedback) == LISTED[actor]
-    if actor != "staff":
+    if actor != "reviewer":
         anonymous = world["anonymous_ids"]
         assert str(anonymous["C"]) not in conversations and anonymous["M"] not in memory
 
@@ -200,8 +203,8 @@ def test_the_documented_matrix_covers_every_endpoint():
     routes = {str(p.pattern) for p in urlpatterns} - {"docs/", "redoc/"}
     documented = {re.sub(r"\{\w\}", "<>", e.split(" ", 1)[1]) for e in SIGNED_IN_MATRIX}
     assert {re.sub(r"<[^>]+>", "<>", r) for r in routes} == documented
-    assert SIGNED_IN_COLUMNS == ["owner", "other user", "staff", "anonymous (off)", "anonymous (on)"]
-    assert ANONYMOUS_COLUMNS == ["its session", "another session", "signed-in user", "staff"]
+    assert SIGNED_IN_COLUMNS == ["owner", "other user", "reviewer", "staff", "anonymous (off)", "anonymous (on)"]
+    assert ANONYMOUS_COLUMNS == ["its session", "another session", "signed-in user", "reviewer", "staff"]
 
 
 def anyone_signed_in(user) -> bool:
@@ -211,8 +214,8 @@ def anyone_signed_in(user) -> bool:
 def test_the_rules_are_swappable(world, ragchat_settings_override):
     ragchat_settings_override(CONVERSATION_CHANGE_PERMISSION="django_ragchat.permissions.is_owner_or_staff",
                               DOCUMENT_PERMISSION="tests.test_permissions_matrix.anyone_signed_in")
-    staff, other = world["clients"]["staff"], world["clients"]["other user"]
-    assert call(staff, "PATCH conversations/{C}/", world["ids"]).status_code == 200
+    reviewer, other = world["clients"]["reviewer"], world["clients"]["other user"]
+    assert call(reviewer, "PATCH conversations/{C}/", world["ids"]).status_code == 200
     assert call(other, "POST documents/", world["ids"]).status_code == 201
     # Reading is its own rule: still closed to the other user.
     assert call(other, "GET conversations/{C}/", world["ids"]).status_code == 404

@@ -479,6 +479,11 @@ def test_the_source_list_counts_only_what_the_member_of_staff_may_see(sources_on
     state = SourceState.objects.get(name="articles")
     assert "(you may not view these objects)" in client.get(
         f"/admin/django_ragchat/sourcestate/{state.pk}/change/").content.decode()
+    # A source whose every object is indexed and readable by them tells nothing more by its count.
+    Article.objects.filter(owner=user).delete()
+    assert row()["objects"] == "1"
+    Article.objects.create(title="Private atlas", body="Alice's map.", owner=user)
+    Article.objects.create(title="Second private atlas", body="Alice's other map.", owner=user)
     # With the model's view permission the objects are counted (the model's own admin lists them).
     staff_user.user_permissions.add(Permission.objects.get(codename="view_article"))
     assert row()["objects"] == "3"

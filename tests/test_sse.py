@@ -87,7 +87,7 @@ def test_events_arrive_as_the_model_writes_them(server, user, product_corpus, op
 
 
 def test_refusals_are_http_statuses_with_the_error_event_as_body(request, server, product_corpus, user, other_user,
-                                                                 staff_user, conversation):
+                                                                 reviewer, conversation):
     server_kind = request.node.callspec.params["server"]
     caller = caller_for(user)
     theirs = Conversation.objects.create(owner=other_user)
@@ -99,7 +99,7 @@ def test_refusals_are_http_statuses_with_the_error_event_as_body(request, server
     assert not_found[0] == not_found[1] == not_found[2]
     assert not_found[0]["type"] == "error" and not_found[0]["code"] == "not_found"
 
-    response, _ = post_stream(server, caller_for(staff_user), conversation.pk, QUESTION)
+    response, _ = post_stream(server, caller_for(reviewer), conversation.pk, QUESTION)
     assert (response.status_code, response.json()["code"]) == (403, "forbidden")
 
     with httpx.Client(cookies=caller.cookies) as client:

@@ -452,15 +452,15 @@ def test_the_user_approves_the_call_that_will_run_even_when_an_advisor_changed_i
     assert ToolInvocation.objects.get().parsed_arguments["body"] == signed
 
 
-def test_only_the_conversations_owner_decides(use_tools, openai_server, user, other_user, staff_user):
+def test_only_the_conversations_owner_decides(use_tools, openai_server, user, other_user, reviewer):
     conversation, box = confirm_turn(use_tools, openai_server, user, stream=True, tool_confirmation_timeout=5)
     pending = pending_invocation()
     with pytest.raises(DecisionRefused) as bob:
         decide_tool_call(pending.pk, other_user, None, approve=True)
     assert bob.value.code == "not_found"  # as for an id that does not exist
     with pytest.raises(DecisionRefused) as staff:
-        decide_tool_call(pending.pk, staff_user, None, approve=True)
-    assert staff.value.code == "forbidden"
+        decide_tool_call(pending.pk, reviewer, None, approve=True)
+    assert staff.value.code == "forbidden"  # a reviewer reads the conversation, and decides nothing
     decide_tool_call(pending.pk, user, None, approve=False)
     with pytest.raises(DecisionRefused) as twice:
         decide_tool_call(pending.pk, user, None, approve=True)
@@ -713,10 +713,10 @@ def test_stop_while_a_call_awaits_approval_cancels_it(use_tools, openai_server, 
 
 
 def test_the_rest_api_lists_a_messages_tool_calls_and_takes_decisions(use_tools, openai_server, user, other_user,
-                                                                       staff_user):
+                                                                       reviewer):
     conversation, box = confirm_turn(use_tools, openai_server, user, stream=False)
     pending = pending_invocation()
-    alice, bob, staff = client_for(user), client_for(other_user), client_for(staff_user)
+    alice, bob, staff = client_for(user), client_for(other_user), client_for(reviewer)
     url = f"{API}/tool-calls/{pending.pk}/decision/"
 
     # While the answer is being written, the message lists its pending call.

@@ -181,9 +181,10 @@ def test_anonymous_sessions_only_see_their_own_conversations(asgi, product_corpu
     assert Message.objects.count() == 2
 
 
-def test_staff_may_watch_anothers_conversation_but_not_send_to_it(asgi, product_corpus, user, staff_user, conversation):
+def test_reviewers_may_watch_anothers_conversation_but_not_send_to_it(asgi, product_corpus, user, reviewer,
+                                                                      conversation):
     path = f"/ws/ragchat/conversations/{conversation.pk}/"
-    with open_socket(asgi, caller_for(staff_user), path) as staff, open_socket(asgi, caller_for(user), path) as owner:
+    with open_socket(asgi, caller_for(reviewer), path) as staff, open_socket(asgi, caller_for(user), path) as owner:
         send(staff, type="message", content=QUESTION)
         assert receive(staff)["code"] == "forbidden"
         send(staff, type="cancel")

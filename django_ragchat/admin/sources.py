@@ -57,8 +57,10 @@ class SourceStateAdmin(RagchatAdmin):
         viewer = principals_of_user_id(request.user.pk)
         documents = Document.objects.filter(origin=OuterRef("name"), access__visible_to=viewer)
         chunks = Chunk.objects.filter(document__origin=OuterRef("name"), access__visible_to=viewer)
+        every_document = Document.objects.filter(origin=OuterRef("name"))
         return super().get_queryset(request).annotate(
-            _documents=count_subquery(documents, "origin"), _chunks=count_subquery(chunks, "document__origin"))
+            _documents=count_subquery(documents, "origin"), _chunks=count_subquery(chunks, "document__origin"),
+            _all_documents=count_subquery(every_document, "origin"))
 
     def get_changelist(self, request, **kwargs):
         return SourceStateChangeList
@@ -95,9 +97,12 @@ class SourceStateAdmin(RagchatAdmin):
         source = self._source(obj)
         if source is None:
             return "—"
-        if not getattr(obj, "viewer_may_view_model", False):
-            return "(you may not view these objects)"
-        return source.get_queryset().count()
+        count = source.get_queryset().count()
+        # Without the model's view permission the count is shown only when it tells nothing more
+        # than the documents they may read: every object indexed, and readable by them (a public source).
+        if getattr(obj, "viewer_may_view_model", False) or obj._documents == obj._all_documents == count:
+            return count
+        return "(you may not view these objects)"
 
     @admin.display(description="indexed (readable by you)", ordering="_documents")
     def indexed(self, obj):

@@ -147,9 +147,10 @@ def get_message(request, message_id) -> Message:
 
 
 def visible_memory(request):
-    """Memory records the caller may read: about them or their conversations; staff: all."""
+    """Memory records the caller may read: about them or their conversations; staff with
+    ``view_memoryrecord``: all."""
     user = request.user
-    if rules.is_staff(user):
+    if rules.may_review(user, "memoryrecord"):
         return MemoryRecord.objects.all()
     if is_signed_in(request):
         return MemoryRecord.objects.filter(Q(user=user) | Q(conversation__owner=user))

@@ -513,20 +513,20 @@ class MessageFeedback(RagchatAPIView, generics.GenericAPIView):
 
 
 @extend_schema(
-    summary="Feedback: yours; staff see everyone's",
+    summary="Feedback: yours; reviewers (staff with view_feedback) see everyone's",
     parameters=[OpenApiParameter("rating", OpenApiTypes.STR, enum=["up", "down"]),
                 OpenApiParameter("conversation", OpenApiTypes.UUID, description="Only this conversation's")],
     responses={200: s.FeedbackSerializer(many=True), **errors(400, 403)},
 )
 class FeedbackList(RagchatAPIView, generics.ListAPIView):
-    """Ratings, newest first: the caller's own; staff see everyone's."""
+    """Ratings, newest first: the caller's own; staff with ``view_feedback`` see everyone's."""
 
     serializer_class = s.FeedbackSerializer
     pagination_class = ListPagination
 
     def get_queryset(self):
         request = self.request
-        if rules.is_staff(request.user):
+        if rules.may_review(request.user, "feedback"):
             queryset = Feedback.objects.all()
         elif access.is_signed_in(request):
             queryset = Feedback.objects.filter(user=request.user)
@@ -554,7 +554,7 @@ class FeedbackList(RagchatAPIView, generics.ListAPIView):
 # --- Memory -----------------------------------------------------------------------------------
 
 
-@extend_schema(summary="Long-term memory about you and your conversations; staff see all",
+@extend_schema(summary="Long-term memory about you and your conversations; reviewers (staff with view_memoryrecord) see all",
                responses={200: s.MemoryRecordSerializer(many=True), **errors(400, 403)})
 class MemoryList(RagchatAPIView, generics.ListAPIView):
     """Summaries and facts the assistant remembers about the caller and their conversations."""
@@ -573,7 +573,7 @@ class MemoryList(RagchatAPIView, generics.ListAPIView):
     delete=extend_schema(summary="Forget a memory record", responses={204: None, **errors(403, 404)}),
 )
 class MemoryDetail(RagchatAPIView, generics.RetrieveUpdateDestroyAPIView):
-    """One memory record: staff may read any, only its owner may correct or delete it."""
+    """One memory record: reviewers (staff with view_memoryrecord) may read any, only its owner may correct or delete it."""
 
     serializer_class = s.MemoryRecordSerializer
     http_method_names = ["get", "patch", "delete", "head", "options"]
