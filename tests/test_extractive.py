@@ -392,6 +392,14 @@ def test_the_synonyms_expander_adds_no_price_or_duration_for_single_words():
     assert rental.group_names("Do you hire out tents?") == ("rental",)  # a profile's group
 
 
+def test_the_synonyms_expander_reads_no_synonym_inside_a_name():
+    # A new user's council site: "the alley behind Cedar Close" was searched with "opening
+    # hours" added, and library hours were retrieved for a fly-tipping report.
+    group_names = default_vocabulary().group_names
+    assert group_names("Tell me about the fly-tipping report in the alley behind Cedar Close") == ()
+    assert group_names("When do you close on Sundays?") == ("opening hours",)
+
+
 def test_a_single_word_finds_the_section_its_group_names(sample_docs):
     # "fixed" shares no word with the Repairs passage; its group (repair) does.
     answer = ask("If my gadget breaks while it's still covered, do I pay anything to get it fixed?")

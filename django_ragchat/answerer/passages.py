@@ -9,7 +9,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from django_ragchat.answerer.vocabulary import Vocabulary, fold, stem, stems, stems_of, words
+from django_ragchat.answerer.vocabulary import (
+    Vocabulary,
+    fold,
+    name_sequences,
+    stem,
+    stems,
+    stems_of,
+    words,
+)
 from django_ragchat.search.subjects import kind_of
 from django_ragchat.text import HEADING_SEPARATOR, normalize, sentences
 from django_ragchat.types import RetrievedChunk
@@ -17,10 +25,7 @@ from django_ragchat.types import RetrievedChunk
 _CITE_BEFORE_STOP = re.compile(r"([.!?])$")
 _MARKUP_CHARS = set('{}[]"=<>|`\\')
 _QUOTED_WORDS = re.compile(r'"[^"{}\[\]<>=|`\\]{1,60}"')
-_NAME_TOKEN_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*")
 _LETTER_RE = re.compile(r"[^\W\d_]")
-# How far into a text names are looked for: long passages add cost, not names.
-_MAX_SCAN_CHARS = 4000
 
 
 def is_prose(sentence: str) -> bool:
@@ -87,54 +92,6 @@ class Passage:
     leaf_words: tuple[tuple[str, str], ...] | None = field(default=None, compare=False)
     vectors: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     tokens: Mapping[str, list[int]] = field(default_factory=dict, compare=False, repr=False)  # word -> token ids
-
-
-def _sentence_start(text: str, position: int) -> bool:
-    before = position - 1
-    while before >= 0 and text[before].isspace():
-        before -= 1
-    return before < 0 or text[before] in ".?!:\n-*•#>"
-
-
-def name_sequences(text: str, stopwords: frozenset[str], numbers: bool = False) -> list[tuple[str, str]]:
-    """(display, folded) capitalised name runs in ``text``: "Aurora X2", "Nimbus Pen", "Zappa".
-
-    A run is capitalised words (and model codes like X2 right after one); a run of a single
-    word counts only inside a sentence, since any sentence starts with a capital. With
-    ``numbers`` (a title, not prose: "Friday 10" is no name), a number or a capital letter
-    right after a word continues it too: "Trailblazer 300", "CityStream E".
-    """
-    found = []
-    run: list[re.Match] = []
-
-    def close():
-        while run and fold(run[0].group(0)) in stopwords:
-            run.pop(0)
-        if run and (len(run) > 1 or not _sentence_start(text, run[0].start())):
-            found.append((text[run[0].start():run[-1].end()], " ".join(fold(m.group(0)) for m in run)))
-        run.clear()
-
-    for m in _NAME_TOKEN_RE.finditer(text[:_MAX_SCAN_CHARS]):
-        token = m.group(0)
-        if numbers and run and text[run[-1].end():m.start()].strip() == "" and (
-                token.isdigit() or (len(token) == 1 and token.isupper() and fold(token) not in stopwords)):
-            run.append(m)
-            continue
-        if not token[:1].isupper():  # neither a capitalised word nor a code: it ends a run
-            if run:
-                close()
-            continue
-        adjacent = bool(run) and text[run[-1].end():m.start()].strip() == ""
-        capital = token[:1].isupper() and any(c.islower() for c in token[1:]) if len(token) > 1 else False
-        code = bool(run) and adjacent and any(c.isdigit() for c in token) and token[:1].isupper()
-        if (capital or code) and (not run or adjacent):
-            run.append(m)
-        else:
-            close()
-            if capital:
-                run.append(m)
-    close()
-    return found
 
 
 _TABLE_RULE_RE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")

@@ -6,8 +6,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from django_ragchat.answerer.passages import Passage, _sentence_start, name_sequences
-from django_ragchat.answerer.vocabulary import Vocabulary, fold, labels, stem, stems, word_of, words
+from django_ragchat.answerer.passages import Passage
+from django_ragchat.answerer.vocabulary import (
+    Vocabulary,
+    _sentence_start,
+    fold,
+    labels,
+    name_sequences,
+    stem,
+    stems,
+    word_of,
+    words,
+)
 from django_ragchat.text import sentences
 
 #: A word this long or longer that neither the passages nor the table know is read as the one

@@ -139,6 +139,59 @@ def _other_form(written: list[str], listed: tuple[str, ...]) -> bool:
             and written[-1].endswith("ing") != listed[-1].endswith("ing"))
 
 
+_NAME_TOKEN_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*")
+# How far into a text names are looked for: long passages add cost, not names.
+_MAX_SCAN_CHARS = 4000
+
+
+def _sentence_start(text: str, position: int) -> bool:
+    before = position - 1
+    while before >= 0 and text[before].isspace():
+        before -= 1
+    return before < 0 or text[before] in ".?!:\n-*•#>"
+
+
+def name_sequences(text: str, stopwords: frozenset[str], numbers: bool = False) -> list[tuple[str, str]]:
+    """(display, folded) capitalised name runs in ``text``: "Aurora X2", "Nimbus Pen", "Zappa".
+
+    A run is capitalised words (and model codes like X2 right after one); a run of a single
+    word counts only inside a sentence, since any sentence starts with a capital. With
+    ``numbers`` (a title, not prose: "Friday 10" is no name), a number or a capital letter
+    right after a word continues it too: "Trailblazer 300", "CityStream E".
+    """
+    found = []
+    run: list[re.Match] = []
+
+    def close():
+        while run and fold(run[0].group(0)) in stopwords:
+            run.pop(0)
+        if run and (len(run) > 1 or not _sentence_start(text, run[0].start())):
+            found.append((text[run[0].start():run[-1].end()], " ".join(fold(m.group(0)) for m in run)))
+        run.clear()
+
+    for m in _NAME_TOKEN_RE.finditer(text[:_MAX_SCAN_CHARS]):
+        token = m.group(0)
+        if numbers and run and text[run[-1].end():m.start()].strip() == "" and (
+                token.isdigit() or (len(token) == 1 and token.isupper() and fold(token) not in stopwords)):
+            run.append(m)
+            continue
+        if not token[:1].isupper():  # neither a capitalised word nor a code: it ends a run
+            if run:
+                close()
+            continue
+        adjacent = bool(run) and text[run[-1].end():m.start()].strip() == ""
+        capital = token[:1].isupper() and any(c.islower() for c in token[1:]) if len(token) > 1 else False
+        code = bool(run) and adjacent and any(c.isdigit() for c in token) and token[:1].isupper()
+        if (capital or code) and (not run or adjacent):
+            run.append(m)
+        else:
+            close()
+            if capital:
+                run.append(m)
+    close()
+    return found
+
+
 class Vocabulary:
     """A language and a synonym table, compiled; what the offline components read text with.
 
@@ -333,7 +386,8 @@ class Vocabulary:
         the ``unexpanded_by_a_word`` class: "cost" finds the pricing passages itself, and adding
         "price" to "How much does shipping cost?" pulled every product's Pricing section above
         the shipping passage; a phrase adds it only when it is the one group asked ("What would
-        that set me back?")."""
+        that set me back?"). The words of a name written as one ask nothing: "the alley behind
+        Cedar Close" is a street, not the closing time."""
         names = self._group_names.get(text)
         if names is None:  # read into a local: another thread may clear the cache meanwhile
             names = self._read_group_names(text)
@@ -345,8 +399,9 @@ class Vocabulary:
     def _read_group_names(self, text: str) -> tuple[str, ...]:
         unexpanded = self.group_class("unexpanded_by_a_word")
         spelled = {stem(w) for w in words(text)}
+        in_names = {w for _, folded in name_sequences(text, self.stopwords) for w in folded.split()}
         names: list[str] = []
-        for key, _label in self.group_keys(text, set()):
+        for key, _label in self.group_keys(text, in_names):
             phrase = key.startswith("=")
             for label in labels(key):
                 if label in names or all(stem(w) in spelled for w in words(label)) or (
