@@ -1122,3 +1122,23 @@ def test_a_numbered_thing_no_passage_names_is_not_another_one(db, question, unkn
     answer = ask(question)
     assert "shipped" not in answer and f"don't mention {unknown}" in answer, answer
     assert "Its status is shipped" in ask("What is the status of order 1?")
+
+
+
+COUNCIL_LIBRARIES = {
+    "libraries.md": "# Libraries\n\nThe council runs eight public libraries. The Central Library is open Monday to "
+                    "Saturday from 9am to 8pm and on Sunday from 11am to 4pm.\n\n## Borrowing\n\nLibrary membership is "
+                    "free for everyone who lives, works or studies in the city. You can borrow up to 15 items for three "
+                    "weeks.\n\n## Computers and Wi-Fi\n\nEvery library has free Wi-Fi and public computers, which "
+                    "members can book for up to two hours a day.\n",
+    "planning.md": "# Planning applications\n\n## Applying\n\nApply through the Planning Portal. A householder "
+                   "application costs £258.\n",
+}
+
+
+def test_a_hyphenated_word_states_its_joined_spelling(db):
+    # A new user's council site: "what r the library wifi rules lol" was declined ("The documents
+    # don't say anything about wifi rules lol") beside "Every library has free Wi-Fi ...".
+    ingest_pages(COUNCIL_LIBRARIES)
+    answer = ask("what r the library wifi rules lol")
+    assert "free Wi-Fi" in answer, answer

@@ -70,12 +70,14 @@ def stems(text: str, pairs: bool = False) -> frozenset[str]:
 
 
 def stems_of(tokens: list[str], pairs: bool = False) -> frozenset[str]:
-    """``stems`` of a text whose ``words`` are ``tokens``."""
+    """``stems`` of a text whose ``words`` are ``tokens``; a hyphenated word states its joined
+    spelling too ("Wi-Fi" states "wifi", "e-books" "ebooks")."""
     found = set()
     for word in tokens:
         found.add(stem(word))
         if "-" in word:
             found.update(stem(part) for part in word.split("-") if part)
+            found.add(stem(word.replace("-", "")))
     if pairs:
         found.update(stem(a + "-" + b) for a, b in zip(tokens, tokens[1:]) if "-" not in a + b)
     return frozenset(found)
