@@ -182,10 +182,12 @@ def test_the_trace_says_how_a_follow_up_was_read_and_what_each_stage_did_in_word
     conversation = Conversation.objects.create(owner=user)
     message = Message.objects.create(conversation=conversation, seq=2, role="assistant", content="x")
     trace = TurnTrace.objects.create(message=message, profile="default", data={
-        "queries": {"original": "q", "final": "q", "followup": followup},
+        "queries": {"original": "q", "final": "q", "followup": followup,
+                    "transformed": [{"by": "followup", "text": "q", "note": "subject none, attribute new (take)"}]},
         "timings": {"query_transformers": 0.5, "llm": 2.0, "total": 3.0}})
     html = admin_client.get(url("turntrace_change", trace.pk)).content.decode()
     assert f'<dd class="ragchat-followup">{sentence}</dd>' in html
+    assert "attribute new (take)" not in html  # the rule's raw text, said in words above
     assert 'answer written <code class="ragchat-stage">llm</code>' in html
     assert 'question rewritten <code class="ragchat-stage">query_transformers</code>' in html
 

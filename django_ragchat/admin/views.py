@@ -298,6 +298,10 @@ def _read_queries(view: TraceView, data: dict) -> None:
         })
     view.final_query = str(queries.get("final") or "")
     view.followup = followup_sentence(_as_dict(queries.get("followup")))
+    if view.followup:  # said in words below: its raw rule ("subject none, attribute new") is no help
+        for step in view.steps:
+            if step["by"] == "followup":
+                step["note"] = ""
     view.expanded = [str(q) for q in _as_list(queries.get("expanded")) if str(q) != view.final_query]
 
 
