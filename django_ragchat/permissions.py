@@ -52,11 +52,7 @@ def may_review(user, model_name: str) -> bool:
 def is_owner_or_reviewer(user, conversation, session_key: str | None = None) -> bool:
     """The owner, staff who may review conversations (``may_review``), or (for an anonymous
     conversation) the session that created it."""
-    if user is not None and user.is_authenticated:
-        return conversation.owner_id == user.pk or may_review(user, "conversation")
-    if conversation.owner_id is None and session_key:
-        return conversation.session_key == session_key
-    return False
+    return is_owner(user, conversation, session_key) or may_review(user, "conversation")
 
 
 def is_owner(user, conversation, session_key: str | None = None) -> bool:

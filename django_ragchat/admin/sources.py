@@ -9,7 +9,8 @@ page answers). Staff need ``change_sourcestate`` to resync (``ragchat_admin_grou
 
 The counts are what the member of staff looking may see, as in the lists they link to: documents
 and chunks they may read, and the model's objects only with its ``view`` permission (a reviewer
-without ``orders.view_order`` is not told how many orders there are).
+without ``orders.view_order`` is not told how many orders there are) or when every object is a
+document they may read (a public source).
 """
 
 from __future__ import annotations

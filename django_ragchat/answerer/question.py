@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from django_ragchat.answerer.passages import Passage
 from django_ragchat.answerer.vocabulary import (
     Vocabulary,
-    _sentence_start,
+    at_sentence_start,
     fold,
     labels,
     name_sequences,
@@ -311,7 +311,7 @@ def _foreign_names(question: str, entities: _Entities, known_stems: frozenset[st
         tokens = words(display)  # "Aurora X2's" is aurora, x2
         if not any(t in first or stem(t) in first for t in tokens):
             continue  # a name sharing no word is unknown as a whole (``_find_subjects``)
-        written = tokens[1:] if _sentence_start(question, question.find(display)) else tokens
+        written = tokens[1:] if at_sentence_start(question, question.find(display)) else tokens
         if any(t not in light and not _known_code(t, known) and stem(t) not in known_stems for t in written):
             found.append(display)
     return found
@@ -332,13 +332,18 @@ def _unknown_numbered(question: str, entities: _Entities) -> list[str]:
     of that kind by number: "What is the status of order 2?" over the passage of Order 1 asks
     about an order that is not there (a site's own orders, tickets, rooms)."""
     pattern = entities.vocabulary.language.patterns.get("numbered")  # optional: a language may have none
-    numbered = {e for e in entities.known if len(e) > 1 and e[-1].isdigit()}
-    if pattern is None or not numbered:
+    numbers_of: dict[str, set[str]] = {}  # kind -> the numbers the passages name ("order" -> {"1"})
+    for e in entities.known:
+        if len(e) > 1 and e[-1].isdigit():
+            numbers_of.setdefault(stem(e[-2]), set()).add(e[-1])
+    if pattern is None or not numbers_of:
         return []
-    kinds = {stem(e[-2]) for e in numbered}
-    return [m.group(0) for m in pattern.finditer(question)
-            if stem(fold(m.group(1))) in kinds and not any(
-                stem(e[-2]) == stem(fold(m.group(1))) and e[-1] == m.group(2) for e in numbered)]
+    found = []
+    for m in pattern.finditer(question):
+        known_numbers = numbers_of.get(stem(fold(m.group(1))))
+        if known_numbers is not None and m.group(2) not in known_numbers:
+            found.append(m.group(0))
+    return found
 
 
 def _known_code(token: str, known: frozenset[str] | set[str]) -> bool:

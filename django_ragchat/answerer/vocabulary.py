@@ -146,7 +146,9 @@ _NAME_TOKEN_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*")
 _MAX_SCAN_CHARS = 4000
 
 
-def _sentence_start(text: str, position: int) -> bool:
+def at_sentence_start(text: str, position: int) -> bool:
+    """Whether ``position`` in ``text`` opens a sentence (or a heading, a list item): its
+    capital says nothing about a name there."""
     before = position - 1
     while before >= 0 and text[before].isspace():
         before -= 1
@@ -167,7 +169,7 @@ def name_sequences(text: str, stopwords: frozenset[str], numbers: bool = False) 
     def close():
         while run and fold(run[0].group(0)) in stopwords:
             run.pop(0)
-        if run and (len(run) > 1 or not _sentence_start(text, run[0].start())):
+        if run and (len(run) > 1 or not at_sentence_start(text, run[0].start())):
             found.append((text[run[0].start():run[-1].end()], " ".join(fold(m.group(0)) for m in run)))
         run.clear()
 
