@@ -178,16 +178,21 @@ def test_a_chunk_the_viewer_may_not_read_shows_as_hidden_not_as_gone(admin_clien
 def test_the_trace_says_how_a_follow_up_was_read_and_what_each_stage_did_in_words(admin_client, user, followup,
                                                                                     sentence):
     """A vet clinic's staff read "subject none, attribute new (take)" and a stage called "llm"
-    for the offline answerer; the trace now says both in words, the names beside them."""
+    for the offline answerer; the trace now says both in words, the names beside them, and
+    still says what the follow-up did to the query."""
     conversation = Conversation.objects.create(owner=user)
     message = Message.objects.create(conversation=conversation, seq=2, role="assistant", content="x")
     trace = TurnTrace.objects.create(message=message, profile="default", data={
         "queries": {"original": "q", "final": "q", "followup": followup,
-                    "transformed": [{"by": "followup", "text": "q", "note": "subject none, attribute new (take)"}]},
+                    "transformed": [{"by": "followup", "text": "q Are you open?",
+                                     "note": "follow-up: added the opening message 'Are you open?'; "
+                                             "subject none, attribute new (take)"}]},
         "timings": {"query_transformers": 0.5, "llm": 2.0, "total": 3.0}})
     html = admin_client.get(url("turntrace_change", trace.pk)).content.decode()
     assert f'<dd class="ragchat-followup">{sentence}</dd>' in html
     assert "attribute new (take)" not in html  # the rule's raw text, said in words above
+    # What it did is no rule: a bike shop's staff saw a rewritten query and no reason beside it.
+    assert "follow-up: added the opening message &#x27;Are you open?&#x27;" in html
     assert 'answer written <code class="ragchat-stage">llm</code>' in html
     assert 'question rewritten <code class="ragchat-stage">query_transformers</code>' in html
 

@@ -14,6 +14,7 @@ is untrusted and left to the templates' autoescaping.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,11 @@ from django_ragchat.models import (
     TurnTrace,
 )
 from django_ragchat.text import shorten
+
+# The follow-up transformer's raw rule at the end of its note ("subject none, attribute new
+# (take)"), which ``followup_sentence`` says in words.
+_FOLLOWUP_RULE_RE = re.compile(r"(?:^|;\s*)subject (?:set|kept|replaced|fresh|none)(?: \([^)]*\))?"
+                               r", attribute (?:new|inherited|none)(?: \([^)]*\))?$")
 
 #: Messages per page of a conversation's transcript in the admin.
 TRANSCRIPT_PAGE_SIZE = 200
@@ -298,10 +304,10 @@ def _read_queries(view: TraceView, data: dict) -> None:
         })
     view.final_query = str(queries.get("final") or "")
     view.followup = followup_sentence(_as_dict(queries.get("followup")))
-    if view.followup:  # said in words below: its raw rule ("subject none, attribute new") is no help
-        for step in view.steps:
+    if view.followup:  # said in words below: its raw rule ("subject none, attribute new") is no help,
+        for step in view.steps:  # what it did ("added the opening message ...") still is
             if step["by"] == "followup":
-                step["note"] = ""
+                step["note"] = _FOLLOWUP_RULE_RE.sub("", str(step["note"])).strip()
     view.expanded = [str(q) for q in _as_list(queries.get("expanded")) if str(q) != view.final_query]
 
 
