@@ -459,6 +459,12 @@ def test_the_admin_shows_each_sources_state_and_resyncs(sources_on, client, djan
     assert "Synced from their objects: articles (objects): 1 object(s)" in response.content.decode()
 
 
+def test_the_source_list_says_how_to_register_a_source_when_there_is_none(admin_client):
+    # A new bike shop's staff saw "0 model sources" and nothing on what a source is.
+    page = admin_client.get("/admin/django_ragchat/sourcestate/").content.decode()
+    assert "No model source is registered." in page and "docs/sources.md" in page
+
+
 def test_the_source_list_counts_only_what_the_member_of_staff_may_see(sources_on, client, user, staff_user):
     Article.objects.create(title="Atlas", body="The Atlas is a map.")
     Article.objects.create(title="Private atlas", body="Alice's map.", owner=user)

@@ -74,6 +74,10 @@ class SourceStateAdmin(RagchatAdmin):
         names = list(source_registry.sources())
         if names:  # a source registered since the last visit gets its row
             SourceState.objects.bulk_create([SourceState(name=n) for n in names], ignore_conflicts=True)
+        elif request.method == "GET":  # "0 model sources" alone left a new site's staff guessing
+            messages.info(request, "No model source is registered. A source declares how one of your models "
+                                   "becomes documents the assistant searches, and who may read each: see "
+                                   "docs/sources.md of django-ragchat (the register_sources hook).")
         return super().changelist_view(request, extra_context)
 
     def has_add_permission(self, request):
