@@ -400,6 +400,14 @@ def test_the_synonyms_expander_reads_no_synonym_inside_a_name():
     assert group_names("When do you close on Sundays?") == ("opening hours",)
 
 
+def test_an_exact_word_is_met_only_as_written():
+    # The council site again: "Show me all requests awaiting inspection" was searched with
+    # "video" added, for "shows" (binge shows) met through its stem.
+    group_names = default_vocabulary().group_names
+    assert group_names("Show me all requests awaiting inspection") == ()
+    assert group_names("How long can I binge shows on the Nimbus Tab?") == ("length", "video")
+
+
 def test_a_single_word_finds_the_section_its_group_names(sample_docs):
     # "fixed" shares no word with the Repairs passage; its group (repair) does.
     answer = ask("If my gadget breaks while it's still covered, do I pay anything to get it fixed?")

@@ -136,7 +136,10 @@ class _Compiling:
 def _other_form(written: list[str], listed: tuple[str, ...]) -> bool:
     """Whether a phrase met through stems ends in another form than listed, a gerund for a noun or
     the other way: "is there a charging brick" is no "is there a charge" (its last word describes
-    another noun), while "charge wirelessly" is "charging wirelessly"."""
+    another noun), while "charge wirelessly" is "charging wirelessly". A phrase of one word is an
+    exact word (``exact_words``), met only as written: "Show me" is no "shows"."""
+    if len(listed) == 1:
+        return written != list(listed)
     return (len(written) == len(listed) and written[-1] != listed[-1]
             and written[-1].endswith("ing") != listed[-1].endswith("ing"))
 
