@@ -61,8 +61,9 @@ DEFAULTS: dict[str, Any] = {
     "CONVERSATION_PERMISSION": "django_ragchat.permissions.is_owner_or_reviewer",
     # Who may change (send to, rename, delete) a conversation they can see; same signature.
     "CONVERSATION_CHANGE_PERMISSION": "django_ragchat.permissions.is_owner",
-    # Who may add and delete documents through the API: dotted path of a callable(user) -> bool.
-    "DOCUMENT_PERMISSION": "django_ragchat.permissions.is_staff",
+    # Who may add and delete documents through the API: dotted path of a callable(user) -> bool;
+    # by default staff with the admin's add_document and delete_document ("...is_staff": all staff).
+    "DOCUMENT_PERMISSION": "django_ragchat.permissions.may_manage_documents",
     # Which profiles a user may start conversations with: dotted path of a
     # callable(user, profile_name) -> bool. The default profile is always allowed.
     "PROFILE_PERMISSION": "django_ragchat.permissions.any_profile",

@@ -14,7 +14,9 @@ The rules themselves are swappable, each a dotted path in ``RAGCHAT``:
   same signature; default ``is_owner``, so reviewers read but write only their own.
   It is only asked about conversations the caller may read.
 * ``DOCUMENT_PERMISSION``: who may add and delete documents, ``(user) -> bool``; default
-  ``is_staff``.
+  ``may_manage_documents``: staff with ``django_ragchat.add_document`` and
+  ``django_ragchat.delete_document``, as in the admin (``is_staff`` lets any member of staff
+  upload and delete).
 * ``PROFILE_PERMISSION``: which profiles a user may start conversations with, ``(user,
   profile_name) -> bool``; default ``any_profile``. The default profile is always allowed, so
   every user has an assistant. The REST API and the OpenAI-compatible endpoint (where a profile
@@ -65,7 +67,18 @@ def is_owner(user, conversation, session_key: str | None = None) -> bool:
 
 
 def is_staff(user) -> bool:
+    """Signed in and staff. As ``DOCUMENT_PERMISSION``: every member of staff may add and
+    delete documents, with no model permission (the default before ``may_manage_documents``)."""
     return bool(user is not None and user.is_authenticated and user.is_staff)
+
+
+def may_manage_documents(user) -> bool:
+    """Whether ``user`` is staff with ``django_ragchat.add_document`` and
+    ``django_ragchat.delete_document`` (superusers have both): the default
+    ``DOCUMENT_PERMISSION``. The admin asks the same permissions before it uploads or deletes a
+    document, and ``manage.py ragchat_admin_group --documents`` grants them, so the API lets
+    the same people do the same things. Being staff alone is not enough."""
+    return is_staff(user) and user.has_perms(["django_ragchat.add_document", "django_ragchat.delete_document"])
 
 
 def any_profile(user, profile_name: str) -> bool:

@@ -196,6 +196,28 @@ def reviewer(staff_user):
     return type(staff_user).objects.get(pk=staff_user.pk)  # no permission cache from before
 
 
+def grant_document_permissions(user):
+    """``user`` with ``django_ragchat.add_document`` and ``delete_document`` (what
+    ``ragchat_admin_group --documents`` adds), fetched again: no permission cache from before."""
+    from django.apps import apps
+    from django.contrib.auth.management import create_permissions
+    from django.contrib.auth.models import Permission
+
+    create_permissions(apps.get_app_config("django_ragchat"), verbosity=0)  # after a flush too
+    permissions = Permission.objects.filter(content_type__app_label="django_ragchat",
+                                            codename__in=["add_document", "delete_document"])
+    assert len(permissions) == 2
+    user.user_permissions.add(*permissions)
+    return type(user).objects.get(pk=user.pk)
+
+
+@pytest.fixture
+def uploader(staff_user):
+    """``staff_user`` with the admin's document permissions: may upload and delete documents
+    over the API (``DOCUMENT_PERMISSION``'s default, ``may_manage_documents``)."""
+    return grant_document_permissions(staff_user)
+
+
 @pytest.fixture
 def conversation(user):
     from django_ragchat.models import Conversation

@@ -512,8 +512,8 @@ def upload(client, name, content: bytes, **fields):
                        format="multipart")
 
 
-def test_staff_upload_a_document_that_the_chat_then_cites(staff_user, alice, conversation):
-    staff = client_for(staff_user)
+def test_staff_upload_a_document_that_the_chat_then_cites(uploader, alice, conversation):
+    staff = client_for(uploader)
     text = b"# Orion Watch\n\n## Pricing\nThe Orion Watch costs $249 and comes in two sizes.\n"
     response = upload(staff, "orion.md", text)
     assert response.status_code == 201, response.json()
@@ -546,8 +546,8 @@ def test_staff_upload_a_document_that_the_chat_then_cites(staff_user, alice, con
     assert listed["citations"][0]["source"] == "upload/orion.md" and listed["sources"][0]["document_id"] is None
 
 
-def test_upload_options_and_bad_uploads(staff_user):
-    staff = client_for(staff_user)
+def test_upload_options_and_bad_uploads(uploader):
+    staff = client_for(uploader)
     response = upload(staff, "notes", b"Plain words.", content_type="text", source="kb/notes", title="Notes")
     assert response.status_code == 201
     assert {"source": "kb/notes", "title": "Notes", "content_type": "text"}.items() <= response.json()["document"].items()
@@ -566,11 +566,11 @@ def test_upload_options_and_bad_uploads(staff_user):
     assert Document.objects.count() == 1
 
 
-def test_an_upload_over_the_size_limit_is_a_413(staff_user, monkeypatch):
+def test_an_upload_over_the_size_limit_is_a_413(uploader, monkeypatch):
     from django_ragchat.api.views import DocumentList
 
     monkeypatch.setattr(DocumentList, "max_upload_bytes", 1000)
-    response = upload(client_for(staff_user), "big.md", b"x" * 1001)
+    response = upload(client_for(uploader), "big.md", b"x" * 1001)
     assert response.status_code == 413 and response.json()["code"] == "too_large"
     assert not Document.objects.exists()
 

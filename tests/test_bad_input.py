@@ -243,12 +243,12 @@ def test_too_many_fields_is_too_many_fields_on_the_openai_endpoint_too(client, u
     assert not Message.objects.exists()
 
 
-def test_an_upload_nested_too_deeply_to_parse_is_invalid_document(client, staff_user):
+def test_an_upload_nested_too_deeply_to_parse_is_invalid_document(client, uploader):
     from django.core.files.uploadedfile import SimpleUploadedFile
 
     from django_ragchat.models import Document
 
-    client.force_login(staff_user)
+    client.force_login(uploader)
     response = client.post("/api/ragchat/documents/", {"file": SimpleUploadedFile("deep.html", b"<div>" * 100_000)})
     assert (response.status_code, response.json()["code"]) == (400, "invalid_document")
     assert not Document.objects.exists()

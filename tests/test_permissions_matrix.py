@@ -207,6 +207,44 @@ def test_the_documented_matrix_covers_every_endpoint():
     assert ANONYMOUS_COLUMNS == ["its session", "another session", "signed-in user", "reviewer", "staff"]
 
 
+DOCUMENT_ENDPOINTS = ["POST documents/", "GET documents/tasks/{T}/", "DELETE documents/{D}/"]
+
+
+@pytest.mark.parametrize("rule, permissions, allowed", [
+    (None, [], False),  # staff alone: the admin would refuse them too
+    (None, ["add_document"], False),  # both are needed
+    (None, ["add_document", "delete_document"], True),  # what ragchat_admin_group --documents grants
+    (None, ["superuser"], True),
+    ("django_ragchat.permissions.is_staff", [], True),  # the old rule, for a site that wants it
+], ids=["staff", "add only", "add and delete", "superuser", "is_staff rule"])
+def test_documents_are_managed_with_the_admins_permissions(world, ragchat_settings_override, django_user_model,
+                                                           rule, permissions, allowed):
+    """Uploading, following a queued upload and deleting documents take staff with
+    ``django_ragchat.add_document`` and ``delete_document``, as the admin asks (the default
+    ``DOCUMENT_PERMISSION``, ``may_manage_documents``); ``is_staff`` lets every member of staff."""
+    from django.contrib.auth.models import Permission
+
+    if rule:
+        ragchat_settings_override(DOCUMENT_PERMISSION=rule)
+    clerk = django_user_model.objects.get(username="clerk")  # the world's staff, with no permission
+    if permissions == ["superuser"]:
+        clerk.is_superuser = True
+        clerk.save()
+    else:
+        clerk.user_permissions.add(*Permission.objects.filter(content_type__app_label="django_ragchat",
+                                                              codename__in=permissions))
+    client = signed_in(clerk)
+    answers = [call(client, endpoint, world["ids"]) for endpoint in DOCUMENT_ENDPOINTS]
+    if allowed:
+        assert [r.status_code for r in answers] == [201, 200, 204], [r.content for r in answers]
+        assert not Document.objects.filter(pk=world["ids"]["D"]).exists()
+    else:
+        for endpoint, response in zip(DOCUMENT_ENDPOINTS, answers, strict=True):
+            assert (response.status_code, response.json()) == (
+                403, {"code": "permission_denied", "detail": "You may not add or delete documents."}), endpoint
+        assert list(Document.objects.values_list("pk", flat=True)) == [world["ids"]["D"]]
+
+
 def anyone_signed_in(user) -> bool:
     return user.is_authenticated
 

@@ -16,8 +16,8 @@ BIG = "# Trail Guide\n\n## Routes\n\n" + "The ridge route climbs 900 metres past
 
 
 @pytest.fixture
-def staff_client(client, staff_user):
-    client.force_login(staff_user)
+def staff_client(client, uploader):
+    client.force_login(uploader)
     return client
 
 

@@ -7,7 +7,9 @@ them to DRF requests:
 * ``CanChat``: signed in, or anonymous while ``RAGCHAT["ALLOW_ANONYMOUS"]`` is on. An anonymous
   caller is identified by their session, so their unsafe requests must carry the CSRF token
   (DRF's ``SessionAuthentication`` checks it only for signed-in users).
-* ``IsSignedIn``, ``IsStaff``, ``CanManageDocuments``: what their names say.
+* ``IsSignedIn``, ``IsStaff``: what their names say. ``CanManageDocuments`` (reading: signed
+  in; adding and deleting: ``DOCUMENT_PERMISSION``), ``CanUploadDocuments`` (a queued upload's
+  task: ``DOCUMENT_PERMISSION``).
 * ``get_conversation`` / ``get_message``: the object lookups; an unknown id, a malformed id
   and an id the caller may not read all raise the same ``NotFound``.
 * ``check_change``: ``PermissionDenied`` (403) when the caller may read but not change.
@@ -100,7 +102,8 @@ class IsStaff(permissions.BasePermission):
 
 
 class CanManageDocuments(permissions.BasePermission):
-    """Reading: any signed-in user. Adding and deleting: ``DOCUMENT_PERMISSION`` (staff)."""
+    """Reading: any signed-in user. Adding and deleting: ``DOCUMENT_PERMISSION`` (by default
+    staff with ``django_ragchat.add_document`` and ``delete_document``, as in the admin)."""
 
     message = "You may not add or delete documents."
 
@@ -111,7 +114,8 @@ class CanManageDocuments(permissions.BasePermission):
 
 
 class CanUploadDocuments(permissions.BasePermission):
-    """``DOCUMENT_PERMISSION`` (staff) for every method: queued uploads are theirs to follow."""
+    """``DOCUMENT_PERMISSION`` (by default staff with ``django_ragchat.add_document`` and
+    ``delete_document``) for every method: queued uploads are theirs to follow."""
 
     message = "You may not add or delete documents."
 
