@@ -155,6 +155,38 @@ def test_bad_conversation_input_is_a_400_naming_the_field(alice, body, field):
     assert not Conversation.objects.exists()
 
 
+def test_the_conversation_list_filters_by_profile(alice, user, ragchat_settings_override):
+    """What a widget with a profile lists (docs/widget.md)."""
+    ragchat_settings_override(PROFILES={"default": {}, "support": {}})
+    support = Conversation.objects.create(owner=user, profile="support")
+    Conversation.objects.create(owner=user)
+    listed = alice.get(f"{API}/conversations/?profile=support").json()["results"]
+    assert [c["id"] for c in listed] == [str(support.pk)]
+    assert len(alice.get(f"{API}/conversations/").json()["results"]) == 2
+    assert alice.get(f"{API}/conversations/?profile=gone").json()["results"] == []
+    for bad in ("%00", "x" * 101):
+        response = alice.get(f"{API}/conversations/?profile={bad}")
+        assert response.status_code == 400 and response.json()["errors"]["profile"], response.content
+
+
+def test_a_message_may_start_a_conversation_only_with_a_profile_its_sender_may_use(user, ragchat_settings_override):
+    """The streaming transports' ``profile`` (tests/test_sse.py, tests/test_websocket.py run it
+    over real servers): a profile PROFILE_PERMISSION withholds is refused as an unknown one."""
+    from django_ragchat.transport.turns import TurnRefused, new_conversation_options
+
+    ragchat_settings_override(PROFILES={"default": {}, "support": {}},
+                              PROFILE_PERMISSION="tests.test_openai_api_keys.no_profiles")
+    assert new_conversation_options(user, None) == {}
+    assert new_conversation_options(user, "default") == {"profile": "default"}  # always allowed
+    for withheld in ("support", "nope", 5, "x" * 5_000):
+        with pytest.raises(TurnRefused) as refused:
+            new_conversation_options(user, withheld)
+        assert (refused.value.code, refused.value.http_status) == ("unknown_profile", 400)
+        assert len(refused.value.message) < 150
+    ragchat_settings_override(PROFILE_PERMISSION="django_ragchat.permissions.any_profile")
+    assert new_conversation_options(user, "support") == {"profile": "support"}
+
+
 def test_unknown_profile_says_so(alice):
     error = post_json(alice, f"{API}/conversations/", {"profile": "nope"}).json()
     assert error["errors"]["profile"] == ["There is no profile named 'nope'."]

@@ -781,6 +781,28 @@ def test_two_widgets_on_a_page_keep_apart(page, asgi, product_corpus):
     assert second.find_elements(By.ID, link.get_attribute("href").split("#", 1)[1])  # its own source
 
 
+@pytest.mark.parametrize("served", ["asgi", "wsgi"])
+def test_a_widget_with_a_profile_starts_and_lists_that_profiles_conversations(page, request, served,
+                                                                             product_corpus):
+    """A site with several profiles had no way to put one on a page: every widget started its
+    conversations with the default profile. Over the websocket (ASGI) and server-sent events
+    (WSGI) alike."""
+    from django_ragchat.models import Conversation
+
+    server = request.getfixturevalue(served)
+    open_chat(page, f"{server.url}/chat/")
+    ask(page, QUESTION)  # a conversation of the default profile
+    open_chat(page, f"{server.url}/embed-profile/")
+    assert not page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")  # not this widget's
+    ask(page, QUESTION)
+    assert "$699" in last_answer_text(page) and last_answer_text(page).isupper()  # the "shout" augmenter
+    assert sorted(Conversation.objects.values_list("profile", flat=True)) == ["default", "shouting"]
+    open_chat(page, f"{server.url}/embed-profile/")
+    assert len(page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")) == 1
+    open_chat(page, f"{server.url}/chat/")  # the default widget lists them all
+    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")) == 2)
+
+
 def test_excerpts_are_cut_at_a_word_boundary_without_the_heading(page, asgi):
     open_chat(page, f"{asgi.url}/chat/")
     result = page.execute_async_script("""

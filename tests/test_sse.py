@@ -343,3 +343,30 @@ def test_the_asgi_body_stops_the_turn_when_django_closes_the_response():
         return list(cleaned)
 
     assert async_to_sync(scenario)() == ["closed"]
+
+
+def test_a_new_conversation_starts_with_the_profile_its_message_names(server, product_corpus, user):
+    """The widget's ``profile`` option: a message that starts a conversation says its profile; a
+    name that is no profile is refused as the REST API refuses it, and nothing is created."""
+    caller = caller_for(user)
+
+    def start(**body):
+        with httpx.Client(cookies=caller.cookies, timeout=20) as client:
+            response = client.post(f"{server.url}/chat/stream/", json={"content": QUESTION, **body},
+                                   headers=sse_headers(caller))
+        return response
+
+    response = start(profile="shouting")
+    assert response.status_code == 200, response.text
+    assert Conversation.objects.get().profile == "shouting"
+    for wrong in ("nope", 5, ["shouting"]):
+        refused = start(profile=wrong)
+        assert (refused.status_code, refused.json()["code"]) == (400, "unknown_profile"), refused.text
+    refused = start(profile="nope", content="")  # the message is checked first, on every transport
+    assert (refused.status_code, refused.json()["code"]) == (400, "empty"), refused.text
+    assert Conversation.objects.count() == 1
+    # A conversation keeps its profile: a message to it names none that counts.
+    conversation = Conversation.objects.get()
+    response, events = post_stream(server, caller, conversation.pk, "Does it have a warranty?")
+    assert events[-1]["type"] == "done" and Conversation.objects.get().profile == "shouting"
+

@@ -83,6 +83,20 @@ def test_a_message_without_conversation_starts_one_that_the_socket_keeps(asgi, p
     assert conversation.messages.count() == 4
 
 
+def test_a_message_without_conversation_may_name_its_profile(asgi, product_corpus, user):
+    with open_socket(asgi, caller_for(user)) as ws:
+        for wrong in ("nope", 5):
+            send(ws, type="message", content=QUESTION, profile=wrong)
+            assert receive(ws)["code"] == "unknown_profile"  # as over server-sent events and REST
+        send(ws, type="message", content="", profile="nope")
+        assert receive(ws)["code"] == "empty"  # the message is checked first, as over server-sent events
+        assert not Conversation.objects.exists()
+        send(ws, type="message", content=QUESTION, profile="shouting")
+        frames = read_turn(ws)
+    assert frames[-1]["type"] == "done" and frames[-1]["message"]["content"].isupper()
+    assert Conversation.objects.get().profile == "shouting"
+
+
 def test_ping(asgi, user):
     with open_socket(asgi, caller_for(user)) as ws:
         send(ws, type="ping", client_id="p")

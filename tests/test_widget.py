@@ -61,6 +61,22 @@ def test_the_tag_renders_the_widget_with_its_config_and_module(rf, user):
 
 
 @pytest.mark.django_db
+def test_a_widget_with_a_profile_says_it_and_lists_only_its_conversations(rf, user, ragchat_settings_override):
+    from django_ragchat.profiles import UnknownProfile
+
+    ragchat_settings_override(PROFILES={"default": {}, "shouting": {}})
+    request = rf.get("/products/")
+    request.user = user
+    request.session = SessionStore()
+    config = widget_config(render_tag(request, 'profile="shouting"'))
+    assert config["profile"] == "shouting"
+    assert config["api"]["conversations"] == "/api/ragchat/conversations/?profile=shouting"
+    assert widget_config(render_tag(request))["profile"] is None
+    with pytest.raises(UnknownProfile, match="No profile named 'nope'"):
+        render_tag(request, 'profile="nope"')
+
+
+@pytest.mark.django_db
 def test_an_anonymous_visitor_gets_a_session_or_a_sign_in_link(rf, settings):
     from django.contrib.auth.models import AnonymousUser
 

@@ -23,6 +23,11 @@ _EMBED_TWO = """{% load ragchat %}<!doctype html><html lang="en"><head><meta cha
 </body></html>"""
 
 
+# A widget with a profile of its own (tests/test_browser.py): its conversations are "shouting"'s.
+_EMBED_PROFILE = """{% load ragchat %}<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Loud</title></head>
+<body>{% ragchat_widget label="Loud questions" profile="shouting" %}</body></html>"""
+
+
 def _render(source):
     def view(request):
         from django.http import HttpResponse
@@ -32,4 +37,5 @@ def _render(source):
     return view
 
 
-urlpatterns += [path("embed/", _render(_EMBED)), path("embed-two/", _render(_EMBED_TWO))]
+urlpatterns += [path("embed/", _render(_EMBED)), path("embed-two/", _render(_EMBED_TWO)),
+                path("embed-profile/", _render(_EMBED_PROFILE))]

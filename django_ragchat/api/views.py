@@ -213,7 +213,8 @@ class ListPagination(StrictLimitOffsetPagination):
 
 
 @extend_schema_view(
-    get=extend_schema(summary="Your conversations, most recently active first", responses={
+    get=extend_schema(summary="Your conversations, most recently active first", parameters=[OpenApiParameter(
+        "profile", OpenApiTypes.STR, description="Only those with this profile (a widget's own)")], responses={
         200: s.ConversationSerializer(many=True), **errors(400, 403)}),
     post=extend_schema(summary="Start a conversation", request=s.ConversationCreateSerializer,
                        responses={201: s.ConversationSerializer, **errors(400, 403)}),
@@ -225,9 +226,14 @@ class ConversationList(RagchatAPIView, generics.ListCreateAPIView):
     pagination_class = ConversationPagination
 
     def get_queryset(self):
-        return rules.visible_conversations(
-            self.request.user, access.caller_session_key(self.request)
-        ).annotate(first_question=s.first_question_subquery()).order_by("-updated_at", "-created_at", "pk")
+        conversations = rules.visible_conversations(self.request.user, access.caller_session_key(self.request))
+        profile = self.request.query_params.get("profile")
+        if profile is not None:  # a widget with a profile lists its own conversations
+            if "\x00" in profile or len(profile) > 100:  # no name; PostgreSQL refuses a NUL in text
+                raise exceptions.ValidationError({"profile": ["Must be a profile name."]}, code="invalid")
+            conversations = conversations.filter(profile=profile)
+        return conversations.annotate(first_question=s.first_question_subquery()).order_by(
+            "-updated_at", "-created_at", "pk")
 
     def create(self, request, *args, **kwargs):
         form = s.ConversationCreateSerializer(data=request.data, context={"request": request})

@@ -22,13 +22,15 @@ register = template.Library()
 
 
 @register.inclusion_tag("django_ragchat/widget.html", takes_context=True)
-def ragchat_widget(context, label: str = "Chat", compact: bool = False, notice: str = ""):
+def ragchat_widget(context, label: str = "Chat", compact: bool = False, notice: str = "", profile: str = ""):
     """The chat widget.
 
     ``label`` names it for screen readers (``aria-label``); ``compact`` hides the conversation
     list behind a button at every width (as it is on a phone), for a widget in a side panel;
     ``notice`` is a line of text shown above the messages (the demo says its answers are
-    extractive until a model is configured).
+    extractive until a model is configured); ``profile`` (a name in ``RAGCHAT["PROFILES"]``)
+    starts its conversations with that profile and lists only those (the default profile's
+    widget lists them all); a name that is no profile raises ``UnknownProfile``.
     Needs ``django.template.context_processors.request``. A visitor who may not chat (anonymous,
     with ``RAGCHAT["ALLOW_ANONYMOUS"]`` off) sees a link to ``settings.LOGIN_URL`` instead.
     """
@@ -45,4 +47,4 @@ def ragchat_widget(context, label: str = "Chat", compact: bool = False, notice: 
         return {"widget_id": widget_id, "label": label, "compact": compact, "notice": notice,
                 "login_url": f"{login}?next={quote(request.get_full_path())}"}
     return {"widget_id": widget_id, "config_id": widget_id + "-config", "label": label, "compact": compact,
-            "notice": notice, "config": page_config(request)}
+            "notice": notice, "config": page_config(request, profile)}

@@ -330,11 +330,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         return frame, client_id, None
 
     async def on_message(self, frame: dict, client_id: str | None) -> None:
-        """``{"type": "message", "content": ..., "conversation_id"?: ...}``: run a turn.
+        """``{"type": "message", "content": ..., "conversation_id"?: ..., "profile"?: ...}``: run
+        a turn.
 
-        Without a conversation, a new one is created only once the turn is admitted (a
-        refused message creates nothing), unless ``client_id`` names a message this caller
-        already sent: then that message's conversation answers the resend.
+        Without a conversation, a new one (with ``profile`` if it names one) is created only once
+        the turn is admitted (a refused message creates nothing), unless ``client_id`` names a
+        message this caller already sent: then that message's conversation answers the resend.
         """
         content = frame.get("content")
         try:
@@ -345,8 +346,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 if self.closed:
                     return
                 checked = time.monotonic()
-                current, conversation = await sync_to_async(self._open_for_message)(
-                    content, frame.get("conversation_id", self.conversation_id), client_id)
+                current, conversation, new = await sync_to_async(self._open_for_message)(
+                    content, frame.get("conversation_id", self.conversation_id), client_id, frame.get("profile"))
                 if not current:
                     return await self._end_session(client_id)
                 self.session_checked = checked
@@ -364,25 +365,27 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                                       retry_after=TurnInProgress.RETRY_AFTER)
                 return await self._send_frame(self._frame(refusal.to_event().to_dict(), key, client_id))
             self.conversation_id = key
-        self.turns[key] = asyncio.create_task(self._run_turn_in_lane(conversation, content, client_id, key))
+        self.turns[key] = asyncio.create_task(self._run_turn_in_lane(conversation, content, client_id, key, new))
 
-    def _open_for_message(self, content: Any, conversation_id, client_id: str | None) -> tuple[bool, Conversation | None]:
+    def _open_for_message(self, content: Any, conversation_id, client_id: str | None,
+                          profile: Any) -> tuple[bool, Conversation | None, dict[str, Any]]:
         """A message frame's checks, in their order, synchronously (one thread hop): (whether
-        the socket's session still stands, the conversation it goes to, ``None`` for a new one).
-        ``TurnRefused`` when the message cannot be sent."""
+        the socket's session still stands, the conversation it goes to, ``None`` for a new one,
+        and a new one's options: its ``profile``). ``TurnRefused`` when the message cannot be
+        sent."""
         transport.close_stale_connections()  # this lane's, before its first statement
         if not session_is_current(self.user, self.scope.get("session")):
-            return False, None
+            return False, None, {}
         transport.validate(content)
         if conversation_id is None and client_id:
             found = transport.sent_with(self.user, self.session_key, client_id, cleaned=True)
             conversation_id = str(found.pk) if found is not None else None
-        if conversation_id is not None:
+        if conversation_id is not None:  # a conversation keeps the profile it has
             return True, transport.open_conversation_sync(self.user, conversation_id, self.session_key, True,
-                                                          client_id or "", cleaned=True)[0]
+                                                          client_id or "", cleaned=True)[0], {}
         if not (self.user is not None and self.user.is_authenticated) and not self.session_key:
             raise TurnRefused("forbidden", "Sign in to start a conversation.", 403)
-        return True, None
+        return True, None, transport.new_conversation_options(self.user, profile)
 
     async def on_cancel(self, frame: dict, client_id: str | None) -> None:
         """``{"type": "cancel", "conversation_id"?: ...}``: stop the turn being written there,
@@ -432,10 +435,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     # --- turns --------------------------------------------------------------------------
 
-    async def _create_conversation(self, key: str) -> Conversation:
-        """Create the conversation of a turn started without one (once it is admitted)."""
+    async def _create_conversation(self, key: str, options: dict[str, Any]) -> Conversation:
+        """Create the conversation of a turn started without one (once it is admitted), with
+        ``options`` (``transport.new_conversation_options``)."""
         try:
-            conversation = await sync_to_async(permissions.create_conversation)(self.user, self.session_key)
+            conversation = await sync_to_async(permissions.create_conversation)(self.user, self.session_key, **options)
         except PermissionError as exc:
             raise TurnRefused("forbidden", str(exc), 403) from None
         new_key = str(conversation.pk)
@@ -454,22 +458,22 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.watching[key] = may_send
 
     async def _run_turn_in_lane(self, conversation: Conversation | None, content: Any, client_id: str | None,
-                                key: str) -> None:
+                                key: str, new: dict[str, Any]) -> None:
         # The turn's database work on a thread of its own (one of a few), not the thread every
         # turn of the worker shares: a burst of turns then does not queue behind each other's
         # I/O waits (django_ragchat.turn.lanes).
         async with database_lane():
-            await self._run_turn(conversation, content, client_id, key)
+            await self._run_turn(conversation, content, client_id, key, new)
 
     async def _run_turn(self, conversation: Conversation | None, content: Any, client_id: str | None,
-                        key: str) -> None:
+                        key: str, new: dict[str, Any]) -> None:
         relayed: TurnRelay | None = None
         accepted: Accepted | None = None
         ended = False
 
         async def create() -> Conversation:
             nonlocal key
-            created = await self._create_conversation(key)
+            created = await self._create_conversation(key, new)
             key = str(created.pk)
             return created
 

@@ -66,10 +66,11 @@ def _body_size(request) -> int:
         return 0
 
 
-def _read_content(request) -> tuple[Any, str]:
-    """The ``content`` of the JSON body (validated later, with the turn) and its ``client_id``
-    (the idempotency key, "" for none); ``TurnRefused`` for a body that is too large or not a
-    JSON object, or a bad ``client_id``."""
+def _read_content(request) -> tuple[Any, str, Any]:
+    """The ``content`` of the JSON body (validated later, with the turn), its ``client_id`` (the
+    idempotency key, "" for none) and its ``profile`` (for a new conversation; checked by
+    ``transport.new_conversation_options``); ``TurnRefused`` for a body that is too large or not
+    a JSON object, or a bad ``client_id``."""
     too_large = TurnRefused("too_large", "The request body is too large.", 413)
     try:
         # Read even when too long (up to Django's DATA_UPLOAD_MAX_MEMORY_SIZE): a server that
@@ -90,7 +91,7 @@ def _read_content(request) -> tuple[Any, str]:
         raise TurnRefused("parse_error", 'The body must be JSON: {"content": "..."}.', 400) from None
     if not isinstance(data, dict):
         raise TurnRefused("invalid_type", 'The body must be a JSON object: {"content": "..."}.', 400)
-    return data.get("content"), transport.check_client_id(data.get("client_id"))
+    return data.get("content"), transport.check_client_id(data.get("client_id")), data.get("profile")
 
 
 async def turn_stream(user, session_key: str | None, conversation_id, content: Any,
@@ -340,8 +341,8 @@ async def release_request_connection() -> None:
 @require_POST
 async def stream_view(request, conversation_id=None):
     """Send a message to a conversation and stream the turn as server-sent events. Without a
-    ``conversation_id`` (``POST <prefix>/stream/``) the message starts a new conversation; its
-    id is in the ``ack`` event."""
+    ``conversation_id`` (``POST <prefix>/stream/``) the message starts a new conversation, with
+    the body's ``profile`` if it names one; its id is in the ``ack`` event."""
     user = await request.auser()
     session_key = transport.caller_session_key(user, getattr(request, "session", None))
     await release_request_connection()
@@ -349,9 +350,13 @@ async def stream_view(request, conversation_id=None):
         if not getattr(user, "is_authenticated", False) and not ragchat_settings.ALLOW_ANONYMOUS:
             # The REST API's answer to the same caller (docs/api.md), not a 404.
             raise TurnRefused("not_authenticated", "Sign in to chat (anonymous conversations are not enabled).", 403)
-        content, client_id = await transport.parse_off_the_loop(_read_content, request, _body_size(request))
+        content, client_id, profile = await transport.parse_off_the_loop(_read_content, request, _body_size(request))
+        new = None
+        if conversation_id is None and profile is not None:  # a conversation keeps the profile it has
+            transport.validate(content)  # first, as the websocket does: the same code for the same body
+            new = await sync_to_async(transport.new_conversation_options)(user, profile)
         _, body = await start_events(
-            request, lambda: turn_stream(user, session_key, conversation_id, content, client_id))
+            request, lambda: turn_stream(user, session_key, conversation_id, content, client_id, new_conversation=new))
         return _event_stream_response(body)
     except TurnRefused as refusal:
         return refusal_response(refusal)

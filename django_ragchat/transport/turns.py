@@ -217,6 +217,20 @@ def check_client_id(client_id: Any) -> str:
     return client_id
 
 
+def new_conversation_options(user, profile: Any) -> dict[str, Any]:
+    """The keyword arguments of ``permissions.create_conversation`` for a message that starts a
+    conversation, from its ``profile`` field (the widget's ``profile`` option): ``{}`` for none
+    (the default profile). ``TurnRefused`` (400 ``unknown_profile``) for a name that is no
+    profile, one ``PROFILE_PERMISSION`` does not give the caller (said alike, as the REST API
+    says it: which profiles others may use is not the caller's business), or not a string."""
+    if profile is None:
+        return {}
+    if isinstance(profile, str) and profile in ragchat_settings.PROFILES and permissions.can_use_profile(user, profile):
+        return {"profile": profile}
+    shown = repr(profile[:100]) if isinstance(profile, str) else "of that type"
+    raise TurnRefused("unknown_profile", f"There is no profile named {shown}.", 400)
+
+
 def shutdown_refusal() -> TurnRefused:
     return TurnRefused("server_shutdown", "The server is restarting; send your message again in a moment.",
                        503, retry_after=1)

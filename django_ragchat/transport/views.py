@@ -8,6 +8,8 @@ Everything the widget shows that comes from the model or the documents is insert
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.contrib.auth.views import LoginView, LogoutView, redirect_to_login
 from django.core.exceptions import ImproperlyConfigured
 from django.core.handlers.asgi import ASGIRequest
@@ -25,8 +27,9 @@ from django_ragchat.transport.routing import WEBSOCKET_PATH
 ID_PLACEHOLDER = "00000000-0000-0000-0000-000000000000"
 
 
-def page_config(request) -> dict:
-    """The URLs and settings the page's script reads (``json_script``, never inline code)."""
+def page_config(request, profile: str = "") -> dict:
+    """The URLs and settings the page's script reads (``json_script``, never inline code); with
+    ``profile``, a widget's own: it starts conversations with it and lists only those."""
     try:
         api = {
             "conversations": reverse("ragchat_api:conversation-list"),
@@ -41,8 +44,12 @@ def page_config(request) -> dict:
             'The chat page needs the REST API: add path("api/ragchat/", '
             'include("django_ragchat.api.urls")) to your URLconf.'
         ) from None
+    if profile:
+        profile = get_profile(profile).name  # UnknownProfile (ImproperlyConfigured) names the choices
+        api["conversations"] += "?" + urlencode({"profile": profile})
     return {
         "protocol": PROTOCOL_VERSION,
+        "profile": profile or None,
         "idPlaceholder": ID_PLACEHOLDER,
         "api": api,
         "stream": reverse("ragchat:stream", args=[ID_PLACEHOLDER]),

@@ -925,7 +925,8 @@ class ChatWidget {
         method: "POST",
         credentials: "same-origin",
         headers: { "Content-Type": "application/json", "Accept": "text/event-stream", "X-CSRFToken": this.config.csrfToken },
-        body: JSON.stringify({ content, client_id: turn.clientId }),
+        body: JSON.stringify(conversationId === null && this.config.profile
+          ? { content, client_id: turn.clientId, profile: this.config.profile } : { content, client_id: turn.clientId }),
         signal: controller.signal,
       });
       if (!response.ok) {
@@ -1057,6 +1058,7 @@ class ChatWidget {
     turn.socket = socket;
     const frame = { type: "message", content, client_id: clientId };
     if (this.conversationId !== null) frame.conversation_id = this.conversationId;
+    else if (this.config.profile) frame.profile = this.config.profile;  // a new conversation: the widget's profile
     turn.abort = () => {
       const cancel = { type: "cancel", client_id: clientId };
       if (this.conversationId !== null) cancel.conversation_id = this.conversationId;
