@@ -435,6 +435,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dump", type=Path, default=None,
                         help="write every tuning answer to this file, one JSON line each (to diff two runs)")
     parser.add_argument("--no-cost", action="store_true", help="skip part 3 (the answerer's cost)")
+    parser.add_argument("--repeats", type=int, default=20,
+                        help="part 3: times each recorded 4-passage prompt is answered (default 20)")
     args = parser.parse_args(argv)
     if args.dump and args.heldout:
         parser.error("--dump writes tuning answers only: it cannot be used with --heldout")
@@ -466,7 +468,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(show(items, answers, args.show, collection))
             print()
         if not args.no_cost:
-            print(measure_cost())
+            print(measure_cost(args.repeats))
         if not args.no_canard:
             print()
             print(canard_report(run_canard(args.dialogs)))
