@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
@@ -40,11 +40,28 @@ class ScriptedBackend(LLMBackend):
             yield LLMDelta(text=self.reply[start:start + 7])
 
 
+class ReindexingBackend(LLMBackend):
+    """Answers after the documents it was given were ingested again: their chunks are replaced
+    while the answer is written, as when a tool changes the object a source indexes."""
+
+    name = "reindexing"
+    model = "reindexing"
+
+    async def stream(self, prompt, turn):
+        from django_ragchat.ingestion.pipeline import ingest_text
+        from tests.conftest import PRODUCT_DOCS
+
+        for source, text in PRODUCT_DOCS.items():
+            await sync_to_async(ingest_text)(source, text + "\n\nUpdated today.", content_type="markdown")
+        yield LLMDelta(text="The Aurora X2 costs $699 [1].")
+
+
 class ScriptedPlugin:
     @staticmethod
     @hookimpl
     def register_llm_backends(register):
         register(ScriptedBackend)
+        register(ReindexingBackend)
 
 
 def profile(reply=REASONED, **citations):
@@ -159,3 +176,29 @@ def test_streamed_thinking_never_reaches_the_client(scripted, product_corpus, co
     assert streamed == "The Aurora X2 costs $699 [2][1]. See also [7]."
     assert "earbuds" not in streamed and "thinking" not in streamed
     assert events[-1].message["content"] == streamed
+
+
+@pytest.mark.django_db(transaction=True)  # the link to a chunk is checked at commit
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_whose_sources_were_replaced_while_it_was_written_is_saved(scripted, product_corpus,
+                                                                           conversation, stream):
+    """A new user's gym: a tool cancelling a booking re-indexed the booking, and the answer's
+    sources pointed at chunks gone by then. Saving failed (the error path too): the user read
+    "Stopped before the end.", the conversation refused messages until the lease ran out, REST
+    answered 500. The sources are now saved without their link, as a replaced chunk's are."""
+    from django_ragchat.models import Chunk, Message
+
+    scripted(default={"llm": "reindexing", "top_k": 3})
+    if stream:
+        events = collect(conversation, QUESTION)
+        assert events[-1].type == "done", events[-1]
+    else:
+        run_turn_sync(conversation, QUESTION)
+    answer = Message.objects.get(conversation=conversation, role="assistant")
+    assert (answer.status, answer.content) == ("complete", "The Aurora X2 costs $699 [1].")
+    sources = list(MessageSource.objects.filter(message=answer).order_by("rank"))
+    assert len(sources) == 3 and all(s.chunk_id is None and s.title for s in sources)
+    assert sources[0].cited and not Chunk.objects.filter(pk__in=[s.chunk_id for s in sources]).exists()
+    assert not Message.objects.filter(lease_expires_at__isnull=False).exists()  # nothing holds the conversation
+    assert run_turn_sync(conversation, "And the Nimbus Tab?").message["status"] == "complete"
+

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.exceptions import RagchatError, TurnInProgress
-from django_ragchat.models import Conversation, Message, MessageSource, ToolInvocation, TurnTrace
+from django_ragchat.models import Chunk, Conversation, Message, MessageSource, ToolInvocation, TurnTrace
 from django_ragchat.tokens import count_tokens
 from django_ragchat.turn import limits, workers
 from django_ragchat.types import Answer
@@ -510,14 +510,38 @@ def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str,
     documents = stored_sources(answer, turn.prompt.documents if turn.prompt else ())
     message.lease_expires_at = None
     message.updated_at = timezone.now()
+    sources = [MessageSource(message=message, chunk_id=doc.chunk_id, rank=rank, score=doc.score,
+                             cited=doc.chunk_id in cited, source=doc.source[:1000], title=doc.title[:500])
+               for rank, doc in documents]
+    try:
+        _save_answer(turn, message, sources)
+    except IntegrityError:
+        # A source's chunk was replaced while the answer was written (its object saved again: a
+        # tool that changed it, an edit in the admin), and the row's link to it failed at commit.
+        # Saved again without the links that are gone, as a replaced chunk's sources keep only
+        # their names (``MessageSource.chunk``); the common path pays no query for the check.
+        if not _unlink_replaced_chunks(sources):
+            raise
+        _save_answer(turn, message, sources)
+    return message
+
+
+def _unlink_replaced_chunks(sources: list[MessageSource]) -> bool:
+    """Clear the chunk of each source whose chunk no longer exists; whether any was."""
+    linked = {source.chunk_id for source in sources if source.chunk_id is not None}
+    existing = set(Chunk.objects.filter(pk__in=linked).values_list("pk", flat=True))
+    for source in sources:
+        if source.chunk_id not in existing:
+            source.chunk_id = None
+    return linked != existing
+
+
+def _save_answer(turn: TurnContext, message: Message, sources: list[MessageSource]) -> None:
+    """The answer's row, its sources, trace and tool runs, in one transaction."""
     with transaction.atomic():
         if not _update_answer(message):
             raise ConversationGone()
-        _insert_rows(MessageSource, [
-            MessageSource(message=message, chunk_id=doc.chunk_id, rank=rank, score=doc.score,
-                          cited=doc.chunk_id in cited, source=doc.source[:1000], title=doc.title[:500])
-            for rank, doc in documents
-        ])
+        _insert_rows(MessageSource, sources)
         _insert_rows(TurnTrace, [TurnTrace(
             message=message, profile=turn.profile.name,
             ended_by=(turn.trace.get("ended_by") or {}).get("stage", ""),
@@ -525,7 +549,6 @@ def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str,
         )])
         if turn.tool_runs:
             save_tool_runs(message.pk, turn.tool_runs)
-    return message
 
 
 #: What ``finish_turn`` writes over the assistant message's row.
