@@ -56,12 +56,24 @@ class ReindexingBackend(LLMBackend):
         yield LLMDelta(text="The Aurora X2 costs $699 [1].")
 
 
+class UnsavableTraceBackend(LLMBackend):
+    """Answers, and leaves in the turn's trace what JSON cannot hold (a plugin's bug)."""
+
+    name = "unsavable_trace"
+    model = "unsavable_trace"
+
+    async def stream(self, prompt, turn):
+        turn.trace["plugin"] = {"started": object()}
+        yield LLMDelta(text="The Aurora X2 costs $699 [1].")
+
+
 class ScriptedPlugin:
     @staticmethod
     @hookimpl
     def register_llm_backends(register):
         register(ScriptedBackend)
         register(ReindexingBackend)
+        register(UnsavableTraceBackend)
 
 
 def profile(reply=REASONED, **citations):
@@ -200,5 +212,25 @@ def test_an_answer_whose_sources_were_replaced_while_it_was_written_is_saved(scr
     assert len(sources) == 3 and all(s.chunk_id is None and s.title for s in sources)
     assert sources[0].cited and not Chunk.objects.filter(pk__in=[s.chunk_id for s in sources]).exists()
     assert not Message.objects.filter(lease_expires_at__isnull=False).exists()  # nothing holds the conversation
+    assert run_turn_sync(conversation, "And the Nimbus Tab?").message["status"] == "complete"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_answer_that_cannot_be_saved_is_saved_as_an_error_and_holds_nothing(scripted, product_corpus,
+                                                                             conversation, caplog):
+    """Saving an answer failed, then saving the failure failed the same way: the answer kept its
+    lease and the conversation refused messages until it expired. Now the answer's text is
+    saved as an error without its sources and trace, and the next message is answered."""
+    from django_ragchat.models import Message
+
+    scripted(default={"llm": "unsavable_trace", "top_k": 3})
+    events = collect(conversation, QUESTION)
+    assert events[-1].type == "error" and events[-1].code == "internal_error", events[-1]
+    answer = Message.objects.get(conversation=conversation, role="assistant")
+    assert (answer.status, answer.lease_expires_at) == ("error", None)
+    assert answer.content == "The Aurora X2 costs $699 [1]." and answer.metadata["error"]["code"] == "internal_error"
+    assert not MessageSource.objects.exists() and not TurnTrace.objects.exists()
+    assert "could not save the failed answer" in caplog.text
+    scripted(default={"llm": "scripted", "top_k": 3, "options": {"scripted": {"reply": "Yes [1]."}}})
     assert run_turn_sync(conversation, "And the Nimbus Tab?").message["status"] == "complete"
 

@@ -526,6 +526,22 @@ def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str,
     return message
 
 
+def release_answer(turn: TurnContext, text: str, error: dict[str, Any]) -> Message:
+    """The last resort when a failed turn's answer cannot be saved (``finish_turn`` raised: a
+    component's trace or metadata that is not JSON, the database refusing a row): its text as an
+    ``error`` answer with no sources, trace or tool runs, in one statement. Without it the answer
+    kept its lease, and the conversation refused messages until the lease expired."""
+    message = turn.assistant_message
+    message.content, message.status, message.token_count = text, Message.Status.ERROR, count_tokens(text)
+    message.prompt_tokens = message.completion_tokens = None
+    message.metadata = {"error": error}
+    message.lease_expires_at = None
+    message.updated_at = timezone.now()
+    if not _update_answer(message):
+        raise ConversationGone()
+    return message
+
+
 def _unlink_replaced_chunks(sources: list[MessageSource]) -> bool:
     """Clear the chunk of each source whose chunk no longer exists; whether any was."""
     linked = {source.chunk_id for source in sources if source.chunk_id is not None}

@@ -954,8 +954,16 @@ async def _failed(turn: TurnContext, run: _Answering, exc: Exception) -> Failed:
     stage = failed_stage(turn)
     turn.trace["error"] = {"code": code, "detail": repr(exc)[:2000], **({"stage": stage} if stage else {}),
                            **({"raised_by": where} if where else {})}
-    payload = await _save(turn, run, Answer(text=run.partial()), Message.Status.ERROR,
-                          {"code": code, "message": message})
+    error = {"code": code, "message": message}
+    try:
+        payload = await _save(turn, run, Answer(text=run.partial()), Message.Status.ERROR, error)
+    except persistence.ConversationGone:
+        raise
+    except Exception:  # noqa: BLE001  (saving failed too: the answer must not hold the conversation)
+        logger.exception("ragchat could not save the failed answer in conversation %s; saved without its "
+                         "sources, trace and tool runs", turn.conversation.pk)
+        saved = await sync_to_async(persistence.release_answer)(turn, run.partial(), error)
+        payload = persistence.message_payload(saved)
     await notify("on_turn_failed", turn=turn, error=exc)
     return Failed(code=code, message=message, assistant_message=payload, retry_after=retry_after)
 
