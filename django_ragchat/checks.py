@@ -422,8 +422,9 @@ def _postgres_index_checks(alias: str) -> list:
             warnings.append(Warning(
                 f"Embedding space {space!r} has {count:,} chunks but its HNSW index is {status.state}: "
                 f"its vector searches scan every chunk of the space.",
-                hint="`manage.py ragchat_ingest` builds it at the end of a load; for chunks written another way "
-                     "run `python manage.py ragchat_index` (building once is faster than growing the index).",
+                hint="`manage.py ragchat_ingest` and `ragchat_sync` build it at the end of a load (this warning, "
+                     "printed as they start, is then answered); for chunks written another way run "
+                     "`python manage.py ragchat_index` (building once is faster than growing the index).",
                 id="ragchat.W011",
             ))
     return warnings

@@ -781,6 +781,27 @@ def test_two_widgets_on_a_page_keep_apart(page, asgi, product_corpus):
     assert second.find_elements(By.ID, link.get_attribute("href").split("#", 1)[1])  # its own source
 
 
+def test_a_message_over_the_limit_is_kept_in_the_box_and_said(page, asgi):
+    """A new user's gym: a 100 KB paste was cut to the limit by the box and the rest sent."""
+    from django_ragchat.conf import ragchat_settings
+    from django_ragchat.models import Conversation
+
+    limit = ragchat_settings.MAX_MESSAGE_CHARS
+    open_chat(page, f"{asgi.url}/chat/")
+    long = "é" * (limit + 42)  # characters, not UTF-16 units nor bytes
+    js(page, "const box = document.querySelector('.ragchat-input'); box.value = arguments[0];", long)
+    page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+    status = page.find_element(By.CSS_SELECTOR, ".ragchat-status")
+    wait(page, lambda d: "characters long" in status.text)
+    assert status.text == (f"Your message is {limit + 42:,} characters long; the limit is {limit:,}. "
+                           "Shorten it and send it again.")
+    assert js(page, "return document.querySelector('.ragchat-input').value.length") == limit + 42
+    assert not page.find_elements(By.CSS_SELECTOR, ".ragchat-message") and not Conversation.objects.exists()
+    js(page, "document.querySelector('.ragchat-input').value = arguments[0];", "é" * limit)  # at the limit: sent
+    page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+    wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-user"))
+
+
 @pytest.mark.parametrize("served", ["asgi", "wsgi"])
 def test_a_widget_with_a_profile_starts_and_lists_that_profiles_conversations(page, request, served,
                                                                              product_corpus):
