@@ -813,15 +813,18 @@ def test_a_widget_with_a_profile_starts_and_lists_that_profiles_conversations(pa
     server = request.getfixturevalue(served)
     open_chat(page, f"{server.url}/chat/")
     ask(page, QUESTION)  # a conversation of the default profile
+    def listed(count: int) -> None:  # the list loads after the widget is ready: waited for
+        wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")) == count)
+
     open_chat(page, f"{server.url}/embed-profile/")
-    assert not page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")  # not this widget's
     ask(page, QUESTION)
     assert "$699" in last_answer_text(page) and last_answer_text(page).isupper()  # the "shout" augmenter
     assert sorted(Conversation.objects.values_list("profile", flat=True)) == ["default", "shouting"]
+    listed(1)  # its own, not the default profile's
     open_chat(page, f"{server.url}/embed-profile/")
-    assert len(page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")) == 1
+    listed(1)
     open_chat(page, f"{server.url}/chat/")  # the default widget lists them all
-    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")) == 2)
+    listed(2)
 
 
 def test_excerpts_are_cut_at_a_word_boundary_without_the_heading(page, asgi):
