@@ -20,7 +20,9 @@ from django.contrib.auth.models import Permission
 from django.db import connection
 from django.utils import timezone
 
+from django_ragchat import hookimpl
 from django_ragchat.models import Conversation, Message, ToolInvocation, TurnTrace
+from django_ragchat.stages.responses import ResponseAugmenter
 from django_ragchat.testing.openai_server import call, tool_calls
 from django_ragchat.turn.confirmations import DecisionRefused, decide_tool_call
 from django_ragchat.turn.pipeline import run_turn_sync, stream_turn
@@ -281,6 +283,37 @@ def test_a_model_failing_after_a_call_fails_the_turn_and_keeps_the_call(use_tool
     assert result.answer == "Checking. "  # what the model had written is kept
     assert ToolInvocation.objects.get().status == "done"
     assert [t["status"] for t in result.trace["tools"]] == ["done"] and result.trace["tool_steps"] == 1
+
+
+class UnsavableTrace(ResponseAugmenter):
+    """A plugin's bug: leaves in the trace what JSON cannot hold."""
+
+    name = "unsavable_trace"
+    enabled_by_default = False
+
+    def augment(self, answer, turn):
+        turn.trace["plugin"] = {"started": object()}
+        return answer
+
+
+class UnsavablePlugin:
+    @staticmethod
+    @hookimpl
+    def register_response_augmenters(register):
+        register(UnsavableTrace)
+
+
+def test_a_tool_run_is_saved_with_an_answer_that_could_not_be_saved_whole(use_tools, openai_server, user,
+                                                                          ragchat_settings_override):
+    """The answer's trace cannot be saved (a plugin's bug), so the answer is saved as an error
+    without it (``persistence.release_answer``); the tool did run, and its row says so rather
+    than "running" for good."""
+    use_tools(["weather"], response_augmenters=["citations", "unsavable_trace"])
+    ragchat_settings_override(PLUGINS=[*PLUGINS, "tests.test_tools.UnsavablePlugin"])
+    openai_server.script(tool_calls(call("weather", city="Lyon")), echo_tool_results)
+    result = run_turn_sync(Conversation.objects.create(owner=user), "Weather?")
+    assert result.status == "error" and result.error.code == "internal_error"
+    assert ToolInvocation.objects.get().status == "done"
 
 
 # --- who may use a tool ---------------------------------------------------------------------------------

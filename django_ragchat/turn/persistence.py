@@ -529,8 +529,9 @@ def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str,
 def release_answer(turn: TurnContext, text: str, error: dict[str, Any]) -> Message:
     """The last resort when a failed turn's answer cannot be saved (``finish_turn`` raised: a
     component's trace or metadata that is not JSON, the database refusing a row): its text as an
-    ``error`` answer with no sources, trace or tool runs, in one statement. Without it the answer
-    kept its lease, and the conversation refused messages until the lease expired."""
+    ``error`` answer with no sources or trace, in one statement, then its tool runs if they can
+    be saved (a tool that cancelled an order did so: its row says it). Without it the answer kept
+    its lease, and the conversation refused messages until the lease expired."""
     message = turn.assistant_message
     message.content, message.status, message.token_count = text, Message.Status.ERROR, count_tokens(text)
     message.prompt_tokens = message.completion_tokens = None
@@ -539,6 +540,12 @@ def release_answer(turn: TurnContext, text: str, error: dict[str, Any]) -> Messa
     message.updated_at = timezone.now()
     if not _update_answer(message):
         raise ConversationGone()
+    if turn.tool_runs:
+        try:
+            with transaction.atomic():
+                save_tool_runs(message.pk, turn.tool_runs)
+        except Exception:  # noqa: BLE001  (the answer is saved and released: that comes first)
+            logger.exception("ragchat could not save the tool runs of message %s", message.pk)
     return message
 
 
