@@ -74,6 +74,7 @@ from django_ragchat.tools import Tool
 from django_ragchat.turn import persistence, shutdown, start_gate
 from django_ragchat.turn.advisors import ShortCircuit, run_llm_chain, run_stream_chain, run_turn_chain
 from django_ragchat.turn.context import ProfileComponents, TurnContext, components_for
+from django_ragchat.turn.results import WrongResult, checked, checked_list
 from django_ragchat.turn.sync_bridge import background_loop
 from django_ragchat.turn.tools import offer_tools, tool_round
 from django_ragchat.types import (
@@ -193,7 +194,8 @@ async def run_stage(turn: TurnContext, name: str, stage: Callable[[TurnContext],
 
 async def check_input(turn: TurnContext) -> EndTurn | None:
     for guardrail in turn.components.guardrails:
-        result = await await_me_maybe(guardrail.check_input(turn.question, turn))
+        result = checked(guardrail, "check_input", await await_me_maybe(guardrail.check_input(turn.question, turn)),
+                         (EndTurn, type(None)), "None or a Refusal")
         if isinstance(result, EndTurn):
             return _end(turn, "input_guardrails", guardrail, result)
     return None
@@ -204,7 +206,9 @@ async def select_history(turn: TurnContext) -> None:
     budget = max(0, profile.prompt_budget - count_tokens(profile.system_prompt)
                  - count_tokens(turn.question) - 64)  # 64: template and message framing
     history_budget = int(budget * profile.history_share)
-    turn.history = list(await await_me_maybe(turn.components.memory.select(turn, history_budget)))
+    memory = turn.components.memory
+    turn.history = checked_list(memory, "select", await await_me_maybe(memory.select(turn, history_budget)),
+                                HistoryMessage, "a list of HistoryMessage")
     history_tokens = sum(m.token_count for m in turn.history)
     # The context gets what the history did not use: the history's share is reserved for it,
     # never the other way round.
@@ -226,7 +230,8 @@ async def transform_query(turn: TurnContext) -> EndTurn | None:
                   history=tuple(m for m in turn.history if not m.is_tool_exchange))
     steps = turn.trace["queries"]["transformed"]
     for transformer in turn.components.query_transformers:
-        result = await await_me_maybe(transformer.transform(query, turn))
+        result = checked(transformer, "transform", await await_me_maybe(transformer.transform(query, turn)),
+                         (Query, SkipRetrieval, EndTurn), "a Query, SkipRetrieval or an EndTurn")
         if isinstance(result, EndTurn):
             return _end(turn, "query_transformers", transformer, result)
         if isinstance(result, SkipRetrieval):
@@ -250,7 +255,7 @@ async def expand_query(turn: TurnContext) -> EndTurn | None:
         if isinstance(result, SkipRetrieval):
             turn.retrieval_skipped = True
             break
-        for query in result:
+        for query in checked_list(expander, "expand", result, Query, "a list of Query, SkipRetrieval or an EndTurn"):
             queries.setdefault(query.text, query)
     turn.queries = list(queries.values())
     turn.trace["queries"]["expanded"] = [q.text for q in turn.queries]
@@ -267,13 +272,16 @@ async def retrieve(turn: TurnContext) -> None:
     async def one(query: Query, retriever) -> tuple[Query, str, list[RetrievedChunk], float]:
         async with limit:
             t0 = time.perf_counter()
-            hits = list(await await_me_maybe(retriever.retrieve(query, turn, k)))
+            hits = checked_list(retriever, "retrieve", await await_me_maybe(retriever.retrieve(query, turn, k)),
+                                RetrievedChunk, "a list of RetrievedChunk")
             return query, retriever.name, hits, (time.perf_counter() - t0) * 1000
 
     results = await asyncio.gather(*(one(q, r) for q in turn.queries for r in retrievers))
-    readable = await _readable_ids(turn, [h for _, _, hits, _ in results for h in hits])
+    readable = await _readable_ids(turn, [h for _, _, hits, _ in results for h in hits], warn=False)
     if readable is not None:
-        results = [(q, name, [h for h in hits if h.chunk_id in readable], ms) for q, name, hits, ms in results]
+        kept = [(q, name, [h for h in hits if h.chunk_id in readable], ms) for q, name, hits, ms in results]
+        _warn_dropped(turn, results, kept)
+        results = kept
     turn.trace["retrieval"] = [
         {"query": q.text, "retriever": name, "ms": round(ms, 3),
          "hits": [{"chunk_id": h.chunk_id, "score": round(h.score, 6)} for h in hits]}
@@ -282,17 +290,30 @@ async def retrieve(turn: TurnContext) -> None:
     turn.state["_retrieved"] = [(q, name, hits) for q, name, hits, _ in results]
 
 
-async def _readable_ids(turn: TurnContext, chunks: list[RetrievedChunk]) -> set[int] | None:
+def _warn_dropped(turn: TurnContext, found: list, kept: list) -> None:
+    """A warning per retriever whose hits were dropped: a plugin retriever returning chunks that
+    are no stored rows (an in-memory list) saw "0 hits" and a warning naming no one."""
+    dropped: dict[str, int] = {}
+    for (_, name, hits, _), (_, _, left, _) in zip(found, kept, strict=True):
+        if len(left) < len(hits):
+            dropped[name] = dropped.get(name, 0) + len(hits) - len(left)
+    for name, count in dropped.items():
+        turn.warn(f"retriever {name!r}: {count} chunk(s) the asker may not read, or that are no stored chunk "
+                  f"(a hit's chunk_id must be a Chunk's id), were dropped")
+
+
+async def _readable_ids(turn: TurnContext, chunks: list[RetrievedChunk], *, warn: bool = True) -> set[int] | None:
     """The ids among ``chunks`` the asker may read, checked in one query when some were not
     found by a search that read as the asker (``RetrievedChunk.read_as``: a plugin that made
     them another way); ``None`` when every one was. What the asker may not read never reaches
-    the trace, the prompt or the sources, whichever component produced it."""
+    the trace, the prompt or the sources, whichever component produced it. ``warn``: say how
+    many were dropped (the retrieval stage says it per retriever instead)."""
     unchecked = {c.chunk_id for c in chunks if c.read_as is None or not turn.principals.covers(c.read_as)}
     if not unchecked:
         return None
     readable = set(await sync_to_async(_visible)(unchecked, turn.principals))
     dropped = len(unchecked - readable)
-    if dropped:
+    if dropped and warn:
         turn.warn(f"{dropped} chunk(s) the asker may not read (or that do not exist) were dropped")
     return readable | {c.chunk_id for c in chunks if c.chunk_id not in unchecked}
 
@@ -302,16 +323,16 @@ def _visible(ids: set[int], principals) -> list[int]:
 
 
 async def join(turn: TurnContext) -> None:
-    turn.documents = list(await await_me_maybe(
-        turn.components.joiner.join(turn.state.pop("_retrieved", []), turn)
-    ))
+    joiner = turn.components.joiner
+    joined = await await_me_maybe(joiner.join(turn.state.pop("_retrieved", []), turn))
+    turn.documents = checked_list(joiner, "join", joined, RetrievedChunk, "a list of RetrievedChunk")
 
 
 async def postprocess(turn: TurnContext) -> None:
     documents = turn.documents
     for processor in turn.components.document_postprocessors:
-        documents = await await_me_maybe(processor.process(turn.query, list(documents), turn))
-    documents = list(documents)
+        documents = checked_list(processor, "process", await await_me_maybe(
+            processor.process(turn.query, list(documents), turn)), RetrievedChunk, "a list of RetrievedChunk")
     readable = await _readable_ids(turn, documents)  # a joiner or post-processor may add chunks too
     turn.documents = documents if readable is None else [d for d in documents if d.chunk_id in readable]
 
@@ -321,7 +342,7 @@ async def augment_prompt(turn: TurnContext) -> EndTurn | None:
     result = await await_me_maybe(
         augmenter.augment(turn, turn.query, turn.history, turn.documents, turn.context_budget)
     )
-    if isinstance(result, EndTurn):
+    if isinstance(checked(augmenter, "augment", result, (Prompt, EndTurn), "a Prompt or an EndTurn"), EndTurn):
         return _end(turn, "prompt", augmenter, result)
     turn.prompt = result
     turn.trace["prompt"]["tokens"] = result.token_count
@@ -506,7 +527,8 @@ async def _stream(turn: TurnContext, run: _Answering, prompt: Prompt, calls: lis
             calls.extend(piece.tool_calls)
             chunk = piece.text
             for augmenter in augmenters:
-                chunk = await await_me_maybe(augmenter.on_delta(chunk, turn))
+                chunk = checked(augmenter, "on_delta", await await_me_maybe(augmenter.on_delta(chunk, turn)),
+                                (str,), "a str")
             if chunk:
                 yield run.delta(chunk)
     finally:
@@ -523,10 +545,11 @@ async def _tails(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]
     augmenters after it, streams like the model's text."""
     augmenters = turn.components.response_augmenters
     for position, augmenter in enumerate(augmenters):
-        raw = chunk = await await_me_maybe(augmenter.finish(turn)) or ""
+        raw = chunk = checked(augmenter, "finish", await await_me_maybe(augmenter.finish(turn)),
+                              (str, type(None)), "a str or None") or ""
         for later in augmenters[position + 1:]:
             if chunk:
-                chunk = await await_me_maybe(later.on_delta(chunk, turn))
+                chunk = checked(later, "on_delta", await await_me_maybe(later.on_delta(chunk, turn)), (str,), "a str")
         if chunk:
             turn.streamed_tails[augmenter.name] = (raw, chunk)  # on_complete keeps it once
             yield run.delta(chunk)
@@ -536,8 +559,12 @@ async def augment_response(turn: TurnContext, text: str, *, streamed: bool) -> A
     answer = Answer(text=text)
     for augmenter in turn.components.response_augmenters:
         method = augmenter.on_complete if streamed else augmenter.augment
-        answer = await await_me_maybe(method(answer, turn))
+        answer = checked(augmenter, method.__name__, await await_me_maybe(method(answer, turn)), (Answer,), "an Answer")
     return answer
+
+
+#: What an output guardrail's ``check_output`` (and ``exhausted``) may return.
+OUTPUT_CHECKS = (type(None), Answer, Reprompt, EndTurn)
 
 
 async def check_output(turn: TurnContext, answer: Answer, run: _Answering) -> AsyncIterator[TurnEvent]:
@@ -550,13 +577,15 @@ async def check_output(turn: TurnContext, answer: Answer, run: _Answering) -> As
     while restart:
         restart = False
         for position, guardrail in enumerate(turn.components.guardrails):
-            result = await await_me_maybe(guardrail.check_output(answer, turn))
+            result = checked(guardrail, "check_output", await await_me_maybe(guardrail.check_output(answer, turn)),
+                             OUTPUT_CHECKS, "None, an Answer, a Reprompt or an EndTurn")
             if isinstance(result, Reprompt):
                 used = reprompts.get(position, 0)
                 if used >= guardrail.max_reprompts:
                     turn.trace.setdefault("reprompts", []).append(
                         {"guardrail": guardrail.name, "exhausted": True, "reason": result.reason})
                     result = await await_me_maybe(guardrail.exhausted(answer, result, turn))
+                    result = checked(guardrail, "exhausted", result, OUTPUT_CHECKS, "None, an Answer or an EndTurn")
                 else:
                     reprompts[position] = used + 1
                     attempts += 1
@@ -929,7 +958,7 @@ async def _save(turn: TurnContext, run: _Answering, answer: Answer, status: str,
 def raised_by(exc: BaseException) -> str:
     """The component whose code raised ``exc`` ("document_postprocessor 'drop_returns' of plugin
     'shop.ragchat'"): the innermost frame of a component's method in its traceback; "" if none."""
-    found = None
+    found = exc.component if isinstance(exc, WrongResult) else None
     tb = exc.__traceback__
     while tb is not None:
         owner = tb.tb_frame.f_locals.get("self")
