@@ -67,6 +67,16 @@ class TurnInProgress(RagchatError):
         super().__init__(message, **kwargs)
 
 
+class ProfileUnavailable(RagchatError):
+    """The conversation's profile cannot be built (a component no plugin registers, a plugin
+    that failed to import: ``manage.py check`` says which, as ``ragchat.E002``/``E004``); the
+    message is refused before anything is saved, the detail is in the log."""
+
+    code = "profile_unavailable"
+    http_status = 500
+    default_message = "This assistant is not set up correctly, so it cannot answer; the error has been logged."
+
+
 class LLMError(RagchatError):
     """A model call failed in a way the user should hear about.
 

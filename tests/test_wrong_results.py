@@ -144,3 +144,55 @@ def test_a_retrievers_hits_that_are_no_stored_chunks_are_dropped_with_a_warning_
     assert any(w.startswith("retriever 'in_memory': 1 chunk(s)") and "no stored chunk" in w
                for w in result.trace["warnings"]), result.trace.get("warnings")
     assert Message.objects.filter(role="assistant", status="complete").count() == 1
+
+
+# --- A profile that cannot be built, on a running server -------------------------------------------
+
+
+BROKEN_PROFILE = {"document_postprocessors": ["drop_draft"]}  # no plugin registers it: ragchat.E002
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_profile_that_cannot_be_built_is_refused_alike_on_every_transport(ragchat_settings_override, user,
+                                                                             product_corpus, caplog):
+    """A plugin author's trial: a running server serves no system check, and a profile naming
+    a component no plugin registers answered REST with an HTML 500 page, and left an empty
+    conversation behind each refused first message of the widget. Now: 500
+    ``profile_unavailable`` as JSON (REST, server-sent events) or an ``error`` frame (websocket),
+    nothing saved, no conversation created, the cause in the log."""
+    import json
+
+    from asgiref.sync import async_to_sync
+    from channels.testing import WebsocketCommunicator
+    from django.test import Client
+
+    from django_ragchat.models import Conversation
+    from tests.asgi import application
+    from tests.live_servers import caller_for
+    from tests.test_api import API, client_for, post_json
+
+    ragchat_settings_override(PROFILES={"default": BROKEN_PROFILE})
+    conversation = Conversation.objects.create(owner=user)
+    rest = post_json(client_for(user), f"{API}/conversations/{conversation.pk}/messages/", {"content": QUESTION})
+    assert (rest.status_code, rest.json()["code"]) == (500, "profile_unavailable"), rest.content
+    browser = Client()
+    browser.force_login(user)
+    sse = browser.post("/chat/stream/", data=json.dumps({"content": QUESTION}), content_type="application/json")
+    assert (sse.status_code, json.loads(sse.content)["code"]) == (500, "profile_unavailable")
+
+    cookie = caller_for(user).cookie_header.encode()
+
+    async def over_the_socket():
+        communicator = WebsocketCommunicator(application, "/ws/ragchat/", headers=[
+            (b"origin", b"http://testserver"), (b"host", b"testserver"), (b"cookie", cookie)])
+        assert (await communicator.connect())[0]
+        await communicator.receive_json_from(timeout=10)  # ready
+        await communicator.send_json_to({"type": "message", "content": QUESTION})
+        frame = await communicator.receive_json_from(timeout=10)
+        await communicator.disconnect()
+        return frame
+
+    frame = async_to_sync(over_the_socket)()
+    assert (frame["type"], frame["code"]) == ("error", "profile_unavailable") and "conversation_id" not in frame
+    assert list(Conversation.objects.all()) == [conversation] and not Message.objects.exists()
+    assert "its profile 'default' cannot be built: No document_postprocessor named 'drop_draft'" in caplog.text

@@ -36,7 +36,7 @@ from django_ragchat.api import permissions as access
 from django_ragchat.api import serializers as s
 from django_ragchat.api.schema import RagchatAutoSchema
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.exceptions import RagchatError, TurnInProgress
+from django_ragchat.exceptions import ProfileUnavailable, RagchatError, TurnInProgress
 from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
 from django_ragchat.ingestion.pipeline import CREATED, ingest_text
 from django_ragchat.models import Conversation, Document, Feedback, Message, MessageSource, ToolInvocation
@@ -369,13 +369,15 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
             with limits.admitted(request.user, session_key) as admission:
                 try:
                     result = run_turn_sync(conversation, text, client_id=client_id, user=request.user)
-                except (TurnInProgress, persistence.DuplicateMessage, Conversation.DoesNotExist):
-                    admission.refund()  # found under the conversation's lock: the turn did not start
+                except (TurnInProgress, ProfileUnavailable, persistence.DuplicateMessage, Conversation.DoesNotExist):
+                    admission.refund()  # found under the conversation's lock, or before it: the turn did not start
                     raise
         except limits.LimitExceeded as exc:
             raise APIError(429, exc.code, exc.message, retry_after_header(exc.retry_after)) from None
         except TurnInProgress as exc:
             raise APIError(409, TurnInProgress.code, str(exc), retry_after_header(exc.retry_after)) from None
+        except ProfileUnavailable as exc:
+            raise APIError(exc.http_status, exc.code, exc.message) from None
         except Conversation.DoesNotExist:  # deleted while we were getting here
             raise exceptions.NotFound() from None
         except persistence.ConversationGone as exc:

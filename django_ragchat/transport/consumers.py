@@ -69,6 +69,17 @@ def group_name(conversation_id) -> str:
     return f"ragchat.conversation.{uuid.UUID(str(conversation_id)).hex}"
 
 
+async def _stopped(accepted: Accepted) -> Failed:
+    """The ``error`` event of an answer stopped before its end, for every socket on the
+    conversation, with what was saved (the saved error says why: a cancel, a disconnect, the
+    server shutting down)."""
+    payload = await sync_to_async(_stopped_payload)(accepted.assistant_message_id)
+    error = (payload or {}).get("error") or {}
+    code = error.get("code", "cancelled")
+    return Failed(code=code, message=error.get("message", "The answer was stopped."),
+                  assistant_message=payload, retry_after=1 if code == "server_shutdown" else None)
+
+
 def _stopped_payload(message_id: int) -> dict[str, Any] | None:
     message = Message.objects.filter(pk=message_id).first()
     if message is None:
@@ -471,9 +482,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         accepted: Accepted | None = None
         ended = False
 
+        made: list[Conversation] = []  # the conversation create() made, if it ran
+
         async def create() -> Conversation:
             nonlocal key
             created = await self._create_conversation(key, new)
+            made.append(created)
             key = str(created.pk)
             return created
 
@@ -494,30 +508,40 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                     # Not awaited: the relay sends while the turn goes on (coalescing deltas).
                     relayed.push(self._frame(event.to_dict(), key, client_id))
         except TurnRefused as refusal:
-            known = None if key.startswith("new:") else key
+            known = None if key.startswith("new:") or made else key  # one made here is dropped below
             await self._send_frame(self._frame(refusal.to_event().to_dict(), known, client_id))
         except asyncio.CancelledError:
             # A cancel frame or a disconnect: the turn saved its partial answer. This task is
             # ours and goes on to say so.
             asyncio.current_task().uncancel()
-        except Exception:
-            logger.exception("ragchat websocket turn in conversation %s failed", key)
-            if accepted is None:
-                failed = Failed(code="internal_error", message="The assistant failed to answer; the error has been logged.")
-                await self._send_frame(self._frame(failed.to_dict(), key, client_id))
+        except Exception:  # noqa: BLE001  (logged, and said to the sender)
+            await self._crashed(key, client_id, accepted)
         finally:
             self._forget(key)
+            if made and accepted is None:  # refused once created (a profile that cannot be built)
+                await self._drop_created(made[0])
         if accepted is not None and not ended:
-            # Stopped before its end: tell every socket on the conversation, with what was saved
-            # (the saved error says why: a cancel, a disconnect, the server shutting down).
-            payload = await sync_to_async(_stopped_payload)(accepted.assistant_message_id)
-            error = (payload or {}).get("error") or {}
-            code = error.get("code", "cancelled")
-            stopped = Failed(code=code, message=error.get("message", "The answer was stopped."),
-                             assistant_message=payload, retry_after=1 if code == "server_shutdown" else None)
-            relayed.push(self._frame(stopped.to_dict(), key, client_id))
+            relayed.push(self._frame((await _stopped(accepted)).to_dict(), key, client_id))
         if relayed is not None:
             await relayed.flush()
+
+    async def _crashed(self, key: str, client_id: str | None, accepted: Accepted | None) -> None:
+        """A turn that raised (a bug): logged; before its ``ack`` the sender is told (after it,
+        the turn saved and sent its own ``error``)."""
+        logger.exception("ragchat websocket turn in conversation %s failed", key)
+        if accepted is None:
+            failed = Failed(code="internal_error", message="The assistant failed to answer; the error has been logged.")
+            await self._send_frame(self._frame(failed.to_dict(), key, client_id))
+
+    async def _drop_created(self, conversation: Conversation) -> None:
+        """Delete the conversation this socket created for a turn refused once it existed (a
+        profile that cannot be built): a refused message leaves nothing behind, and the socket's
+        next message starts a new one."""
+        key = str(conversation.pk)
+        await sync_to_async(conversation.delete)()
+        if self.conversation_id == key:
+            self.conversation_id = None
+        self.watching.pop(key, None)
 
     def _forget(self, key: str) -> None:
         if self.turns.get(key) is asyncio.current_task():

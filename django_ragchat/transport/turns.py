@@ -25,7 +25,7 @@ from django.db import connections
 from django_ragchat import permissions
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import Accepted, Completed, Failed, TurnEvent
-from django_ragchat.exceptions import InvalidMessage, RagchatError, TurnInProgress
+from django_ragchat.exceptions import InvalidMessage, ProfileUnavailable, RagchatError, TurnInProgress
 from django_ragchat.models import Conversation, Message
 from django_ragchat.turn import lanes, limits, persistence, pipeline, shutdown, start_gate
 from django_ragchat.turn.persistence import ConversationGone, DuplicateMessage
@@ -367,7 +367,7 @@ async def _admitted_turn(conversation, text: str, user, session_key: str | None,
                         async for event in replayed:
                             yield event
                     return
-                except (TurnInProgress, Conversation.DoesNotExist) as exc:
+                except (TurnInProgress, ProfileUnavailable, Conversation.DoesNotExist) as exc:
                     await slot.refund()
                     raise _refusal(exc) from None
                 if first_send is not None:  # saved: a resend finds it from now on
@@ -398,8 +398,8 @@ async def _admission(conversation, user, session_key: str | None, client_id: str
 
 
 def _refusal(exc: Exception) -> TurnRefused:
-    if isinstance(exc, TurnInProgress):
-        return TurnRefused("turn_in_progress", str(exc), 409, retry_after=exc.retry_after)
+    if isinstance(exc, (TurnInProgress, ProfileUnavailable)):
+        return TurnRefused(exc.code, exc.message, exc.http_status, retry_after=exc.retry_after)
     return TurnRefused.not_found()  # deleted since it was opened
 
 

@@ -61,7 +61,7 @@ from django_ragchat.events import (
     StageChanged,
     TurnEvent,
 )
-from django_ragchat.exceptions import InvalidMessage, RagchatError
+from django_ragchat.exceptions import InvalidMessage, ProfileUnavailable, RagchatError
 from django_ragchat.models import Chunk, Conversation, Message, TurnTrace
 from django_ragchat.plugins import await_me_maybe, get_registry, notify
 from django_ragchat.profiles import get_profile
@@ -810,7 +810,7 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
                       origin: dict[str, Any] | None = None, user: Any = None) -> AsyncIterator[TurnEvent]:
     """Run one turn, yielding its events (see ``django_ragchat.events``).
 
-    Raises ``InvalidMessage`` (nothing saved), ``TurnInProgress`` (nothing saved) or
+    Raises ``InvalidMessage``, ``TurnInProgress``, ``ProfileUnavailable`` (nothing saved) or
     ``Conversation.DoesNotExist`` before the first event; after the ``ack`` event every failure
     becomes an ``error`` event with the partial answer saved. Closing the iterator early (the
     client cancelled or went away) saves the partial answer as "incomplete".
@@ -882,8 +882,13 @@ async def _begin(conversation: Conversation, text: Any, stream: bool | None, cli
                  history: list[HistoryMessage] | None, user: Any = None) -> tuple[TurnContext, _Answering]:
     """Validate the message, save it with an empty answer, and make the turn's context."""
     text = validate_user_message(text)
-    profile = get_profile(conversation.profile)
-    components = components_for(profile)
+    try:
+        profile = get_profile(conversation.profile)
+        components = components_for(profile)
+    except ImproperlyConfigured as exc:  # a running server serves no system check: said here
+        logger.error("ragchat cannot answer in conversation %s: its profile %r cannot be built: %s",
+                     conversation.pk, conversation.profile, exc)
+        raise ProfileUnavailable() from exc
     run = _Answering(streaming=profile.stream if stream is None else stream)
     turn = TurnContext(conversation=conversation, profile=profile, components=components, question=text,
                        streaming=run.streaming, supplied_history=None if history is None else list(history),
