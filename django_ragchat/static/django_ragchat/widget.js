@@ -1088,14 +1088,6 @@ class ChatWidget {
       event.preventDefault();
       const content = ui.input.value;
       if (!content.trim() || (this.turn && !this.turn.ended)) return;
-      // Said here and kept in the box: a maxLength cut a long paste silently and sent the rest.
-      const length = [...content].length;  // characters, as the server counts them
-      if (length > this.config.maxMessageChars) {
-        this.setStatus(`Your message is ${length.toLocaleString()} characters long; the limit is `
-          + `${this.config.maxMessageChars.toLocaleString()}. Shorten it and send it again.`, true);
-        ui.input.focus();
-        return;
-      }
       ui.input.value = "";
       this.send(content);
     });
