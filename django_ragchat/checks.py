@@ -22,6 +22,7 @@ ragchat.W034  several worker processes (WEB_CONCURRENCY) on a SQLite default dat
 ragchat.W011  an embedding space with chunks has no valid HNSW index (PostgreSQL); run by plain
               ``check`` too (one query; skipped quietly when the database cannot be reached)
 ragchat.W041  a profile offers tools to an LLM backend that calls none (the extractive answerer)
+ragchat.W043  a profile's options name no component of the profile (a misspelt name is ignored)
 ragchat.W042  a profile that names no embedder gets the word-hashing fallback because the
               semantic extra (the wordllama package) is not installed
 ragchat.W040  a component warns about its configuration (``check_warnings()``), e.g. the sources
@@ -246,6 +247,27 @@ def _built_profiles():
         except Exception:  # noqa: BLE001 - reported by check_profiles
             continue
         yield name, components.each()
+
+
+#: Options that are no component's own: the OpenAI server and model every helper inherits.
+SHARED_OPTIONS = ("openai",)
+
+
+@register(Tags.compatibility)
+def check_option_names(app_configs=None, **kwargs):
+    """W043: ``options`` keys that name no component of the profile: a misspelt name
+    (``"banned_wrds"``) was ignored without a word, and the component ran with its defaults."""
+    warnings = []
+    profiles = ragchat_settings.PROFILES if isinstance(ragchat_settings.PROFILES, dict) else {}
+    for name, components in _built_profiles():
+        options = (profiles.get(name) or {}).get("options") or {}
+        used = {component.name for component in components}
+        for key in sorted(set(options) - used - set(SHARED_OPTIONS)):
+            warnings.append(Warning(
+                f"Profile {name!r}: options[{key!r}] names no component of this profile, so nothing reads it.",
+                hint=f"Its components: {', '.join(sorted(used))}. A misspelt name, or a component to add to the "
+                     f"profile (docs/profiles.md).", id="ragchat.W043"))
+    return warnings
 
 
 @register(Tags.compatibility)

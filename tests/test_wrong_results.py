@@ -196,3 +196,17 @@ def test_a_profile_that_cannot_be_built_is_refused_alike_on_every_transport(ragc
     assert (frame["type"], frame["code"]) == ("error", "profile_unavailable") and "conversation_id" not in frame
     assert list(Conversation.objects.all()) == [conversation] and not Message.objects.exists()
     assert "its profile 'default' cannot be built: No document_postprocessor named 'drop_draft'" in caplog.text
+
+
+def test_an_option_that_names_no_component_of_the_profile_is_a_warning(ragchat_settings_override):
+    """A plugin author's trial: ``"banned_wrds": {...}`` under a profile's options was ignored
+    without a word, and the guardrail ran with its defaults."""
+    from django.core.checks import run_checks
+
+    ragchat_settings_override(PLUGINS=["tests.test_wrong_results.BrokenPlugin"], PROFILES={
+        "default": {"guardrails": ["string_guard"], "options": {
+            "string_gard": {"words": ["durian"]}, "openai": {"model": "m"}}}})
+    warned = [m for m in run_checks() if m.id == "ragchat.W043"]
+    assert [m.msg for m in warned] == [
+        "Profile 'default': options['string_gard'] names no component of this profile, so nothing reads it."]
+    assert "string_guard" in warned[0].hint
