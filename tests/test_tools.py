@@ -226,8 +226,11 @@ def test_a_raising_tool_is_an_error_result_that_leaks_nothing(use_tools, openai_
     assert results["e"]["error"]["code"] == "tool_failed"
     assert results["r"]["error"] == {"code": "tool_error", "message": "Cannot do that: it is Sunday"}
     sent = json.dumps(chats(openai_server)[1]) + json.dumps(events)
-    assert "secret database password" not in sent  # only the log has the exception
+    assert "secret database password" not in sent  # neither the model nor the user reads the exception
     assert "secret database password" in caplog.text
+    # Staff read what it raised in the admin trace (a plugin author found only "tool_failed").
+    raised = {t["id"]: t.get("raised", "") for t in TurnTrace.objects.get().data["tools"]}
+    assert raised == {"e": "RuntimeError('secret database password in a traceback')", "r": ""}
 
 
 @BOTH
@@ -859,6 +862,7 @@ def test_the_admin_trace_shows_each_call_with_its_arguments_result_time_and_erro
     assert "&quot;city&quot;: &quot;&lt;img src=x" in trace  # the arguments, pretty and escaped
     assert "&quot;temperature&quot;: 21" in trace  # the result
     assert "tool_failed: The tool failed; it could not answer this time." in trace  # the error
+    assert "raised <code>RuntimeError(&#x27;secret database password in a traceback&#x27;)</code>" in trace
     assert trace.count(" ms</td>") >= 2  # the time of each
     assert "2 tool calls (1 not done)" in html["conversation"]
     listed = admin_client.get(pages["calls"]).context["cl"].result_list

@@ -145,6 +145,7 @@ class ToolCallView:
     error: dict = field(default_factory=dict)
     confirmation_id: Any = None
     short_circuited_by: str = ""
+    raised: str = ""  # what a tool that raised raised (staff only; the model read tool_failed)
 
     @property
     def failed(self) -> bool:
@@ -455,7 +456,7 @@ def _read_tools(view: TraceView, data: dict) -> None:
             arguments=_pretty(entry.get("arguments", "")), result=_pretty(entry.get("result", "")),
             ms=_number(entry.get("ms")), error=_as_dict(entry.get("error")),
             confirmation_id=entry.get("confirmation_id"),
-            short_circuited_by=str(entry.get("short_circuited_by") or ""),
+            short_circuited_by=str(entry.get("short_circuited_by") or ""), raised=str(entry.get("raised") or ""),
         ))
 
 

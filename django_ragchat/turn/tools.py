@@ -74,6 +74,9 @@ class ToolRun:
     short_circuited_by: str = ""
     # The call as the user was asked to approve it (an advisor may have changed the model's).
     confirmed: ToolCall | None = None
+    # What a tool that raised raised (``repr``, cut): for staff in the trace, never the model
+    # or the user, who read ``tool_failed``.
+    raised: str = ""
 
     @property
     def shown(self) -> ToolCall:
@@ -115,6 +118,8 @@ class ToolRun:
             entry["confirmation_id"] = self.invocation_id
         if self.short_circuited_by:
             entry["short_circuited_by"] = self.short_circuited_by
+        if self.raised:
+            entry["raised"] = self.raised
         return entry
 
 
@@ -193,8 +198,9 @@ async def _invoke(turn: TurnContext, run: ToolRun, call: ToolCall, emit: Callabl
         content = json.dumps({"error": "tool_error", "message": str(exc)}, ensure_ascii=False)
         return ToolResult(call_id=call.id, name=call.name, content=content, status="error",
                           error={"code": "tool_error", "message": str(exc)})
-    except Exception:
+    except Exception as exc:
         logger.exception("ragchat tool %r failed in conversation %s", call.name, turn.conversation.pk)
+        run.raised = repr(exc)[:500]
         return error_result(call, "tool_failed")
     try:
         content = tool.result_text(value)
