@@ -345,6 +345,19 @@ def test_plugins_shows_a_settings_plugin_and_broken_profiles(ragchat_settings_ov
     assert "No llm named 'nosuch'" in data["profiles"]["broken"]["error"]
 
 
+def test_plugins_lists_the_tools_and_each_profiles(ragchat_settings_override):
+    """A plugin author's trial: tools were listed nowhere, nor which profile offers them."""
+    ragchat_settings_override(PLUGINS=["tests.tool_plugins"], PROFILES={"default": {}, "desk": {"tools": ["weather"]}})
+    data = json.loads(run("ragchat_plugins", "--json")[0])
+    weather = next(t for t in data["tools"] if t["name"] == "weather")
+    assert weather["plugin"] == "tests.tool_plugins" and weather["requires_confirmation"] is False
+    assert next(t for t in data["tools"] if t["name"] == "send_email")["requires_confirmation"] is True
+    assert data["profiles"]["desk"]["tools"] == ["weather"] and data["profiles"]["default"]["tools"] == []
+    text, _ = run("ragchat_plugins")
+    assert "Tools (register_tools), by name:\n" in text and "  weather  from tests.tool_plugins (" in text
+    assert "    tools: weather" in text
+
+
 # --- ragchat_purge --------------------------------------------------------------------------
 
 

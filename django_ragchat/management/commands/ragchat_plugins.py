@@ -15,7 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
 
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.plugins import get_registry, hook_implementations, plugin_listing, registered_sources
+from django_ragchat.plugins import get_registry, get_tools, hook_implementations, plugin_listing, registered_sources
 from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, get_profile, profile_names
 from django_ragchat.sources import registry as source_registry
 
@@ -56,6 +56,7 @@ def describe() -> dict:
                 value = getattr(profile, field)
                 names = [value] if field in CHOICE_STAGES else value
                 runs[field] = [r.name for r in registry.ordered(STAGE_KINDS[field], names)]
+            runs["tools"] = list(profile.tools)
             profiles[name] = runs
         except ImproperlyConfigured as exc:
             profiles[name] = {"error": str(exc)}
@@ -63,6 +64,8 @@ def describe() -> dict:
         "plugins": [{**p, "origin": _origin(p)} for p in plugin_listing()],
         "hooks": hook_implementations(),
         "components": components,
+        "tools": [{"name": r.tool.name, "plugin": r.plugin, "label": r.tool.label,
+                   "requires_confirmation": r.tool.requires_confirmation} for r in get_tools().all()],
         "profiles": profiles,
         "sources": _sources(),
         "errors": list(registry.errors) + [message for _, message, _ in source_registry.problems()],
@@ -116,6 +119,7 @@ class Command(BaseCommand):
                       f"({c['class']}{default})")
             if not components:
                 write("    (none)")
+        self._write_tools(data["tools"])
         write("")
         write("Profiles:")
         for name, runs in data["profiles"].items():
@@ -128,6 +132,16 @@ class Command(BaseCommand):
         self._write_sources(data["sources"])
         for error in data["errors"]:
             self.stderr.write(self.style.ERROR(error))
+
+    def _write_tools(self, tools: list[dict]) -> None:
+        write = self.stdout.write
+        write("")
+        write("Tools (register_tools), by name:")
+        for t in tools:
+            confirm = ", asks the user first" if t["requires_confirmation"] else ""
+            write(f"  {t['name']}  from {t['plugin']} ({t['label']}{confirm})")
+        if not tools:
+            write("  (none)")
 
     def _write_sources(self, found: list[dict]) -> None:
         write = self.stdout.write
