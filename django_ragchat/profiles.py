@@ -173,7 +173,8 @@ class UnknownProfile(ImproperlyConfigured):
 
 class InvalidProfile(ImproperlyConfigured):
     """A profile whose values are wrong; ``problems`` lists each one (the system check reports
-    them one by one, a turn refuses to start with all of them in its message)."""
+    them one by one; a turn is refused, ``ProfileUnavailable``, with this as its cause and all of
+    them in the log)."""
 
     def __init__(self, name: str, problems: list[str]):
         self.name = name

@@ -58,6 +58,9 @@ def test_a_turn_on_a_wrong_profile_is_refused_before_anything_is_saved(ragchat_s
 
     ragchat_settings_override(PROFILES={"default": {}, "shop": {"history_share": 5}})
     conversation = Conversation.objects.create(owner=user, profile="shop")
-    with pytest.raises(InvalidProfile):
+    from django_ragchat.exceptions import ProfileUnavailable
+
+    with pytest.raises(ProfileUnavailable) as refused:  # 500 profile_unavailable on every transport
         run_turn_sync(conversation, "How much does the Aurora X2 cost?")
+    assert isinstance(refused.value.__cause__, InvalidProfile)  # the cause, also in the log
     assert not Message.objects.filter(conversation=conversation).exists()
