@@ -508,28 +508,37 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                     # Not awaited: the relay sends while the turn goes on (coalescing deltas).
                     relayed.push(self._frame(event.to_dict(), key, client_id))
         except TurnRefused as refusal:
-            known = None if key.startswith("new:") or made else key  # one made here is dropped below
-            await self._send_frame(self._frame(refusal.to_event().to_dict(), known, client_id))
+            await self._refuse(refusal, key, made, client_id)
         except asyncio.CancelledError:
             # A cancel frame or a disconnect: the turn saved its partial answer. This task is
             # ours and goes on to say so.
             asyncio.current_task().uncancel()
         except Exception:  # noqa: BLE001  (logged, and said to the sender)
-            await self._crashed(key, client_id, accepted)
+            await self._crashed(key, client_id, accepted, made)
         finally:
             self._forget(key)
-            if made and accepted is None:  # refused once created (a profile that cannot be built)
-                await self._drop_created(made[0])
         if accepted is not None and not ended:
             relayed.push(self._frame((await _stopped(accepted)).to_dict(), key, client_id))
         if relayed is not None:
             await relayed.flush()
 
-    async def _crashed(self, key: str, client_id: str | None, accepted: Accepted | None) -> None:
+    async def _refuse(self, refusal: TurnRefused, key: str, made: list[Conversation], client_id: str | None) -> None:
+        """Send the refusal of a turn that did not start; a conversation created for it (refused
+        once it existed: a profile that cannot be built) is deleted first, so that a client that
+        reads the refusal finds nothing left behind."""
+        if made:
+            await self._drop_created(made[0])
+        known = None if key.startswith("new:") or made else key
+        await self._send_frame(self._frame(refusal.to_event().to_dict(), known, client_id))
+
+    async def _crashed(self, key: str, client_id: str | None, accepted: Accepted | None,
+                       made: list[Conversation]) -> None:
         """A turn that raised (a bug): logged; before its ``ack`` the sender is told (after it,
-        the turn saved and sent its own ``error``)."""
+        the turn saved and sent its own ``error``), and a conversation created for it deleted."""
         logger.exception("ragchat websocket turn in conversation %s failed", key)
         if accepted is None:
+            if made:
+                await self._drop_created(made[0])
             failed = Failed(code="internal_error", message="The assistant failed to answer; the error has been logged.")
             await self._send_frame(self._frame(failed.to_dict(), key, client_id))
 
