@@ -225,7 +225,7 @@ def new_conversation_options(user, profile: Any) -> dict[str, Any]:
     says it: which profiles others may use is not the caller's business), or not a string."""
     if profile is None:
         return {}
-    if isinstance(profile, str) and profile in ragchat_settings.PROFILES and permissions.can_use_profile(user, profile):
+    if isinstance(profile, str) and permissions.can_use_profile(user, profile):  # False for no profile's name
         return {"profile": profile}
     shown = repr(profile[:100]) if isinstance(profile, str) else "of that type"
     raise TurnRefused("unknown_profile", f"There is no profile named {shown}.", 400)

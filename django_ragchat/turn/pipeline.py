@@ -995,7 +995,7 @@ async def _failed(turn: TurnContext, run: _Answering, exc: Exception) -> Failed:
         raise
     except Exception:  # noqa: BLE001  (saving failed too: the answer must not hold the conversation)
         logger.exception("ragchat could not save the failed answer in conversation %s; saved without its "
-                         "sources, trace and tool runs", turn.conversation.pk)
+                         "sources and trace", turn.conversation.pk)
         saved = await sync_to_async(persistence.release_answer)(turn, run.partial(), error)
         payload = persistence.message_payload(saved)
     await notify("on_turn_failed", turn=turn, error=exc)
