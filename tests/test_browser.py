@@ -814,6 +814,18 @@ def test_a_widget_with_a_profile_starts_and_lists_that_profiles_conversations(pa
     listed(2)
 
 
+def test_retry_is_not_offered_for_a_profile_no_retry_can_fix(page, asgi):
+    """A new user's helpdesk: a profile that cannot be built was refused with a Retry button
+    that could only fail again."""
+    open_chat(page, f"{asgi.url}/chat/")
+    found = page.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        import('/static/django_ragchat/widget.js').then(({retryable}) => done(
+          ['profile_unavailable', 'unknown_profile', 'too_long', 'rate_limited', 'turn_in_progress'].map(retryable)));
+    """)
+    assert found == [False, False, False, True, True]
+
+
 def test_excerpts_are_cut_at_a_word_boundary_without_the_heading(page, asgi):
     open_chat(page, f"{asgi.url}/chat/")
     result = page.execute_async_script("""

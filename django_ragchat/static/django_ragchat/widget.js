@@ -31,10 +31,17 @@ const TOOL_STATES = { done: "Done", error: "Failed", rejected: "Declined", aband
                       cancelled: "Stopped", pending: "Waiting for your approval", approved: "Approved" };
 // A saved answer's statuses that offer Retry.
 const FAILED = new Set(["error", "interrupted"]);
-// Refusals a retry cannot fix: the message itself must change.
+// Refusals a retry cannot fix: the message itself must change, or the site's settings (a
+// profile that is no profile, or cannot be built).
 const NOT_RETRYABLE = new Set(["empty", "invalid_type", "invalid_characters", "too_long", "too_large",
                                "parse_error", "forbidden", "not_found", "not_authenticated", "session_ended",
-                               "invalid_client_id"]);
+                               "invalid_client_id", "unknown_profile", "profile_unavailable"]);
+
+/* Whether a refusal with ``code`` may succeed if the same message is sent again (rate limits,
+   busy): only then is Retry offered. */
+export function retryable(code) {
+  return !NOT_RETRYABLE.has(code);
+}
 
 /* The seconds to count down when the server asks for a wait worth saying (a second or two is
    not): 0 otherwise. */
@@ -797,7 +804,7 @@ class ChatWidget {
         this.refused.add(user);
         this.setNote(user, `Not sent: ${text}`, true);
         if (turn.own && !this.ui.input.value) this.ui.input.value = turn.question;
-        if (turn.own && !NOT_RETRYABLE.has(error.code)) this.offerRetry(user, turn, error);
+        if (turn.own && retryable(error.code)) this.offerRetry(user, turn, error);
         this.setStatus(text, true);
         const seconds = waitSeconds(error);
         if (seconds) this.countDown(user, seconds);
