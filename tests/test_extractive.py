@@ -1150,3 +1150,38 @@ def test_a_hyphenated_word_states_its_joined_spelling(db):
     ingest_pages(COUNCIL_LIBRARIES)
     answer = ask("what r the library wifi rules lol")
     assert "free Wi-Fi" in answer, answer
+
+
+# --- A gym's pages (a new user's trial, 6 December 2026) -----------------------------------------
+
+GYM = {
+    "gym/hours.md": "# Opening hours\n\n## Weekdays\nMonday to Friday we are open from 6am to 10pm.\n\n"
+                    "## Weekends\nOn Saturday and Sunday we open from 8am to 6pm.\n",
+    "gym/classes.md": "# Classes\n\n## Spin\nSpin class runs at 7am and at 6:30pm, Monday to Friday.\n\n"
+                      "## Yoga\nYoga is on Saturday at 10am and on Tuesday at 7pm.\n",
+}
+
+
+@pytest.fixture
+def gym(db):
+    ingest_pages(GYM)
+
+
+def test_a_word_the_passages_write_is_no_unknown_name(gym):
+    # "Spin" is capitalised in the question, and in the passage only at a sentence's start.
+    assert ask("What time is the Spin class?").startswith("Spin class runs at 7am and at 6:30pm")
+    assert ask("Does the Galaxy S9 have a warranty?").startswith("The documents don't mention Galaxy S9")
+
+
+def test_a_day_is_never_stated_by_another_day(gym):
+    # The model finds "Sunday" close to "Monday"; Monday's hours are the weekdays'.
+    assert ask("What time do you open on Monday?").startswith("Monday to Friday we are open from 6am to 10pm")
+    assert ask("When are you open on Sunday?").startswith("On Saturday and Sunday we open from 8am to 6pm")
+
+
+def test_a_decline_does_not_repeat_a_pasted_wall_of_text(gym):
+    answer = ask("a" * 15000)
+    assert answer.startswith("The documents don't say anything about aaa") and len(answer) < 300, len(answer)
+    names = " ".join(f"Flump{i}" for i in range(1500))
+    answer = ask(f"Does the {names} work?")
+    assert answer.startswith("The documents don't mention Flump") and len(answer) < 300, len(answer)

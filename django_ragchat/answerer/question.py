@@ -386,8 +386,11 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
     for display, folded in name_sequences(question, v.stopwords):
         tokens = set(folded.split())
         calendar = {t for t in tokens if t in v.calendar or stem(t) in v.calendar}
+        # "What time is the Spin class?" over "Spin class runs at 7am": a word the passages write
+        # (here only at a sentence's start, so as no name) is no unknown thing.
+        written = {t for t in tokens if t in known_stems or stem(t) in known_stems}
         if not any((tokens | {stem(t) for t in tokens}) & set(e) for e in entities.known) and not tokens <= (
-                light | calendar):
+                light | calendar | written):
             need.unknown.append(_POSSESSIVE_END_RE.sub("", display))
     holding = {h for h in headed for e in need.subjects if set(e) < set(h)}
     if len(holding) == 1 and not need.subjects & headed:

@@ -87,6 +87,11 @@ LIGHT_POWER = 2.0
 #: names its topic, and the light words beside it must not make a sentence without it an answer.
 TOPIC_NORM = 14.0
 
+#: A decline names at most this many of the unknown names a question asked about, and echoes at
+#: most ECHO_CHARS of what it names: a pasted 16,000-character word is not repeated back whole.
+MAX_ECHOED_NAMES = 3
+ECHO_CHARS = 60
+
 #: An amount of money written with its currency sign ("£35", "$1,299.99").
 _AMOUNT_RE = re.compile(r"[$€£¥]\s?\d[\d,.]*")
 _FIGURE_RE = re.compile(r"\d")
@@ -97,6 +102,14 @@ _MARKUP_RE = re.compile(r"<(script|style)\b[^>]*>.*?</\1\s*>|<[^<>]{0,200}>", re
 def without_markup(text: str) -> str:
     """``text`` without HTML tags, and without what a script or style element holds."""
     return _MARKUP_RE.sub(" ", text) if "<" in text else text
+
+
+def echoed(text: str) -> str:
+    """``text`` as a decline repeats it: cut to ``ECHO_CHARS`` characters, at a word if it can be."""
+    if len(text) <= ECHO_CHARS:
+        return text
+    cut = text[:ECHO_CHARS]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "…"
 
 
 def span_of(text: str, keys: list[str], longest: int = 6) -> str:
@@ -471,8 +484,8 @@ class AnswerSelector:
         need = analyse_query(question, search_query, passages, self.vocabulary)
         if need.unknown and not need.subjects:
             # "Does the Galaxy S9 have a warranty?": another product's warranty is no answer.
-            names = self.messages["names_joiner"].join(dict.fromkeys(need.unknown))
-            return self.messages["unknown_subject"].format(names=names)
+            names = self.messages["names_joiner"].join(dict.fromkeys(need.unknown[:MAX_ECHOED_NAMES]))
+            return self.messages["unknown_subject"].format(names=echoed(names))
         if self.vocabulary.pattern("comparison").search(question) and (not need.subjects or len(need.subjects) > 1):
             compared = self.compare(need, passages)
             if compared:
@@ -693,7 +706,7 @@ class AnswerSelector:
     def decline(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> str:
         """Say plainly that the documents don't state it, naming what they do describe."""
         m = self.messages
-        topic = self._topic(need, eligible)
+        topic = echoed(self._topic(need, eligible))
         passage_of = {id(p): p for p, _ in eligible}
         on_subject = [p for p in passages if id(p) in passage_of]
         subject = next((p for p in on_subject if p.subject in need.subjects), None) if need.subjects else None
