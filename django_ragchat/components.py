@@ -17,6 +17,20 @@ if TYPE_CHECKING:
     from django_ragchat.profiles import Profile
 
 
+class PluginProblem(str):
+    """The message of one plugin problem (``registry.errors``; a ``str`` like the others) that
+    also knows the plugin it is about: ``plugin``, its name as loaded (the built-in module, the
+    string in ``RAGCHAT["PLUGINS"]`` or the entry point's name), so that the system check's hint
+    can say where that plugin came from."""
+
+    plugin: str | None
+
+    def __new__(cls, message: str, plugin: str | None = None) -> PluginProblem:
+        problem = super().__new__(cls, message)
+        problem.plugin = plugin
+        return problem
+
+
 class Component:
     """Base class of pipeline components.
 
@@ -88,14 +102,13 @@ class ComponentRegistry:
             order: int | None = None) -> None:
         name = name or cls.name
         if not name:
-            self.errors.append(f"Plugin {plugin!r} registered {cls!r} as a {kind} without a name.")
+            self.errors.append(PluginProblem(f"Plugin {plugin!r} registered {cls!r} as a {kind} without a name.", plugin))
             return
         existing = self._by_kind.setdefault(kind, {}).get(name)
         if existing is not None:
-            self.errors.append(
+            self.errors.append(PluginProblem(
                 f"Plugin {plugin!r} registered a {kind} named {name!r}, which plugin "
-                f"{existing.plugin!r} already registered."
-            )
+                f"{existing.plugin!r} already registered.", plugin))
             return
         index = sum(len(v) for v in self._by_kind.values())
         self._by_kind[kind][name] = Registration(
@@ -109,7 +122,8 @@ class ComponentRegistry:
             known = ", ".join(sorted(self._by_kind.get(kind, {}))) or "none"
             raise ImproperlyConfigured(
                 f"No {kind} named {name!r} is registered (registered: {known}). Is the plugin "
-                f"that provides it installed or listed in RAGCHAT['PLUGINS']?"
+                f"that provides it listed in RAGCHAT['PLUGINS'], or installed with an entry point of "
+                f"the django_ragchat group?"
             ) from None
 
     def ordered(self, kind: str, names: list[str] | None = None) -> list[Registration]:

@@ -62,6 +62,8 @@ from django.db import close_old_connections
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
+from django_ragchat.components import PluginProblem
+
 #: Characters of a result sent back to the model; longer results are cut (and say so).
 DEFAULT_MAX_RESULT_CHARS = 8000
 #: What a tool's name may be (OpenAI's rule for function names).
@@ -379,6 +381,25 @@ class Parameter:
     defs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+def _type_hints(function: Callable[..., Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the resolved annotations of ``function``, why each that does not resolve does not): one
+    name that imports nothing (a ``NameError``) leaves the others resolved."""
+    try:
+        return typing.get_type_hints(function, include_extras=True), {}
+    except Exception:  # noqa: BLE001 - resolved one by one below, to say which
+        pass
+    hints, unresolved = {}, {}
+    namespace = getattr(inspect.unwrap(function), "__globals__", {})
+    for name, annotation in getattr(function, "__annotations__", {}).items():
+        def holder(): ...
+        holder.__annotations__ = {name: annotation}
+        try:
+            hints.update(typing.get_type_hints(holder, globalns=namespace, include_extras=True))
+        except Exception as exc:  # noqa: BLE001 - NameError, or whatever evaluating it raised
+            unresolved[name] = repr(exc)
+    return hints, unresolved
+
+
 def _json_default(value: Any) -> tuple[bool, Any]:
     """(can the default go in the schema, its JSON value)."""
     if isinstance(value, enum.Enum):
@@ -408,15 +429,16 @@ class Tool:
             raise ToolDefinitionError(f"@tool needs a function, not {function!r}.")
         self.function = function
         self.name = name or function.__name__
-        if not NAME_PATTERN.match(self.name):
-            raise ToolDefinitionError(f"Tool name {self.name!r} must be 1 to 64 letters, digits, '_' or '-'.")
+        problems = [] if NAME_PATTERN.match(self.name) else ["its name must be 1 to 64 letters, digits, '_' or '-'"]
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or timeout <= 0):
+            problems.append("timeout must be a positive number of seconds")
+        if problems:  # every one at once, not one per run
+            raise ToolDefinitionError(f"Tool {self.name!r}: {'; '.join(problems)}.")
         doc_text, self.parameter_docs = parse_docstring(function.__doc__)
         self.description = description if description is not None else doc_text
         self.permission = permission
         self.requires_confirmation = bool(requires_confirmation)
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or timeout <= 0):
-            raise ToolDefinitionError(f"Tool {self.name!r}: timeout must be a positive number of seconds.")
         self.timeout = timeout
         self.label = label
         self.thread_sensitive = thread_sensitive
@@ -435,28 +457,37 @@ class Tool:
 
     @functools.cached_property
     def parameters(self) -> tuple[Parameter, ...]:
-        """The parameters the model fills in (every one after the turn)."""
-        try:
-            hints = typing.get_type_hints(self.function, include_extras=True)
-        except Exception as exc:  # NameError for an annotation that names nothing importable
-            raise ToolDefinitionError(f"Tool {self.name!r}: its annotations cannot be resolved: {exc!r}") from exc
-        signature = inspect.signature(self.function)
-        params = list(signature.parameters.values())
+        """The parameters the model fills in (every one after the turn). ``ToolDefinitionError``
+        lists every parameter that cannot be described, not only the first."""
+        params = list(inspect.signature(self.function).parameters.values())
         if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
-            raise ToolDefinitionError(f"Tool {self.name!r}: the first parameter must be the turn: "
-                                      f"def {self.name}(turn, ...).")
+            problems = [f"the first parameter must be the turn: def {self.name}(turn, ...)"]
+            params = [None, *params]  # none is the turn: each of them is a parameter the model would fill in
+        else:
+            problems = []
+        hints, unresolved = _type_hints(self.function)
         found = []
         for param in params[1:]:
-            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-                raise ToolDefinitionError(f"Tool {self.name!r}: *{param.name} cannot be described to the model.")
-            if param.name not in hints:
-                raise ToolDefinitionError(f"Tool {self.name!r}: parameter {param.name!r} needs a type annotation.")
             try:
-                shape = shape_of(hints[param.name])
+                found.append((param, self._shape(param, hints, unresolved)))
             except ToolDefinitionError as exc:
-                raise ToolDefinitionError(f"Tool {self.name!r}, parameter {param.name!r}: {exc}") from None
-            found.append((param, shape))
+                problems.append(str(exc))
+        if problems:
+            raise ToolDefinitionError(f"Tool {self.name!r} cannot be described to the model: {'; '.join(problems)}.")
         return tuple(self._parameter(param, shape) for param, shape in found)
+
+    def _shape(self, param: inspect.Parameter, hints: dict[str, Any], unresolved: dict[str, str]) -> _Shape:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ToolDefinitionError(f"*{param.name} cannot be described to the model")
+        if param.name in unresolved:
+            raise ToolDefinitionError(f"parameter {param.name!r}: its annotation cannot be resolved: "
+                                      f"{unresolved[param.name]}")
+        if param.name not in hints:
+            raise ToolDefinitionError(f"parameter {param.name!r} needs a type annotation")
+        try:
+            return shape_of(hints[param.name])
+        except ToolDefinitionError as exc:
+            raise ToolDefinitionError(f"parameter {param.name!r}: {str(exc).rstrip('.')}") from None
 
     def _parameter(self, param: inspect.Parameter, shape: _Shape) -> Parameter:
         schema = dict(shape.schema)
@@ -623,12 +654,12 @@ class ToolRegistry:
                              max_result_chars=found.max_result_chars)
             found.spec()  # the schema is built now: a problem is reported at startup, not mid-turn
         except ToolDefinitionError as exc:
-            self.errors.append(f"Plugin {plugin!r} registered a tool that cannot be used: {exc}")
+            self.errors.append(PluginProblem(f"Plugin {plugin!r} registered a tool that cannot be used: {exc}", plugin))
             return
         existing = self._tools.get(found.name)
         if existing is not None:
-            self.errors.append(f"Plugin {plugin!r} registered a tool named {found.name!r}, which plugin "
-                               f"{existing.plugin!r} already registered.")
+            self.errors.append(PluginProblem(f"Plugin {plugin!r} registered a tool named {found.name!r}, which "
+                                             f"plugin {existing.plugin!r} already registered.", plugin))
             return
         self._tools[found.name] = ToolRegistration(found, plugin)
 

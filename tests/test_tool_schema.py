@@ -261,7 +261,44 @@ def test_the_registry_reports_duplicates_and_tools_that_cannot_be_described():
     assert registry.get("second").function is first
     assert registry.errors[0] == "Plugin 'plugin_b' registered a tool named 'first', which plugin 'plugin_a' " \
                                  "already registered."
-    assert "its annotations cannot be resolved" in registry.errors[1]
+    assert "parameter 'a': its annotation cannot be resolved" in registry.errors[1]
+    assert "Undefined" in registry.errors[1]
+
+
+def test_every_problem_of_a_tool_is_reported_at_once():
+    """A plugin author's trial: a tool with three parameters the schema cannot describe was
+    refused for the first, then (once fixed) for the second, one run at a time."""
+
+    def broken(turn, when: "NoSuchType", *rest: str, note, fine: int = 1, blob: object.__class__ = None): ...  # noqa: F821
+
+    with pytest.raises(ToolDefinitionError) as caught:
+        tool(broken).spec()
+    message = str(caught.value)
+    for problem in ("parameter 'when': its annotation cannot be resolved", "*rest cannot be described",
+                    "parameter 'note' needs a type annotation", "parameter 'blob': <class 'type'> cannot be described"):
+        assert problem in message, message
+    assert "'fine'" not in message
+
+    # A function whose first parameter is not the turn: that, and its other parameters' problems.
+    def no_turn(*, city: str, when): ...
+
+    with pytest.raises(ToolDefinitionError) as caught:
+        tool(no_turn).spec()
+    assert "the first parameter must be the turn" in str(caught.value)
+    assert "parameter 'when' needs a type annotation" in str(caught.value)
+    with pytest.raises(ToolDefinitionError) as caught:
+        tool(name="no spaces", timeout=-1)(no_turn)
+    assert "1 to 64 letters" in str(caught.value) and "timeout must be a positive number" in str(caught.value)
+
+
+def test_the_check_reports_every_problem_of_every_tool_in_one_run(ragchat_settings_override):
+    ragchat_settings_override(PLUGINS=["tests.broken_tools.several"])
+    errors = [m.msg for m in run_checks() if m.id == "ragchat.E004"]
+    assert len(errors) == 2 and any("Tool 'two_problems'" in e for e in errors), errors
+    both = " ".join(errors)
+    for problem in ("'day': <class 'type'>", "'count' needs a type annotation", "'city': its annotation cannot"):
+        assert problem in both, both
+    assert plugins.get_tools().names() == ["fine_tool"]
 
 
 def test_the_system_checks_report_unknown_tools_and_tools_offered_to_the_extractive_answerer(
