@@ -50,6 +50,7 @@ ragchat.W012  the full-text index is missing (SQLite: its triggers were dropped)
 
 from __future__ import annotations
 
+import difflib
 import os
 from typing import Any
 
@@ -62,10 +63,18 @@ from django.urls import NoReverseMatch, Resolver404, resolve
 from django.utils.module_loading import import_string
 
 from django_ragchat import plugins
+from django_ragchat.answerer.vocabulary import Vocabulary
 from django_ragchat.backends.openai import OpenAIConnection
 from django_ragchat.conf import DEFAULTS, ragchat_settings
 from django_ragchat.models import Chunk, Document
-from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, InvalidProfile, build_profile, default_embedder
+from django_ragchat.profiles import (
+    CHOICE_STAGES,
+    LIST_STAGES,
+    InvalidProfile,
+    build_profile,
+    default_embedder,
+    draft_profile,
+)
 from django_ragchat.search import configured_text_configs, postgres, sqlite
 from django_ragchat.search.postgres import MIN_PGVECTOR_VERSION, parse_version
 from django_ragchat.sources import registry as source_registry
@@ -138,20 +147,43 @@ def _choice_errors() -> list[Error]:
 @register(Tags.compatibility)
 def check_plugins(app_configs=None, **kwargs):
     errors = []
-    pm = plugins.get_plugin_manager()
     registry = plugins.get_registry()
     for message in registry.errors:
-        errors.append(Error(message, hint="Fix or uninstall the plugin, or remove it from RAGCHAT['PLUGINS'].",
-                            id="ragchat.E004"))
-    try:
-        pm.check_pending()
-    except Exception as exc:  # pluggy.PluginValidationError
-        errors.append(Error(
-            f"A plugin implements a hook that does not exist: {exc}",
-            hint="Check the function's name against django_ragchat.hookspecs (a misspelt hook is never called).",
-            id="ragchat.E005",
-        ))
+        plugin = getattr(message, "plugin", None)  # a components.PluginProblem
+        hint = plugins.plugin_origin(plugin).remedy if plugin else (
+            "Fix or uninstall the plugin, or remove it from RAGCHAT['PLUGINS'].")
+        errors.append(Error(message, hint=hint, id="ragchat.E004"))
+    return errors + _unknown_hook_errors(plugins.get_plugin_manager())
+
+
+def _unknown_hook_errors(pm) -> list[Error]:
+    """E005 for every hook implementation that matches no hook spec (pluggy's ``check_pending``
+    stops at the first), naming the plugin as it was loaded and the hooks its name is close to."""
+    specs = sorted(name for name in vars(pm.hook) if not name.startswith("_") and getattr(pm.hook, name).has_spec())
+    errors = []
+    for name in sorted(vars(pm.hook)):
+        caller = getattr(pm.hook, name)
+        if name.startswith("_") or caller.has_spec():
+            continue
+        for impl in caller.get_hookimpls():
+            if impl.optionalhook:
+                continue
+            close = difflib.get_close_matches(name, specs, n=3, cutoff=0.8)
+            guess = f"Did you mean {_either(close)}? " if close else ""
+            errors.append(Error(
+                f"Plugin {impl.plugin_name!r} implements a hook that does not exist: {name!r} (a misspelt hook is "
+                f"never called).",
+                hint=f"{guess}The plugin is {plugins.plugin_origin(impl.plugin_name).where}; compare the function's "
+                     f"name with django_ragchat.hookspecs.",
+                id="ragchat.E005",
+            ))
     return errors
+
+
+def _either(names: list[str]) -> str:
+    """``'a'``, ``'a' or 'b'``, ``'a', 'b' or 'c'``."""
+    quoted = [repr(name) for name in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
 
 
 @register(Tags.compatibility)
@@ -175,47 +207,109 @@ def check_registration_wrappers(app_configs=None, **kwargs):
     return errors
 
 
-def _profile_error(name: str, problem: str) -> Error:
-    return Error(f"Profile {name!r}: {problem}", hint="See docs/profiles.md for the options.", id="ragchat.E002")
+PROFILE_HINT = "See docs/profiles.md for the options."
 
 
-def _component_problems(profile, registry) -> list[str]:
-    """Components ``profile`` names that no plugin registered, or that fail to build."""
-    problems = []
-    named = [(field, kind, getattr(profile, field)) for field, kind in CHOICE_STAGES.items()]
-    named += [(field, kind, component) for field, kind in LIST_STAGES.items()
-              for component in getattr(profile, field) or ()]
-    for field, kind, component in named:
+def _profile_error(name: str, problem: str, hint: str = PROFILE_HINT) -> Error:
+    return Error(f"Profile {name!r}: {problem}", hint=hint, id="ragchat.E002")
+
+
+def _well_formed_names(profile) -> list[tuple[str, str, str]]:
+    """``(field, kind, name)`` of every component ``profile`` names, from the fields whose value
+    has the right shape (a wrong shape is its own E002, from ``profiles.profile_problems``)."""
+    named = [(field, kind, getattr(profile, field)) for field, kind in CHOICE_STAGES.items()
+             if isinstance(getattr(profile, field), str)]
+    for field, kind in LIST_STAGES.items():
+        value = getattr(profile, field)
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            named += [(field, kind, component) for component in value]
+    return named
+
+
+def _name_problems(profile, registry) -> tuple[list[str], list[str]]:
+    """(components ``profile`` names that no plugin registered, tools it names that none did)."""
+    components = []
+    for field, kind, component in _well_formed_names(profile):
         try:
             registry.get(kind, component)
         except ImproperlyConfigured as exc:
-            problems.append(f"{field}: {exc}")
-    tools = plugins.get_tools()
-    for tool_name in profile.tools:
-        if tools.get(tool_name) is None:
+            components.append(f"{field}: {exc}")
+    tools, missing = plugins.get_tools(), []
+    names = profile.tools if isinstance(profile.tools, (list, tuple)) else ()
+    for tool_name in names:
+        if isinstance(tool_name, str) and tools.get(tool_name) is None:
             known = ", ".join(tools.names()) or "none"
-            problems.append(f"tools: no tool named {tool_name!r} is registered (registered: {known}). Is the plugin "
-                            f"that provides it listed in RAGCHAT['PLUGINS']?")
-    if not problems:
-        # Build the components once: options they do not accept fail here, not at the first turn.
-        try:
-            components_for(profile)
-        except (ImproperlyConfigured, TypeError, ValueError) as exc:
-            problems.append(f"building its components failed: {exc}")
-    return problems
+            close = difflib.get_close_matches(tool_name, tools.names(), n=3)
+            guess = f" Did you mean {_either(close)}?" if close else ""
+            missing.append(f"tools: no tool named {tool_name!r} is registered (registered: {known}).{guess} Is the "
+                           f"plugin that provides it listed in RAGCHAT['PLUGINS'], or installed with an entry point "
+                           f"of the django_ragchat group?")
+    return components, missing
+
+
+BUILD_ERRORS = (ImproperlyConfigured, TypeError, ValueError)
+
+
+def _build_each(profile, registry) -> tuple[list, list[tuple[str, str]]]:
+    """(the components of ``profile`` that build from the profile's options, ``(problem, hint)``
+    of each that does not: every one, not only the first, each hint saying where its plugin came
+    from). One that needs the vocabulary or the embedder is not built when that failed."""
+    built, problems, vocabulary, embedder = [], [], None, None
+    try:
+        vocabulary = Vocabulary.for_profile(profile)
+    except BUILD_ERRORS as exc:
+        problems.append((f"building its components failed: {exc}", PROFILE_HINT))
+    for field in ("embedder", *(f for f in plugins.PIPELINE_ORDER if f != "embedder")):  # the others may use it
+        value = getattr(profile, field)
+        for registration in registry.ordered(plugins.STAGE_KINDS[field], [value] if field in CHOICE_STAGES else value):
+            cls = registration.cls
+            if (cls.uses_vocabulary and vocabulary is None) or (cls.uses_embedder and embedder is None):
+                continue  # a follow-on of the problem already reported
+            try:
+                component = plugins.build_component(profile, registration.kind, registration.name,
+                                                    vocabulary=vocabulary, embedder=embedder)
+            except BUILD_ERRORS as exc:
+                problems.append((f"building its components failed: {exc}", _component_hint(registration)))
+                continue
+            built.append(component)
+            if field == "embedder":
+                embedder = component
+    return built, problems
+
+
+def _component_hint(registration) -> str:
+    origin = plugins.plugin_origin(registration.plugin)
+    if origin.kind == "built-in":
+        return PROFILE_HINT
+    return (f"The {registration.kind} {registration.name!r} is registered by the plugin {registration.plugin!r}, "
+            f"from {origin.where}: see its documentation for the options it takes (docs/profiles.md for the "
+            f"profile's own).")
 
 
 def _check_profile(name: str, config: Any, registry) -> list[Error]:
+    """Every independent problem of one profile: its values, the components and tools it names
+    and, when those are all sound, each component that fails to build."""
     if not isinstance(config, (dict, type(None))):
         return [_profile_error(name, f"its options must be a dict, not {config!r}")]
+    config = config or {}
     try:
-        profile = build_profile(name, config or {})
+        profile, problems = build_profile(name, config), []
     except InvalidProfile as exc:
-        # The same sentences a turn refuses to start with (profiles.profile_problems).
-        return [_profile_error(name, problem) for problem in exc.problems]
-    except (ImproperlyConfigured, TypeError) as exc:
-        return [Error(str(exc), hint="See docs/profiles.md for the options.", id="ragchat.E002")]
-    return [_profile_error(name, problem) for problem in _component_problems(profile, registry)]
+        profile, problems = None, list(exc.problems)
+    # What it names is looked up even when a value is wrong: a misspelt retriever and a top_k of
+    # 0 are two mistakes, fixed in one go.
+    unknown_components, unknown_tools = _name_problems(draft_profile(name, config), registry)
+    errors = [_profile_error(name, problem) for problem in problems + unknown_components + unknown_tools]
+    if profile is not None and not unknown_components:
+        # Build the components once: options they do not accept fail here, not at the first turn.
+        build = _build_each(profile, registry)[1]
+        errors += [_profile_error(name, problem, hint) for problem, hint in build]
+        if not build:
+            try:
+                components_for(profile)
+            except BUILD_ERRORS as exc:
+                errors.append(_profile_error(name, f"building its components failed: {exc}"))
+    return errors
 
 
 @register(Tags.compatibility)
@@ -237,16 +331,36 @@ def check_profiles(app_configs=None, **kwargs):
 
 
 def _built_profiles():
-    """``(name, every component instance)`` of each profile that builds; the ones that do not
-    are reported by ``check_profiles`` (ragchat.E002)."""
+    """``(name, the component instances that build)`` of each profile whose values are valid
+    and whose components are all registered: a component that fails to build (ragchat.E002)
+    leaves the others' warnings to be said."""
 
     profiles = ragchat_settings.PROFILES if isinstance(ragchat_settings.PROFILES, dict) else {}
+    registry = plugins.get_registry()
     for name, config in profiles.items():
         try:
-            components = components_for(build_profile(name, config or {}))
+            built, _ = _build_each(build_profile(name, config or {}), registry)
         except Exception:  # noqa: BLE001 - reported by check_profiles
             continue
-        yield name, components.each()
+        yield name, built
+
+
+def _drafted_profiles():
+    """``(name, draft profile, the names of the components it runs by field)`` of each profile
+    whose components are known, built or not: its values may be wrong (ragchat.E002, reported
+    beside what is said from these), but it names only registered components, in well-formed
+    lists. A profile that names an unknown one is left out: what it runs is not known yet."""
+    profiles = ragchat_settings.PROFILES if isinstance(ragchat_settings.PROFILES, dict) else {}
+    registry = plugins.get_registry()
+    for name, config in profiles.items():
+        if not isinstance(config, (dict, type(None))):
+            continue
+        profile = draft_profile(name, config or {})
+        try:
+            runs = plugins.profile_components(profile, registry)
+        except (ImproperlyConfigured, TypeError):  # an unknown name or a wrong shape: ragchat.E002
+            continue
+        yield name, profile, runs
 
 
 #: Options that are no component's own: the OpenAI server and model every helper inherits.
@@ -256,33 +370,34 @@ SHARED_OPTIONS = ("openai",)
 @register(Tags.compatibility)
 def check_option_names(app_configs=None, **kwargs):
     """W043: ``options`` keys that name no component of the profile: a misspelt name
-    (``"banned_wrds"``) was ignored without a word, and the component ran with its defaults."""
+    (``"banned_wrds"``) was ignored without a word, and the component ran with its defaults.
+    Said also of a profile with a wrong value (its E002 is another mistake)."""
     warnings = []
-    profiles = ragchat_settings.PROFILES if isinstance(ragchat_settings.PROFILES, dict) else {}
-    for name, components in _built_profiles():
-        options = (profiles.get(name) or {}).get("options") or {}
-        used = {component.name for component in components}
-        for key in sorted(set(options) - used - set(SHARED_OPTIONS)):
+    for name, profile, runs in _drafted_profiles():
+        options = profile.options if isinstance(profile.options, dict) else {}
+        used = sorted({component for names in runs.values() for component in names})
+        for key in sorted(k for k in options if isinstance(k, str) and k not in used and k not in SHARED_OPTIONS):
+            close = difflib.get_close_matches(key, used, n=3)
+            guess = f"Did you mean {_either(close)}? " if close else ""
             warnings.append(Warning(
                 f"Profile {name!r}: options[{key!r}] names no component of this profile, so nothing reads it.",
-                hint=f"Its components: {', '.join(sorted(used))}. A misspelt name, or a component to add to the "
+                hint=f"{guess}Its components: {', '.join(used)}. A misspelt name, or a component to add to the "
                      f"profile (docs/profiles.md).", id="ragchat.W043"))
     return warnings
 
 
 @register(Tags.compatibility)
 def check_tool_models(app_configs=None, **kwargs):
-    """W041: a profile offers tools (or retrieval as a tool) to a model that calls none."""
+    """W041: a profile offers tools (or retrieval as a tool) to a model that calls none. Said of
+    a profile whose components are known, built or not (its LLM class says whether it calls tools)."""
     warnings = []
-    profiles = ragchat_settings.PROFILES if isinstance(ragchat_settings.PROFILES, dict) else {}
-    for name, config in profiles.items():
-        try:
-            profile = build_profile(name, config or {})
-            llm = components_for(profile).llm
-        except Exception:  # noqa: BLE001 - reported by check_profiles
-            continue
-        if profile.offers_tools and not getattr(llm, "calls_tools", True):
-            offered = ", ".join([*profile.tools, *(["retrieval as a tool"] if profile.retrieval == "tool" else [])])
+    registry = plugins.get_registry()
+    for name, profile, runs in _drafted_profiles():
+        tools = profile.tools if isinstance(profile.tools, (list, tuple)) else []
+        offers = bool(tools) or profile.retrieval == "tool"
+        llm = registry.get("llm", runs["llm"][0]).cls
+        if offers and not getattr(llm, "calls_tools", True):
+            offered = ", ".join([*map(str, tools), *(["retrieval as a tool"] if profile.retrieval == "tool" else [])])
             warnings.append(Warning(
                 f"Profile {name!r} offers tools ({offered}), but its LLM backend {profile.llm!r} calls none: they "
                 f"are never offered, and retrieval runs before every answer.",

@@ -13,6 +13,7 @@ between components of equal ``order``:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.metadata
 import inspect
 import logging
@@ -27,9 +28,9 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from django_ragchat import hookspecs
-from django_ragchat.components import Component, ComponentRegistry
+from django_ragchat.components import Component, ComponentRegistry, PluginProblem
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.profiles import Profile, get_profile
+from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, Profile, get_profile, profile_names
 from django_ragchat.tools import ToolRegistry
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,15 @@ REGISTRATION_HOOKS: dict[str, str] = {
 #: The hook that registers tools (functions, not components: docs/tools.md).
 TOOL_HOOK = "register_tools"
 
+#: Profile fields in the order the turn runs their stages (advisors wrap the rest; guardrails also
+#: check the output).
+PIPELINE_ORDER = (
+    "advisors", "guardrails", "memory", "query_transformers", "query_expanders", "retrievers", "embedder", "joiner",
+    "document_postprocessors", "prompt_augmenter", "llm", "response_augmenters",
+)
+#: Profile field -> the kind of component it names.
+STAGE_KINDS = {**CHOICE_STAGES, **LIST_STAGES}
+
 _lock = threading.RLock()
 _state: dict[str, Any] = {}
 
@@ -101,6 +111,39 @@ def _load(target: str) -> Any:
         raise PluginLoadError(f"Cannot import plugin {target!r} from RAGCHAT['PLUGINS']: {exc}") from exc
 
 
+@dataclasses.dataclass(frozen=True)
+class PluginOrigin:
+    """Where a plugin came from: ``kind`` is "built-in", "settings" or "entry point" ("code" for
+    one registered on the plugin manager by hand); ``where`` says it in words, ``remedy`` what to
+    do about a plugin that fails (the system checks' hints)."""
+
+    kind: str
+    where: str
+    remedy: str
+
+
+def plugin_origin(name: str) -> PluginOrigin:
+    """Where the plugin loaded as ``name`` came from: ``DEFAULT_PLUGINS``, ``RAGCHAT["PLUGINS"]``
+    (``name`` is the string written there) or an entry point (``name`` is the entry point's)."""
+    if name in DEFAULT_PLUGINS:
+        return PluginOrigin("built-in", f"the built-in module {name!r}", "Report it: a built-in module of "
+                            "django-ragchat should never fail (reinstall django-ragchat first).")
+    if name in ragchat_settings.PLUGINS:
+        return PluginOrigin("settings", f"{name!r} in RAGCHAT['PLUGINS']",
+                            f"Fix the plugin, or remove {name!r} from RAGCHAT['PLUGINS'].")
+    for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=name):
+        dist = entry_point.dist
+        where = f"the entry point `{entry_point.name} = {entry_point.value}` (group {ENTRY_POINT_GROUP!r})"
+        if dist is not None:
+            where += f" of the distribution {dist.name!r} {dist.version}"
+        package = f"{dist.name!r}" if dist is not None else "the distribution that declares it"
+        return PluginOrigin("entry point", where, (
+            f"Fix or upgrade {package}, or uninstall it{f' (pip uninstall {dist.name})' if dist else ''}: it is "
+            f"loaded through {where}. RAGCHAT['LOAD_ENTRY_POINTS'] = False stops loading every entry point."))
+    return PluginOrigin("code", f"the plugin {name!r} (registered by code)",
+                        f"Fix the plugin {name!r} or the code that registers it.")
+
+
 def build_plugin_manager() -> tuple[pluggy.PluginManager, list[str]]:
     """A new plugin manager with every plugin loaded; also returns load errors."""
     pm = pluggy.PluginManager("django_ragchat")
@@ -112,7 +155,7 @@ def build_plugin_manager() -> tuple[pluggy.PluginManager, list[str]]:
         try:
             pm.register(_load(target), name=target)
         except (PluginLoadError, ValueError) as exc:
-            errors.append(str(exc))
+            errors.append(PluginProblem(str(exc), target))
     if ragchat_settings.LOAD_ENTRY_POINTS:
         _load_entry_points(pm, errors)
     return pm, errors
@@ -127,8 +170,9 @@ def _load_entry_points(pm: pluggy.PluginManager, errors: list[str]) -> None:
         except Exception as exc:  # a broken third-party distribution must not take the site down
             dist = entry_point.dist
             owner = f" of the distribution {dist.name!r} {dist.version}" if dist is not None else ""
-            errors.append(f"Loading the entry point {entry_point.name!r} ({entry_point.value}){owner} failed: "
-                          f"{exc!r}. Its plugins are not loaded; the other plugins are.")
+            errors.append(PluginProblem(f"Loading the entry point {entry_point.name!r} ({entry_point.value}){owner} "
+                                        f"failed: {exc!r}. Its plugins are not loaded; the other plugins are.",
+                                        entry_point.name))
 
 
 def build_registry(pm: pluggy.PluginManager) -> ComponentRegistry:
@@ -144,17 +188,16 @@ def build_registry(pm: pluggy.PluginManager) -> ComponentRegistry:
                          order: int | None = None, _kind: str = kind, _plugin: str = plugin,
                          _hook: str = hook_name) -> None:
                 if not (isinstance(cls, type) and issubclass(cls, Component) and cls.kind == _kind):
-                    registry.errors.append(
+                    registry.errors.append(PluginProblem(
                         f"Plugin {_plugin!r} passed {cls!r} to register() in {_hook}, "
-                        f"but it is not a subclass of the {_kind} base class."
-                    )
+                        f"but it is not a subclass of the {_kind} base class.", _plugin))
                     return
                 registry.add(_kind, cls, _plugin, name=name, order=order)
 
             try:
                 impl.function(register=register)
             except Exception as exc:
-                registry.errors.append(f"Plugin {plugin!r} failed in {hook_name}: {exc!r}")
+                registry.errors.append(PluginProblem(f"Plugin {plugin!r} failed in {hook_name}: {exc!r}", plugin))
     return registry
 
 
@@ -173,7 +216,8 @@ def collect_sources(pm: pluggy.PluginManager, errors: list[str]) -> list[tuple[A
         try:
             impl.function(register=register)
         except Exception as exc:
-            errors.append(f"Plugin {impl.plugin_name!r} failed in {SOURCES_HOOK}: {exc!r}")
+            errors.append(PluginProblem(f"Plugin {impl.plugin_name!r} failed in {SOURCES_HOOK}: {exc!r}",
+                                        impl.plugin_name))
     return found
 
 
@@ -190,7 +234,8 @@ def build_tool_registry(pm: pluggy.PluginManager) -> ToolRegistry:
         try:
             impl.function(register=register)
         except Exception as exc:
-            tools.errors.append(f"Plugin {impl.plugin_name!r} failed in {TOOL_HOOK}: {exc!r}")
+            tools.errors.append(PluginProblem(f"Plugin {impl.plugin_name!r} failed in {TOOL_HOOK}: {exc!r}",
+                                              impl.plugin_name))
     return tools
 
 
@@ -361,3 +406,36 @@ def hook_implementations() -> dict[str, list[str]]:
             ordered = impls if name in registration else reversed(impls)
             found[name] = [impl.plugin_name for impl in ordered]
     return found
+
+
+def profile_components(profile: Profile, registry: ComponentRegistry | None = None) -> dict[str, list[str]]:
+    """The registered names of the components ``profile`` runs, by profile field in
+    ``PIPELINE_ORDER``, each stage's in call order (nothing is built). ``ImproperlyConfigured``
+    names a component no plugin registered."""
+    registry = registry or get_registry()
+    runs = {}
+    for field in PIPELINE_ORDER:
+        value = getattr(profile, field)
+        names = [value] if field in CHOICE_STAGES else value
+        runs[field] = [r.name for r in registry.ordered(STAGE_KINDS[field], names)]
+    return runs
+
+
+def profile_listing() -> dict[str, dict[str, Any]]:
+    """Each profile by name: the components it runs by stage (``profile_components``) and its
+    ``tools``; or ``{"error": ...}``, why it cannot be built. For ``ragchat_plugins`` and the API."""
+    profiles: dict[str, dict[str, Any]] = {}
+    for name in profile_names():
+        try:
+            profile = get_profile(name)
+            profiles[name] = {**profile_components(profile), "tools": list(profile.tools)}
+        except ImproperlyConfigured as exc:
+            profiles[name] = {"error": str(exc)}
+    return profiles
+
+
+def tool_listing() -> list[dict[str, Any]]:
+    """Every registered tool by name: the plugin that registered it, its label and description,
+    and whether it asks the user first. For ``ragchat_plugins`` and the API."""
+    return [{"name": r.tool.name, "plugin": r.plugin, "label": r.tool.label, "description": r.tool.description,
+             "requires_confirmation": r.tool.requires_confirmation} for r in get_tools().all()]

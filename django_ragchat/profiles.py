@@ -282,21 +282,25 @@ def vocabulary_problems(vocabulary: Any) -> list[str]:
     return problems
 
 
+def draft_profile(name: str, config: dict[str, Any]) -> Profile:
+    """A ``Profile`` of ``config``'s known keys, its values not checked: what the profile would
+    run, for the system checks that can still say something about a profile with a wrong value
+    (which components it names, which options it gives them)."""
+    known = {key: value for key, value in config.items() if key in PROFILE_FIELDS and key != "name"}
+    if known.get("retrieval") == "tool" and "system_prompt" not in known:
+        known["system_prompt"] = DEFAULT_TOOL_SYSTEM_PROMPT
+    return Profile(**known, name=name)
+
+
 def build_profile(name: str, config: dict[str, Any]) -> Profile:
     """A ``Profile`` from one entry of ``RAGCHAT["PROFILES"]``.
 
-    Raises ``ImproperlyConfigured`` for unknown keys and ``InvalidProfile`` (listing every
-    problem, in the words of the system check ragchat.E002) for wrong values."""
+    Raises ``InvalidProfile`` (an ``ImproperlyConfigured``) listing every problem, unknown keys
+    and wrong values together, in the words of the system check ragchat.E002."""
     unknown = sorted(set(config) - PROFILE_FIELDS - {"name"})
-    if unknown:
-        raise ImproperlyConfigured(
-            f"Profile {name!r} has unknown option(s) {unknown}; valid options are "
-            f"{sorted(PROFILE_FIELDS - {'name'})}."
-        )
-    if config.get("retrieval") == "tool" and "system_prompt" not in config:
-        config = {**config, "system_prompt": DEFAULT_TOOL_SYSTEM_PROMPT}
-    profile = Profile(**{**config, "name": name})
-    problems = profile_problems(profile)
+    problems = [f"unknown option(s) {unknown}; valid options are {sorted(PROFILE_FIELDS - {'name'})}"] if unknown else []
+    profile = draft_profile(name, config)
+    problems += profile_problems(profile)
     if problems:
         raise InvalidProfile(name, problems)
     return profile

@@ -15,5 +15,16 @@ class NotAComponent:
         register(dict)
 
 
+class TwoMisspelt:
+    @hookimpl
+    def register_guardrials(self, register):  # sic
+        pass
+
+    @hookimpl
+    def on_turn_complete(self, turn, message):  # sic: on_turn_completed
+        pass
+
+
 misspelt = Misspelt()
+two_misspelt = TwoMisspelt()
 not_a_component = NotAComponent()

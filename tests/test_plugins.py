@@ -105,6 +105,29 @@ def test_misspelt_hook_is_a_system_check_error(ragchat_settings_override):
     assert "register_retreivers" in errors[0].msg
 
 
+def test_every_misspelt_hook_is_reported_by_the_plugin_s_name_with_the_close_hooks(ragchat_settings_override):
+    """A plugin author's trial: E005 named the plugin by its repr and stopped at the first
+    misspelt hook, with no suggestion."""
+    ragchat_settings_override(PLUGINS=["tests.broken_plugins.misspelt", "tests.broken_plugins.two_misspelt"])
+    errors = checks.check_plugins()
+    assert [e.id for e in errors] == ["ragchat.E005"] * 3
+    by_hook = {e.msg.split("does not exist: ")[1].split()[0]: e for e in errors}
+    assert set(by_hook) == {"'register_retreivers'", "'register_guardrials'", "'on_turn_complete'"}
+    retreivers = by_hook["'register_retreivers'"]
+    assert retreivers.msg.startswith("Plugin 'tests.broken_plugins.misspelt' implements")
+    assert "object at 0x" not in retreivers.msg + retreivers.hint and "<" not in retreivers.msg
+    assert retreivers.hint.startswith("Did you mean 'register_retrievers'?")
+    assert "'tests.broken_plugins.misspelt' in RAGCHAT['PLUGINS']" in retreivers.hint
+    assert "Did you mean 'register_guardrails'?" in by_hook["'register_guardrials'"].hint
+    assert "'on_turn_completed'" in by_hook["'on_turn_complete'"].hint
+
+
+def test_a_settings_plugin_s_hint_names_its_settings_entry(ragchat_settings_override):
+    ragchat_settings_override(PLUGINS=["no_such_module_anywhere"])
+    [error] = checks.check_plugins()
+    assert error.hint == "Fix the plugin, or remove 'no_such_module_anywhere' from RAGCHAT['PLUGINS']."
+
+
 def test_registering_a_non_component_names_the_plugin(ragchat_settings_override):
     ragchat_settings_override(PLUGINS=["tests.broken_plugins.not_a_component"])
     errors = checks.check_plugins()
@@ -275,7 +298,28 @@ def test_a_broken_entry_point_is_reported_by_name_and_the_others_still_load(
     assert "'ragchat_broken_dist'" in error.msg and "'ragchat-broken-plugin' 0.1" in error.msg
     assert "a_dependency_that_is_not_installed" in error.msg
     assert "ragchat_broken_dist" in caplog.text and "ragchat.E004" in caplog.text
+    # The hint says where it came from (a site builder's trial: it said to remove it from
+    # RAGCHAT['PLUGINS'], where it never was).
+    assert "RAGCHAT['PLUGINS']" not in error.hint, error.hint
+    assert "entry point `ragchat_broken_dist = ragchat_broken_dist` (group 'django_ragchat')" in error.hint
+    assert "'ragchat-broken-plugin'" in error.hint and "pip uninstall" in error.hint
     # The listing command still runs, to diagnose it, and prints the problem.
     call_command("ragchat_plugins")
     out, err = capsys.readouterr()
     assert "ragchat_working_dist" in out and "ragchat_broken_dist" in err
+
+
+def test_a_component_of_an_entry_point_plugin_that_fails_to_build_names_the_entry_point(
+        installed_plugin_dist, ragchat_settings_override):
+    """E002's hint of a component that rejects its options says which plugin registered it and
+    where that plugin came from, not RAGCHAT['PLUGINS'] (a site builder's trial)."""
+    ragchat_settings_override(LOAD_ENTRY_POINTS=True, PROFILES={"default": {"options": {
+        "entrypoint_early": {"colour": "red"}, "entrypoint_late": {"size": 3}}}})
+    errors = [e for e in checks.check_profiles() if e.id == "ragchat.E002"]
+    assert len(errors) == 2, [e.msg for e in errors]  # both, not the first
+    early = next(e for e in errors if "entrypoint_early" in e.msg)
+    assert "takes no options; got ['colour']" in early.msg
+    assert "registered by the plugin 'example'" in early.hint
+    assert "the entry point `example = ragchat_example_plugin` (group 'django_ragchat') of the distribution " \
+           "'ragchat-example-plugin' 1.2.3" in early.hint
+    assert "RAGCHAT['PLUGINS']" not in early.hint

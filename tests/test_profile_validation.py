@@ -64,3 +64,56 @@ def test_a_turn_on_a_wrong_profile_is_refused_before_anything_is_saved(ragchat_s
         run_turn_sync(conversation, "How much does the Aurora X2 cost?")
     assert isinstance(refused.value.__cause__, InvalidProfile)  # the cause, also in the log
     assert not Message.objects.filter(conversation=conversation).exists()
+
+
+# --- Every independent problem in one run (a site builder's trial: one fixed per run) ----------
+
+
+def ragchat_messages(*ids: str) -> list[tuple[str, str, str]]:
+    return [(e.id, e.msg, e.hint) for e in checks.run_checks() if e.id in ids]
+
+
+def test_a_misspelt_options_key_is_told_the_component_it_is_close_to(ragchat_settings_override):
+    ragchat_settings_override(PROFILES={"default": {"options": {"folowup": {"max_terms": 2}}}})
+    [(_, msg, hint)] = ragchat_messages("ragchat.W043")
+    assert msg == "Profile 'default': options['folowup'] names no component of this profile, so nothing reads it."
+    assert hint.startswith("Did you mean 'followup'? Its components: "), hint
+
+
+def test_a_wrong_value_and_a_misspelt_options_key_are_reported_in_one_run(ragchat_settings_override):
+    ragchat_settings_override(PROFILES={"default": {"top_k": 0, "sistem_prompt": "x", "retrievers": ["vectr"],
+                                                    "tools": ["nothing_registered"]},
+                                        "shop": {"history_share": 5, "options": {"folowup": {}}}})
+    found = ragchat_messages("ragchat.E002", "ragchat.W043")
+    errors = sorted(msg for check_id, msg, _ in found if check_id == "ragchat.E002")
+    assert len(errors) == 5, errors
+    for fragment in ("'default': unknown option(s) ['sistem_prompt']", "'default': top_k must be at least 1",
+                     "'default': retrievers: No retriever named 'vectr'", "'default': tools: no tool named",
+                     "'shop': history_share must be between 0 and 1"):
+        assert any(fragment in msg for msg in errors), (fragment, errors)
+    # The warning of the profile whose components are known; none of the one that names an unknown one.
+    assert [msg for check_id, msg, _ in found if check_id == "ragchat.W043"] == [
+        "Profile 'shop': options['folowup'] names no component of this profile, so nothing reads it."]
+
+
+def test_an_unknown_tool_and_components_that_reject_their_options_are_all_reported(ragchat_settings_override):
+    ragchat_settings_override(PROFILES={"default": {"tools": ["nothing_registered"], "options": {
+        "followup": {"max_term": 2}, "top_k": {"k": 3}, "extractive": {"min_coverage": 2}}}})
+    errors = [msg for _, msg, _ in ragchat_messages("ragchat.E002")]
+    assert len(errors) == 4, errors
+    for fragment in ("no tool named 'nothing_registered'", "has no option 'max_term'", "takes no options; got ['k']",
+                     "min_coverage must be a number from 0 to 1"):
+        assert any(fragment in msg for msg in errors), (fragment, errors)
+
+
+def test_no_follow_on_warning_of_an_options_key_for_a_misspelt_component(ragchat_settings_override):
+    """``retrievers: ["vectr"]`` with options for ``vector``: the E002 says it; a W043 for
+    ``vector`` would only be its consequence."""
+    ragchat_settings_override(PROFILES={"default": {"retrievers": ["vectr"], "options": {"vector": {"exact": True}}}})
+    assert [check_id for check_id, _, _ in ragchat_messages("ragchat.E002", "ragchat.W043")] == ["ragchat.E002"]
+
+
+def test_tools_offered_to_the_extractive_answerer_are_said_beside_a_wrong_value(ragchat_settings_override):
+    ragchat_settings_override(PROFILES={"default": {"top_k": 0, "retrieval": "tool"}})
+    assert sorted(check_id for check_id, _, _ in ragchat_messages("ragchat.E002", "ragchat.W041")) == [
+        "ragchat.E002", "ragchat.W041"]

@@ -313,7 +313,8 @@ def test_the_system_checks_report_unknown_tools_and_tools_offered_to_the_extract
     messages = {(m.id, m.msg) for m in run_checks() if m.id.startswith("ragchat.")}
     assert ("ragchat.E002", "Profile 'typo': tools: no tool named 'wether' is registered (registered: audit_log, "
                             "explode, refuse, send_email, slow, slow_sync, staff_directory, unserialisable, weather). "
-                            "Is the plugin that provides it listed in RAGCHAT['PLUGINS']?") in messages
+                            "Did you mean 'weather'? Is the plugin that provides it listed in RAGCHAT['PLUGINS'], or "
+                            "installed with an entry point of the django_ragchat group?") in messages
     warned = sorted(msg.split(",")[0] for i, msg in messages if i == "ragchat.W041")
     assert warned == ["Profile 'default' offers tools (weather)", "Profile 'searching' offers tools (retrieval as a tool)"]
     assert not any("'fine'" in msg for _, msg in messages)

@@ -11,27 +11,20 @@ from __future__ import annotations
 
 import json
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
 
-from django_ragchat.conf import ragchat_settings
-from django_ragchat.plugins import get_registry, get_tools, hook_implementations, plugin_listing, registered_sources
-from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, get_profile, profile_names
-from django_ragchat.sources import registry as source_registry
-
-# Profile fields in the order the turn runs their stages (advisors wrap the rest; guardrails also
-# check the output).
-PIPELINE_ORDER = (
-    "advisors", "guardrails", "memory", "query_transformers", "query_expanders", "retrievers", "embedder", "joiner",
-    "document_postprocessors", "prompt_augmenter", "llm", "response_augmenters",
+from django_ragchat.plugins import (
+    PIPELINE_ORDER,
+    STAGE_KINDS,
+    get_registry,
+    hook_implementations,
+    plugin_listing,
+    plugin_origin,
+    profile_listing,
+    registered_sources,
+    tool_listing,
 )
-STAGE_KINDS = {**CHOICE_STAGES, **LIST_STAGES}
-
-
-def _origin(plugin: dict) -> str:
-    if plugin["builtin"]:
-        return "built-in"
-    return "settings" if plugin["name"] in ragchat_settings.PLUGINS else "entry point"
+from django_ragchat.sources import registry as source_registry
 
 
 def describe() -> dict:
@@ -47,26 +40,12 @@ def describe() -> dict:
         ]
         for kind in kinds
     }
-    profiles = {}
-    for name in profile_names():
-        try:
-            profile = get_profile(name)
-            runs = {}
-            for field in PIPELINE_ORDER:
-                value = getattr(profile, field)
-                names = [value] if field in CHOICE_STAGES else value
-                runs[field] = [r.name for r in registry.ordered(STAGE_KINDS[field], names)]
-            runs["tools"] = list(profile.tools)
-            profiles[name] = runs
-        except ImproperlyConfigured as exc:
-            profiles[name] = {"error": str(exc)}
     return {
-        "plugins": [{**p, "origin": _origin(p)} for p in plugin_listing()],
+        "plugins": [{**p, "origin": plugin_origin(p["name"]).kind} for p in plugin_listing()],
         "hooks": hook_implementations(),
         "components": components,
-        "tools": [{"name": r.tool.name, "plugin": r.plugin, "label": r.tool.label,
-                   "requires_confirmation": r.tool.requires_confirmation} for r in get_tools().all()],
-        "profiles": profiles,
+        "tools": tool_listing(),
+        "profiles": profile_listing(),
         "sources": _sources(),
         "errors": list(registry.errors) + [message for _, message, _ in source_registry.problems()],
     }
