@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils.crypto import get_random_string
 from rest_framework.test import APIClient
 
-from django_ragchat import hookimpl
+from django_ragchat import hookimpl, plugins
 from django_ragchat.exceptions import LLMError
 from django_ragchat.models import (
     Chunk,
@@ -619,6 +619,44 @@ def test_staff_see_the_plugins_and_components(staff_user):
     assert extractive["path"] == "django_ragchat.stages.llms.ExtractiveAnswerer"
     assert extractive["plugin"] == "django_ragchat.stages.llms"
     assert body["errors"] == []
+
+
+def test_staff_see_the_tools_and_what_each_profile_runs(staff_user, alice, ragchat_settings_override):
+    """A plugin author's trial: GET plugins/ listed neither the tools nor what a profile runs,
+    which ragchat_plugins prints (the same gathering code, plugins.profile_listing/tool_listing)."""
+    ragchat_settings_override(PLUGINS=["tests.tool_plugins"], PROFILES={
+        "default": {"llm": "openai", "tools": ["weather"], "retrievers": ["fulltext"],
+                    "options": {"openai": {"base_url": "http://127.0.0.1:9/v1"}}},
+        "broken": {"llm": "gpt-9"},
+    })
+    body = client_for(staff_user).get(f"{API}/plugins/").json()
+    weather = next(t for t in body["tools"] if t["name"] == "weather")
+    assert weather["plugin"] == "tests.tool_plugins" and weather["requires_confirmation"] is False
+    assert weather["description"]
+    profiles = {p["name"]: p for p in body["profiles"]}
+    assert set(profiles) == {"default", "broken"}
+    default = profiles["default"]
+    assert default["tools"] == ["weather"] and default["error"] is None
+    assert default["components"]["llm"] == ["openai"] and default["components"]["retrievers"] == ["fulltext"]
+    assert list(default["components"]) == list(plugins.PIPELINE_ORDER)
+    assert profiles["broken"]["components"] is None and "No llm named 'gpt-9'" in profiles["broken"]["error"]
+    # The same as ragchat_plugins --json says.
+    from django_ragchat.management.commands.ragchat_plugins import describe
+
+    listed = describe()
+    assert body["tools"] == listed["tools"]
+    assert {**default["components"], "tools": default["tools"]} == listed["profiles"]["default"]
+    # Within the endpoint's existing permission: staff only.
+    assert alice.get(f"{API}/plugins/").status_code == 403
+
+
+def test_the_schema_describes_the_tools_and_profiles_of_the_plugin_listing(alice):
+    schema = json.loads(alice.get(f"{API}/schema/", {"format": "json"}).content)
+    listing = schema["components"]["schemas"]["PluginListing"]
+    assert {"plugins", "components", "tools", "profiles", "errors"} <= set(listing["properties"])
+    assert set(schema["components"]["schemas"]["ProfileComponents"]["properties"]) == set(plugins.PIPELINE_ORDER)
+    assert set(schema["components"]["schemas"]["Tool"]["properties"]) == {
+        "name", "plugin", "label", "description", "requires_confirmation"}
 
 
 def test_the_schema_is_served_for_these_endpoints_and_validates(alice, tmp_path):

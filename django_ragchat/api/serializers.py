@@ -22,6 +22,7 @@ from django_ragchat.models import (
     ToolInvocation,
 )
 from django_ragchat.permissions import can_use_profile
+from django_ragchat.plugins import PIPELINE_ORDER
 from django_ragchat.profiles import UnknownProfile, get_profile, profile_names
 from django_ragchat.text import question_label
 
@@ -369,8 +370,32 @@ class ComponentSerializer(serializers.Serializer):
     path = serializers.CharField(help_text="Dotted path of the component class.")
 
 
+class ToolSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    plugin = serializers.CharField(help_text="The plugin that registered it (register_tools).")
+    label = serializers.CharField(allow_null=True, help_text="What the user sees while it runs (a template).")
+    description = serializers.CharField(help_text="What the model is told the tool does.")
+    requires_confirmation = serializers.BooleanField(help_text="Whether the user approves each call first.")
+
+
+ProfileComponentsSerializer = type("ProfileComponentsSerializer", (serializers.Serializer,), {
+    "__doc__": "The components a profile runs: each stage's registered names, in call order.",
+    **{field: serializers.ListField(child=serializers.CharField()) for field in PIPELINE_ORDER},
+})
+
+
+class ProfileRunsSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    components = ProfileComponentsSerializer(allow_null=True, help_text="By stage, in the order the turn runs "
+                                             "them; null when the profile cannot be built (see error).")
+    tools = serializers.ListField(child=serializers.CharField(), help_text="The tools it offers, by name.")
+    error = serializers.CharField(allow_null=True, help_text="Why the profile cannot be built, or null.")
+
+
 class PluginListingSerializer(serializers.Serializer):
     plugins = PluginSerializer(many=True)
     components = ComponentSerializer(many=True, help_text="Every registered component, by kind, in call order.")
+    tools = ToolSerializer(many=True, help_text="Every registered tool, by name.")
+    profiles = ProfileRunsSerializer(many=True, help_text="Each profile: what it runs and the tools it offers.")
     errors = serializers.ListField(child=serializers.CharField(), help_text="Plugin load and registration errors.")
 

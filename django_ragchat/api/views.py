@@ -40,7 +40,7 @@ from django_ragchat.exceptions import ProfileUnavailable, RagchatError, TurnInPr
 from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
 from django_ragchat.ingestion.pipeline import CREATED, ingest_text
 from django_ragchat.models import Conversation, Document, Feedback, Message, MessageSource, ToolInvocation
-from django_ragchat.plugins import get_registry, plugin_listing
+from django_ragchat.plugins import PIPELINE_ORDER, get_registry, plugin_listing, profile_listing, tool_listing
 from django_ragchat.transport import turns as transport
 from django_ragchat.transport.jsonbody import LimitedJSONParser
 from django_ragchat.turn import limits, persistence
@@ -717,10 +717,11 @@ class DocumentDetail(DocumentViewMixin, RagchatAPIView, generics.RetrieveDestroy
 # --- Plugins ----------------------------------------------------------------------------------
 
 
-@extend_schema(summary="Loaded plugins and registered components (staff)",
+@extend_schema(summary="Loaded plugins, registered components and tools, and what each profile runs (staff)",
                responses={200: s.PluginListingSerializer, **errors(403)})
 class PluginList(RagchatAPIView):
-    """What is installed: plugins with their hooks, and components by stage in call order."""
+    """What is installed: plugins with their hooks, components by stage in call order, the
+    registered tools, and each profile's components and tools (what ``ragchat_plugins`` lists)."""
 
     permission_classes = [access.IsStaff]
 
@@ -731,4 +732,10 @@ class PluginList(RagchatAPIView):
              "enabled_by_default": r.cls.enabled_by_default, "path": f"{r.cls.__module__}.{r.cls.__qualname__}"}
             for r in registry.all()
         ]
-        return Response({"plugins": plugin_listing(), "components": components, "errors": list(registry.errors)})
+        profiles = [
+            {"name": name, "error": runs.get("error"), "tools": runs.get("tools", []),
+             "components": None if "error" in runs else {field: runs[field] for field in PIPELINE_ORDER}}
+            for name, runs in profile_listing().items()
+        ]
+        return Response({"plugins": plugin_listing(), "components": components, "tools": tool_listing(),
+                         "profiles": profiles, "errors": list(registry.errors)})
