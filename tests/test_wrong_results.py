@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from django_ragchat import hookimpl
+from django_ragchat.exceptions import ProfileUnavailable
 from django_ragchat.models import Message
 from django_ragchat.stages.guardrails import Guardrail
 from django_ragchat.stages.postprocessors import DocumentPostProcessor
@@ -196,6 +197,30 @@ def test_a_profile_that_cannot_be_built_is_refused_alike_on_every_transport(ragc
     assert (frame["type"], frame["code"]) == ("error", "profile_unavailable") and "conversation_id" not in frame
     assert list(Conversation.objects.all()) == [conversation] and not Message.objects.exists()
     assert "its profile 'default' cannot be built: No document_postprocessor named 'drop_draft'" in caplog.text
+
+
+@pytest.mark.parametrize("profiles, body, cause", [
+    ({"default": {}, "helpdesk": BROKEN_PROFILE}, {"profile": "helpdesk"},
+     "its profile 'helpdesk' cannot be built: No document_postprocessor named 'drop_draft'"),
+    ({"default": BROKEN_PROFILE}, {}, "its profile 'default' cannot be built: No document_postprocessor"),
+    ({"default": {}, "helpdesk": {"top_k": 0}}, {"profile": "helpdesk"}, "Profile 'helpdesk': top_k must be"),
+])
+def test_a_conversation_with_a_profile_that_cannot_be_built_is_not_created(ragchat_settings_override, user,
+                                                                           profiles, body, cause, caplog):
+    """A new user's helpdesk: ``POST conversations/`` with a profile that cannot be built
+    answered 201 and left an empty conversation no message could use. Now refused as a message
+    to it is: 500 ``profile_unavailable``, nothing created, the cause in the log."""
+    from django_ragchat.models import Conversation
+    from tests.test_api import API, client_for, post_json
+
+    ragchat_settings_override(PROFILES=profiles)
+    response = post_json(client_for(user), f"{API}/conversations/", {"title": "Printer", **body})
+    assert response.status_code == 500, response.content
+    assert response.json() == {"code": "profile_unavailable", "detail": ProfileUnavailable.default_message}
+    assert not Conversation.objects.exists()
+    assert "ragchat cannot start a conversation" in caplog.text and cause in caplog.text
+    if "helpdesk" in profiles:  # the other profiles are untouched
+        assert post_json(client_for(user), f"{API}/conversations/", {"title": "Printer"}).status_code == 201
 
 
 def test_an_option_that_names_no_component_of_the_profile_is_a_warning(ragchat_settings_override):

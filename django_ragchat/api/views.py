@@ -16,8 +16,8 @@ import math
 import uuid
 from pathlib import PurePath
 
+from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.db.models import BooleanField, Count, ExpressionWrapper, Prefetch, Q
 from django.http import Http404
 from django.urls import reverse
@@ -45,7 +45,7 @@ from django_ragchat.transport import turns as transport
 from django_ragchat.transport.jsonbody import LimitedJSONParser
 from django_ragchat.turn import limits, persistence
 from django_ragchat.turn.confirmations import DecisionRefused, decide_tool_call, parse_invocation_id
-from django_ragchat.turn.pipeline import run_turn_sync
+from django_ragchat.turn.pipeline import built_profile, run_turn_sync
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +108,10 @@ ERRORS = {code: OpenApiResponse(s.ErrorSerializer, description=text) for code, t
     410: "The conversation was deleted while its answer was being written (`conversation_deleted`).",
     429: "Rate limit or concurrent-answer limit reached; see the Retry-After header.",
 }.items()}
+
+
+PROFILE_UNAVAILABLE = OpenApiResponse(s.ErrorSerializer, description="`profile_unavailable`: the profile cannot be "
+                                    "built (a component no plugin registers; logged); nothing is created.")
 
 
 NOT_RATEABLE = OpenApiResponse(s.ErrorSerializer, description="`not_rateable`: only finished answers of the "
@@ -217,7 +221,7 @@ class ListPagination(StrictLimitOffsetPagination):
         "profile", OpenApiTypes.STR, description="Only those with this profile (a widget's own)")], responses={
         200: s.ConversationSerializer(many=True), **errors(400, 403)}),
     post=extend_schema(summary="Start a conversation", request=s.ConversationCreateSerializer,
-                       responses={201: s.ConversationSerializer, **errors(400, 403)}),
+                       responses={201: s.ConversationSerializer, **errors(400, 403), 500: PROFILE_UNAVAILABLE}),
 )
 class ConversationList(RagchatAPIView, generics.ListCreateAPIView):
     """The caller's conversations (staff too see only their own here) and starting one."""
@@ -237,7 +241,17 @@ class ConversationList(RagchatAPIView, generics.ListCreateAPIView):
 
     def create(self, request, *args, **kwargs):
         form = s.ConversationCreateSerializer(data=request.data, context={"request": request})
-        form.is_valid(raise_exception=True)
+        try:
+            form.is_valid(raise_exception=True)  # reads the profile's settings
+            # Built now, as a message to it would be: a profile that cannot answer is refused
+            # before anything is saved (not 201 and an empty conversation no message can use).
+            built_profile(form.validated_data["profile"], "cannot start a conversation")
+        except ImproperlyConfigured as exc:  # the named or the default profile's values are wrong
+            logger.error("ragchat cannot start a conversation: a profile cannot be built: %s", exc)
+            raise APIError(ProfileUnavailable.http_status, ProfileUnavailable.code,
+                           ProfileUnavailable.default_message) from None
+        except ProfileUnavailable as exc:
+            raise APIError(exc.http_status, exc.code, exc.message) from None
         conversation = rules.create_conversation(
             request.user, access.caller_session_key(request, create=True), **form.validated_data
         )

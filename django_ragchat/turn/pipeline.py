@@ -64,7 +64,7 @@ from django_ragchat.events import (
 from django_ragchat.exceptions import InvalidMessage, ProfileUnavailable, RagchatError
 from django_ragchat.models import Chunk, Conversation, Message, TurnTrace
 from django_ragchat.plugins import await_me_maybe, get_registry, notify
-from django_ragchat.profiles import get_profile
+from django_ragchat.profiles import Profile, get_profile
 from django_ragchat.search.freshness import stamps_kept
 from django_ragchat.search.readings import fetching_readings
 from django_ragchat.stages.retrievers import EmbeddingSpaceMismatch
@@ -878,17 +878,25 @@ async def _asker(conversation: Conversation, user: Any) -> Any:
     return await sync_to_async(_owner)(conversation)
 
 
+def built_profile(name: str | None, refused: str) -> tuple[Profile, ProfileComponents]:
+    """The profile ``name`` (the default for ``None``) and its components, or ``ProfileUnavailable``
+    when it cannot be built (a component no plugin registers, values ``InvalidProfile`` refuses):
+    a running server serves no system check, so the cause goes to the log, after ``refused``
+    ("cannot answer in conversation ..."). The turn asks before saving anything, and so does
+    ``POST conversations/`` before creating one."""
+    try:
+        profile = get_profile(name)
+        return profile, components_for(profile)
+    except ImproperlyConfigured as exc:
+        logger.error("ragchat %s: its profile %r cannot be built: %s", refused, name, exc)
+        raise ProfileUnavailable() from exc
+
+
 async def _begin(conversation: Conversation, text: Any, stream: bool | None, client_id: str,
                  history: list[HistoryMessage] | None, user: Any = None) -> tuple[TurnContext, _Answering]:
     """Validate the message, save it with an empty answer, and make the turn's context."""
     text = validate_user_message(text)
-    try:
-        profile = get_profile(conversation.profile)
-        components = components_for(profile)
-    except ImproperlyConfigured as exc:  # a running server serves no system check: said here
-        logger.error("ragchat cannot answer in conversation %s: its profile %r cannot be built: %s",
-                     conversation.pk, conversation.profile, exc)
-        raise ProfileUnavailable() from exc
+    profile, components = built_profile(conversation.profile, f"cannot answer in conversation {conversation.pk}")
     run = _Answering(streaming=profile.stream if stream is None else stream)
     turn = TurnContext(conversation=conversation, profile=profile, components=components, question=text,
                        streaming=run.streaming, supplied_history=None if history is None else list(history),
