@@ -314,12 +314,27 @@ def message_limit(driver) -> int:
                       ".maxMessageChars")
 
 
-def check_refusal_shown(driver, *, text: str) -> None:
+def status_line(driver) -> dict:
+    """What the status line shows, and what it says to screen readers only."""
+    return js(driver, """
+        const status = document.querySelector('.ragchat-status');
+        return {shown: Array.from(status.childNodes).filter((n) => n.nodeType === Node.TEXT_NODE)
+                  .map((n) => n.textContent).join('').trim(),
+                heard: Array.from(status.querySelectorAll('.ragchat-visually-hidden'), (s) => s.textContent).join(' ')};""")
+
+
+def check_refusal_shown(driver, *, text: str, retryable: bool = True) -> None:
+    """The refused question says why; the status line shows it too when a retry may work (it
+    counts a wait down there), else says it to screen readers only: shown once."""
     wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-user.ragchat-refused"))
     wait(driver, idle)  # not hanging: Send works, Stop is gone
     refused = driver.find_elements(By.CSS_SELECTOR, ".ragchat-user.ragchat-refused")[-1]
     assert text in refused.find_element(By.CSS_SELECTOR, ".ragchat-note").text
-    assert text in driver.find_element(By.CSS_SELECTOR, ".ragchat-status").text
+    status = status_line(driver)
+    if retryable:
+        assert text in status["shown"], status
+    else:
+        assert not status["shown"] and text in status["heard"], status
     assert not driver.find_elements(By.CSS_SELECTOR, ".ragchat-assistant")  # no "…" left waiting
 
 
@@ -526,7 +541,7 @@ def test_a_refused_first_message_is_shown_as_an_error_and_creates_nothing(page, 
     limit = message_limit(page)
     js(page, "document.querySelector('.ragchat-input').value = arguments[0]", "x" * (limit + 1))
     page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
-    check_refusal_shown(page, text="characters")
+    check_refusal_shown(page, text="characters", retryable=False)
     assert page.find_element(By.CSS_SELECTOR, ".ragchat-input").get_attribute("value") == "x" * (limit + 1)
     assert not page.find_elements(By.CSS_SELECTOR, ".ragchat-refused .ragchat-retry")  # it must change first
     assert not Conversation.objects.exists() and not page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")
@@ -544,6 +559,41 @@ def test_a_refused_first_message_is_shown_as_an_error_and_creates_nothing(page, 
     assert Message.objects.count() == 2
 
 
+def test_a_long_refused_paste_is_echoed_shortened_and_its_error_shown_once(page, asgi, product_corpus):
+    """A new user's helpdesk: a 20,000-character paste, refused ``too_long``, stood whole in a
+    bubble taller than the window, and its error was shown twice (under it and on the status
+    line). Now the bubble shows its first 300 characters, "…" and its length; the error is shown
+    once, under it; the whole text stays in the box to be shortened."""
+    show_at_1280x800(page)
+    open_chat(page, f"{asgi.url}/chat/")
+    paste = "The printer on the third floor jams whenever someone prints double-sided. " * 270
+    assert len(paste) == 19_980 > message_limit(page)
+    js(page, "document.querySelector('.ragchat-input').value = arguments[0]", paste)
+    page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+    check_refusal_shown(page, text="the limit is", retryable=False)
+    bubble = page.find_element(By.CSS_SELECTOR, ".ragchat-refused .ragchat-body")
+    echo = bubble.get_attribute("textContent")
+    assert echo.startswith(paste[:200]) and echo.endswith("… (19,980 characters)"), echo
+    assert len(echo) < 330 and bubble.size["height"] < 150, (len(echo), bubble.size)
+    assert page.find_element(By.CSS_SELECTOR, ".ragchat-input").get_attribute("value") == paste
+    note = page.find_element(By.CSS_SELECTOR, ".ragchat-refused .ragchat-note").text
+    assert note == "Not sent: The message has 19,980 characters; the limit is 16,000."
+    seen = js(page, """const shown = document.querySelector('.ragchat').cloneNode(true);
+        shown.querySelectorAll('.ragchat-visually-hidden').forEach((n) => n.remove());
+        return shown.textContent;""")
+    assert seen.count("the limit is") == 1  # shown once (and heard once, on the status line)
+    page.save_screenshot(str(SHOTS / "5-long-paste-refused.png"))
+    # A short refused question still stands whole (what the user typed, exactly).
+    short = "What about  the fourth floor?"
+    result = page.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        import('/static/django_ragchat/widget.js').then(({refusedEcho}) => done(
+          [refusedEcho(arguments[0]), refusedEcho('é'.repeat(300)), refusedEcho('a'.repeat(301)).length]));
+    """, short)
+    assert result == [None, None, 301]
+    assert not Conversation.objects.exists()
+
+
 def test_a_refusal_over_server_sent_events_is_shown_and_creates_nothing(page, wsgi, product_corpus, user):
     page.get(f"{wsgi.url}/chat/")  # a page of the site, to be allowed to set its cookie
     page.add_cookie({"name": "sessionid", "value": caller_for(user).sessionid, "path": "/"})
@@ -551,7 +601,7 @@ def test_a_refusal_over_server_sent_events_is_shown_and_creates_nothing(page, ws
     limit = message_limit(page)
     js(page, "document.querySelector('.ragchat-input').value = arguments[0]", "y" * (limit + 1))
     page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
-    check_refusal_shown(page, text="characters")
+    check_refusal_shown(page, text="characters", retryable=False)
     assert stream_requests(page) and not Conversation.objects.exists()
 
 

@@ -73,6 +73,18 @@ function shorten(text, limit) {
 /* The longest conversation title the widget makes from a question. */
 const TITLE_CHARS = 80;
 
+/* The most of a refused question its bubble shows (the whole text stays in the box). */
+const ECHO_CHARS = 300;
+
+/* What the bubble of a refused question shows: null when the question is short enough to stand
+   whole, else its first ``limit`` characters on one line, cut at a word boundary with "…", and
+   its length in characters ({text, length}): a 20,000-character paste stood whole in the thread. */
+export function refusedEcho(question, limit = ECHO_CHARS) {
+  const whole = String(question || "");
+  const length = [...whole].length;  // characters, as the server counts them
+  return length <= limit ? null : { text: shorten(whole, limit), length };
+}
+
 function el(tag, className, text) {
   const node = document.createElement(tag);
   if (className) node.className = className;
@@ -298,7 +310,9 @@ class ChatWidget {
       view.renderTimer = null;
     }
     if (view.role === "user") {
-      view.body.textContent = view.text;  // what the user typed, exactly
+      const echo = view.node.classList.contains("ragchat-refused") ? refusedEcho(view.text) : null;
+      view.body.textContent = echo ? echo.text : view.text;  // else what the user typed, exactly
+      if (echo) view.body.append(el("span", "ragchat-echo-length", ` (${echo.length.toLocaleString("en")} characters)`));
     } else {
       view.body.replaceChildren(renderMarkdown(view.text, { cite: (numbers, raw) => this.citation(view, numbers, raw) }));
     }
@@ -798,14 +812,19 @@ class ChatWidget {
     if (error && !cancelled) {
       const text = error.message || "The answer failed.";
       if (!turn.accepted && !message) {
-        // Refused: nothing was saved. Say so on the question, and offer it again.
+        // Refused: nothing was saved. Say so on the question (a long one shortened: the whole
+        // text is in the box), and offer it again when sending it again may work.
         answer.node.remove();
         user.node.classList.add("ragchat-refused");
+        this.renderBody(user);
         this.refused.add(user);
         this.setNote(user, `Not sent: ${text}`, true);
         if (turn.own && !this.ui.input.value) this.ui.input.value = turn.question;
-        if (turn.own && retryable(error.code)) this.offerRetry(user, turn, error);
-        this.setStatus(text, true);
+        const again = retryable(error.code);
+        if (turn.own && again) this.offerRetry(user, turn, error);
+        // Shown once, on the question; the status line says it to a screen reader only. A wait
+        // the status line counts down to "You can try again now." shows there too.
+        this.setStatus(text, true, !again);
         const seconds = waitSeconds(error);
         if (seconds) this.countDown(user, seconds);
       } else {
