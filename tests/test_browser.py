@@ -141,12 +141,12 @@ def test_a_new_conversation_streams_a_cited_answer_over_the_websocket_and_comes_
     conversation = Conversation.objects.get(session_key=session_key)  # anonymous, bound to the session
     wait(page, lambda d: Conversation.objects.get(pk=conversation.pk).title == QUESTION)  # named after it
     assert list(conversation.messages.values_list("role", "status")) == [("user", "complete"), ("assistant", "complete")]
-    assert page.find_element(By.CSS_SELECTOR, ".ragchat-conversation.ragchat-open").text == QUESTION
+    assert page.find_element(By.CSS_SELECTOR, ".ragchat-conversation.ragchat-open .ragchat-conversation-title").text == QUESTION
     # After a reload the sidebar lists it and its history shows the same links.
     page.refresh()
     open_chat(page, f"{asgi.url}/chat/")
     wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-assistant"))
-    assert page.find_element(By.CSS_SELECTOR, ".ragchat-conversation.ragchat-open").text == QUESTION
+    assert page.find_element(By.CSS_SELECTOR, ".ragchat-conversation.ragchat-open .ragchat-conversation-title").text == QUESTION
     check_cited_answer(page)
 
 
@@ -476,7 +476,7 @@ def test_a_question_sent_again_by_hand_replaces_its_refused_copy(page, asgi, pro
     assert js(page, "return document.querySelector('.ragchat').ragchat.waits.size") == 0
     title = shorten(question, 80)
     assert title.endswith(" in each of the…"), title  # not "…of the colou"
-    wait(page, lambda d: d.find_element(By.CSS_SELECTOR, ".ragchat-conversation").text == title)
+    wait(page, lambda d: d.find_element(By.CSS_SELECTOR, ".ragchat-conversation-title").text == title)
     wait(page, lambda d: Conversation.objects.get().title == title)
 
 
@@ -492,7 +492,7 @@ def test_an_untitled_conversation_is_listed_by_its_first_question(page, asgi, pr
     Conversation.objects.create(session_key=session, profile="fake")  # nothing asked yet
     open_chat(page, f"{asgi.url}/chat/")
     wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")) == 2)
-    labels = [e.text for e in page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")]
+    labels = [e.text for e in page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation-title")]
     assert "<b>Which</b> colours does the Aurora X2 come in?" in labels, labels
     assert any(label.startswith("Conversation of ") for label in labels), labels
     page.save_screenshot(str(SHOTS / "4-untitled-conversations-listed.png"))
@@ -723,7 +723,7 @@ def test_model_output_and_questions_are_shown_as_text_never_as_html(page, asgi, 
         assert bodies[-2:] == [question, XSS]
         assert log.find_elements(By.CSS_SELECTOR, "img, script, b") == []
         assert not [a for a in log.find_elements(By.CSS_SELECTOR, "a") if "javascript" in (a.get_attribute("href") or "")]
-        assert page.find_element(By.CSS_SELECTOR, ".ragchat-conversation").text == "<b>title</b>"
+        assert page.find_element(By.CSS_SELECTOR, ".ragchat-conversation-title").text == "<b>title</b>"
         assert js(page, "return window.__xss === undefined")
 
     check()
@@ -864,6 +864,50 @@ def test_a_widget_with_a_profile_starts_and_lists_that_profiles_conversations(pa
     listed(2)
 
 
+def shown(driver, selector: str) -> list[str]:
+    """The text of the elements ``selector`` finds that are displayed."""
+    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, selector) if e.is_displayed()]
+
+
+def test_each_conversation_says_its_profile_and_the_notice_follows_the_one_open(page, asgi, product_corpus):
+    """A new user's helpdesk with several profiles: the list did not say which conversation was
+    whose, and the notice "... until a language model is configured" followed the default
+    profile, even with a conversation of a profile with a model open. A widget with a profile of
+    its own (one profile in sight) marks nothing."""
+    show_at_1280x800(page)
+    open_chat(page, f"{asgi.url}/chat/")
+    session = page.get_cookie("sessionid")["value"]
+    Conversation.objects.create(session_key=session, profile="fake", title="Printer jams on the third floor")
+    Conversation.objects.create(session_key=session, profile="default", title="Warranty of the Aurora X2")
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: len(shown(d, ".ragchat-conversation-profile")) == 2)
+    assert shown(page, ".ragchat-conversation-profile") == ["default", "fake"]  # newest first
+    assert shown(page, ".ragchat-conversation-title") == ["Warranty of the Aurora X2", "Printer jams on the third floor"]
+    notice = page.find_element(By.CSS_SELECTOR, ".ragchat-model-notice")
+    wait(page, lambda d: shown(d, ".ragchat-open .ragchat-conversation-profile") == ["default"])
+    assert notice.is_displayed() and "until a language model is configured" in notice.text
+    entries = page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")
+    entries[1].click()  # the model's conversation: no notice
+    wait(page, lambda d: shown(d, ".ragchat-open .ragchat-conversation-profile") == ["fake"])
+    assert not notice.is_displayed()
+    page.save_screenshot(str(SHOTS / "6-profiles-listed-model-conversation.png"))
+    entries[0].click()
+    wait(page, lambda d: notice.is_displayed())
+    entries[1].click()
+    wait(page, lambda d: not notice.is_displayed())
+    page.find_element(By.CSS_SELECTOR, ".ragchat-new").click()  # a new one starts with the default profile
+    wait(page, lambda d: notice.is_displayed())
+    ask(page, QUESTION)
+    wait(page, lambda d: shown(d, ".ragchat-open .ragchat-conversation-profile") == ["default"])
+    assert len(shown(page, ".ragchat-conversation-profile")) == 3 and notice.is_displayed()
+    page.save_screenshot(str(SHOTS / "7-profiles-listed-new-conversation.png"))
+    # One profile in sight (a widget with its own): nothing extra.
+    Conversation.objects.create(session_key=session, profile="shouting", title="Loud question")
+    open_chat(page, f"{asgi.url}/embed-profile/")
+    wait(page, lambda d: shown(d, ".ragchat-conversation-title") == ["Loud question"])
+    assert not shown(page, ".ragchat-conversation-profile")
+
+
 def test_retry_is_not_offered_for_a_profile_no_retry_can_fix(page, asgi):
     """A new user's helpdesk: a profile that cannot be built was refused with a Retry button
     that could only fail again."""
@@ -905,7 +949,7 @@ def test_older_conversations_load_a_page_at_a_time(page, asgi):
     wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")) == 20)
     page.find_element(By.CSS_SELECTOR, ".ragchat-more").click()
     wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")) == 25)
-    titles = [b.text for b in page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")]
+    titles = [b.text for b in page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation-title")]
     assert sorted(titles) == [f"Topic {i:02d}" for i in range(25)] and not page.find_elements(By.CSS_SELECTOR, ".ragchat-more")
 
 

@@ -76,6 +76,45 @@ def test_a_widget_with_a_profile_says_it_and_lists_only_its_conversations(rf, us
         render_tag(request, 'profile="nope"')
 
 
+def no_vip(user, name):
+    """A PROFILE_PERMISSION: every profile but "vip"."""
+    return name != "vip"
+
+
+MODEL_NOTICE = '<p class="ragchat-notice ragchat-model-notice" role="note"{}>Answers are sentences quoted'
+
+
+@pytest.mark.django_db
+def test_the_page_says_each_of_its_profiles_and_whether_it_has_a_language_model(client, rf, user,
+                                                                                ragchat_settings_override):
+    """A new user's helpdesk with two profiles: the chat page's notice ("... until a language
+    model is configured") followed the default profile, whichever conversation was open, and the
+    list did not say which conversation was whose. The page now knows, per profile it lists,
+    whether it answers with no model (the widget shows the notice and the profile names from it)."""
+    ragchat_settings_override(PROFILES={"default": {}, "support": {"llm": "openai"}, "vip": {},
+                                        "broken": {"top_k": 0}},
+                              PROFILE_PERMISSION="tests.test_widget.no_vip")
+    request = rf.get("/products/")
+    request.user = user
+    request.session = SessionStore()
+    config = widget_config(render_tag(request))
+    assert config["defaultProfile"] == "default" and config["profile"] is None
+    assert config["profiles"] == {"default": {"extractive": True}, "support": {"extractive": False},
+                                  "broken": {"extractive": False}}  # not "vip": not the caller's business
+    own = widget_config(render_tag(request, 'profile="support"'))
+    assert own["defaultProfile"] == "support" and own["profiles"] == {"support": {"extractive": False}}
+    # The chat page: the notice is there for the widget to show, shown at first for the profile
+    # a new conversation starts with.
+    client.force_login(user)
+    assert MODEL_NOTICE.format("") in client.get("/chat/").content.decode()
+    ragchat_settings_override(DEFAULT_PROFILE="support")
+    assert MODEL_NOTICE.format(" hidden") in client.get("/chat/").content.decode()
+    # No profile without a model: no notice at all.
+    ragchat_settings_override(PROFILES={"default": {"llm": "openai"}, "support": {"llm": "openai"}},
+                              DEFAULT_PROFILE="default")
+    assert "ragchat-model-notice" not in client.get("/chat/").content.decode()
+
+
 @pytest.mark.django_db
 def test_an_anonymous_visitor_gets_a_session_or_a_sign_in_link(rf, settings):
     from django.contrib.auth.models import AnonymousUser

@@ -22,7 +22,8 @@ register = template.Library()
 
 
 @register.inclusion_tag("django_ragchat/widget.html", takes_context=True)
-def ragchat_widget(context, label: str = "Chat", compact: bool = False, notice: str = "", profile: str = ""):
+def ragchat_widget(context, label: str = "Chat", compact: bool = False, notice: str = "", profile: str = "",
+                   model_notice: str = ""):
     """The chat widget.
 
     ``label`` names it for screen readers (``aria-label``); ``compact`` hides the conversation
@@ -30,7 +31,10 @@ def ragchat_widget(context, label: str = "Chat", compact: bool = False, notice: 
     ``notice`` is a line of text shown above the messages (the demo says its answers are
     extractive until a model is configured); ``profile`` (a name in ``RAGCHAT["PROFILES"]``)
     starts its conversations with that profile and lists only those (the default profile's
-    widget lists them all); a name that is no profile raises ``UnknownProfile``.
+    widget lists them all); a name that is no profile raises ``UnknownProfile``. ``model_notice``
+    is a line shown above the messages only while the conversation shown (or the one a message
+    would start) has a profile with no language model (the extractive answerer): the chat page
+    says its answers are quoted until a model is configured.
     Needs ``django.template.context_processors.request``. A visitor who may not chat (anonymous,
     with ``RAGCHAT["ALLOW_ANONYMOUS"]`` off) sees a link to ``settings.LOGIN_URL`` instead.
     """
@@ -46,5 +50,8 @@ def ragchat_widget(context, label: str = "Chat", compact: bool = False, notice: 
         login = resolve_url(settings.LOGIN_URL)
         return {"widget_id": widget_id, "label": label, "compact": compact, "notice": notice,
                 "login_url": f"{login}?next={quote(request.get_full_path())}"}
+    config = page_config(request, profile)
+    extractive = {name for name, shown in config["profiles"].items() if shown["extractive"]}
     return {"widget_id": widget_id, "config_id": widget_id + "-config", "label": label, "compact": compact,
-            "notice": notice, "config": page_config(request, profile)}
+            "notice": notice, "model_notice": model_notice if extractive else "",
+            "model_notice_shown": config["defaultProfile"] in extractive, "config": config}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
+from django.contrib.auth.models import AnonymousUser
 from django.contrib.auth.views import LoginView, LogoutView, redirect_to_login
 from django.core.exceptions import ImproperlyConfigured
 from django.core.handlers.asgi import ASGIRequest
@@ -20,6 +21,7 @@ from django.views.decorators.http import require_safe
 
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import PROTOCOL_VERSION
+from django_ragchat.permissions import usable_profiles
 from django_ragchat.profiles import get_profile
 from django_ragchat.transport.routing import WEBSOCKET_PATH
 
@@ -50,6 +52,12 @@ def page_config(request, profile: str = "") -> dict:
     return {
         "protocol": PROTOCOL_VERSION,
         "profile": profile or None,
+        # The profile a new conversation starts with, and the profiles whose conversations the
+        # widget lists (its own, or those the caller may use), each saying whether it answers
+        # with no language model (the extractive answerer): the page marks each conversation with
+        # its profile when there are several, and shows its model notice for the one open.
+        "defaultProfile": profile or ragchat_settings.DEFAULT_PROFILE,
+        "profiles": {name: {"extractive": is_extractive(name)} for name in listed_profiles(request, profile)},
         "idPlaceholder": ID_PLACEHOLDER,
         "api": api,
         "stream": reverse("ragchat:stream", args=[ID_PLACEHOLDER]),
@@ -61,6 +69,26 @@ def page_config(request, profile: str = "") -> dict:
         "maxMessageChars": ragchat_settings.MAX_MESSAGE_CHARS,
         "citedSourcesOnly": cited_sources_only(request),
     }
+
+
+def listed_profiles(request, profile: str = "") -> list[str]:
+    """The profiles a widget lists the conversations of: its own, else those the caller may use
+    (``PROFILE_PERMISSION``), the default first."""
+    if profile:
+        return [profile]
+    try:
+        return usable_profiles(getattr(request, "user", None) or AnonymousUser())
+    except ImproperlyConfigured:  # a wrong default profile is reported by the turn and the system check
+        return [ragchat_settings.DEFAULT_PROFILE]
+
+
+def is_extractive(profile: str) -> bool:
+    """Whether ``profile`` answers with no language model: sentences quoted from the documents,
+    until a model is configured (false for a profile that cannot be read: a turn reports it)."""
+    try:
+        return get_profile(profile).llm == "extractive"
+    except ImproperlyConfigured:
+        return False
 
 
 def cited_sources_only(request) -> bool:
@@ -93,14 +121,17 @@ def chat_page(request):
     """The chat page: your conversations, a new one, and the answer streaming with its sources."""
     if not may_chat(request):
         return redirect_to_login(request.get_full_path())
-    # Said on the page: until a model is configured, answers are quoted, not written (issue #9).
-    try:
-        extractive = get_profile().llm == "extractive"
-    except ImproperlyConfigured:  # a wrong profile is reported by the turn and the system check
-        extractive = False
-    notice = ("Answers are sentences quoted from the documents, with their sources, until a language "
-              "model is configured." if extractive else "")
-    return render(request, "django_ragchat/chat.html", {"notice": notice})
+    # Said on the page: until a model is configured, answers are quoted, not written (issue #9),
+    # for the profile of the conversation shown (the widget shows ``model_notice`` for those of
+    # its profiles that have no model). ``notice`` is the default profile's, for templates made
+    # before ``model_notice``.
+    notice = MODEL_NOTICE if is_extractive(ragchat_settings.DEFAULT_PROFILE) else ""
+    return render(request, "django_ragchat/chat.html", {"model_notice": MODEL_NOTICE, "notice": notice})
+
+
+#: The chat page's notice for a conversation whose profile has no language model.
+MODEL_NOTICE = ("Answers are sentences quoted from the documents, with their sources, until a language "
+                "model is configured.")
 
 
 class SignInView(LoginView):

@@ -181,6 +181,7 @@ class ChatWidget {
       send: $(".ragchat-send"),
       stop: $(".ragchat-stop"),
       status: $(".ragchat-status"),
+      modelNotice: $(".ragchat-model-notice"),
     };
     this.conversationId = null;
     this.turn = null;      // the turn shown live in the open conversation (ours or another tab's)
@@ -191,6 +192,7 @@ class ChatWidget {
     this.waits = new Set();    // the views counting down a refusal's wait
     this.refused = new Set();  // the refused questions shown in the log
     this.statusWait = null;    // the refused question whose wait the status line says
+    this.profileOf = new Map();  // conversation id -> its profile's name
     this.bind();
   }
 
@@ -603,6 +605,7 @@ class ChatWidget {
         this.addConversationItem(conversation, false);
       }
     }
+    this.markProfiles();
     this.root.querySelector(".ragchat-more")?.remove();
     if (page.next) {
       const more = button("ragchat-more", "Older conversations");
@@ -626,8 +629,12 @@ class ChatWidget {
     const label = conversation.label || conversation.title
       || `Conversation of ${new Date(conversation.created_at).toLocaleString()}`;
     const entry = button("ragchat-conversation", "");
-    entry.append(el("span", null, label));  // the span is cut at two lines (widget.css)
+    entry.append(el("span", "ragchat-conversation-title", label));  // cut at two lines (widget.css)
     entry.title = label;  // whole on hover, where the list's width cuts it
+    const profile = conversation.profile || this.config.defaultProfile;
+    this.profileOf.set(conversation.id, profile);
+    // Its profile, shown when the list can hold several (markProfiles).
+    if (profile) entry.append(el("span", "ragchat-conversation-profile", profile));
     entry.dataset.id = conversation.id;
     entry.addEventListener("click", () => {
       if (conversation.id !== this.conversationId) this.openConversation(conversation.id);
@@ -636,6 +643,21 @@ class ChatWidget {
     item.append(entry);
     if (first) this.ui.list.prepend(item); else this.ui.list.append(item);
     return entry;
+  }
+
+  /* Each conversation says its profile when more than one is in sight: the widget's profiles
+     (those the user may use, or its own) and those of the conversations listed. */
+  markProfiles() {
+    const profiles = new Set([...Object.keys(this.config.profiles || {}), ...this.profileOf.values()]);
+    this.root.classList.toggle("ragchat-profiles-shown", profiles.size > 1);
+  }
+
+  /* The model notice (the chat page's "until a language model is configured") is about the
+     profile of the conversation shown, or of the one a message would start. */
+  showModelNotice(profile) {
+    if (!this.ui.modelNotice) return;
+    const known = (this.config.profiles || {})[profile];
+    this.ui.modelNotice.hidden = !(known && known.extractive);
   }
 
   markOpenConversation() {
@@ -656,6 +678,7 @@ class ChatWidget {
     this.conversationId = id;
     this.turn = null;
     this.markOpenConversation();
+    this.showModelNotice(id === null ? this.config.defaultProfile : this.profileOf.get(id));
     for (const view of this.waits) this.stopCountDown(view);  // their bubbles go with the log
     this.refused.clear();
     this.ui.log.replaceChildren(this.ui.empty);
@@ -695,7 +718,8 @@ class ChatWidget {
     if (this.conversationId === id) return;
     this.conversationId = id;
     const title = shorten(question, TITLE_CHARS);  // at a word boundary, as the API's label
-    this.addConversationItem({ id, title, created_at: new Date().toISOString() }, true);
+    this.addConversationItem({ id, title, created_at: new Date().toISOString(), profile: this.config.defaultProfile }, true);
+    this.markProfiles();
     this.markOpenConversation();
     this.setBusy(true);  // the new entry too
     // Name it after its first question (best effort: the list shows a date otherwise).
