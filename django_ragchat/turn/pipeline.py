@@ -71,7 +71,7 @@ from django_ragchat.stages.retrievers import EmbeddingSpaceMismatch
 from django_ragchat.text import is_blank
 from django_ragchat.tokens import count_tokens, tokenizer_name
 from django_ragchat.tools import Tool
-from django_ragchat.turn import persistence, shutdown, start_gate
+from django_ragchat.turn import changes, persistence, shutdown, start_gate
 from django_ragchat.turn.advisors import ShortCircuit, run_llm_chain, run_stream_chain, run_turn_chain
 from django_ragchat.turn.context import ProfileComponents, TurnContext, components_for
 from django_ragchat.turn.results import WrongResult, checked, checked_list
@@ -277,7 +277,7 @@ async def retrieve(turn: TurnContext) -> None:
             return query, retriever.name, hits, (time.perf_counter() - t0) * 1000
 
     results = await asyncio.gather(*(one(q, r) for q in turn.queries for r in retrievers))
-    readable = await _readable_ids(turn, [h for _, _, hits, _ in results for h in hits], warn=False)
+    readable = await _readable_ids(turn, [h for _, _, hits, _ in results for h in hits])
     if readable is not None:
         kept = [(q, name, [h for h in hits if h.chunk_id in readable], ms) for q, name, hits, ms in results]
         _warn_dropped(turn, results, kept)
@@ -302,19 +302,16 @@ def _warn_dropped(turn: TurnContext, found: list, kept: list) -> None:
                   f"(a hit's chunk_id must be a Chunk's id), were dropped")
 
 
-async def _readable_ids(turn: TurnContext, chunks: list[RetrievedChunk], *, warn: bool = True) -> set[int] | None:
+async def _readable_ids(turn: TurnContext, chunks: list[RetrievedChunk]) -> set[int] | None:
     """The ids among ``chunks`` the asker may read, checked in one query when some were not
     found by a search that read as the asker (``RetrievedChunk.read_as``: a plugin that made
     them another way); ``None`` when every one was. What the asker may not read never reaches
-    the trace, the prompt or the sources, whichever component produced it. ``warn``: say how
-    many were dropped (the retrieval stage says it per retriever instead)."""
+    the trace, the prompt or the sources, whichever component produced it (the callers say
+    how many were dropped)."""
     unchecked = {c.chunk_id for c in chunks if c.read_as is None or not turn.principals.covers(c.read_as)}
     if not unchecked:
         return None
     readable = set(await sync_to_async(_visible)(unchecked, turn.principals))
-    dropped = len(unchecked - readable)
-    if dropped and warn:
-        turn.warn(f"{dropped} chunk(s) the asker may not read (or that do not exist) were dropped")
     return readable | {c.chunk_id for c in chunks if c.chunk_id not in unchecked}
 
 
@@ -329,12 +326,25 @@ async def join(turn: TurnContext) -> None:
 
 
 async def postprocess(turn: TurnContext) -> None:
-    documents = turn.documents
+    """The post-processors in turn; what each changed goes to ``trace["postprocess"]``
+    (``changes.documents_step``), naming only chunks the asker may read."""
+    documents, seen = turn.documents, list(turn.documents)
+    steps = turn.trace.setdefault("postprocess", [])
     for processor in turn.components.document_postprocessors:
+        before = documents
         documents = checked_list(processor, "process", await await_me_maybe(
             processor.process(turn.query, list(documents), turn)), RetrievedChunk, "a list of RetrievedChunk")
-    readable = await _readable_ids(turn, documents)  # a joiner or post-processor may add chunks too
-    turn.documents = documents if readable is None else [d for d in documents if d.chunk_id in readable]
+        steps.append(changes.documents_step(processor.name, before, documents))
+        seen += documents
+    # A joiner or post-processor may add chunks too; one check covers those the trace names.
+    readable = await _readable_ids(turn, seen)
+    changes.keep_readable(steps, readable)
+    if readable is not None:
+        dropped = len({d.chunk_id for d in documents} - readable)
+        if dropped:
+            turn.warn(f"{dropped} chunk(s) the asker may not read (or that do not exist) were dropped")
+        documents = [d for d in documents if d.chunk_id in readable]
+    turn.documents = documents
 
 
 async def augment_prompt(turn: TurnContext) -> EndTurn | None:
@@ -393,7 +403,11 @@ async def search_documents(turn: TurnContext, query: str) -> str:
         await retrieve(turn)
         turn.trace["retrieval"] = earlier + turn.trace["retrieval"]
         await join(turn)
+        steps = turn.trace.setdefault("postprocess", [])
+        done = len(steps)
         await postprocess(turn)
+        for step in steps[done:]:  # each search's own post-processing
+            step["query"] = query
         return _new_passages(turn)
 
 
@@ -513,6 +527,7 @@ async def _stream(turn: TurnContext, run: _Answering, prompt: Prompt, calls: lis
     """One streamed model call (through the advisors' ``around_llm_stream``), each piece
     through the response augmenters' ``on_delta``; the tool calls it asks for go to ``calls``."""
     augmenters = turn.components.response_augmenters
+    tallies = turn.state.setdefault("_stream_tallies", {})  # what each on_delta changed (changes.StreamTally)
     opened: list = []
     llm = turn.components.llm
     if turn.components.stream_advisors:
@@ -527,8 +542,10 @@ async def _stream(turn: TurnContext, run: _Answering, prompt: Prompt, calls: lis
             calls.extend(piece.tool_calls)
             chunk = piece.text
             for augmenter in augmenters:
-                chunk = checked(augmenter, "on_delta", await await_me_maybe(augmenter.on_delta(chunk, turn)),
-                                (str,), "a str")
+                sent = checked(augmenter, "on_delta", await await_me_maybe(augmenter.on_delta(chunk, turn)),
+                               (str,), "a str")
+                changes.tally(tallies, augmenter.name).add(chunk, sent)
+                chunk = sent
             if chunk:
                 yield run.delta(chunk)
     finally:
@@ -544,22 +561,35 @@ async def _tails(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]
     """After the model's last piece: each response augmenter's tail, passed through the
     augmenters after it, streams like the model's text."""
     augmenters = turn.components.response_augmenters
+    tallies = turn.state.setdefault("_stream_tallies", {})
     for position, augmenter in enumerate(augmenters):
         raw = chunk = checked(augmenter, "finish", await await_me_maybe(augmenter.finish(turn)),
                               (str, type(None)), "a str or None") or ""
+        changes.tally(tallies, augmenter.name).tail += len(raw)
         for later in augmenters[position + 1:]:
             if chunk:
-                chunk = checked(later, "on_delta", await await_me_maybe(later.on_delta(chunk, turn)), (str,), "a str")
+                sent = checked(later, "on_delta", await await_me_maybe(later.on_delta(chunk, turn)), (str,), "a str")
+                changes.tally(tallies, later.name).add(chunk, sent)
+                chunk = sent
         if chunk:
             turn.streamed_tails[augmenter.name] = (raw, chunk)  # on_complete keeps it once
             yield run.delta(chunk)
 
 
 async def augment_response(turn: TurnContext, text: str, *, streamed: bool) -> Answer:
+    """The response augmenters in turn; what each changed goes to ``trace["response_augmenters"]``
+    (``changes.answer_step``), with its note taken out of the answer's metadata."""
     answer = Answer(text=text)
+    steps = []
+    tallies = turn.state.get("_stream_tallies", {})
     for augmenter in turn.components.response_augmenters:
         method = augmenter.on_complete if streamed else augmenter.augment
-        answer = checked(augmenter, method.__name__, await await_me_maybe(method(answer, turn)), (Answer,), "an Answer")
+        result = checked(augmenter, method.__name__, await await_me_maybe(method(answer, turn)), (Answer,), "an Answer")
+        result, note = changes.take_note(result)
+        step = changes.answer_step(augmenter.name, answer, result, note)
+        steps.append(changes.with_stream(step, changes.tally(tallies, augmenter.name)) if streamed else step)
+        answer = result
+    turn.trace["response_augmenters"] = steps  # a reprompted answer's replace the first's
     return answer
 
 
