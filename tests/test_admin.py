@@ -90,6 +90,13 @@ def test_the_conversation_page_shows_the_transcript_and_each_answers_trace(admin
     assert "Stage timings" in transcript and "retrieval" in transcript
     assert "extractive" in transcript  # the model
     assert "Too short" in transcript  # the feedback on that answer
+    # What each post-processor and response augmenter did, in the pipeline's order (a plugin
+    # author's trial: nothing said which post-processor dropped a passage).
+    assert "<h4>Post-processing</h4>" in transcript and "<h4>Answer after the model</h4>" in transcript
+    assert (transcript.index("<h4>Retrieval</h4>") < transcript.index("<h4>Post-processing</h4>")
+            < transcript.index("Documents the model saw") < transcript.index("<h4>Answer after the model</h4>")
+            < transcript.index("Stage timings"))
+    assert "<td><code>top_k</code></td>" in transcript and "<td><code>citations</code></td>" in transcript
     # The components the turn ran, as a table, not as raw JSON under "Other details".
     assert 'class="ragchat-components"' in transcript and "<td><code>synonyms</code></td>" in transcript
     assert "Other details" not in transcript
@@ -858,3 +865,64 @@ def test_a_traces_prompt_and_history_read_as_sentences():
         "10 earlier messages (#1 to #10); 2 supplied by the client")
     assert admin_views.history_sentence({"messages": 0, "seqs": []}) == "0 earlier messages"
     assert admin_views.history_sentence({"messages": 1, "seqs": [3, 3]}) == "1 earlier message (#3)"
+
+
+def test_what_post_processors_and_augmenters_changed_shows_in_order_with_their_notes_escaped(admin_client, user):
+    """The trace's ``postprocess`` and ``response_augmenters`` (``turn.changes``) in words: the
+    passages each post-processor dropped, added or moved, by title, and what each augmenter did
+    to the answer; a component's note and its name are untrusted text."""
+    document = Document.objects.create(source="evil.md", title=XSS, checksum="x")
+    dropped = Chunk.objects.create(document=document, ordinal=0, text="t", heading="Prices", space="s1")
+    kept = Chunk.objects.create(document=document, ordinal=1, text="u", heading="Warranty", space="s1")
+    conversation = Conversation.objects.create(owner=user)
+    message = Message.objects.create(conversation=conversation, seq=2, role="assistant", content="x")
+    trace = TurnTrace.objects.create(message=message, profile="default", data={
+        "question": "q",
+        "postprocess": [
+            {"by": "similarity_threshold", "in": 3, "out": 3, "dropped": [], "added": [], "reordered": False},
+            {"by": XSS, "in": 3, "out": 2, "dropped": [dropped.pk, 999999], "added": [], "reordered": True,
+             "order": [kept.pk], "rescored": 2},
+        ],
+        "response_augmenters": [
+            {"by": "citations", "changed": ["citations"]},
+            {"by": "references", "changed": ["text"], "note": XSS,
+             "text": {"before": 120, "after": 162, "at": 120, "removed": 0, "inserted": 42}},
+            {"by": "redact", "changed": ["text"], "streamed": {"in": 90, "out": 84, "changed": True, "tail": 0},
+             "text": {"before": 1200, "after": 1196, "at": 40, "removed": 12, "inserted": 8}},
+            {"by": "quiet", "changed": []},
+        ],
+        "timings": {"postprocess": 0.2, "response_augmenters": 0.1, "total": 1.0}})
+    for page in (url("conversation_change", conversation.pk), url("turntrace_change", trace.pk)):
+        html = admin_client.get(page).content.decode()
+        assert "<img src=x" not in html and "<script>alert" not in html, page
+        section = html.split('class="ragchat-trace-section ragchat-trace-postprocess"', 1)[1].split("</section>")[0]
+        assert "<td><code>similarity_threshold</code></td>" in section and "no change" in section
+        assert f"<code>{ESCAPED}</code>" in section and "3 → 2" in section
+        assert f"<li>{ESCAPED} — Prices</li>" in section and "chunk 999999 (gone since)" in section
+        assert "Reordered; first now:" in section and f"<li>{ESCAPED} — Warranty</li>" in section
+        assert "New scores for 2 passages." in section
+        answer = html.split('class="ragchat-trace-section ragchat-trace-augmenters"', 1)[1].split("</section>")[0]
+        assert "added 42 characters at the end (120 → 162 characters)" in answer
+        assert f'<span class="ragchat-note ragchat-component-note">({ESCAPED})</span>' in answer
+        assert ("replaced 12 characters with 8 characters at character 40 (1,200 → 1,196 characters); "
+                "changed the text as it streamed (90 → 84 characters)") in answer
+        assert "citations changed" in answer and '<span class="ragchat-note">no change</span>' in answer
+        assert "Other details" not in html
+
+
+@pytest.mark.parametrize(("step", "sentence"), [
+    ({"changed": []}, "no change"),
+    ({"changed": ["text"], "text": {"before": 10, "after": 11, "at": 0, "removed": 0, "inserted": 1}},
+     "added 1 character at the start (10 → 11 characters)"),
+    ({"changed": ["text"], "text": {"before": 10, "after": 12, "at": 4, "removed": 0, "inserted": 2}},
+     "added 2 characters at character 4 (10 → 12 characters)"),
+    ({"changed": ["text", "sources"], "text": {"before": 10, "after": 7, "at": 7, "removed": 3, "inserted": 0}},
+     "removed 3 characters from the end (10 → 7 characters); sources changed"),
+    ({"changed": ["text"], "text": {"before": 10, "after": 8, "at": 2, "removed": 2, "inserted": 0}},
+     "removed 2 characters at character 2 (10 → 8 characters)"),
+    ({"changed": ["text"], "streamed": {"in": 5, "out": 5, "changed": False, "tail": 12}},
+     "streamed 12 characters after the model's last piece"),
+    ({"changed": ["text"], "text": "odd"}, "changed the text"),
+])
+def test_what_a_response_augmenter_did_reads_as_a_sentence(step, sentence):
+    assert admin_views.answer_change_sentence(step) == sentence

@@ -50,7 +50,7 @@ SNIPPET_CHARS = 240
 KNOWN_TRACE_KEYS = frozenset({
     "profile", "question", "queries", "retrieval", "documents", "prompt", "timings", "model",
     "usage", "ended_by", "tokenizer", "history", "warnings", "error", "cancelled", "components",
-    "origin", "supplied_history",
+    "origin", "supplied_history", "postprocess", "response_augmenters",
     "tools", "tools_offered", "tool_steps", "tool_step_limit_reached",
 })
 
@@ -189,6 +189,11 @@ class TraceView:
     # The earlier messages a stateless client sent with the message and the model was shown
     # (not in the log): {"role", "content"}.
     supplied_history: list[dict] = field(default_factory=list)
+    # What each document post-processor did to the passages (``_read_changes``): {"by", "query",
+    # "in", "out", "dropped", "added", "order" (Hits), "reordered", "rescored"}.
+    postprocess: list[dict] = field(default_factory=list)
+    # What each response augmenter did to the answer: {"by", "did" (``answer_change_sentence``), "note"}.
+    augmenters: list[dict] = field(default_factory=list)
     tools: list[ToolCallView] = field(default_factory=list)
     tools_offered: list[str] = field(default_factory=list)
     tool_step_limit_reached: bool = False
@@ -228,18 +233,14 @@ class TraceView:
 
 
 def trace_chunk_ids(data: dict) -> set:
-    """Every chunk id a trace mentions (retrieval hits and documents given)."""
-    ids = set()
-    for search in _as_list(data.get("retrieval")):
-        for hit in _as_list(_as_dict(search).get("hits")):
-            chunk_id = _as_dict(hit).get("chunk_id")
-            if isinstance(chunk_id, int) and not isinstance(chunk_id, bool):
-                ids.add(chunk_id)
-    for document in _as_list(data.get("documents")):
-        chunk_id = _as_dict(document).get("chunk_id")
-        if isinstance(chunk_id, int) and not isinstance(chunk_id, bool):
-            ids.add(chunk_id)
-    return ids
+    """Every chunk id a trace mentions (retrieval hits, documents given, and those the
+    post-processors dropped, added or moved)."""
+    found = [_as_dict(hit).get("chunk_id") for search in _as_list(data.get("retrieval"))
+             for hit in _as_list(_as_dict(search).get("hits"))]
+    found += [_as_dict(document).get("chunk_id") for document in _as_list(data.get("documents"))]
+    found += [chunk_id for step in _as_list(data.get("postprocess"))
+              for key in ("dropped", "added", "order") for chunk_id in _as_list(_as_dict(step).get(key))]
+    return {i for i in found if isinstance(i, int) and not isinstance(i, bool)}
 
 
 class LoadedChunks(dict):
@@ -367,6 +368,63 @@ def _saved_name(hit: Hit, title: str, source: str) -> None:
         hit.source = hit.source or source
 
 
+def _read_changes(view: TraceView, data: dict, hits: _Hits) -> None:
+    """What the post-processors did to the passages and the response augmenters to the answer."""
+    for step in _as_list(data.get("postprocess")):
+        step = _as_dict(step)
+        view.postprocess.append({
+            "by": str(step.get("by", "")), "query": str(step.get("query") or ""),
+            "in": _figure(step.get("in", "?")), "out": _figure(step.get("out", "?")),
+            "reordered": bool(step.get("reordered")), "rescored": _figure(step.get("rescored") or ""),
+            **{key: [hits.hit(i, None) for i in _as_list(step.get(key))] for key in ("dropped", "added", "order")},
+        })
+    for step in _as_list(data.get("response_augmenters")):
+        step = _as_dict(step)
+        view.augmenters.append({"by": str(step.get("by", "")), "did": answer_change_sentence(step),
+                                "note": str(step.get("note") or "")})
+
+
+def _characters(count: Any) -> str:
+    return f"{_figure(count)} character{'' if count == 1 else 's'}"
+
+
+def text_change_sentence(text: dict) -> str:
+    """A response augmenter's change of the text (``changes.text_change``) for a person:
+    "added 42 characters at the end (120 -> 162 characters)"."""
+    at, removed, inserted = text.get("at"), text.get("removed"), text.get("inserted")
+    before, after = text.get("before"), text.get("after")
+    if not all(isinstance(n, int) for n in (at, removed, inserted, before, after)):
+        return "changed the text"
+    if not removed:
+        where = "at the end" if at == before else "at the start" if at == 0 else f"at character {at:,}"
+        said = f"added {_characters(inserted)} {where}"
+    elif not inserted:
+        where = "from the end" if at + removed == before else f"at character {at:,}"
+        said = f"removed {_characters(removed)} {where}"
+    else:
+        said = f"replaced {_characters(removed)} with {_characters(inserted)} at character {at:,}"
+    return f"{said} ({before:,} → {after:,} characters)"
+
+
+def answer_change_sentence(step: dict) -> str:
+    """What one response augmenter did to the answer (a ``trace["response_augmenters"]`` entry),
+    in words: "added 42 characters at the end (120 → 162 characters); citations changed"."""
+    changed = [str(f) for f in _as_list(step.get("changed"))]
+    parts = []
+    text, streamed = _as_dict(step.get("text")), _as_dict(step.get("streamed"))
+    if text:
+        parts.append(text_change_sentence(text))
+    if streamed.get("changed"):
+        parts.append(f"changed the text as it streamed ({_figure(streamed.get('in'))} → "
+                     f"{_figure(streamed.get('out'))} characters)")
+    if streamed.get("tail"):
+        parts.append(f"streamed {_characters(streamed['tail'])} after the model's last piece")
+    if "text" in changed and not parts:
+        parts.append("changed the text")
+    parts += [f"{name} changed" for name in changed if name != "text"]
+    return "; ".join(parts) or "no change"
+
+
 def _read_timings(view: TraceView, data: dict) -> None:
     timings = {str(k): _number(v) for k, v in _as_dict(data.get("timings")).items()}
     view.total_ms = timings.pop("total", None)
@@ -472,7 +530,9 @@ def build_trace_view(data: Any, chunks: dict[int, Chunk], sources=()) -> TraceVi
     data = _as_dict(data)
     view = TraceView(data=data)
     _read_queries(view, data)
-    _read_retrieval(view, data, _Hits(chunks, tuple(sources)))
+    hits = _Hits(chunks, tuple(sources))
+    _read_retrieval(view, data, hits)
+    _read_changes(view, data, hits)
     _read_timings(view, data)
     _read_outcome(view, data)
     _read_request(view, data)
