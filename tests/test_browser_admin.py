@@ -67,6 +67,17 @@ def test_staff_expand_a_turns_trace_and_see_the_rewritten_query_and_cited_source
     browser.execute_script("arguments[0].scrollIntoView({block: 'start'})", turn)
     assert turn.screenshot(str(SCREENSHOTS / "admin-trace.png"))
 
+    # What the post-processors did to the passages (top_k cut the list) and the augmenters to the answer.
+    postprocess = trace.find_element(By.CSS_SELECTOR, ".ragchat-trace-postprocess")
+    top_k = postprocess.find_element(By.XPATH, ".//tr[td/code[text()='top_k']]")
+    cut = [d for d in result.trace["postprocess"] if d["by"] == "top_k"][0]
+    assert f"{cut['in']} → {cut['out']}" in top_k.text and "Dropped:" in top_k.text
+    augmenters = trace.find_element(By.CSS_SELECTOR, ".ragchat-trace-augmenters")
+    assert "citations changed" in augmenters.find_element(By.XPATH, ".//tr[td/code[text()='citations']]").text
+    browser.execute_script("arguments[0].scrollIntoView({block: 'start'})", postprocess)
+    assert postprocess.screenshot(str(SCREENSHOTS / "admin-trace-postprocess.png"))
+    assert augmenters.screenshot(str(SCREENSHOTS / "admin-trace-augmenters.png"))
+
 
 def test_staff_erase_a_users_chat_data_after_a_page_counting_it(browser, asgi, product_corpus, user,
                                                                 django_user_model):
