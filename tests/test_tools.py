@@ -625,6 +625,9 @@ def test_with_retrieval_as_a_tool_the_model_searches_when_and_for_what_it_decide
     assert done["sources"] and "Aurora" in done["sources"][0]["title"]
     trace = TurnTrace.objects.get(message_id=done["id"]).data
     assert [r["query"] for r in trace["retrieval"]] == ["Aurora X2 price"]
+    # The search's own post-processing, tagged with its query (turn.changes).
+    assert [(s["by"], s["query"]) for s in trace["postprocess"]] == [
+        ("similarity_threshold", "Aurora X2 price"), ("top_k", "Aurora X2 price")]
 
 
 def test_the_extractive_answerer_is_offered_no_tools_and_retrieves_as_usual(ragchat_settings_override,
