@@ -8,6 +8,7 @@ the profile gives it, so a component's ``__init__`` is where it reads its config
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -59,7 +60,9 @@ class Component:
         self.profile = profile
         if options:
             accepted = self.accepted_options()
-            what = f"has no option {', '.join(map(repr, sorted(options)))} (its options: {', '.join(accepted)})" \
+            close = [m for key in sorted(options) for m in difflib.get_close_matches(key, accepted, n=1)]
+            hint = f"did you mean {' or '.join(map(repr, dict.fromkeys(close)))}? " if close else ""
+            what = f"has no option {', '.join(map(repr, sorted(options)))} ({hint}its options: {', '.join(accepted)})" \
                 if accepted else f"takes no options; got {sorted(options)}"
             raise ImproperlyConfigured(f"{type(self).__name__} ({self.kind} {self.name!r}) {what} in profile "
                                        f"{profile.name!r}.")

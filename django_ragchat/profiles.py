@@ -26,6 +26,7 @@ is how an installed plugin joins every profile that does not pin its list.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import importlib.util
 from dataclasses import dataclass, field
@@ -292,13 +293,20 @@ def draft_profile(name: str, config: dict[str, Any]) -> Profile:
     return Profile(**known, name=name)
 
 
+def did_you_mean(unknown: list[str], valid: list[str]) -> str:
+    """" (did you mean 'memory'?)" for the closest valid names to ``unknown`` ones, or ""."""
+    close = [match for key in unknown for match in difflib.get_close_matches(key, valid, n=1)]
+    return f" (did you mean {' or '.join(map(repr, dict.fromkeys(close)))}?)" if close else ""
+
+
 def build_profile(name: str, config: dict[str, Any]) -> Profile:
     """A ``Profile`` from one entry of ``RAGCHAT["PROFILES"]``.
 
     Raises ``InvalidProfile`` (an ``ImproperlyConfigured``) listing every problem, unknown keys
     and wrong values together, in the words of the system check ragchat.E002."""
     unknown = sorted(set(config) - PROFILE_FIELDS - {"name"})
-    problems = [f"unknown option(s) {unknown}; valid options are {sorted(PROFILE_FIELDS - {'name'})}"] if unknown else []
+    valid = sorted(PROFILE_FIELDS - {"name"})
+    problems = [f"unknown option(s) {unknown}{did_you_mean(unknown, valid)}; valid options are {valid}"] if unknown else []
     profile = draft_profile(name, config)
     problems += profile_problems(profile)
     if problems:

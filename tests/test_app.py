@@ -38,7 +38,7 @@ def test_unknown_setting_key_is_reported(ragchat_settings_override):
 
 
 @pytest.mark.parametrize("profiles, fragment", [
-    ({"default": {"sistem_prompt": "x"}}, "unknown option(s) ['sistem_prompt']"),
+    ({"default": {"sistem_prompt": "x"}}, "unknown option(s) ['sistem_prompt'] (did you mean 'system_prompt'?)"),
     ({"default": {"llm": "gpt-9"}}, "No llm named 'gpt-9'"),
     ({"default": {"retrievers": ["vector", "bm99"]}}, "No retriever named 'bm99'"),
     ({"default": {"empty_context": "maybe"}}, "empty_context must be one of"),

@@ -252,7 +252,7 @@ def test_a_misspelt_option_names_the_options_the_component_takes(ragchat_setting
     ragchat_settings_override(PROFILES={"default": {"options": {"followup": {"max_term": 2}}}})
     errors = checks.check_profiles()
     assert [e.id for e in errors] == ["ragchat.E002"]
-    assert "has no option 'max_term'" in errors[0].msg and "max_terms" in errors[0].msg, errors[0].msg
+    assert "has no option 'max_term' (did you mean 'max_terms'? its options:" in errors[0].msg, errors[0].msg
     assert "takes no options" not in errors[0].msg
 
 
