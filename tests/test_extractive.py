@@ -1158,7 +1158,9 @@ GYM = {
     "gym/hours.md": "# Opening hours\n\n## Weekdays\nMonday to Friday we are open from 6am to 10pm.\n\n"
                     "## Weekends\nOn Saturday and Sunday we open from 8am to 6pm.\n",
     "gym/classes.md": "# Classes\n\n## Spin\nSpin class runs at 7am and at 6:30pm, Monday to Friday.\n\n"
-                      "## Yoga\nYoga is on Saturday at 10am and on Tuesday at 7pm.\n",
+                      "## Yoga\nYoga is on Saturday at 10am and on Tuesday at 7pm.\n\n"
+                      "## Booking\nBook classes in the app up to seven days ahead. "
+                      "Cancel at least two hours before the class.\n",
 }
 
 
@@ -1177,6 +1179,8 @@ def test_a_day_is_never_stated_by_another_day(gym):
     # The model finds "Sunday" close to "Monday"; Monday's hours are the weekdays'.
     assert ask("What time do you open on Monday?").startswith("Monday to Friday we are open from 6am to 10pm")
     assert ask("When are you open on Sunday?").startswith("On Saturday and Sunday we open from 8am to 6pm")
+    # ... nor is "weekday" stated by "days" ("Book classes ... up to seven days ahead").
+    assert ask("What are your weekday hours?").startswith("Monday to Friday we are open from 6am to 10pm")
 
 
 def test_a_decline_does_not_repeat_a_pasted_wall_of_text(gym):

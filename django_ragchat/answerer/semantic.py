@@ -203,8 +203,8 @@ class NearWords(Vocabulary):
                 sims = self._matrix @ self._similarity.vectors([surface])[0]
                 found = frozenset(s for s in map(self._stems.__getitem__, np.flatnonzero(sims >= self._threshold))
                                   if s != word)
-                if self.is_calendar(word):  # "Sunday" is close to "Monday" and never states it
-                    found = frozenset(s for s in found if not self.is_calendar(s))
+                if self.is_day(word):  # "Sunday" is close to "Monday" and never states it
+                    found = frozenset(s for s in found if not self.is_time(s))
             self._near[word] = found
         return found
 

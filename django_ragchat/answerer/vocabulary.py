@@ -253,6 +253,7 @@ class Vocabulary:
         self.polar = word("polar")
         # Optional (a language written before it has none): days and months, never a subject.
         self.calendar = language.words.get("calendar", frozenset())
+        self.time_units = frozenset(stem(w) for w in language.words.get("time_units", ()))
         # Spans of days (optional too): span stem -> (its days' stems, the days that state it).
         self.day_spans = {stem(name): (frozenset(stem(w) for w in language.words[name]), frozenset(
             stem(w) for w in language.words.get(f"{name}_ends") or language.words[name]))
@@ -289,6 +290,14 @@ class Vocabulary:
         """Whether group key ``key`` is a day or a month ("sunday", "sundays")."""
         word = word_of(key)
         return word in self.calendar or stem(word) in self.calendar
+
+    def is_day(self, key: str) -> bool:
+        """Whether group key ``key`` is a day, a month or a span of days ("weekday")."""
+        return self.is_calendar(key) or word_of(key) in self.day_spans
+
+    def is_time(self, key: str) -> bool:
+        """Whether group key ``key`` is a day, a month or a unit of time ("hours", "weekday")."""
+        return self.is_calendar(key) or stem(word_of(key)) in self.time_units
 
     def is_word(self, word: str) -> bool:
         """Whether ``word`` is known as a word of its own, never a typo to correct: not without a
