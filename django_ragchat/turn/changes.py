@@ -22,6 +22,7 @@ taken out of the answer (so it never reaches the saved message).
 from __future__ import annotations
 
 import hashlib
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -135,11 +136,9 @@ class StreamTally:
                 "tail": self.tail}
 
 
-def tally(tallies: dict[str, StreamTally], name: str) -> StreamTally:
-    found = tallies.get(name)
-    if found is None:
-        found = tallies[name] = StreamTally()
-    return found
+def stream_tallies(state: dict[str, Any]) -> defaultdict[str, StreamTally]:
+    """The turn's ``StreamTally`` per augmenter name, kept in ``state`` (``TurnContext.state``)."""
+    return state.setdefault("_stream_tallies", defaultdict(StreamTally))
 
 
 def with_stream(step: dict[str, Any], streamed: StreamTally | None) -> dict[str, Any]:

@@ -527,7 +527,7 @@ async def _stream(turn: TurnContext, run: _Answering, prompt: Prompt, calls: lis
     """One streamed model call (through the advisors' ``around_llm_stream``), each piece
     through the response augmenters' ``on_delta``; the tool calls it asks for go to ``calls``."""
     augmenters = turn.components.response_augmenters
-    tallies = turn.state.setdefault("_stream_tallies", {})  # what each on_delta changed (changes.StreamTally)
+    tallies = changes.stream_tallies(turn.state)  # what each on_delta changed
     opened: list = []
     llm = turn.components.llm
     if turn.components.stream_advisors:
@@ -544,7 +544,7 @@ async def _stream(turn: TurnContext, run: _Answering, prompt: Prompt, calls: lis
             for augmenter in augmenters:
                 sent = checked(augmenter, "on_delta", await await_me_maybe(augmenter.on_delta(chunk, turn)),
                                (str,), "a str")
-                changes.tally(tallies, augmenter.name).add(chunk, sent)
+                tallies[augmenter.name].add(chunk, sent)
                 chunk = sent
             if chunk:
                 yield run.delta(chunk)
@@ -561,15 +561,15 @@ async def _tails(turn: TurnContext, run: _Answering) -> AsyncIterator[TurnEvent]
     """After the model's last piece: each response augmenter's tail, passed through the
     augmenters after it, streams like the model's text."""
     augmenters = turn.components.response_augmenters
-    tallies = turn.state.setdefault("_stream_tallies", {})
+    tallies = changes.stream_tallies(turn.state)
     for position, augmenter in enumerate(augmenters):
         raw = chunk = checked(augmenter, "finish", await await_me_maybe(augmenter.finish(turn)),
                               (str, type(None)), "a str or None") or ""
-        changes.tally(tallies, augmenter.name).tail += len(raw)
+        tallies[augmenter.name].tail += len(raw)
         for later in augmenters[position + 1:]:
             if chunk:
                 sent = checked(later, "on_delta", await await_me_maybe(later.on_delta(chunk, turn)), (str,), "a str")
-                changes.tally(tallies, later.name).add(chunk, sent)
+                tallies[later.name].add(chunk, sent)
                 chunk = sent
         if chunk:
             turn.streamed_tails[augmenter.name] = (raw, chunk)  # on_complete keeps it once
@@ -581,13 +581,13 @@ async def augment_response(turn: TurnContext, text: str, *, streamed: bool) -> A
     (``changes.answer_step``), with its note taken out of the answer's metadata."""
     answer = Answer(text=text)
     steps = []
-    tallies = turn.state.get("_stream_tallies", {})
+    tallies = changes.stream_tallies(turn.state)
     for augmenter in turn.components.response_augmenters:
         method = augmenter.on_complete if streamed else augmenter.augment
         result = checked(augmenter, method.__name__, await await_me_maybe(method(answer, turn)), (Answer,), "an Answer")
         result, note = changes.take_note(result)
         step = changes.answer_step(augmenter.name, answer, result, note)
-        steps.append(changes.with_stream(step, changes.tally(tallies, augmenter.name)) if streamed else step)
+        steps.append(changes.with_stream(step, tallies[augmenter.name]) if streamed else step)
         answer = result
     turn.trace["response_augmenters"] = steps  # a reprompted answer's replace the first's
     return answer
