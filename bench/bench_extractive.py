@@ -47,6 +47,7 @@ import json
 import re
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,6 +152,10 @@ def load_set(collection: Collection, heldout: bool = False) -> list[dict]:
     for path in collection.split_files(heldout):
         with open(path, encoding="utf-8") as f:
             items += [{**json.loads(line), "split": path.stem} for line in f if line.strip()]
+    # Answers are keyed by id: a held-out line sharing a tuning line's id would overwrite it.
+    repeated = sorted(key for key, n in Counter(i["id"] for i in items).items() if n > 1)
+    if repeated:
+        raise SystemExit(f"{collection.name}: ids used twice across its sets: {repeated[:5]} ...")
     return items
 
 
