@@ -1183,6 +1183,11 @@ def test_a_day_is_never_stated_by_another_day(gym):
     assert ask("What are your weekday hours?").startswith("Monday to Friday we are open from 6am to 10pm")
 
 
+def test_a_question_naming_the_page_is_answered_by_a_section_that_states_the_rest(gym):
+    # "Yoga is on Saturday" never says "class": the page's title ("Classes") does.
+    assert ask("Which classes are on Saturday?").startswith("Yoga is on Saturday at 10am")
+
+
 def test_a_decline_does_not_repeat_a_pasted_wall_of_text(gym):
     answer = ask("a" * 15000)
     assert answer.startswith("The documents don't say anything about aaa") and len(answer) < 300, len(answer)

@@ -331,7 +331,8 @@ class _Scoring:
                 # What the value is of may be the page's topic: "A standard visit lasts about two
                 # hours." under "Plant care service > How long a visit takes".
                 evidence = 0.6 * v.covers(key, p.title_stems)
-            elif not evidence and key in need.own and self._names_page_and_section(p):
+            elif not evidence and key in need.own and (self._names_page_and_section(p)
+                                                       or self._names_page_and_sentence(p, s)):
                 evidence = TITLE_EVIDENCE * v.covers(key, p.title_stems)
             if evidence:
                 all_cov += evidence * weight * self.idf[key]
@@ -355,6 +356,16 @@ class _Scoring:
                 any(v.covers(k, frozenset({st})) for k in own) for st in named) and any(
                 not v.covers(k, p.title_stems) and v.covers(k, p.heading_stems) for k in own)
         return self._page_and_section[id(p)]
+
+    def _names_page_and_sentence(self, p: Passage, s: Sentence) -> bool:
+        """Whether the question names ``p``'s page by its whole title and ``s`` states every other
+        word it asks: "Which classes are on Saturday?" beside "Classes > Yoga": "Yoga is on
+        Saturday at 10am." (the title says what "Yoga" is)."""
+        v, own = self.vocabulary, self.need.own
+        rest = [k for k in own if not v.covers(k, p.title_stems)]
+        named = {st for st in p.title_stems if st not in v.stopwords and st not in v.generic}
+        return bool(named) and bool(rest) and len(rest) < len(own) and all(v.covers(k, s.stems) for k in rest) \
+            and all(any(v.covers(k, frozenset({st})) for k in own) for st in named)
 
     def choice(self, p: Passage, s: Sentence) -> Choice:
         need = self.need
