@@ -1188,6 +1188,11 @@ def test_a_question_naming_the_page_is_answered_by_a_section_that_states_the_res
     assert ask("Which classes are on Saturday?").startswith("Yoga is on Saturday at 10am")
 
 
+def test_a_decline_keeps_the_users_article(gym):
+    assert ask("Is there a sauna?").startswith("The documents don't say anything about a sauna.")
+    assert ask("Is there a black one?").startswith("The documents don't say anything about black.")
+
+
 def test_a_decline_does_not_repeat_a_pasted_wall_of_text(gym):
     answer = ask("a" * 15000)
     assert answer.startswith("The documents don't say anything about aaa") and len(answer) < 300, len(answer)

@@ -112,6 +112,18 @@ def echoed(text: str) -> str:
     return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "…"
 
 
+def _as_named(topic: str, asked: str, vocabulary: Vocabulary) -> str:
+    """``topic`` as a decline names it: with the article the user wrote before it ("about the
+    heater"), unless the article is a word's that stands in for the noun ("a black one")."""
+    at = asked.find(topic) if topic else -1
+    before = _WORD_RE.findall(asked[:at]) if at > 0 else []
+    after = _WORD_RE.findall(asked[at + len(topic):])[:1] if at >= 0 else []
+    if (before and fold(before[-1]) in vocabulary.articles and asked[:at].endswith(" ")
+            and not (after and fold(after[0]) in vocabulary.prop_words)):
+        return f"{before[-1].lower()} {topic}"
+    return topic
+
+
 def span_of(text: str, keys: list[str], longest: int = 6) -> str:
     """The words of ``text`` from the first to the last of ``keys`` ("ship to Canada" for the
     keys ship and canada), as the user wrote them; "" when they are not all found close together."""
@@ -712,7 +724,7 @@ class AnswerSelector:
         # is the words as the user put them, "deliver on Saturdays".
         together = lacking if len(lacking) > 1 else asked if not lacking and len(asked) > 1 else []
         topic = narrow[0] if narrow else span_of(need.asked, together) if together else ""
-        return topic or " ".join(dict.fromkeys(missing[:3]))
+        return _as_named(topic or " ".join(dict.fromkeys(missing[:3])), need.asked, v)
 
     def decline(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> str:
         """Say plainly that the documents don't state it, naming what they do describe."""

@@ -250,6 +250,9 @@ class Vocabulary:
         self.object_pronouns = word("object_pronouns")
         self.pointing = word("pointing")
         self.wh = word("wh")
+        # Optional: a language without them names what a decline lacks as the user's words alone.
+        self.articles = frozenset(language.words.get("articles", ()))
+        self.prop_words = frozenset(language.words.get("prop_words", ()))
         self.polar = word("polar")
         # Optional (a language written before it has none): days and months, never a subject.
         self.calendar = language.words.get("calendar", frozenset())
