@@ -323,18 +323,23 @@ def status_line(driver) -> dict:
                 heard: Array.from(status.querySelectorAll('.ragchat-visually-hidden'), (s) => s.textContent).join(' ')};""")
 
 
-def check_refusal_shown(driver, *, text: str, retryable: bool = True) -> None:
-    """The refused question says why; the status line shows it too when a retry may work (it
-    counts a wait down there), else says it to screen readers only: shown once."""
+def seen_text(driver) -> str:
+    """The widget's text as seen, without what is said to screen readers only."""
+    return js(driver, """const shown = document.querySelector('.ragchat').cloneNode(true);
+        shown.querySelectorAll('.ragchat-visually-hidden').forEach((n) => n.remove());
+        return shown.textContent;""")
+
+
+def check_refusal_shown(driver, *, text: str) -> None:
+    """The refused question says why; the status line says it to screen readers only, whether
+    a retry may work or not: shown once."""
     wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".ragchat-user.ragchat-refused"))
     wait(driver, idle)  # not hanging: Send works, Stop is gone
     refused = driver.find_elements(By.CSS_SELECTOR, ".ragchat-user.ragchat-refused")[-1]
     assert text in refused.find_element(By.CSS_SELECTOR, ".ragchat-note").text
     status = status_line(driver)
-    if retryable:
-        assert text in status["shown"], status
-    else:
-        assert not status["shown"] and text in status["heard"], status
+    assert not status["shown"] and text in status["heard"], status
+    assert seen_text(driver).count(text) == 1
     assert not driver.find_elements(By.CSS_SELECTOR, ".ragchat-assistant")  # no "…" left waiting
 
 
@@ -380,7 +385,6 @@ def test_a_rate_limited_message_counts_down_the_wait_and_is_sent_again_by_retry(
     assert 3 <= seconds <= 8, note.text
     assert note.text.startswith("Not sent: Too many messages") and "Try again in" in note.text
     assert note.find_element(By.CSS_SELECTOR, ".ragchat-wait").get_attribute("aria-live") == "off"
-    status = page.find_element(By.CSS_SELECTOR, ".ragchat-status")
     retry = page.find_element(By.CSS_SELECTOR, ".ragchat-refused .ragchat-retry")
     assert "ragchat-retry-ready" not in retry.get_attribute("class")
     assert not retry.get_attribute("title")  # no second number, that would not count down
@@ -391,7 +395,9 @@ def test_a_rate_limited_message_counts_down_the_wait_and_is_sent_again_by_retry(
     wait(page, lambda d: wait_shown(d) == "You can try again now.", timeout=seconds + 1)
     page.save_screenshot(str(SCREENSHOTS / "refusal-wait-over.png"))
     assert "ragchat-retry-ready" in retry.get_attribute("class")
-    assert status.text == "You can try again now."
+    # Said on the status line, shown on the question only (it was shown on both).
+    assert status_line(page) == {"shown": "", "heard": "You can try again now."}
+    assert seen_text(page).count("You can try again now.") == 1
     assert js(page, "return document.querySelector('.ragchat').ragchat.waits.size") == 0
     assert len(page.find_elements(By.CSS_SELECTOR, ".ragchat-user")) == 1 and not Conversation.objects.exists()
     # Retry sends it, the server's wait over: the question stands once, answered.
@@ -432,20 +438,23 @@ def test_the_status_line_says_the_wait_once_and_never_a_number_the_count_has_lef
     type_question(page, QUESTION)
     page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
     wait(page, lambda d: wait_shown(d).startswith("Try again in"))
+    refused = "Too many messages: at most 25 a minute."
     said = waits_said(page)
-    # Heard at most once, the same number as the count (unless the first tick already took it).
-    assert said["heard"] in ([said["count"]], []), said
-    assert said["status"] in (f"Too many messages: at most 25 a minute. {said['count']}",
-                              "Too many messages: at most 25 a minute."), said
+    # Heard at most once, the same number as the count (unless the first tick already took it),
+    # after the refusal; all of it heard only: the question shows it, and counts the wait.
+    assert said["heard"] in ([refused, said["count"]], [refused]), said
+    assert said["status"] in (f"{refused} {said['count']}", refused), said
+    assert status_line(page)["shown"] == ""
     seconds = int(said["count"].split("Try again in ")[1].split(" s.")[0])
     wait(page, lambda d: wait_shown(d) == f"Try again in {seconds - 1} s.", timeout=2.5)
     page.save_screenshot(str(SHOTS / "1-refused-counting-down.png"))
     # Counting: the status line keeps the refusal, with no second, stale number.
     said = waits_said(page)
-    assert said["status"] == "Too many messages: at most 25 a minute." and not said["heard"], said
+    assert said["status"] == refused and said["heard"] == [refused], said
+    assert seen_text(page).count(refused) == 1
     wait(page, lambda d: wait_shown(d) == "You can try again now.", timeout=seconds + 1)
     page.save_screenshot(str(SHOTS / "2-refused-wait-over.png"))
-    assert waits_said(page)["status"] == "You can try again now."
+    assert status_line(page) == {"shown": "", "heard": "You can try again now."}
 
 
 def test_a_question_sent_again_by_hand_replaces_its_refused_copy(page, asgi, product_corpus, live_prefix):
@@ -541,7 +550,7 @@ def test_a_refused_first_message_is_shown_as_an_error_and_creates_nothing(page, 
     limit = message_limit(page)
     js(page, "document.querySelector('.ragchat-input').value = arguments[0]", "x" * (limit + 1))
     page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
-    check_refusal_shown(page, text="characters", retryable=False)
+    check_refusal_shown(page, text="the limit is")
     assert page.find_element(By.CSS_SELECTOR, ".ragchat-input").get_attribute("value") == "x" * (limit + 1)
     assert not page.find_elements(By.CSS_SELECTOR, ".ragchat-refused .ragchat-retry")  # it must change first
     assert not Conversation.objects.exists() and not page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")
@@ -570,7 +579,7 @@ def test_a_long_refused_paste_is_echoed_shortened_and_its_error_shown_once(page,
     assert len(paste) == 19_980 > message_limit(page)
     js(page, "document.querySelector('.ragchat-input').value = arguments[0]", paste)
     page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
-    check_refusal_shown(page, text="the limit is", retryable=False)
+    check_refusal_shown(page, text="the limit is")
     bubble = page.find_element(By.CSS_SELECTOR, ".ragchat-refused .ragchat-body")
     echo = bubble.get_attribute("textContent")
     assert echo.startswith(paste[:200]) and echo.endswith("… (19,980 characters)"), echo
@@ -578,10 +587,7 @@ def test_a_long_refused_paste_is_echoed_shortened_and_its_error_shown_once(page,
     assert page.find_element(By.CSS_SELECTOR, ".ragchat-input").get_attribute("value") == paste
     note = page.find_element(By.CSS_SELECTOR, ".ragchat-refused .ragchat-note").text
     assert note == "Not sent: The message has 19,980 characters; the limit is 16,000."
-    seen = js(page, """const shown = document.querySelector('.ragchat').cloneNode(true);
-        shown.querySelectorAll('.ragchat-visually-hidden').forEach((n) => n.remove());
-        return shown.textContent;""")
-    assert seen.count("the limit is") == 1  # shown once (and heard once, on the status line)
+    assert seen_text(page).count("the limit is") == 1  # shown once (and heard once, on the status line)
     page.save_screenshot(str(SHOTS / "5-long-paste-refused.png"))
     # A short refused question still stands whole (what the user typed, exactly).
     short = "What about  the fourth floor?"
@@ -601,7 +607,7 @@ def test_a_refusal_over_server_sent_events_is_shown_and_creates_nothing(page, ws
     limit = message_limit(page)
     js(page, "document.querySelector('.ragchat-input').value = arguments[0]", "y" * (limit + 1))
     page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
-    check_refusal_shown(page, text="characters", retryable=False)
+    check_refusal_shown(page, text="the limit is")
     assert stream_requests(page) and not Conversation.objects.exists()
 
 

@@ -844,11 +844,10 @@ class ChatWidget {
         this.refused.add(user);
         this.setNote(user, `Not sent: ${text}`, true);
         if (turn.own && !this.ui.input.value) this.ui.input.value = turn.question;
-        const again = retryable(error.code);
-        if (turn.own && again) this.offerRetry(user, turn, error);
-        // Shown once, on the question; the status line says it to a screen reader only. A wait
-        // the status line counts down to "You can try again now." shows there too.
-        this.setStatus(text, true, !again);
+        if (turn.own && retryable(error.code)) this.offerRetry(user, turn, error);
+        // Shown once, on the question, a wait counted down there beside Retry; the status line
+        // says it to screen readers only (it was shown twice, there and on the question).
+        this.setStatus(text, true, true);
         const seconds = waitSeconds(error);
         if (seconds) this.countDown(user, seconds);
       } else {
@@ -895,8 +894,8 @@ class ChatWidget {
       counter.textContent = READY;
       view.node.classList.add("ragchat-wait-over");
       view.actions.querySelector(".ragchat-retry")?.classList.add("ragchat-retry-ready");
-      // Announced once, unless the status line has moved on to something else meanwhile.
-      if (this.statusWait === view) this.setStatus(READY);
+      // Announced once (the count shows it), unless the status line has moved on meanwhile.
+      if (this.statusWait === view) this.setStatus(READY, false, true);
     }, 1000);
     this.waits.add(view);
   }
