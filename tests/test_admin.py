@@ -910,6 +910,66 @@ def test_what_post_processors_and_augmenters_changed_shows_in_order_with_their_n
         assert "Other details" not in html
 
 
+def test_the_traces_one_line_says_what_post_processing_and_the_augmenters_changed(admin_client, chatted, user):
+    """The collapsed trace's summary named neither stage though the trace records both (a new
+    user's trial): now "post-processing kept 2 of 3" and the augmenters that changed the text,
+    whose names are untrusted text."""
+    answer = Message.objects.filter(conversation=chatted, role="assistant").last()
+    page = admin_client.get(url("conversation_change", chatted.pk)).content.decode()
+    summaries = re.findall(r'<span class="ragchat-trace-summary">(.*?)</span>', page)
+    steps = answer.trace.data["postprocess"]  # top_k kept 4 of the 6 found
+    kept = f"post-processing kept {steps[-1]['out']} of {steps[0]['in']}"
+    assert steps[-1]["out"] < steps[0]["in"] and all(f" · {kept} · " in line for line in summaries), summaries
+    conversation = Conversation.objects.create(owner=user)
+    message = Message.objects.create(conversation=conversation, seq=2, role="assistant", content="x")
+    trace = TurnTrace.objects.create(message=message, profile="default", data={
+        "question": "q", "documents": [{"chunk_id": 1}, {"chunk_id": 2}],
+        "postprocess": [{"by": "similarity_threshold", "in": 3, "out": 3, "dropped": [], "added": [], "reordered": False},
+                        {"by": "top_k", "in": 3, "out": 2, "dropped": [7], "added": [], "reordered": False}],
+        "response_augmenters": [{"by": "citations", "changed": ["citations"]},
+                                {"by": XSS, "changed": ["text"], "text": {"before": 1, "after": 2, "at": 1,
+                                                                          "removed": 0, "inserted": 1}}]})
+    line = f"post-processing kept 2 of 3 · 2 documents given · answer changed by {ESCAPED}"
+    assert f'<span class="ragchat-trace-summary">{line}</span>' in admin_client.get(
+        url("conversation_change", conversation.pk)).content.decode()
+    assert f'<p class="ragchat-trace-summary">{line}</p>' in admin_client.get(
+        url("turntrace_change", trace.pk)).content.decode()
+
+
+def _chain(*counts, query="", **last):
+    """Post-processing steps passing ``counts`` passages along; ``last`` goes in the last step."""
+    steps = [{"by": f"p{i}", "in": a, "out": b, "dropped": [0] * max(a - b, 0), "added": [], "reordered": False,
+              **({"query": query} if query else {})} for i, (a, b) in enumerate(itertools.pairwise(counts))]
+    steps[-1].update(last)
+    return steps
+
+
+@pytest.mark.parametrize(("steps", "said"), [
+    ([], ""),
+    (_chain(6, 6), ""),  # nothing changed: nothing said
+    (_chain(7, 7, 4), "post-processing kept 4 of 7"),
+    (_chain(5, 4, query="a") + _chain(5, 3, query="b"), "post-processing kept 7 of 10"),  # a search tool's chains
+    (_chain(4, 6, added=[1, 2]), "post-processing: 4 → 6 passages"),
+    (_chain(4, 4, reordered=True), "post-processing reordered the passages"),
+    (_chain(4, 4, rescored=2), "post-processing rescored the passages"),
+    (_chain(4, 4, dropped=[1], added=[2]), "post-processing changed the passages"),
+    (_chain(4, 3, **{"in": "?"}), "post-processing changed the passages"),  # no number rather than a wrong one
+])
+def test_what_post_processing_did_is_said_in_a_few_words(steps, said):
+    assert admin_views.postprocess_summary(steps) == said
+
+
+@pytest.mark.parametrize(("names", "said"), [
+    ([], ""),
+    (["a"], "answer changed by a"),
+    (["a", "b"], "answer changed by a, b"),
+    (["a", "b", "c"], "answer changed by 3 augmenters"),
+])
+def test_the_augmenters_that_changed_the_text_are_named_and_citations_alone_are_not(names, said):
+    steps = [{"by": "citations", "changed": ["citations", "sources"]}] + [{"by": n, "changed": ["text"]} for n in names]
+    assert admin_views.augmenters_summary(steps) == said
+
+
 @pytest.mark.parametrize(("step", "sentence"), [
     ({"changed": []}, "no change"),
     ({"changed": ["text"], "text": {"before": 10, "after": 11, "at": 0, "removed": 0, "inserted": 1}},

@@ -194,6 +194,10 @@ class TraceView:
     postprocess: list[dict] = field(default_factory=list)
     # What each response augmenter did to the answer: {"by", "did" (``answer_change_sentence``), "note"}.
     augmenters: list[dict] = field(default_factory=list)
+    # The same two stages in a few words, for the one-line summary ("" when they changed nothing):
+    # ``postprocess_summary`` and ``augmenters_summary``.
+    passages_changed: str = ""
+    answer_changed: str = ""
     tools: list[ToolCallView] = field(default_factory=list)
     tools_offered: list[str] = field(default_factory=list)
     tool_step_limit_reached: bool = False
@@ -213,10 +217,14 @@ class TraceView:
         if self.retrieval:
             parts.append(f"{hits} hit{'s' if hits != 1 else ''} from {len(self.retrieval)} search"
                          f"{'es' if len(self.retrieval) != 1 else ''}")
+        if self.passages_changed:
+            parts.append(self.passages_changed)
         parts.append(f"{len(self.documents)} document{'s' if len(self.documents) != 1 else ''} given")
         cited = sum(1 for d in self.documents if d.cited)
         if cited:
             parts.append(f"{cited} cited")
+        if self.answer_changed:
+            parts.append(self.answer_changed)
         if self.ended_by:
             parts.append(f"ended by {self.ended_by.get('stage') or '?'}")
         if self.tools:
@@ -382,6 +390,55 @@ def _read_changes(view: TraceView, data: dict, hits: _Hits) -> None:
         step = _as_dict(step)
         view.augmenters.append({"by": str(step.get("by", "")), "did": answer_change_sentence(step),
                                 "note": str(step.get("note") or "")})
+    view.passages_changed = postprocess_summary(_as_list(data.get("postprocess")))
+    view.answer_changed = augmenters_summary(_as_list(data.get("response_augmenters")))
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _changed_passages(step: dict) -> bool:
+    return any(step.get(key) for key in ("dropped", "added", "reordered", "rescored")) or step.get("in") != step.get("out")
+
+
+def postprocess_summary(steps: list) -> str:
+    """What the post-processors did to the passages, for the trace's one line: "post-processing
+    kept 4 of 7"; "" when none changed anything. Each chain (a search tool's own is tagged with
+    its query) counts from its first post-processor's passages to its last's."""
+    steps = [_as_dict(step) for step in steps]
+    if not any(_changed_passages(step) for step in steps):
+        return ""
+    chains: dict[str, list[dict]] = {}
+    for step in steps:
+        chains.setdefault(str(step.get("query") or ""), []).append(step)
+    came = [_count(chain[0].get("in")) for chain in chains.values()]
+    left = [_count(chain[-1].get("out")) for chain in chains.values()]
+    if None in came or None in left:  # a trace of another shape: say no number rather than a wrong one
+        return "post-processing changed the passages"
+    came_in, kept = sum(came), sum(left)
+    if kept < came_in and not any(step.get("added") for step in steps):
+        return f"post-processing kept {kept:,} of {came_in:,}"
+    if kept != came_in:
+        return f"post-processing: {came_in:,} → {kept:,} passages"
+    for did in ("reordered", "rescored"):
+        if any(step.get(did) for step in steps):
+            return f"post-processing {did} the passages"
+    return "post-processing changed the passages"
+
+
+#: The most augmenters the one-line summary names; more are counted.
+AUGMENTERS_NAMED = 2
+
+
+def augmenters_summary(steps: list) -> str:
+    """The response augmenters that changed the answer's text, for the trace's one line: "answer
+    changed by references"; "" when none did. Citations alone do not count: the ``citations``
+    augmenter sets them on every turn, so the line would say it every time."""
+    names = [str(step.get("by") or "?") for step in map(_as_dict, steps) if "text" in _as_list(step.get("changed"))]
+    if not names:
+        return ""
+    return "answer changed by " + (", ".join(names) if len(names) <= AUGMENTERS_NAMED else f"{len(names)} augmenters")
 
 
 def _characters(count: Any) -> str:
