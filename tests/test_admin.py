@@ -857,8 +857,11 @@ def test_a_documents_page_shows_its_text_by_chunk(admin_client, product_corpus):
 def test_a_traces_prompt_and_history_read_as_sentences():
     prompt = {"budget": 7089, "history_budget": 2481, "history_tokens": 640, "context_budget": 6449,
               "tokens": 1210, "documents_dropped_for_budget": 1, "new_key": 3}
+    # The context budget is what the passages may fill: "6,449 left for the passages" after
+    # "1,210 tokens" read as what the prompt left unused (a new user's trial).
     assert admin_views.prompt_sentence(prompt) == (
-        "1,210 tokens (budget 7,089); history 640 of its 2,481; 6,449 left for the passages; "
+        "1,210 tokens (budget 7,089); history 640 of its 2,481; "
+        "passages may fill 6,449 (the budget less the history); "
         "1 passage dropped for the budget; new_key: 3")
     assert admin_views.prompt_sentence({"tokens": 90, "documents_dropped_for_budget": 0}) == "90 tokens"
     assert admin_views.history_sentence({"messages": 10, "seqs": [1, 10], "supplied": 2}) == (

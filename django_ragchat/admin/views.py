@@ -504,7 +504,9 @@ def _rest(data: dict, said: tuple[str, ...]) -> list[str]:
 
 def prompt_sentence(prompt: dict) -> str:
     """A trace's ``prompt`` for a person: "1,210 tokens (budget 7,089); history 640 of its
-    2,481; 6,449 left for the passages; 1 passage dropped for the budget"."""
+    2,481; passages may fill 6,449 (the budget less the history); 1 passage dropped for the
+    budget". ``context_budget`` is what the passages may fill, not what the prompt left unused:
+    "6,449 left for the passages" after "1,210 tokens" read as the latter."""
     n = {key: _figure(value) for key, value in prompt.items()}
     parts = []
     if "tokens" in n or "budget" in n:
@@ -514,7 +516,7 @@ def prompt_sentence(prompt: dict) -> str:
         parts.append(f"history {n['history_tokens']}" + (f" of its {n['history_budget']}" if "history_budget" in n
                                                          else ""))
     if "context_budget" in n:
-        parts.append(f"{n['context_budget']} left for the passages")
+        parts.append(f"passages may fill {n['context_budget']} (the budget less the history)")
     if prompt.get("documents_dropped_for_budget"):
         dropped = prompt["documents_dropped_for_budget"]
         parts.append(f"{_figure(dropped)} passage{'s' if dropped != 1 else ''} dropped for the budget")
