@@ -30,7 +30,7 @@ from django.utils.module_loading import import_string
 from django_ragchat import hookspecs
 from django_ragchat.components import Component, ComponentRegistry, PluginProblem
 from django_ragchat.conf import ragchat_settings
-from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, Profile, get_profile, profile_names
+from django_ragchat.profiles import CHOICE_STAGES, LIST_STAGES, Profile, get_profile, profile_names, profile_title
 from django_ragchat.tools import ToolRegistry
 
 logger = logging.getLogger(__name__)
@@ -422,15 +422,16 @@ def profile_components(profile: Profile, registry: ComponentRegistry | None = No
 
 
 def profile_listing() -> dict[str, dict[str, Any]]:
-    """Each profile by name: the components it runs by stage (``profile_components``) and its
-    ``tools``; or ``{"error": ...}``, why it cannot be built. For ``ragchat_plugins`` and the API."""
+    """Each profile by name: its ``title``, the components it runs by stage
+    (``profile_components``) and its ``tools``; or its title and ``error``, why it cannot be
+    built. For ``ragchat_plugins`` and the API."""
     profiles: dict[str, dict[str, Any]] = {}
     for name in profile_names():
         try:
             profile = get_profile(name)
-            profiles[name] = {**profile_components(profile), "tools": list(profile.tools)}
+            profiles[name] = {"title": profile.title, **profile_components(profile), "tools": list(profile.tools)}
         except ImproperlyConfigured as exc:
-            profiles[name] = {"error": str(exc)}
+            profiles[name] = {"title": profile_title(name), "error": str(exc)}
     return profiles
 
 

@@ -6,6 +6,7 @@ A site declares them in settings::
         "PROFILES": {
             "default": {"system_prompt": "You answer questions about our products."},
             "support": {
+                "title": "Customer support",
                 "llm": "openai",
                 "options": {"openai": {"model": "gpt-4o-mini"}},
                 "memory": "token_window",
@@ -62,6 +63,9 @@ class Profile:
     """One named assistant configuration. Every field has a default; see docs/profiles.md."""
 
     name: str = "default"
+    # What people see for it (the chat page's conversation list, the admin, the plugin
+    # listings); None: its name. The name stays the key in settings, URLs and the API.
+    title: str | None = None
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     # Single-choice stages: the name of one registered component.
     llm: str = "extractive"
@@ -120,6 +124,10 @@ class Profile:
     # query components (followup, synonyms) read the table too (None: only when llm is
     # "extractive"). See docs/answerer.md.
     vocabulary: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.title is None:  # frozen: set as dataclasses set a field
+            object.__setattr__(self, "title", self.name)
 
     @property
     def offers_tools(self) -> bool:
@@ -205,6 +213,8 @@ def _shape_problems(profile: Profile) -> list[str]:
         isinstance(key, str) and isinstance(value, dict) for key, value in profile.options.items()
     ):
         problems.append('options must be a dict of component name -> dict of options, e.g. {"openai": {"model": "..."}}')
+    if not isinstance(profile.title, str) or not profile.title.strip():
+        problems.append(f"title must be a non-empty string (what people see for the profile), not {profile.title!r}")
     if not isinstance(profile.metadata, dict):
         problems.append("metadata must be a dict")
     if not isinstance(profile.stream, bool):
@@ -329,3 +339,16 @@ def get_profile(name: str | None = None) -> Profile:
 
 def profile_names() -> list[str]:
     return list(ragchat_settings.PROFILES)
+
+
+def profile_title(name: str) -> str:
+    """What a person sees for the profile called ``name``: its ``title``, else its name (none
+    set, or none valid, or no such profile left: a conversation outlives its profile). A profile
+    that cannot be built (the system check and the turn say why) keeps a valid title of its own,
+    so its conversations are not renamed by a wrong ``top_k``."""
+    try:
+        return get_profile(name).title
+    except ImproperlyConfigured:
+        config = ragchat_settings.PROFILES.get(name)
+        title = config.get("title") if isinstance(config, dict) else None
+        return title if isinstance(title, str) and title.strip() else name

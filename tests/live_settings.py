@@ -62,6 +62,7 @@ RAGCHAT = {
         "default": {},
         # Answers come from the loopback OpenAI-compatible server of the pytest process.
         "fake": {
+            "title": "Written answers",  # what the chat page shows for it (its name: "fake")
             "llm": "openai",
             "options": {"openai": {
                 "base_url": os.environ.get("RAGCHAT_FAKE_OPENAI_URL", "http://127.0.0.1:9/v1"),

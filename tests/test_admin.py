@@ -276,6 +276,32 @@ def test_the_conversation_list_shows_owner_question_counts_and_filters(admin_cli
     assert '<span title="thumbs down" class="ragchat-negative">👎 1</span>' in page
 
 
+def test_a_profile_is_shown_by_its_title_with_its_name_beside_it(admin_client, user, ragchat_settings_override):
+    """A new user's trial: the lists showed the settings' key ("support"). Staff read the title,
+    with the key the settings and the filter's URL use beside it; untrusted, it is escaped."""
+    ragchat_settings_override(PROFILES={"default": {}, "support": {"title": "Customer <b>support</b>"}})
+    titled = Conversation.objects.create(owner=user, profile="support", title="Warranty question")
+    plain = Conversation.objects.create(owner=user, title="Price question")
+    shown = "Customer &lt;b&gt;support&lt;/b&gt; (support)"
+    for page_url in (url("conversation_changelist"), url("conversation_change", titled.pk)):
+        page = admin_client.get(page_url).content.decode()
+        assert shown in page and "<b>support</b>" not in page, page_url
+    page = admin_client.get(url("conversation_changelist")).content.decode()
+    assert f'<a href="?profile=support">{shown}</a>' in page  # the filter
+    assert f'<td class="field-profile_title">{shown}</td>' in page
+    assert '<td class="field-profile_title">default</td>' in page  # no title: its name, once
+    listed = admin_client.get(url("conversation_changelist"), {"profile": "support"}).context["cl"].result_list
+    assert [c.pk for c in listed] == [titled.pk]
+    message = Message.objects.create(conversation=plain, seq=2, role="assistant", content="x")
+    Message.objects.create(conversation=titled, seq=2, role="assistant", content="y")
+    support = TurnTrace.objects.create(message=titled.messages.get(), profile="support")
+    trace = TurnTrace.objects.create(message=message, profile="default")
+    page = admin_client.get(url("turntrace_changelist")).content.decode()
+    assert f'<a href="?profile=support">{shown}</a>' in page and f'<td class="field-profile_title">{shown}</td>' in page
+    assert admin_client.get(url("turntrace_changelist"), {"profile": "default"}).context["cl"].result_list[0] == trace
+    assert shown in admin_client.get(url("turntrace_change", support.pk)).content.decode()
+
+
 # --- Read-only log -----------------------------------------------------------------------------
 
 

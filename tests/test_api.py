@@ -625,9 +625,9 @@ def test_staff_see_the_tools_and_what_each_profile_runs(staff_user, alice, ragch
     """A plugin author's trial: GET plugins/ listed neither the tools nor what a profile runs,
     which ragchat_plugins prints (the same gathering code, plugins.profile_listing/tool_listing)."""
     ragchat_settings_override(PLUGINS=["tests.tool_plugins"], PROFILES={
-        "default": {"llm": "openai", "tools": ["weather"], "retrievers": ["fulltext"],
+        "default": {"llm": "openai", "tools": ["weather"], "retrievers": ["fulltext"], "title": "Help desk",
                     "options": {"openai": {"base_url": "http://127.0.0.1:9/v1"}}},
-        "broken": {"llm": "gpt-9"},
+        "broken": {"llm": "gpt-9", "title": "Broken desk"},
     })
     body = client_for(staff_user).get(f"{API}/plugins/").json()
     weather = next(t for t in body["tools"] if t["name"] == "weather")
@@ -637,6 +637,7 @@ def test_staff_see_the_tools_and_what_each_profile_runs(staff_user, alice, ragch
     assert set(profiles) == {"default", "broken"}
     default = profiles["default"]
     assert default["tools"] == ["weather"] and default["error"] is None
+    assert default["title"] == "Help desk" and profiles["broken"]["title"] == "Broken desk"
     assert default["components"]["llm"] == ["openai"] and default["components"]["retrievers"] == ["fulltext"]
     assert list(default["components"]) == list(plugins.PIPELINE_ORDER)
     assert profiles["broken"]["components"] is None and "No llm named 'gpt-9'" in profiles["broken"]["error"]
@@ -645,7 +646,8 @@ def test_staff_see_the_tools_and_what_each_profile_runs(staff_user, alice, ragch
 
     listed = describe()
     assert body["tools"] == listed["tools"]
-    assert {**default["components"], "tools": default["tools"]} == listed["profiles"]["default"]
+    assert {"title": default["title"], **default["components"], "tools": default["tools"]} == \
+        listed["profiles"]["default"]
     # Within the endpoint's existing permission: staff only.
     assert alice.get(f"{API}/plugins/").status_code == 403
 
@@ -655,6 +657,7 @@ def test_the_schema_describes_the_tools_and_profiles_of_the_plugin_listing(alice
     listing = schema["components"]["schemas"]["PluginListing"]
     assert {"plugins", "components", "tools", "profiles", "errors"} <= set(listing["properties"])
     assert set(schema["components"]["schemas"]["ProfileComponents"]["properties"]) == set(plugins.PIPELINE_ORDER)
+    assert "title" in schema["components"]["schemas"]["ProfileRuns"]["required"]
     assert set(schema["components"]["schemas"]["Tool"]["properties"]) == {
         "name", "plugin", "label", "description", "requires_confirmation"}
 

@@ -879,7 +879,8 @@ def test_each_conversation_says_its_profile_and_the_notice_follows_the_one_open(
     """A new user's helpdesk with several profiles: the list did not say which conversation was
     whose, and the notice "... until a language model is configured" followed the default
     profile, even with a conversation of a profile with a model open. A widget with a profile of
-    its own (one profile in sight) marks nothing."""
+    its own (one profile in sight) marks nothing. Each says its profile's title ("fake" is
+    "Written answers"; "default" has none: its name), not the settings' key."""
     show_at_1280x800(page)
     open_chat(page, f"{asgi.url}/chat/")
     session = page.get_cookie("sessionid")["value"]
@@ -887,14 +888,14 @@ def test_each_conversation_says_its_profile_and_the_notice_follows_the_one_open(
     Conversation.objects.create(session_key=session, profile="default", title="Warranty of the Aurora X2")
     open_chat(page, f"{asgi.url}/chat/")
     wait(page, lambda d: len(shown(d, ".ragchat-conversation-profile")) == 2)
-    assert shown(page, ".ragchat-conversation-profile") == ["default", "fake"]  # newest first
+    assert shown(page, ".ragchat-conversation-profile") == ["default", "Written answers"]  # newest first
     assert shown(page, ".ragchat-conversation-title") == ["Warranty of the Aurora X2", "Printer jams on the third floor"]
     notice = page.find_element(By.CSS_SELECTOR, ".ragchat-model-notice")
     wait(page, lambda d: shown(d, ".ragchat-open .ragchat-conversation-profile") == ["default"])
     assert notice.is_displayed() and "until a language model is configured" in notice.text
     entries = page.find_elements(By.CSS_SELECTOR, ".ragchat-conversation")
     entries[1].click()  # the model's conversation: no notice
-    wait(page, lambda d: shown(d, ".ragchat-open .ragchat-conversation-profile") == ["fake"])
+    wait(page, lambda d: shown(d, ".ragchat-open .ragchat-conversation-profile") == ["Written answers"])
     assert not notice.is_displayed()
     page.save_screenshot(str(SHOTS / "6-profiles-listed-model-conversation.png"))
     entries[0].click()

@@ -319,7 +319,8 @@ def test_plugins_lists_builtins_components_in_call_order_and_profiles():
         "enabled_by_default": True,
     }
     default = data["profiles"]["default"]
-    assert list(default)[:4] == ["advisors", "guardrails", "memory", "query_transformers"]
+    assert list(default)[:5] == ["title", "advisors", "guardrails", "memory", "query_transformers"]
+    assert default["title"] == "default"  # none set: its name
     assert default["advisors"] == []  # none built in
     assert default["llm"] == ["extractive"] and default["query_transformers"] == ["followup"]
     assert data["errors"] == []
@@ -347,7 +348,8 @@ def test_plugins_shows_a_settings_plugin_and_broken_profiles(ragchat_settings_ov
 
 def test_plugins_lists_the_tools_and_each_profiles(ragchat_settings_override):
     """A plugin author's trial: tools were listed nowhere, nor which profile offers them."""
-    ragchat_settings_override(PLUGINS=["tests.tool_plugins"], PROFILES={"default": {}, "desk": {"tools": ["weather"]}})
+    ragchat_settings_override(PLUGINS=["tests.tool_plugins"],
+                              PROFILES={"default": {}, "desk": {"tools": ["weather"], "title": "Front desk"}})
     data = json.loads(run("ragchat_plugins", "--json")[0])
     weather = next(t for t in data["tools"] if t["name"] == "weather")
     assert weather["plugin"] == "tests.tool_plugins" and weather["requires_confirmation"] is False
@@ -356,6 +358,9 @@ def test_plugins_lists_the_tools_and_each_profiles(ragchat_settings_override):
     text, _ = run("ragchat_plugins")
     assert "Tools (register_tools), by name:\n" in text and "  weather  from tests.tool_plugins (" in text
     assert "    tools: weather" in text
+    # Each profile by its name, the key of the settings, with the title people see.
+    assert data["profiles"]["desk"]["title"] == "Front desk" and "\n  desk (Front desk):\n" in text
+    assert "\n  default:\n" in text
 
 
 # --- ragchat_purge --------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import pytest
 from django.core import checks
 
 from django_ragchat.models import Message
-from django_ragchat.profiles import InvalidProfile, build_profile, get_profile
+from django_ragchat.profiles import InvalidProfile, build_profile, get_profile, profile_title
 
 BAD = [
     ({"history_share": 5}, "history_share must be between 0 and 1"),
@@ -20,6 +20,8 @@ BAD = [
     ({"similarity_threshold": 3}, "similarity_threshold must be None or a number from -1 to 1, not 3"),
     ({"max_answer_tokens": 9000}, "max_answer_tokens must be at least 1 and smaller than context_window"),
     ({"stream": "yes"}, "stream must be True or False, not 'yes'"),
+    ({"title": ""}, "title must be a non-empty string (what people see for the profile), not ''"),
+    ({"title": ["Support"]}, "title must be a non-empty string (what people see for the profile), not ['Support']"),
 ]
 
 
@@ -49,6 +51,24 @@ def test_every_problem_is_reported_not_only_the_first():
 
 def test_the_defaults_are_valid():
     assert build_profile("default", {}).top_k == 4
+
+
+def test_a_profile_is_shown_by_its_title_and_by_its_name_without_one(ragchat_settings_override):
+    """A new user's trial: the chat page's list and the admin showed "support", the settings'
+    key. A title is what people see; the name stays the key."""
+    assert build_profile("support", {"title": "Customer support"}).title == "Customer support"
+    assert build_profile("support", {}).title == "support"
+    ragchat_settings_override(PROFILES={"default": {}, "support": {"title": "Customer support"},
+                                        "billing": {"title": "Billing", "top_k": 0}, "odd": {"title": 7}})
+    shown = {name: profile_title(name) for name in ("default", "support", "billing", "odd", "gone")}
+    # A profile that cannot be built keeps a title of its own; a wrong one, or none, is its name.
+    assert shown == {"default": "default", "support": "Customer support", "billing": "Billing", "odd": "odd",
+                     "gone": "gone"}
+    errors = [e.msg for e in checks.run_checks() if e.id == "ragchat.E002"]
+    assert any(m.startswith("Profile 'odd': title must be a non-empty string") for m in errors), errors
+    ragchat_settings_override(PROFILES={"default": {"titel": "Help"}})
+    errors = [e.msg for e in checks.run_checks() if e.id == "ragchat.E002"]
+    assert any("unknown option(s) ['titel'] (did you mean 'title'?)" in m for m in errors), errors
 
 
 @pytest.mark.django_db

@@ -91,18 +91,22 @@ def test_the_page_says_each_of_its_profiles_and_whether_it_has_a_language_model(
     model is configured") followed the default profile, whichever conversation was open, and the
     list did not say which conversation was whose. The page now knows, per profile it lists,
     whether it answers with no model (the widget shows the notice and the profile names from it)."""
-    ragchat_settings_override(PROFILES={"default": {}, "support": {"llm": "openai"}, "vip": {},
-                                        "broken": {"top_k": 0}},
+    ragchat_settings_override(PROFILES={"default": {}, "support": {"llm": "openai", "title": "Customer support"},
+                                        "vip": {}, "broken": {"top_k": 0}},
                               PROFILE_PERMISSION="tests.test_widget.no_vip")
     request = rf.get("/products/")
     request.user = user
     request.session = SessionStore()
     config = widget_config(render_tag(request))
     assert config["defaultProfile"] == "default" and config["profile"] is None
-    assert config["profiles"] == {"default": {"extractive": True}, "support": {"extractive": False},
-                                  "broken": {"extractive": False}}  # not "vip": not the caller's business
+    # Each with its title, what the page shows for it (a new user's list said "support"); the
+    # name where it has none.
+    assert config["profiles"] == {"default": {"extractive": True, "title": "default"},
+                                  "support": {"extractive": False, "title": "Customer support"},
+                                  "broken": {"extractive": False, "title": "broken"}}  # not "vip": not the caller's business
     own = widget_config(render_tag(request, 'profile="support"'))
-    assert own["defaultProfile"] == "support" and own["profiles"] == {"support": {"extractive": False}}
+    assert own["defaultProfile"] == "support"
+    assert own["profiles"] == {"support": {"extractive": False, "title": "Customer support"}}
     # The chat page: the notice is there for the widget to show, shown at first for the profile
     # a new conversation starts with.
     client.force_login(user)

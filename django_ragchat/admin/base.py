@@ -13,6 +13,7 @@ from django.utils.html import format_html
 from django.utils.text import capfirst
 
 from django_ragchat.admin import views as admin_views
+from django_ragchat.profiles import profile_title
 
 # --- Helpers ----------------------------------------------------------------------------------
 
@@ -82,6 +83,27 @@ class UserFieldsMixin:
             kwargs["widget"] = UserIdWidget(db_field.remote_field, self.admin_site, using=kwargs.get("using"),
                                             user_admin=False)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+def profile_shown(name: str) -> str:
+    """A profile as staff read it: its title, and its name (the key of the settings, the API and
+    the filter's URL) beside it when they differ: "Customer support (support)"."""
+    title = profile_title(name)
+    return name if title == name else f"{title} ({name})"
+
+
+class ProfileFilter(admin.SimpleListFilter):
+    """The profiles of the rows (a conversation's, a trace's), each as ``profile_shown``."""
+
+    title = "profile"
+    parameter_name = "profile"
+
+    def lookups(self, request, model_admin):
+        names = model_admin.model.objects.order_by("profile").values_list("profile", flat=True).distinct()
+        return [(name, profile_shown(name)) for name in names]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(profile=self.value()) if self.value() else queryset
 
 
 def short(text: str, limit: int = 80) -> str:

@@ -16,12 +16,14 @@ from django.utils.html import format_html
 from django_ragchat.access import principals_of_user_id
 from django_ragchat.admin import views as admin_views
 from django_ragchat.admin.base import (
+    ProfileFilter,
     RagchatAdmin,
     UserFieldsMixin,
     admin_link,
     count_subquery,
     deletion_summary,
     may_open_user_admin,
+    profile_shown,
     short,
     user_link,
 )
@@ -143,12 +145,14 @@ class MemoryInline(UserFieldsMixin, admin.StackedInline):
 
 @admin.register(Conversation)
 class ConversationAdmin(RagchatAdmin):
-    list_display = ("display_title", "owner_link", "profile", "message_count", "last_activity", "feedback_counts")
-    list_filter = ("profile", OwnerFilter, LastAnswerStatusFilter, ("updated_at", LastActivityFilter),
+    list_display = ("display_title", "owner_link", "profile_title", "message_count", "last_activity",
+                    "feedback_counts")
+    list_filter = (ProfileFilter, OwnerFilter, LastAnswerStatusFilter, ("updated_at", LastActivityFilter),
                    NegativeFeedbackFilter)
-    readonly_fields = ("id", "owner_link", "session_key", "profile", "created_at", "updated_at", "user_data_link")
+    readonly_fields = ("id", "owner_link", "session_key", "profile_title", "created_at", "updated_at",
+                       "user_data_link")
     fieldsets = [
-        (None, {"fields": ("title", "owner_link", "user_data_link", "profile", "created_at", "updated_at")}),
+        (None, {"fields": ("title", "owner_link", "user_data_link", "profile_title", "created_at", "updated_at")}),
         ("Details", {"fields": ("id", "session_key", "metadata"), "classes": ["collapse"]}),
     ]
     inlines = [MemoryInline]
@@ -209,6 +213,10 @@ class ConversationAdmin(RagchatAdmin):
         if question:
             return format_html('<span class="ragchat-untitled">{}</span>', short(question))
         return str(obj)
+
+    @admin.display(description="profile", ordering="profile")
+    def profile_title(self, obj):
+        return profile_shown(obj.profile)
 
     @admin.display(description="owner", ordering="owner")
     def owner_link(self, obj):

@@ -13,7 +13,7 @@ from django.utils.safestring import mark_safe
 
 from django_ragchat.access import principals_of_user_id
 from django_ragchat.admin import views as admin_views
-from django_ragchat.admin.base import ReadOnlyAdmin, admin_link, short, user_link
+from django_ragchat.admin.base import ProfileFilter, ReadOnlyAdmin, admin_link, profile_shown, short, user_link
 from django_ragchat.models import (
     ENDING_STAGES,
     Feedback,
@@ -325,11 +325,15 @@ class EndedByFilter(admin.SimpleListFilter):
 @admin.register(TurnTrace)
 class TurnTraceAdmin(ReadOnlyAdmin):
     # "Trace of assistant #12" links to the trace; the message's link beside it (not wrapped in it).
-    list_display = ("__str__", "message_link", "conversation_link", "profile", "ended_early_by", "total_ms",
+    list_display = ("__str__", "message_link", "conversation_link", "profile_title", "ended_early_by", "total_ms",
                     "created_at")
-    list_filter = ("profile", EndedByFilter, ("created_at", admin.DateFieldListFilter))
+    list_filter = (ProfileFilter, EndedByFilter, ("created_at", admin.DateFieldListFilter))
     search_fields = ("message__content", "message__conversation__title")
-    fields = ("message_link", "conversation_link", "profile", "ended_early_by", "total_ms", "created_at")
+    fields = ("message_link", "conversation_link", "profile_title", "ended_early_by", "total_ms", "created_at")
+
+    @admin.display(description="profile", ordering="profile")
+    def profile_title(self, obj):
+        return profile_shown(obj.profile)
 
     def get_search_fields(self, request):
         return (*self.search_fields, f"message__conversation__owner__{get_user_model().USERNAME_FIELD}")

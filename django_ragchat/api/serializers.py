@@ -386,6 +386,7 @@ ProfileComponentsSerializer = type("ProfileComponentsSerializer", (serializers.S
 
 class ProfileRunsSerializer(serializers.Serializer):
     name = serializers.CharField()
+    title = serializers.CharField(help_text="What people see for it: its title setting, else its name.")
     components = ProfileComponentsSerializer(allow_null=True, help_text="By stage, in the order the turn runs "
                                              "them; null when the profile cannot be built (see error).")
     tools = serializers.ListField(child=serializers.CharField(), help_text="The tools it offers, by name.")

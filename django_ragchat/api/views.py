@@ -747,7 +747,7 @@ class PluginList(RagchatAPIView):
             for r in registry.all()
         ]
         profiles = [
-            {"name": name, "error": runs.get("error"), "tools": runs.get("tools", []),
+            {"name": name, "title": runs["title"], "error": runs.get("error"), "tools": runs.get("tools", []),
              "components": None if "error" in runs else {field: runs[field] for field in PIPELINE_ORDER}}
             for name, runs in profile_listing().items()
         ]

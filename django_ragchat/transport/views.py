@@ -22,7 +22,7 @@ from django.views.decorators.http import require_safe
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import PROTOCOL_VERSION
 from django_ragchat.permissions import usable_profiles
-from django_ragchat.profiles import get_profile
+from django_ragchat.profiles import get_profile, profile_title
 from django_ragchat.transport.routing import WEBSOCKET_PATH
 
 # Stands for a conversation id in the URL templates handed to the page's script.
@@ -54,10 +54,12 @@ def page_config(request, profile: str = "") -> dict:
         "profile": profile or None,
         # The profile a new conversation starts with, and the profiles whose conversations the
         # widget lists (its own, or those the caller may use), each saying whether it answers
-        # with no language model (the extractive answerer): the page marks each conversation with
-        # its profile when there are several, and shows its model notice for the one open.
+        # with no language model (the extractive answerer) and its title: the page marks each
+        # conversation with its profile's title when there are several, and shows its model
+        # notice for the one open.
         "defaultProfile": profile or ragchat_settings.DEFAULT_PROFILE,
-        "profiles": {name: {"extractive": is_extractive(name)} for name in listed_profiles(request, profile)},
+        "profiles": {name: {"extractive": is_extractive(name), "title": profile_title(name)}
+                     for name in listed_profiles(request, profile)},
         "idPlaceholder": ID_PLACEHOLDER,
         "api": api,
         "stream": reverse("ragchat:stream", args=[ID_PLACEHOLDER]),

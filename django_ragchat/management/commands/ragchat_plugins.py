@@ -102,7 +102,8 @@ class Command(BaseCommand):
         write("")
         write("Profiles:")
         for name, runs in data["profiles"].items():
-            write(f"  {name}:")
+            title = runs.pop("title")
+            write(f"  {name}:" if title == name else f"  {name} ({title}):")
             if "error" in runs:
                 write(self.style.ERROR(f"    {runs['error']}"))
                 continue

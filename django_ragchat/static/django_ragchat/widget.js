@@ -633,8 +633,8 @@ class ChatWidget {
     entry.title = label;  // whole on hover, where the list's width cuts it
     const profile = conversation.profile || this.config.defaultProfile;
     this.profileOf.set(conversation.id, profile);
-    // Its profile, shown when the list can hold several (markProfiles).
-    if (profile) entry.append(el("span", "ragchat-conversation-profile", profile));
+    // Its profile, by title, shown when the list can hold several (markProfiles).
+    if (profile) entry.append(el("span", "ragchat-conversation-profile", this.profileTitle(profile)));
     entry.dataset.id = conversation.id;
     entry.addEventListener("click", () => {
       if (conversation.id !== this.conversationId) this.openConversation(conversation.id);
@@ -643,6 +643,12 @@ class ChatWidget {
     item.append(entry);
     if (first) this.ui.list.prepend(item); else this.ui.list.append(item);
     return entry;
+  }
+
+  /* What a person sees for a profile: its title, or its name when the page does not list it
+     (a conversation whose profile the settings no longer have). */
+  profileTitle(profile) {
+    return (this.config.profiles || {})[profile]?.title || profile;
   }
 
   /* Each conversation says its profile when more than one is in sight: the widget's profiles
