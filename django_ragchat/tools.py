@@ -39,6 +39,7 @@ The loop that runs the calls is ``django_ragchat.turn.tools``; docs/tools.md tel
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import decimal
@@ -85,7 +86,8 @@ class ToolArgumentsError(ValueError):
 
 
 class ToolDefinitionError(ImproperlyConfigured):
-    """A function that cannot be a tool (no turn parameter, an unsupported parameter type)."""
+    """A function that cannot be a tool (no turn parameter, an unsupported parameter type, a
+    wrong ``@tool`` option): one error lists every problem of the tool, not only the first."""
 
 
 # --- Reading docstrings -------------------------------------------------------------------------
@@ -400,6 +402,17 @@ def _type_hints(function: Callable[..., Any]) -> tuple[dict[str, Any], dict[str,
     return hints, unresolved
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_permission(value: Any) -> bool:
+    """Whether ``value`` is what ``@tool(permission=...)`` takes (``Tool.allowed`` reads it)."""
+    if value is None or callable(value) or isinstance(value, str):
+        return True
+    return isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(name, str) for name in value)
+
+
 def _json_default(value: Any) -> tuple[bool, Any]:
     """(can the default go in the schema, its JSON value)."""
     if isinstance(value, enum.Enum):
@@ -429,12 +442,6 @@ class Tool:
             raise ToolDefinitionError(f"@tool needs a function, not {function!r}.")
         self.function = function
         self.name = name or function.__name__
-        problems = [] if NAME_PATTERN.match(self.name) else ["its name must be 1 to 64 letters, digits, '_' or '-'"]
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or timeout <= 0):
-            problems.append("timeout must be a positive number of seconds")
-        if problems:  # every one at once, not one per run
-            raise ToolDefinitionError(f"Tool {self.name!r}: {'; '.join(problems)}.")
         doc_text, self.parameter_docs = parse_docstring(function.__doc__)
         self.description = description if description is not None else doc_text
         self.permission = permission
@@ -445,6 +452,35 @@ class Tool:
         self.max_result_chars = max_result_chars
         self.is_async = inspect.iscoroutinefunction(function)
         functools.update_wrapper(self, function)
+        problems = self._option_problems()
+        if problems:  # with what its signature shows already: every problem in one error, not one per run
+            raise ToolDefinitionError(self._refusal(problems + self._read_signature(now=True)[1]))
+
+    def _option_problems(self) -> list[str]:
+        """What is wrong with ``@tool``'s options (or the name it was registered under)."""
+        problems = []
+        if not (isinstance(self.name, str) and NAME_PATTERN.match(self.name)):
+            problems.append("its name must be 1 to 64 letters, digits, '_' or '-'")
+        if self.timeout is not None and not (_is_number(self.timeout) and self.timeout > 0):
+            problems.append("timeout must be a positive number of seconds")
+        if isinstance(self.max_result_chars, bool) or not isinstance(self.max_result_chars, int) \
+                or self.max_result_chars < 1:
+            problems.append(f"max_result_chars must be a whole number, 1 or more, not {self.max_result_chars!r}")
+        if not _is_permission(self.permission):
+            problems.append(f"permission must be a permission name ('app_label.codename'), a list of them or a "
+                            f"callable (turn) -> bool, not {self.permission!r}")
+        return problems
+
+    def _refusal(self, problems: list[str]) -> str:
+        return f"Tool {self.name!r}: {'; '.join(problems)}."
+
+    def renamed(self, name: str) -> Tool:
+        """This tool under another name (``register(tool, name=...)``); ``spec()`` checks it."""
+        twin = copy.copy(self)
+        twin.name = name
+        for built in ("parameters", "schema", "validator"):  # cached under the old name
+            twin.__dict__.pop(built, None)
+        return twin
 
     def __repr__(self) -> str:
         return f"<Tool {self.name}>"
@@ -458,23 +494,39 @@ class Tool:
     @functools.cached_property
     def parameters(self) -> tuple[Parameter, ...]:
         """The parameters the model fills in (every one after the turn). ``ToolDefinitionError``
-        lists every parameter that cannot be described, not only the first."""
-        params = list(inspect.signature(self.function).parameters.values())
+        lists every problem of the tool, its options' and every parameter's, not only the first."""
+        found, problems = self._read_signature()
+        problems = self._option_problems() + problems
+        if problems:
+            raise ToolDefinitionError(self._refusal(problems))
+        return tuple(self._parameter(param, shape) for param, shape in found)
+
+    def _read_signature(self, *, now: bool = False) -> tuple[list[tuple[inspect.Parameter, _Shape]], list[str]]:
+        """Each parameter the model fills in with its ``_Shape``, and every problem of the
+        signature. ``now`` (``@tool`` refusing its options, while the module is still being
+        imported): an annotation that does not resolve, or cannot be read, is left for the
+        registry, as it may name a class the module defines further down."""
+        try:
+            params = list(inspect.signature(self.function).parameters.values())
+        except (TypeError, ValueError):  # a builtin or a C function with no signature to read
+            return [], ["its signature cannot be read"]
+        problems = []
         if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
-            problems = [f"the first parameter must be the turn: def {self.name}(turn, ...)"]
+            problems.append(f"the first parameter must be the turn: def {self.name}(turn, ...)")
             params = [None, *params]  # none is the turn: each of them is a parameter the model would fill in
-        else:
-            problems = []
         hints, unresolved = _type_hints(self.function)
         found = []
         for param in params[1:]:
+            if now and param.name in unresolved:
+                continue
             try:
                 found.append((param, self._shape(param, hints, unresolved)))
             except ToolDefinitionError as exc:
                 problems.append(str(exc))
-        if problems:
-            raise ToolDefinitionError(f"Tool {self.name!r} cannot be described to the model: {'; '.join(problems)}.")
-        return tuple(self._parameter(param, shape) for param, shape in found)
+            except Exception:  # noqa: BLE001 - a model or serializer not ready to read yet
+                if not now:
+                    raise
+        return found, problems
 
     def _shape(self, param: inspect.Parameter, hints: dict[str, Any], unresolved: dict[str, str]) -> _Shape:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -648,11 +700,8 @@ class ToolRegistry:
         try:
             found = candidate if isinstance(candidate, Tool) else Tool(candidate)
             if name is not None and name != found.name:
-                found = Tool(found.function, name=name, description=found.description, permission=found.permission,
-                             requires_confirmation=found.requires_confirmation, timeout=found.timeout,
-                             label=found.label, thread_sensitive=found.thread_sensitive,
-                             max_result_chars=found.max_result_chars)
-            found.spec()  # the schema is built now: a problem is reported at startup, not mid-turn
+                found = found.renamed(name)
+            found.spec()  # built now, every problem in one error: reported at startup, not mid-turn
         except ToolDefinitionError as exc:
             self.errors.append(PluginProblem(f"Plugin {plugin!r} registered a tool that cannot be used: {exc}", plugin))
             return

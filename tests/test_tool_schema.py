@@ -291,6 +291,52 @@ def test_every_problem_of_a_tool_is_reported_at_once():
     assert "1 to 64 letters" in str(caught.value) and "timeout must be a positive number" in str(caught.value)
 
 
+def test_wrong_options_are_refused_with_the_parameters_problems_in_one_error():
+    """A plugin author's trial: ``@tool(...)`` raised at import with its options' problems only;
+    once they were fixed, the next run refused the parameters. Now one error says all that can
+    be known as the module is imported (an annotation that does not resolve yet may name a class
+    defined further down: the registry says it)."""
+
+    def lookup(turn, day: type, count, when: DefinedBelow, fine: int = 1) -> str: ...  # noqa: F821
+
+    with pytest.raises(ToolDefinitionError) as caught:
+        tool(name="look up", timeout=0, max_result_chars="8000", permission=7)(lookup)
+    message = str(caught.value)
+    for problem in ("its name must be 1 to 64 letters", "timeout must be a positive number",
+                    "max_result_chars must be a whole number, 1 or more, not '8000'",
+                    "permission must be a permission name ('app_label.codename'), a list of them or a callable",
+                    "parameter 'day': <class 'type'> cannot be described", "parameter 'count' needs a type annotation"):
+        assert problem in message, message
+    assert message.startswith("Tool 'look up': ") and "'when'" not in message and "'fine'" not in message
+    # Registered under a wrong name, the registry's one error says all, the unresolved one too.
+    registry = ToolRegistry()
+    registry.add(lookup, "plugin_a", name="look up")
+    [error] = registry.errors
+    for problem in ("its name must be 1 to 64 letters", "parameter 'day'", "parameter 'count'",
+                    "parameter 'when': its annotation cannot be resolved"):
+        assert problem in error, error
+    assert registry.names() == []
+
+    # Renamed, a tool is checked under its new name, and keeps its own options.
+    def unannotated(turn, day): ...
+
+    def annotated(turn, day: str): ...
+
+    registry.add(tool(timeout=5)(unannotated), "plugin_a", name="renamed")
+    assert registry.errors[-1].endswith("Tool 'renamed': parameter 'day' needs a type annotation.")
+    registry.add(tool(timeout=5)(annotated), "plugin_a", name="renamed")
+    assert registry.names() == ["renamed"] and registry.get("renamed").timeout == 5
+    assert registry.get("renamed").spec()["function"]["name"] == "renamed"
+
+
+def test_the_check_says_every_problem_of_a_tool_refused_as_its_plugin_is_imported(ragchat_settings_override):
+    ragchat_settings_override(PLUGINS=["tests.broken_tool_options"])
+    [error] = [m.msg for m in run_checks() if m.id == "ragchat.E004"]
+    for problem in ("Tool 'order lookup': its name must be", "timeout must be a positive number",
+                    "parameter 'number' needs a type annotation", "parameter 'since': <class 'type'>"):
+        assert problem in error, error
+
+
 def test_the_check_reports_every_problem_of_every_tool_in_one_run(ragchat_settings_override):
     ragchat_settings_override(PLUGINS=["tests.broken_tools.several"])
     errors = [m.msg for m in run_checks() if m.id == "ragchat.E004"]
