@@ -419,6 +419,13 @@ def test_a_dash_ends_the_context_of_a_question(sample_docs):
     assert "matte screen that cuts glare" in answer, answer
 
 
+def test_a_colon_or_an_uncapitalised_sentence_ends_the_context_of_a_question(sample_docs):
+    answer = ask("I tutor in three schools and carry my kit between them all week: how heavy is the Nimbus Tab?")
+    assert "480 grams" in answer, answer
+    answer = ask("my brother broke his phone playing rugby again. what is the aurora x2s frame made of?")
+    assert "titanium frame" in answer, answer
+
+
 def test_a_generic_stem_asks_nothing():
     # "paired" is the generic "pair" of "a pair" of ear tips: not an answer to a pairing question.
     tips = chunk(1, "Zephyr Buds > Pricing", "Zephyr Buds cost $149. Spare ear tips cost $9 a pair.")

@@ -26,8 +26,9 @@ from django_ragchat.text import sentences
 TYPO_MIN_LENGTH = 5
 
 _WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*", re.UNICODE)  # as text.words
-# Where a question's context clause ends: "I sketch by a window - will the screen glare?".
-_CLAUSE_SEPARATOR_RE = re.compile(r",\s+|\s+[-–—]+\s+|;\s+")
+# Where a question's context clause ends: "I sketch by a window - will the screen glare?", "...all
+# day: how heavy is it?", and a sentence typed without its capital ("...no power. how many times").
+_CLAUSE_SEPARATOR_RE = re.compile(r",\s+|\s+[-–—]+\s+|[;:]\s+|[.!]\s+")
 # A decline names "Galaxy S9", not "Galaxy S9's" of "Galaxy S9's battery".
 _POSSESSIVE_END_RE = re.compile(r"['’]s?$")
 # A code: a word that starts with a letter and holds a digit ("ORD-18", "X3", "SKU1042").
