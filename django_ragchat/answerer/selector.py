@@ -46,6 +46,12 @@ COMPARED_COVERAGE = 0.75
 #: The sentence before the best one joins the answer when its share of the asked attribute is
 #: at most this much lower.
 PRECEDING_MARGIN = 0.25
+#: An earlier sentence of the best one's passage that states as much of what was asked answers in
+#: its place when its score, and its similarity to the question, are at most this much lower
+#: (``AnswerSelector._passage_first``).
+EARLIER_MARGIN = 0.1
+#: A sentence states everything asked at this share (floating point's sum of the weights).
+FULL_COVERAGE = 0.999
 #: Two asked words written side by side count as stated together only when the sentence has
 #: them at most this many words apart; otherwise PROXIMITY_PENALTY of the rarer one's weight
 #: is taken off ("Can the case charge wirelessly?" against "wireless earbuds with ... eight
@@ -671,11 +677,27 @@ class AnswerSelector:
         return [replace(c, score=c.score + self.semantic_weight * sim, similarity=gate)
                 for c, sim, gate in zip(choices, scores, gates, strict=True)]
 
+    @staticmethod
+    def _passage_first(best: Choice, choices: list[Choice], need: Need) -> Choice:
+        """The earliest sentence of ``best``'s passage that states all that was asked as ``best``
+        does, as close to it in meaning and nearly as well scored: a passage states its rule before its
+        exceptions and alternatives ("Tickets can be refunded in full up to 48 hours before..."
+        before "Within 48 hours ... cannot be refunded"; the theatre's car park before "The nearest
+        public car park..."). Not when the question's context words chose ``best`` ("I'm 70 and my
+        books are late. Do I have to pay anything?" is the over-65s' exception's)."""
+        if set(need.groups) - need.own or best.coverage < FULL_COVERAGE:
+            return best  # a sentence stating part of it may share only a word ("no need to book")
+        earlier = [c for c in choices if c.passage is best.passage and c.sentence.position < best.sentence.position
+                   and c.coverage >= best.coverage and c.score >= best.score - EARLIER_MARGIN
+                   and c.similarity >= best.similarity - EARLIER_MARGIN]
+        return min(earlier, key=lambda c: c.sentence.position) if earlier else best
+
     def compose(self, best: Choice, choices: list[Choice], need: Need) -> list[Choice]:
         """The best sentence, then the sentences that continue its attribute in its passage; the
         sentence just before it too when that one states as much of what was asked ("Orders ship
         within two business days." before "...express delivery arrives the next business day")."""
         v = self.vocabulary
+        best = self._passage_first(best, choices, need)
         stated = {k for k in need.own if v.covers(k, best.sentence.stems)}
         if not stated:  # stated only by the heading ("Pricing" over "$449"): continue on numbers
             stated = {k for k in need.own if v.covers(k, best.passage.heading_stems)}
