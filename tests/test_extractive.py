@@ -61,7 +61,7 @@ def outdoor_shop(db):
 
 def test_follow_up_about_a_product_without_a_warranty_section_declines_without_another_products_warranty(sample_docs):
     answer = ask("How much does the Aurora X2 cost?", "Does it have a warranty?")
-    assert answer.startswith("The documents don't say anything about warranty for the Aurora X2."), answer
+    assert answer.startswith("The documents don't say anything about a warranty for the Aurora X2."), answer
     assert "Zephyr" not in answer and "two-year" not in answer
     assert not CITATION.search(answer)  # it cites nothing it did not use
 
@@ -366,7 +366,7 @@ def test_a_decline_quotes_the_lacking_words_as_written():
     answer = AnswerSelector().answer(prompt("Do you offer gift wrapping?", shipping))
     assert answer.startswith("The documents don't say anything about gift wrapping."), answer
     answer = AnswerSelector().answer(prompt("What is the refresh rate of the screen?", shipping))
-    assert answer.startswith("The documents don't say anything about refresh rate of the screen."), answer
+    assert answer.startswith("The documents don't say anything about the refresh rate of the screen."), answer
 
 
 def test_the_sentence_before_the_best_joins_when_it_states_as_much(sample_docs):
@@ -609,7 +609,7 @@ def test_a_shop_policy_answers_for_a_product_whose_own_passages_do_not(sample_do
     assert "Orders ship within two business days" in ask("I want to order the Nimbus Tab", "When will it ship?")
     # A product's warranty is its own: never another product's, never the shop's repairs policy.
     answer = ask("How much does the Aurora X2 cost?", "Does it have a warranty?")
-    assert answer.startswith("The documents don't say anything about warranty for the Aurora X2"), answer
+    assert answer.startswith("The documents don't say anything about a warranty for the Aurora X2"), answer
 
 
 def test_that_after_a_shipping_question_is_the_shipping(sample_docs):
@@ -681,7 +681,7 @@ def test_wireless_earbuds_are_no_answer_to_charging_the_case_wirelessly(sample_d
 
 def test_a_trade_in_is_no_answer_to_a_student_discount(sample_docs):
     answer = ask("Is there a student discount on the Aurora X2?")
-    assert answer.startswith("The documents don't say anything about student discount for the Aurora X2."), answer
+    assert answer.startswith("The documents don't say anything about a student discount for the Aurora X2."), answer
     assert "10% off" in ask("Do students get money off the Nimbus Tab?")
 
 
@@ -752,7 +752,7 @@ def test_a_decline_names_a_narrow_group_as_the_group(sample_docs):
 
 def test_a_decline_names_the_attribute_not_words_a_question_word_parts(sample_docs):
     answer = ask("we are a company buying 20 aurora x2 for staff what is the warranty on them")
-    assert answer.startswith("The documents don't say anything about warranty for the Aurora X2."), answer
+    assert answer.startswith("The documents don't say anything about the warranty for the Aurora X2."), answer
 
 
 # --- Markdown tables --------------------------------------------------------------------------
