@@ -83,64 +83,55 @@ from django_ragchat.turn.context import components_for
 
 @register(Tags.compatibility)
 def check_settings(app_configs=None, **kwargs):
+    """E001 for each unknown key, E007 for each value of the wrong type or range (every one at
+    once, from ``conf.KINDS``, and a lease shorter than two heartbeats), E006 for each dotted
+    path of a permission that does not import."""
     errors = []
     for key in ragchat_settings.unknown_keys():
         errors.append(Error(
             f"Unknown django-ragchat setting RAGCHAT[{key!r}].",
             hint=f"Valid keys: {', '.join(sorted(DEFAULTS))}.", id="ragchat.E001",
         ))
-    for key, least in (("MAX_MESSAGE_CHARS", 1), ("SQLITE_VECTOR_BATCH_SIZE", 1), ("DATABASE_THREADS", 1),
-                       ("STARTING_TURNS", 0)):
-        value = getattr(ragchat_settings, key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            what = "a positive integer" if least else "a whole number, 0 or more"
-            errors.append(Error(f"RAGCHAT[{key!r}] must be {what}, not {value!r}.",
-                                hint="Remove it to use the default.", id="ragchat.E007"))
-    for key in ("STREAM_HEARTBEAT_SECONDS", "STREAM_LEASE_SECONDS", "SHUTDOWN_GRACE_SECONDS"):
-        value = getattr(ragchat_settings, key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            errors.append(Error(f"RAGCHAT[{key!r}] must be a positive number of seconds, not {value!r}.",
-                                hint="Remove it to use the default.", id="ragchat.E007"))
-    if (isinstance(ragchat_settings.STREAM_HEARTBEAT_SECONDS, (int, float))
-            and isinstance(ragchat_settings.STREAM_LEASE_SECONDS, (int, float))
-            and ragchat_settings.STREAM_LEASE_SECONDS < 2 * ragchat_settings.STREAM_HEARTBEAT_SECONDS):
-        errors.append(Error(
-            "RAGCHAT['STREAM_LEASE_SECONDS'] must be at least twice STREAM_HEARTBEAT_SECONDS.",
-            hint="Otherwise a live answer whose heartbeat is a little late is taken for a dead one.",
-            id="ragchat.E007"))
-    for key in ("ANONYMOUS_RETENTION_DAYS", "USER_RETENTION_DAYS"):
-        value = getattr(ragchat_settings, key)
-        if value is not None and (not isinstance(value, (int, float)) or value < 0):
-            errors.append(Error(f"RAGCHAT[{key!r}] must be a number of days or None, not {value!r}.",
-                                hint="None keeps conversations forever.", id="ragchat.E007"))
-    if ragchat_settings.CITED_SOURCES_ONLY not in (True, False, "signed_out"):
-        errors.append(Error(f"RAGCHAT['CITED_SOURCES_ONLY'] must be True, False or \"signed_out\", not "
-                            f"{ragchat_settings.CITED_SOURCES_ONLY!r}.", hint="Remove it to use the default.",
-                            id="ragchat.E007"))
-    for key, signature in (("CONVERSATION_PERMISSION", "(user, conversation, session_key)"),
-                           ("CONVERSATION_CHANGE_PERMISSION", "(user, conversation, session_key)"),
-                           ("DOCUMENT_PERMISSION", "(user)"),
-                           ("PROFILE_PERMISSION", "(user, profile_name)")):
+    problems = ragchat_settings.problems()
+    errors += [Error(f"{problem}.", hint=f"Remove it to use the default, {DEFAULTS[problem.name]!r}.",
+                     id="ragchat.E007") for problem in problems]
+    wrong = {problem.name for problem in problems}
+    return errors + _lease_errors(wrong) + _permission_import_errors(wrong)
+
+
+def _lease_errors(wrong: set[str]) -> list[Error]:
+    """E007 for a lease shorter than two heartbeats, when both are numbers of seconds (a value
+    not in ``wrong``)."""
+    if wrong & {"STREAM_HEARTBEAT_SECONDS", "STREAM_LEASE_SECONDS"}:
+        return []
+    if ragchat_settings.STREAM_LEASE_SECONDS >= 2 * ragchat_settings.STREAM_HEARTBEAT_SECONDS:
+        return []
+    return [Error("RAGCHAT['STREAM_LEASE_SECONDS'] must be at least twice STREAM_HEARTBEAT_SECONDS.",
+                  hint="Otherwise a live answer whose heartbeat is a little late is taken for a dead one.",
+                  id="ragchat.E007")]
+
+
+#: The permission settings, each with the signature of the callable it names.
+PERMISSION_SIGNATURES = {
+    "CONVERSATION_PERMISSION": "(user, conversation, session_key)",
+    "CONVERSATION_CHANGE_PERMISSION": "(user, conversation, session_key)",
+    "DOCUMENT_PERMISSION": "(user)",
+    "PROFILE_PERMISSION": "(user, profile_name)",
+}
+
+
+def _permission_import_errors(wrong: set[str]) -> list[Error]:
+    """E006 for each permission path that does not import (one that is no string is in ``wrong``)."""
+    errors = []
+    for key, signature in PERMISSION_SIGNATURES.items():
+        if key in wrong:
+            continue
         try:
             import_string(getattr(ragchat_settings, key))
         except ImportError as exc:
             errors.append(Error(f"RAGCHAT[{key!r}] cannot be imported: {exc}",
                                 hint=f"Give the dotted path of a callable{signature} -> bool.",
                                 id="ragchat.E006"))
-    return errors + _choice_errors()
-
-
-#: Settings that take one of a few words.
-CHOICES = {"OPENAI_API_SYSTEM_MESSAGES": ("ignore", "refuse")}
-
-
-def _choice_errors() -> list[Error]:
-    errors = []
-    for key, choices in CHOICES.items():
-        value = getattr(ragchat_settings, key)
-        if value not in choices:
-            errors.append(Error(f"RAGCHAT[{key!r}] must be one of {', '.join(map(repr, choices))}, not {value!r}.",
-                                hint="Remove it to use the default.", id="ragchat.E007"))
     return errors
 
 
@@ -319,9 +310,10 @@ def check_profiles(app_configs=None, **kwargs):
         return [Error("RAGCHAT['PROFILES'] must be a non-empty dict of profile name -> options.",
                       hint='For example {"default": {}}.', id="ragchat.E002")]
     errors = []
-    if ragchat_settings.DEFAULT_PROFILE not in profiles:
+    default = ragchat_settings.DEFAULT_PROFILE
+    if isinstance(default, str) and default not in profiles:  # one that is no string is E007's
         errors.append(Error(
-            f"RAGCHAT['DEFAULT_PROFILE'] is {ragchat_settings.DEFAULT_PROFILE!r}, which is not in RAGCHAT['PROFILES'].",
+            f"RAGCHAT['DEFAULT_PROFILE'] is {default!r}, which is not in RAGCHAT['PROFILES'].",
             hint=f"Use one of {sorted(profiles)} or define it.", id="ragchat.E003",
         ))
     registry = plugins.get_registry()

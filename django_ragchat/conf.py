@@ -6,12 +6,17 @@ Access them through ``ragchat_settings`` (the way DRF's ``api_settings`` works):
     ragchat_settings.MAX_MESSAGE_CHARS
 
 Every key has a documented default below; unknown keys are reported by the system check
-``ragchat.E001`` rather than ignored. The object is reloaded when tests change ``RAGCHAT``
-through ``override_settings``.
+``ragchat.E001`` rather than ignored. ``KINDS`` says what each key takes (a whole number 0 or
+more, True or False...): ``ragchat_settings.problems()`` lists every value its kind refuses,
+which the system check reports as ``ragchat.E007``. The object is reloaded when tests change
+``RAGCHAT`` through ``override_settings``.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -86,6 +91,85 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True)
+class Kind:
+    """What a setting takes: ``takes`` says it in words, ``accepts`` tells a value it takes."""
+
+    takes: str
+    accepts: Callable[[Any], bool]
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # True is an int to Python, not to a site
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and value != ""
+
+
+def one_of(*choices: Any) -> Kind:
+    """A kind that takes one of ``choices``, compared with their type: 1 is not True."""
+    return Kind(f"one of {', '.join(map(repr, choices))}",
+                lambda value: any(type(value) is type(choice) and value == choice for choice in choices))
+
+
+FLAG = Kind("True or False", lambda value: isinstance(value, bool))
+COUNT = Kind("a whole number, 0 or more", lambda value: _whole(value) and value >= 0)
+POSITIVE = Kind("a whole number, 1 or more", lambda value: _whole(value) and value >= 1)
+SECONDS = Kind("a number of seconds above 0", lambda value: _number(value) and value > 0)
+DAYS = Kind("a number of days, 0 or more, or None (kept forever)",
+            lambda value: value is None or (_number(value) and value >= 0))
+NAME = Kind("a non-empty string", _text)
+DOTTED_PATH = Kind("the dotted path of a callable, a string", _text)
+DOTTED_PATHS = Kind("a list of dotted paths (strings)",
+                    lambda value: isinstance(value, (list, tuple)) and all(map(_text, value)))
+
+#: What each key of ``DEFAULTS`` takes; ``PROFILES``, a dict of dicts, is checked by
+#: ``django_ragchat.profiles`` (``ragchat.E002``).
+KINDS: dict[str, Kind] = {
+    "DEFAULT_PROFILE": NAME,
+    "PLUGINS": DOTTED_PATHS,
+    "LOAD_ENTRY_POINTS": FLAG,
+    "MAX_MESSAGE_CHARS": POSITIVE,
+    "TURNS_PER_MINUTE": COUNT,
+    "MAX_CONCURRENT_STREAMS": COUNT,
+    "ANONYMOUS_RETENTION_DAYS": DAYS,
+    "USER_RETENTION_DAYS": DAYS,
+    "ALLOW_ANONYMOUS": FLAG,
+    "CITED_SOURCES_ONLY": one_of(True, False, "signed_out"),
+    "STREAM_HEARTBEAT_SECONDS": SECONDS,
+    "STREAM_LEASE_SECONDS": SECONDS,
+    "SHUTDOWN_GRACE_SECONDS": SECONDS,
+    "SQLITE_VECTOR_BATCH_SIZE": POSITIVE,
+    "CONVERSATION_PERMISSION": DOTTED_PATH,
+    "CONVERSATION_CHANGE_PERMISSION": DOTTED_PATH,
+    "DOCUMENT_PERMISSION": DOTTED_PATH,
+    "PROFILE_PERMISSION": DOTTED_PATH,
+    "OPENAI_API_SYSTEM_MESSAGES": one_of("ignore", "refuse"),
+    "TASK_BACKEND": NAME,
+    "BACKGROUND_INGEST_BYTES": COUNT,
+    "DATABASE_THREADS": POSITIVE,
+    "STARTING_TURNS": COUNT,
+}
+
+
+@dataclass(frozen=True)
+class SettingProblem:
+    """A setting whose value its kind refuses: what the system check (``ragchat.E007``) and
+    the log say."""
+
+    name: str
+    value: Any
+    takes: str
+
+    def __str__(self) -> str:
+        return f"RAGCHAT[{self.name!r}] must be {self.takes}, not {self.value!r}"
+
+
 class RagchatSettings:
     """Attribute access to the ``RAGCHAT`` dict with defaults.
 
@@ -105,10 +189,21 @@ class RagchatSettings:
     def __getattr__(self, attr: str) -> Any:
         if attr not in self.defaults:
             raise AttributeError(f"Invalid django-ragchat setting: {attr!r}")
-        value = self.user_settings.get(attr, self.defaults[attr])
+        value = self.given(attr)
         self._cached.add(attr)
         setattr(self, attr, value)
         return value
+
+    def given(self, name: str) -> Any:
+        """``name``'s value as the site wrote it (its default when it wrote none), unchecked."""
+        return self.user_settings.get(name, self.defaults[name])
+
+    def problems(self, names: Iterable[str] | None = None) -> list[SettingProblem]:
+        """The settings among ``names`` (every one with a kind when ``None``) whose value their
+        kind (``KINDS``) refuses, in ``KINDS``' order."""
+        wanted = KINDS if names is None else set(names)
+        return [SettingProblem(name, self.given(name), kind.takes) for name, kind in KINDS.items()
+                if name in wanted and not kind.accepts(self.given(name))]
 
     def unknown_keys(self) -> list[str]:
         """Keys in the site's ``RAGCHAT`` dict that django-ragchat does not know (likely typos)."""

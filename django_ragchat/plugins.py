@@ -111,6 +111,12 @@ def _load(target: str) -> Any:
         raise PluginLoadError(f"Cannot import plugin {target!r} from RAGCHAT['PLUGINS']: {exc}") from exc
 
 
+def settings_plugins() -> list[str]:
+    """The strings of ``RAGCHAT["PLUGINS"]``; none when it is not a list of strings (a string
+    would load letter by letter, a number not at all): ``ragchat.E007`` says so."""
+    return [] if ragchat_settings.problems(["PLUGINS"]) else list(ragchat_settings.PLUGINS)
+
+
 @dataclasses.dataclass(frozen=True)
 class PluginOrigin:
     """Where a plugin came from: ``kind`` is "built-in", "settings" or "entry point" ("code" for
@@ -128,7 +134,7 @@ def plugin_origin(name: str) -> PluginOrigin:
     if name in DEFAULT_PLUGINS:
         return PluginOrigin("built-in", f"the built-in module {name!r}", "Report it: a built-in module of "
                             "django-ragchat should never fail (reinstall django-ragchat first).")
-    if name in ragchat_settings.PLUGINS:
+    if name in settings_plugins():
         return PluginOrigin("settings", f"{name!r} in RAGCHAT['PLUGINS']",
                             f"Fix the plugin, or remove {name!r} from RAGCHAT['PLUGINS'].")
     for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=name):
@@ -151,7 +157,7 @@ def build_plugin_manager() -> tuple[pluggy.PluginManager, list[str]]:
     errors: list[str] = []
     for name in DEFAULT_PLUGINS:
         pm.register(import_module(name), name=name)
-    for target in ragchat_settings.PLUGINS:
+    for target in settings_plugins():
         try:
             pm.register(_load(target), name=target)
         except (PluginLoadError, ValueError) as exc:

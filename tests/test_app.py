@@ -63,6 +63,65 @@ def test_wrongly_typed_settings_are_reported(ragchat_settings_override):
     assert sorted(ids(checks.check_settings())) == ["ragchat.E006", "ragchat.E007", "ragchat.E007"]
 
 
+@pytest.mark.parametrize("key, value, takes", [
+    # A new user's trial: each passed the check, then failed or refused every message.
+    ("TURNS_PER_MINUTE", "thirty", "a whole number, 0 or more"),
+    ("TURNS_PER_MINUTE", -1, "a whole number, 0 or more"),
+    ("MAX_CONCURRENT_STREAMS", "3", "a whole number, 0 or more"),
+    ("ALLOW_ANONYMOUS", "no", "True or False"),  # a truthy string: it turned anonymous chat on
+    ("LOAD_ENTRY_POINTS", 0, "True or False"),
+    ("CITED_SOURCES_ONLY", 1, "one of True, False, 'signed_out'"),  # 1 == True, yet not a bool
+    ("MAX_MESSAGE_CHARS", True, "a whole number, 1 or more"),
+    ("SHUTDOWN_GRACE_SECONDS", float("inf"), "a number of seconds above 0"),
+    ("USER_RETENTION_DAYS", "90", "a number of days, 0 or more, or None (kept forever)"),
+    ("TASK_BACKEND", "", "a non-empty string"),
+    ("DEFAULT_PROFILE", 3, "a non-empty string"),  # not E003 as well: one mistake, one error
+    ("CONVERSATION_PERMISSION", None, "the dotted path of a callable, a string"),  # not imported
+    ("PLUGINS", "tests.settings_plugin", "a list of dotted paths (strings)"),  # not loaded letter by letter
+])
+def test_a_setting_of_the_wrong_type_or_range_is_one_e007_naming_it_its_value_and_what_it_takes(
+        ragchat_settings_override, key, value, takes):
+    ragchat_settings_override(**{key: value})
+    errors = checks.check_settings() + checks.check_profiles() + checks.check_plugins()
+    assert ids(errors) == ["ragchat.E007"]
+    assert errors[0].msg == f"RAGCHAT[{key!r}] must be {takes}, not {value!r}."
+    assert errors[0].hint == f"Remove it to use the default, {ragchat_settings.defaults[key]!r}."
+
+
+def test_every_setting_but_the_profiles_has_a_kind_its_default_passes():
+    from django_ragchat.conf import DEFAULTS, KINDS
+
+    assert set(KINDS) == set(DEFAULTS) - {"PROFILES"}  # PROFILES: E002, django_ragchat.profiles
+    assert ragchat_settings.problems() == []
+
+
+def test_settings_md_says_what_each_setting_takes():
+    import re
+    from pathlib import Path
+
+    from django_ragchat.conf import KINDS
+
+    section = (Path(__file__).resolve().parents[1] / "docs" / "settings.md").read_text().split(
+        "### What each setting takes")[1]
+    documented = {}  # setting -> the first cell of its row: what it takes
+    for row in re.findall(r"^\| (.+) \| (.+) \|$", section, re.MULTILINE):
+        documented |= dict.fromkeys(re.findall(r"`([A-Z_]+)`", row[1]), row[0])
+    assert {name: documented.get(name, "")[:len(kind.takes)] for name, kind in KINDS.items()} == {
+        name: kind.takes for name, kind in KINDS.items()}
+
+
+@pytest.mark.django_db  # Django 6 runs model checks (JSONField support) against the databases
+def test_every_wrong_setting_is_reported_in_one_run(ragchat_settings_override):
+    from django.core.management.base import SystemCheckError
+
+    ragchat_settings_override(TURNS_PER_MINUTE="thirty", MAX_CONCURRENT_STREAMS="3", ALLOW_ANONYMOUS="no",
+                              PLUGINS=5)  # a number: the plugins' check read it without a traceback
+    with pytest.raises(SystemCheckError) as raised:
+        call_command("check")
+    for key in ("TURNS_PER_MINUTE", "MAX_CONCURRENT_STREAMS", "ALLOW_ANONYMOUS", "PLUGINS"):
+        assert f"(ragchat.E007) RAGCHAT[{key!r}] must be" in str(raised.value)
+
+
 @pytest.mark.django_db  # Django 6 runs model checks (JSONField support) against the databases
 def test_manage_py_check_reports_instead_of_raising(ragchat_settings_override):
     ragchat_settings_override(PROFILES={"default": {"llm": "nope"}})
