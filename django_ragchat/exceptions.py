@@ -77,6 +77,17 @@ class ProfileUnavailable(RagchatError):
     default_message = "This assistant is not set up correctly, so it cannot answer; the error has been logged."
 
 
+class SettingsInvalid(RagchatError):
+    """A ``RAGCHAT`` setting every turn reads has a value of the wrong type or range
+    (``manage.py check`` names it, ``ragchat.E007``, but a running server runs no checks): the
+    message is refused before anything is saved, on every transport alike, the detail is in the
+    log. Refused rather than run with a guess: a limit the site mistyped is not a limit to drop."""
+
+    code = "settings_invalid"
+    http_status = 500
+    default_message = "The chat is not set up correctly, so it cannot answer; the error has been logged."
+
+
 class LLMError(RagchatError):
     """A model call failed in a way the user should hear about.
 

@@ -922,9 +922,10 @@ def test_retry_is_not_offered_for_a_profile_no_retry_can_fix(page, asgi):
     found = page.execute_async_script("""
         const done = arguments[arguments.length - 1];
         import('/static/django_ragchat/widget.js').then(({retryable}) => done(
-          ['profile_unavailable', 'unknown_profile', 'too_long', 'rate_limited', 'turn_in_progress'].map(retryable)));
+          ['profile_unavailable', 'unknown_profile', 'too_long', 'settings_invalid', 'rate_limited',
+           'turn_in_progress'].map(retryable)));
     """)
-    assert found == [False, False, False, True, True]
+    assert found == [False, False, False, False, True, True]  # settings_invalid: a setting every turn reads
 
 
 def test_excerpts_are_cut_at_a_word_boundary_without_the_heading(page, asgi):

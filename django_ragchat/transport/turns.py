@@ -23,9 +23,9 @@ from django.conf import settings
 from django.db import connections
 
 from django_ragchat import permissions
-from django_ragchat.conf import ragchat_settings
+from django_ragchat.conf import DEFAULTS, ragchat_settings
 from django_ragchat.events import Accepted, Completed, Failed, TurnEvent
-from django_ragchat.exceptions import InvalidMessage, ProfileUnavailable, RagchatError, TurnInProgress
+from django_ragchat.exceptions import InvalidMessage, ProfileUnavailable, RagchatError, SettingsInvalid, TurnInProgress
 from django_ragchat.models import Conversation, Message
 from django_ragchat.turn import lanes, limits, persistence, pipeline, shutdown, start_gate
 from django_ragchat.turn.persistence import ConversationGone, DuplicateMessage
@@ -68,7 +68,10 @@ def caller_session_key(user, session) -> str | None:
 def max_request_chars() -> int:
     """The largest request body or websocket frame read: room for the longest valid message
     even if every character arrives JSON-escaped (``\\uXXXX``)."""
-    return 6 * ragchat_settings.MAX_MESSAGE_CHARS + 1024
+    limit = ragchat_settings.MAX_MESSAGE_CHARS
+    if ragchat_settings.problems(["MAX_MESSAGE_CHARS"]):  # read as the default allows; ``validate`` refuses it
+        limit = DEFAULTS["MAX_MESSAGE_CHARS"]
+    return 6 * limit + 1024
 
 
 #: The largest body a websocket frame may be when Django reads HTTP bodies of any size
@@ -95,11 +98,12 @@ async def parse_off_the_loop(parse: Callable[[Any], Any], data: Any, size: int) 
 
 
 def validate(content: Any) -> str:
-    """``content`` if it can be a user message; ``TurnRefused`` (400, 413 when too long) if not."""
+    """``content`` if it can be a user message; ``TurnRefused`` (400, 413 when too long) if not,
+    or 500 ``settings_invalid`` when a setting every turn reads is wrong (no message can be)."""
     try:
         return pipeline.validate_user_message(content)
-    except InvalidMessage as exc:
-        raise TurnRefused(exc.code, exc.message, 413 if exc.code == "too_long" else 400) from None
+    except (InvalidMessage, SettingsInvalid) as exc:
+        raise TurnRefused(exc.code, exc.message, exc.http_status) from None
 
 
 def close_stale_connections() -> None:

@@ -28,6 +28,10 @@ which nothing foresees and which usually takes well under the lease; the lease's
 would make a user wait for nothing. Being refused costs no turn, so polling each second is
 cheap for both sides. Only when no held slot was renewed for two heartbeats (every holder
 likely gone) is the hint when the first of them expires (``_slot_wait``).
+
+The settings read here are known to be of the right type and range by the time a turn gets
+here: every transport validates the message first, which refuses it, ``settings_invalid``, while
+one of them is wrong (``pipeline.check_turn_settings``).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ from django_ragchat.events import (
     StageChanged,
     TurnEvent,
 )
-from django_ragchat.exceptions import InvalidMessage, ProfileUnavailable, RagchatError
+from django_ragchat.exceptions import InvalidMessage, ProfileUnavailable, RagchatError, SettingsInvalid
 from django_ragchat.models import Chunk, Conversation, Message, TurnTrace
 from django_ragchat.plugins import await_me_maybe, get_registry, notify
 from django_ragchat.profiles import Profile, get_profile
@@ -94,14 +94,34 @@ from django_ragchat.types import (
 logger = logging.getLogger(__name__)
 
 
+#: The settings every turn reads on its way: the message's length, the per-user limits, the
+#: answer's lease and heartbeat.
+TURN_SETTINGS = ("MAX_MESSAGE_CHARS", "TURNS_PER_MINUTE", "MAX_CONCURRENT_STREAMS", "STREAM_HEARTBEAT_SECONDS",
+                 "STREAM_LEASE_SECONDS")
+
+
+def check_turn_settings() -> None:
+    """``SettingsInvalid`` when a setting of ``TURN_SETTINGS`` has a value its kind refuses,
+    the settings and their values in the log. A running server runs no system check: without
+    this, TURNS_PER_MINUTE="thirty" failed every message with a TypeError inside the limits,
+    and TURNS_PER_MINUTE=-1 refused every one as over the limit."""
+    problems = ragchat_settings.problems(TURN_SETTINGS)
+    if problems:
+        logger.error("ragchat refused a message: %s (manage.py check lists every such setting, ragchat.E007).",
+                     "; ".join(map(str, problems)))
+        raise SettingsInvalid()
+
+
 def validate_user_message(text: Any) -> str:
-    """Return ``text`` if it can be stored and answered; raise ``InvalidMessage`` otherwise.
+    """Return ``text`` if it can be stored and answered; raise ``InvalidMessage`` otherwise,
+    or first ``SettingsInvalid`` when no message can be (``check_turn_settings``).
 
     Rejected: non-strings, text that shows nothing (whitespace, zero-width and other format
     characters only: ``text.is_blank``), more than ``MAX_MESSAGE_CHARS``
     characters, NUL bytes (PostgreSQL cannot store them) and lone surrogates (not encodable
     as UTF-8).
     """
+    check_turn_settings()
     if not isinstance(text, str):
         raise InvalidMessage("invalid_type", "The message (content) is required and must be a string.")
     limit = ragchat_settings.MAX_MESSAGE_CHARS
@@ -840,8 +860,8 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
                       origin: dict[str, Any] | None = None, user: Any = None) -> AsyncIterator[TurnEvent]:
     """Run one turn, yielding its events (see ``django_ragchat.events``).
 
-    Raises ``InvalidMessage``, ``TurnInProgress``, ``ProfileUnavailable`` (nothing saved) or
-    ``Conversation.DoesNotExist`` before the first event; after the ``ack`` event every failure
+    Raises ``InvalidMessage``, ``SettingsInvalid``, ``TurnInProgress``, ``ProfileUnavailable``
+    (nothing saved) or ``Conversation.DoesNotExist`` before the first event; after the ``ack`` event every failure
     becomes an ``error`` event with the partial answer saved. Closing the iterator early (the
     client cancelled or went away) saves the partial answer as "incomplete".
     ``stream=False`` asks the model for a whole answer (no ``delta`` events).

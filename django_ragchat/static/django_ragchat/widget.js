@@ -32,10 +32,11 @@ const TOOL_STATES = { done: "Done", error: "Failed", rejected: "Declined", aband
 // A saved answer's statuses that offer Retry.
 const FAILED = new Set(["error", "interrupted"]);
 // Refusals a retry cannot fix: the message itself must change, or the site's settings (a
-// profile that is no profile, or cannot be built).
+// profile that is no profile, or cannot be built; a setting every turn reads that is wrong).
 const NOT_RETRYABLE = new Set(["empty", "invalid_type", "invalid_characters", "too_long", "too_large",
                                "parse_error", "forbidden", "not_found", "not_authenticated", "session_ended",
-                               "invalid_client_id", "unknown_profile", "profile_unavailable"]);
+                               "invalid_client_id", "unknown_profile", "profile_unavailable",
+                               "settings_invalid"]);
 
 /* Whether a refusal with ``code`` may succeed if the same message is sent again (rate limits,
    busy): only then is Retry offered. */
