@@ -8,12 +8,15 @@ Access them through ``ragchat_settings`` (the way DRF's ``api_settings`` works):
 Every key has a documented default below; unknown keys are reported by the system check
 ``ragchat.E001`` rather than ignored. ``KINDS`` says what each key takes (a whole number 0 or
 more, True or False...): ``ragchat_settings.problems()`` lists every value its kind refuses,
-which the system check reports as ``ragchat.E007``. The object is reloaded when tests change
-``RAGCHAT`` through ``override_settings``.
+which the system check reports as ``ragchat.E007``. Values are read as the site wrote them, but
+for the flags (``FLAG``): anything but ``True`` reads as ``False`` (and is logged), so that a
+wrong value (``"no"``) never turns a feature on on a server, which runs no system check. The
+object is reloaded when tests change ``RAGCHAT`` through ``override_settings``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -89,6 +92,8 @@ DEFAULTS: dict[str, Any] = {
     # in arrival order (django_ragchat.turn.start_gate). 0: no limit.
     "STARTING_TURNS": 8,
 }
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -190,6 +195,11 @@ class RagchatSettings:
         if attr not in self.defaults:
             raise AttributeError(f"Invalid django-ragchat setting: {attr!r}")
         value = self.given(attr)
+        if KINDS.get(attr) is FLAG and not FLAG.accepts(value):
+            # Fail closed: "no" is a truthy string, and turned anonymous chat on.
+            logger.error("%s: read as False (manage.py check reports it, ragchat.E007).",
+                         SettingProblem(attr, value, FLAG.takes))
+            value = False
         self._cached.add(attr)
         setattr(self, attr, value)
         return value

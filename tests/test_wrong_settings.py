@@ -3,7 +3,8 @@ is ``manage.py check``'s): a new user's trial under gunicorn, with TURNS_PER_MIN
 MAX_CONCURRENT_STREAMS="3", failed every message with a TypeError inside the limits (an HTML
 500 page, a traceback), and TURNS_PER_MINUTE=-1 refused every one as "at most -1 a minute".
 Now every transport refuses the message alike, 500 ``settings_invalid``, nothing saved, the
-setting, its value and what it takes in the log."""
+setting, its value and what it takes in the log. And ALLOW_ANONYMOUS="no", a truthy string,
+turned anonymous chat on: a flag that is not a bool now reads as False."""
 
 from __future__ import annotations
 
@@ -89,3 +90,51 @@ def test_once_the_setting_is_fixed_the_same_message_is_answered(ragchat_settings
     assert post_json(client_for(user), url, {"content": QUESTION, "client_id": "c1"}).status_code == 500
     ragchat_settings_override(MAX_CONCURRENT_STREAMS=3)
     assert post_json(client_for(user), url, {"content": QUESTION, "client_id": "c1"}).status_code == 201
+
+
+# --- flags: anything but True reads as False --------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_allow_anonymous_no_keeps_anonymous_chat_off_on_every_transport(ragchat_settings_override, product_corpus,
+                                                                        caplog):
+    """The trial's ALLOW_ANONYMOUS="no", a truthy string, turned anonymous chat on."""
+    from rest_framework.test import APIClient
+
+    from tests.live_servers import anonymous_caller
+
+    ragchat_settings_override(ALLOW_ANONYMOUS="no")
+    visitor = APIClient()
+    assert post_json(visitor, f"{API}/conversations/", {}).status_code == 403
+    sse = Client().post("/chat/stream/", data=json.dumps({"content": QUESTION}), content_type="application/json")
+    assert (sse.status_code, json.loads(sse.content)["code"]) == (403, "not_authenticated")
+    page = Client().get("/chat/")
+    assert page.status_code == 302 and "login" in page["Location"]  # to sign in, not to an anonymous chat
+    cookie = anonymous_caller().cookie_header.encode()
+
+    async def handshake():
+        communicator = WebsocketCommunicator(application, "/ws/ragchat/", headers=[
+            (b"origin", b"http://testserver"), (b"host", b"testserver"), (b"cookie", cookie)])
+        connected, _ = await communicator.connect()
+        await communicator.disconnect()
+        return connected
+
+    assert async_to_sync(handshake)() is False
+    assert not Conversation.objects.exists()
+    assert "RAGCHAT['ALLOW_ANONYMOUS'] must be True or False, not 'no': read as False" in caplog.text
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("setting", ["yes", "", None])  # "" and None showed every passage
+def test_cited_sources_only_of_a_wrong_value_shows_the_cited_passages_only(rf, user, ragchat_settings_override,
+                                                                            setting):
+    from django.contrib.auth.models import AnonymousUser
+    from django.contrib.sessions.backends.db import SessionStore
+
+    from tests.test_widget import render_tag, widget_config
+
+    ragchat_settings_override(CITED_SOURCES_ONLY=setting, ALLOW_ANONYMOUS=True)
+    for caller in (AnonymousUser(), user):
+        request = rf.get("/products/")
+        request.user, request.session = caller, SessionStore()
+        assert widget_config(render_tag(request))["citedSourcesOnly"] is True

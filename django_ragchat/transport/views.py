@@ -95,12 +95,13 @@ def is_extractive(profile: str) -> bool:
 
 def cited_sources_only(request) -> bool:
     """Whether the widget shows this caller only the passages an answer cites
-    (``CITED_SOURCES_ONLY``: ``True``, ``False`` or ``"signed_out"``)."""
+    (``CITED_SOURCES_ONLY``: ``True``, ``False`` or ``"signed_out"``). Any other value (which
+    ``ragchat.E007`` reports) shows the cited ones only: the fewer passages, never more."""
     setting = ragchat_settings.CITED_SOURCES_ONLY
     if setting == "signed_out":
         user = getattr(request, "user", None)
         return not (user is not None and user.is_authenticated)
-    return bool(setting)
+    return setting is not False
 
 
 def may_chat(request) -> bool:
