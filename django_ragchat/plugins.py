@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import difflib
 import importlib.metadata
 import inspect
 import logging
+import pkgutil
 import threading
 from importlib import import_module
 from typing import Any
@@ -25,7 +27,6 @@ import pluggy
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
-from django.utils.module_loading import import_string
 
 from django_ragchat import hookspecs
 from django_ragchat.components import Component, ComponentRegistry, PluginProblem
@@ -96,7 +97,8 @@ def _load(target: str) -> Any:
     """The module named ``target`` or, failing that, the object at dotted path ``target``.
 
     A module that exists but fails to import is reported with its own error (a missing
-    dependency, a syntax error), not as "cannot be found".
+    dependency, a syntax error), not as "cannot be found"; a name that is neither a module nor
+    an attribute of its parent module says both (``_neither``).
     """
     try:
         return import_module(target)
@@ -105,10 +107,24 @@ def _load(target: str) -> Any:
             raise PluginLoadError(f"Cannot import plugin {target!r} from RAGCHAT['PLUGINS']: {exc}") from exc
     except Exception as exc:  # the module exists; importing it failed
         raise PluginLoadError(f"Importing plugin {target!r} from RAGCHAT['PLUGINS'] failed: {exc!r}") from exc
-    try:
-        return import_string(target)  # "package.module.attribute"
-    except ImportError as exc:
-        raise PluginLoadError(f"Cannot import plugin {target!r} from RAGCHAT['PLUGINS']: {exc}") from exc
+    module_name, _, attribute = target.rpartition(".")
+    parent = import_module(module_name)  # imported already: the import of ``target`` stopped below it
+    if not hasattr(parent, attribute):
+        raise PluginLoadError(_neither(target, parent, attribute))
+    return getattr(parent, attribute)  # "package.module.attribute"
+
+
+def _neither(target: str, parent: Any, attribute: str) -> str:
+    """What was not found for ``target``: a module of that name, nor ``attribute`` in ``parent``
+    (the error said only the second, as if the misspelt module had been meant as an object),
+    with the submodules and attributes of ``parent`` close to it."""
+    # Not only the attributes: a package's submodules are not attributes until imported.
+    names = {module.name for module in pkgutil.iter_modules(getattr(parent, "__path__", []))}
+    names |= {name for name in dir(parent) if not name.startswith("_")}
+    close = difflib.get_close_matches(attribute, sorted(names), n=3, cutoff=0.8)
+    guess = f" Did you mean {' or '.join(repr(f'{parent.__name__}.{name}') for name in close)}?" if close else ""
+    return (f"Cannot import plugin {target!r} from RAGCHAT['PLUGINS']: there is no module {target!r}, and the "
+            f"module {parent.__name__!r} has no attribute {attribute!r}.{guess}")
 
 
 def settings_plugins() -> list[str]:

@@ -142,6 +142,20 @@ def test_unimportable_plugin_is_reported_not_raised(ragchat_settings_override):
     assert "no_such_module_anywhere" in errors[0].msg
 
 
+def test_a_misspelt_plugin_module_is_said_to_be_neither_a_module_nor_an_attribute(ragchat_settings_override):
+    """A new user's trial: "boxoffice.ragchatt" was reported as 'Module "boxoffice" does not define a
+    "ragchatt" attribute/class', as if an object had been meant, not a module misspelt."""
+    ragchat_settings_override(PLUGINS=["tests.settings_plugn"])
+    [error] = checks.check_plugins()
+    assert error.id == "ragchat.E004"
+    assert error.msg == ("Cannot import plugin 'tests.settings_plugn' from RAGCHAT['PLUGINS']: there is no module "
+                         "'tests.settings_plugn', and the module 'tests' has no attribute 'settings_plugn'. Did you "
+                         "mean 'tests.settings_plugin'?")  # a submodule, imported or not
+    ragchat_settings_override(PLUGINS=["tests.broken_plugins.not_there"])  # a module's object misspelt
+    [error] = checks.check_plugins()
+    assert "the module 'tests.broken_plugins' has no attribute 'not_there'." in error.msg
+
+
 def test_duplicate_component_names_are_reported():
     registry = plugins.ComponentRegistry()
 
