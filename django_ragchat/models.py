@@ -101,6 +101,10 @@ class Message(models.Model):
     # The worker process that renews the lease (``turn.workers.identity``): a lease whose
     # worker is known to be dead is closed at once instead of at its expiry.
     lease_holder = models.CharField(max_length=100, blank=True, default="")
+    # When someone asked the answer being written to stop (``turn.stops.request_stop``: a Stop
+    # from another tab, a page opened again, the REST API): its worker, wherever it runs,
+    # stops it when it reads this (at once in the same process, else at its next heartbeat).
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

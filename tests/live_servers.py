@@ -9,7 +9,10 @@ per-user limit counters:
 
 * ``asgi`` - uvicorn, in-memory channel layer (websocket and server-sent events);
 * ``wsgi`` - gunicorn with threads (server-sent events through ``ThreadedStream``);
-* ``redis_workers`` - two ASGI processes, daphne and uvicorn, sharing the Redis channel layer.
+* ``redis_workers`` - two ASGI processes, daphne and uvicorn, sharing the Redis channel layer;
+* ``quick_wsgi``, ``quick_asgi`` - gunicorn and uvicorn beating every half second
+  (``STREAM_HEARTBEAT_SECONDS``): a stream's keep-alive tells them within a second or two that
+  its client left.
 """
 
 from __future__ import annotations
@@ -182,6 +185,24 @@ def wsgi_server(live_env):
         yield server
 
 
+#: The heartbeat of the ``quick_*`` servers, in seconds.
+QUICK_HEARTBEAT = 0.5
+
+
+@pytest.fixture(scope="session")
+def quick_wsgi_server(live_env):
+    env = {**live_env, "RAGCHAT_LIVE_HEARTBEAT_SECONDS": str(QUICK_HEARTBEAT)}
+    with running(gunicorn("gunicorn-quick", env)) as (server,):
+        yield server
+
+
+@pytest.fixture(scope="session")
+def quick_asgi_server(live_env):
+    env = {**live_env, "RAGCHAT_LIVE_HEARTBEAT_SECONDS": str(QUICK_HEARTBEAT)}
+    with running(uvicorn("uvicorn-quick", env)) as (server,):
+        yield server
+
+
 @pytest.fixture(scope="session")
 def redis_worker_pair(live_env):
     env = {**live_env, "RAGCHAT_LIVE_CHANNEL_LAYER": "redis"}
@@ -238,6 +259,18 @@ def asgi(asgi_server, transactional_db, live_cache) -> ServerProcess:
 @pytest.fixture
 def wsgi(wsgi_server, transactional_db, live_cache) -> ServerProcess:
     yield wsgi_server
+    settle()
+
+
+@pytest.fixture
+def quick_wsgi(quick_wsgi_server, transactional_db, live_cache) -> ServerProcess:
+    yield quick_wsgi_server
+    settle()
+
+
+@pytest.fixture
+def quick_asgi(quick_asgi_server, transactional_db, live_cache) -> ServerProcess:
+    yield quick_asgi_server
     settle()
 
 

@@ -103,6 +103,10 @@ RAGCHAT = {
     },
 }
 
+# Servers that must notice a client gone within a second or two (tests/test_stops.py) beat faster.
+if os.environ.get("RAGCHAT_LIVE_HEARTBEAT_SECONDS"):
+    RAGCHAT["STREAM_HEARTBEAT_SECONDS"] = float(os.environ["RAGCHAT_LIVE_HEARTBEAT_SECONDS"])
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

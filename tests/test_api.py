@@ -669,7 +669,8 @@ def test_the_schema_is_served_for_these_endpoints_and_validates(alice, tmp_path)
     assert schema["info"]["title"] == "django-ragchat API"
     assert set(schema["paths"]) == {
         f"{API}/conversations/", f"{API}/conversations/{{conversation_id}}/",
-        f"{API}/conversations/{{conversation_id}}/messages/", f"{API}/messages/{{message_id}}/feedback/",
+        f"{API}/conversations/{{conversation_id}}/messages/", f"{API}/conversations/{{conversation_id}}/cancel/",
+        f"{API}/messages/{{message_id}}/feedback/",
         f"{API}/feedback/", f"{API}/memory/", f"{API}/memory/{{id}}/", f"{API}/documents/",
         f"{API}/documents/{{id}}/", f"{API}/documents/tasks/{{task_id}}/", f"{API}/plugins/",
         f"{API}/tool-calls/{{confirmation_id}}/", f"{API}/tool-calls/{{confirmation_id}}/decision/",

@@ -1,7 +1,9 @@
 """The chat widget's tool calls in headless Chromium, against real server processes and the
 loopback model: "Looking up order ORD-17…" while the tool runs, its result folded under the
 line once done, Approve and Reject for a call that needs the user's approval (over the
-websocket under ASGI, through the REST API under WSGI), and Stop stopping a running tool.
+websocket under ASGI, through the REST API under WSGI), Stop stopping a running tool, and a
+call waiting for approval met again: on the conversation opened in another tab or after the
+page that asked was left (Approve, Reject and Stop there too), or stopped when that page closes.
 
 Screenshots go to ``var/screenshots/``; with ``RAGCHAT_DOC_IMAGES=1`` the approval test also
 writes ``docs/images/chat-widget-tools.png`` (docs/tools.md's picture)."""
@@ -9,6 +11,7 @@ writes ``docs/images/chat-widget-tools.png`` (docs/tools.md's picture)."""
 from __future__ import annotations
 
 import os
+import time
 from datetime import date, timedelta
 from decimal import Decimal
 
@@ -20,7 +23,7 @@ from django_ragchat.models import Conversation, Message, ToolInvocation
 from django_ragchat.testing.openai_server import call, tool_calls
 from example_project.orders.models import Order
 from tests import test_browser
-from tests.live_servers import caller_for
+from tests.live_servers import QUICK_HEARTBEAT, caller_for
 from tests.test_browser import ROOT, SCREENSHOTS, idle, js, open_chat, wait
 
 # The browser and the page of tests/test_browser.py (fixtures found by name in this module).
@@ -182,3 +185,120 @@ def test_stop_stops_a_running_tool(page, asgi, user, openai_server):
     shot(page, "tools-stopped")
     assert ToolInvocation.objects.get().status == "cancelled"
     assert Message.objects.get(conversation=conversation, role="assistant").status == "incomplete"
+
+
+# --- an answer waiting for approval, met again -----------------------------------------------------
+# A new user's trial (gunicorn, server-sent events): asked on a desk page to cancel a booking, they
+# went to the chat page and opened the conversation. The call said "Waiting…" with no Approve,
+# Reject or Stop, and every message was refused "An answer is still being written" for two minutes.
+
+
+def cancelled_or_not(body) -> str:
+    result = [m for m in body["messages"] if m["role"] == "tool"][-1]["content"]
+    return "Done: order ORD-18 is cancelled." if '"cancelled"' in result and "error" not in result else "Not done."
+
+
+def ask_on_the_desk(driver, server, user, openai_server, *then) -> Order:
+    """On the site's desk page (its widget's profile offers the order tools), ``user`` asks to
+    cancel their order ORD-18; the call waits for their approval. The order."""
+    pending = order(user, "ORD-18", status=Order.Status.PROCESSING, items="Nimbus Tab with stylus")
+    openai_server.script(tool_calls(call("cancel_order", order_number="ORD-18")), *then)
+    driver.get(f"{server.url}/chat/")  # a page of the site, to be allowed to set its cookie
+    driver.add_cookie({"name": "sessionid", "value": caller_for(user).sessionid, "path": "/"})
+    open_chat(driver, f"{server.url}/embed-tools/")
+    send(driver, "Please cancel my order ORD-18.")
+    wait(driver, lambda d: tool_lines(d) and tool_lines(d)[0]["buttons"])
+    return pending
+
+
+def waiting_again(driver) -> dict:
+    """The chat page opened on the conversation: its call waits with Approve and Reject, Stop
+    shows and Send waits. The call's line."""
+    wait(driver, lambda d: tool_lines(d) and tool_lines(d)[0]["buttons"])
+    line = tool_lines(driver)[0]
+    assert (line["label"], line["state"], line["buttons"]) == (
+        "Cancelling order ORD-18", "Waiting for your approval", ["Approve", "Reject"])
+    assert line["open"] and '"order_number": "ORD-18"' in line["result"]
+    assert driver.find_element(By.CSS_SELECTOR, ".ragchat-stop").is_displayed()
+    assert not driver.find_element(By.CSS_SELECTOR, ".ragchat-send").is_enabled()
+    return line
+
+
+@pytest.mark.parametrize("server_name", ["wsgi", "asgi"])
+def test_a_call_waiting_for_approval_is_approved_from_the_conversation_opened_in_another_tab(
+        page, request, server_name, user, openai_server):
+    server = request.getfixturevalue(server_name)
+    pending = ask_on_the_desk(page, server, user, openai_server, cancelled_or_not)
+    desk = page.current_window_handle
+    page.switch_to.new_window("tab")
+    open_chat(page, f"{server.url}/chat/")  # the newest conversation opens: the desk's
+    waiting_again(page)
+    shot(page, f"tools-opened-again-{server.name}")
+    page.find_element(By.CSS_SELECTOR, ".ragchat-assistant:last-of-type .ragchat-approve").click()
+    wait(page, idle)
+    line = tool_lines(page)[0]
+    assert (line["state"], line["buttons"]) == ("Done", [])
+    assert page.find_elements(By.CSS_SELECTOR, ".ragchat-assistant .ragchat-body")[-1].text == (
+        "Done: order ORD-18 is cancelled.")
+    assert Order.objects.get(pk=pending.pk).status == "cancelled"
+    assert ToolInvocation.objects.get().decided_by_id == user.pk
+    page.close()
+    page.switch_to.window(desk)  # the page that asked hears the end too
+    wait(page, idle)
+    assert tool_lines(page)[0]["state"] == "Done"
+
+
+def test_stop_on_the_conversation_opened_again_frees_it_at_once_under_wsgi(page, wsgi, user, openai_server):
+    pending = ask_on_the_desk(page, wsgi, user, openai_server, "All right, I left it as it is.")
+    desk = page.current_window_handle
+    page.switch_to.new_window("tab")
+    open_chat(page, f"{wsgi.url}/chat/")
+    waiting_again(page)
+    page.find_element(By.CSS_SELECTOR, ".ragchat-stop").click()
+    wait(page, idle, timeout=10)
+    assert tool_lines(page)[0]["state"] == "Stopped"
+    assert "Stopped before the end." in page.find_elements(By.CSS_SELECTOR, ".ragchat-assistant .ragchat-note")[-1].text
+    assert ToolInvocation.objects.get().status == "cancelled"
+    send(page, "Never mind.")  # taken at once, not refused
+    wait(page, lambda d: "All right, I left it as it is." in d.find_elements(
+        By.CSS_SELECTOR, ".ragchat-assistant .ragchat-body")[-1].text)
+    assert Order.objects.get(pk=pending.pk).status == "processing"
+    page.close()
+    page.switch_to.window(desk)
+    wait(page, lambda d: tool_lines(d)[0]["state"] == "Stopped")
+
+
+def test_a_call_left_waiting_on_a_page_of_the_site_is_approved_on_the_chat_page_under_wsgi(page, wsgi, user,
+                                                                                          openai_server):
+    """The trial's steps, in one tab: asked on the desk page, then on to the chat page. Chromium
+    keeps the desk page in its back-forward cache, stream and all: the answer still waits."""
+    pending = ask_on_the_desk(page, wsgi, user, openai_server, cancelled_or_not)
+    open_chat(page, f"{wsgi.url}/chat/")
+    waiting_again(page)
+    shot(page, "tools-left-and-opened-again")
+    page.find_element(By.CSS_SELECTOR, ".ragchat-assistant:last-of-type .ragchat-approve").click()
+    wait(page, idle)
+    assert tool_lines(page)[0]["state"] == "Done"
+    assert Order.objects.get(pk=pending.pk).status == "cancelled"
+
+
+def test_closing_the_page_while_a_call_waits_stops_the_answer_within_two_heartbeats_under_wsgi(
+        page, quick_wsgi, user, openai_server):
+    """The page that asked is closed: its stream's keep-alive tells the WSGI worker, which stops
+    the answer; the conversation, opened again, shows it stopped and takes a message."""
+    chat = page.current_window_handle
+    page.switch_to.new_window("tab")
+    pending = ask_on_the_desk(page, quick_wsgi, user, openai_server, "All right, I left it as it is.")
+    page.close()
+    closed = time.monotonic()
+    page.switch_to.window(chat)
+    wait(page, lambda d: Message.objects.filter(role="assistant").exclude(status="streaming").exists(), timeout=10)
+    assert time.monotonic() - closed < 2 * QUICK_HEARTBEAT + 3
+    assert ToolInvocation.objects.get().status == "cancelled"
+    open_chat(page, f"{quick_wsgi.url}/chat/")
+    wait(page, lambda d: tool_lines(d) and tool_lines(d)[0]["state"] == "Stopped")
+    wait(page, idle)
+    send(page, "Never mind.")  # taken at once
+    wait(page, lambda d: "All right, I left it as it is." in d.find_elements(
+        By.CSS_SELECTOR, ".ragchat-assistant .ragchat-body")[-1].text)
+    assert Order.objects.get(pk=pending.pk).status == "processing"

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.django_db
 API = "/api/ragchat"
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 UNKNOWN = {"C": "0b3f2a47-0000-4000-8000-000000000000", "A": "987654", "M": "987654", "D": "987654",
-           "T": "0b3f2a47-0000-4000-8000-000000000001", "P": "987654"}
+           "T": "0b3f2a47-0000-4000-8000-000000000001", "P": "987654", "W": "0b3f2a47-0000-4000-8000-000000000002"}
 
 
 def read_matrix(heading: str) -> tuple[list[str], dict[str, list[int]]]:
@@ -84,7 +84,7 @@ def world(user, other_user, reviewer, django_user_model, ragchat_settings_overri
     """alice's conversation C with answer A (rated by alice and by the reviewer), alice's memory
     record M, a document D, a queued upload's task T (on the database task backend), a tool
     call P awaiting alice's approval in an answer being written in another of her
-    conversations, and an anonymous session's conversation with the same."""
+    conversations W, and an anonymous session's conversation with the same."""
     from django_ragchat import tasks
 
     ragchat_settings_override(TASK_BACKEND="database")
@@ -107,7 +107,7 @@ def world(user, other_user, reviewer, django_user_model, ragchat_settings_overri
     anon_memory = MemoryRecord.objects.create(conversation=anon_conversation, kind="summary", content="Greeted.")
     return {
         "ids": {"C": conversation.pk, "A": answer.pk, "M": memory.pk, "D": document.pk, "T": queued.id,
-                "P": pending.pk},
+                "P": pending.pk, "W": writing.pk},
         "anonymous_ids": {"C": anon_conversation.pk, "A": anon_answer.pk, "M": anon_memory.pk},
         "clients": {
             "owner": signed_in(user), "other user": signed_in(other_user), "reviewer": signed_in(reviewer),
@@ -135,6 +135,8 @@ def call(client: APIClient, endpoint: str, ids: dict):
         "POST messages/{A}/feedback/": {"rating": "down", "comment": "Too short."},
         "PATCH memory/{M}/": {"content": "Likes phones."},
         "POST tool-calls/{P}/decision/": {"approve": False},
+        "POST conversations/{W}/cancel/": {},
+        "POST conversations/{C}/cancel/": {},
     }[endpoint]
     return getattr(client, method.lower())(url, json.dumps(body), content_type="application/json")
 

@@ -28,6 +28,12 @@ _EMBED_PROFILE = """{% load ragchat %}<!doctype html><html lang="en"><head><meta
 <body>{% ragchat_widget label="Loud questions" profile="shouting" %}</body></html>"""
 
 
+# A desk page of a site whose widget books with tools needing approval (tests/test_browser_tools.py):
+# a conversation started here is opened again on the chat page.
+_EMBED_TOOLS = """{% load ragchat %}<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Desk</title></head>
+<body><h1>Your orders</h1>{% ragchat_widget label="Order questions" profile="fake_tools" %}</body></html>"""
+
+
 def _render(source):
     def view(request):
         from django.http import HttpResponse
@@ -38,4 +44,4 @@ def _render(source):
 
 
 urlpatterns += [path("embed/", _render(_EMBED)), path("embed-two/", _render(_EMBED_TWO)),
-                path("embed-profile/", _render(_EMBED_PROFILE))]
+                path("embed-profile/", _render(_EMBED_PROFILE)), path("embed-tools/", _render(_EMBED_TOOLS))]

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db.models import OuterRef, Subquery
 from django.db.models.functions import Substr
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -193,6 +194,54 @@ class ToolCallSerializer(serializers.Serializer):
         allow_null=True, help_text="Set when the call needed the user's approval: its id in tool-calls/{id}/.")
 
 
+class PendingToolCallSerializer(ToolCallSerializer):
+    """A call of the answer being written that waits for the user's approval."""
+
+    decision_url = serializers.URLField(help_text='Where its owner decides it: POST {"approve": true | false}.')
+
+
+class AnswerInProgressSerializer(serializers.Serializer):
+    """The answer being written in a conversation: what a client that opens the conversation
+    meanwhile (another tab, a page left and opened again) needs to act on it."""
+
+    assistant_message_id = serializers.IntegerField()
+    pending_tool_calls = PendingToolCallSerializer(
+        many=True, help_text="Its calls waiting for the user's approval, in the order the model made them.")
+    cancel_url = serializers.URLField(help_text="Where its owner stops it: POST, no body.")
+
+
+def answer_in_progress(conversation: Conversation, request) -> dict[str, Any] | None:
+    """``AnswerInProgressSerializer``'s data for the conversation, ``None`` when no answer is
+    being written there (two queries)."""
+    answer = conversation.messages.filter(status=Message.Status.STREAMING).values_list("pk", flat=True).first()
+    if answer is None:
+        return None
+
+    def url(name: str, key) -> str:
+        namespace = request.resolver_match.namespace if request.resolver_match else None
+        return request.build_absolute_uri(reverse(f"ragchat_api:{name}", args=[key], current_app=namespace))
+
+    pending = ToolInvocation.objects.filter(message_id=answer, status=ToolInvocation.Status.PENDING)
+    return {"assistant_message_id": answer, "cancel_url": url("conversation-cancel", conversation.pk),
+            "pending_tool_calls": [{**call.payload(), "decision_url": url("tool-call-decision", call.pk)}
+                                   for call in pending]}
+
+
+class ConversationDetailSerializer(ConversationSerializer):
+    """A conversation as ``GET conversations/{id}/`` shows it: with the answer being written."""
+
+    answer_in_progress = serializers.SerializerMethodField(
+        help_text="The answer being written in it (another tab's, or one its page left), with its calls "
+                  "awaiting the user's approval and where to decide them or stop it; null when none is.")
+
+    class Meta(ConversationSerializer.Meta):
+        fields = [*ConversationSerializer.Meta.fields, "answer_in_progress"]
+
+    @extend_schema_field(AnswerInProgressSerializer(allow_null=True))
+    def get_answer_in_progress(self, obj: Conversation) -> dict[str, Any] | None:
+        return answer_in_progress(obj, self.context["request"])
+
+
 class ToolInvocationSerializer(serializers.ModelSerializer):
     """A tool call as a resource (``tool-calls/{id}/``): the call with its decision."""
 
@@ -205,6 +254,10 @@ class ToolInvocationSerializer(serializers.ModelSerializer):
         fields = ["id", "call_id", "message", "conversation_id", "step", "index", "name", "label", "arguments",
                   "status", "content", "error", "requires_confirmation", "decided_at", "ms", "created_at"]
         read_only_fields = fields
+
+
+class CancelSerializer(serializers.Serializer):
+    assistant_message_id = serializers.IntegerField(help_text="The answer asked to stop.")
 
 
 class ToolDecisionSerializer(serializers.Serializer):

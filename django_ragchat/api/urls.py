@@ -23,6 +23,7 @@ urlpatterns = [
     path("conversations/", views.ConversationList.as_view(), name="conversation-list"),
     path("conversations/<str:conversation_id>/", views.ConversationDetail.as_view(), name="conversation-detail"),
     path("conversations/<str:conversation_id>/messages/", views.MessageList.as_view(), name="message-list"),
+    path("conversations/<str:conversation_id>/cancel/", views.ConversationCancel.as_view(), name="conversation-cancel"),
     path("messages/<str:message_id>/feedback/", views.MessageFeedback.as_view(), name="message-feedback"),
     path("feedback/", views.FeedbackList.as_view(), name="feedback-list"),
     path("tool-calls/<str:confirmation_id>/", views.ToolCallDetail.as_view(), name="tool-call-detail"),

@@ -46,6 +46,7 @@ from django_ragchat.transport.jsonbody import LimitedJSONParser
 from django_ragchat.turn import limits, persistence
 from django_ragchat.turn.confirmations import DecisionRefused, decide_tool_call, parse_invocation_id
 from django_ragchat.turn.pipeline import built_profile, run_turn_sync
+from django_ragchat.turn.stops import request_stop
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +143,8 @@ class RagchatAPIView(APIView):
     schema = RagchatAutoSchema()
     permission_classes = [access.CanChat]
     parser_classes = [LimitedJSONParser]
+    #: Whether a POST, PUT or PATCH must carry a body (an action such as ``cancel`` needs none).
+    body_required = True
 
     def get_exception_handler(self):
         return api_exception_handler
@@ -150,7 +153,7 @@ class RagchatAPIView(APIView):
         super().initial(request, *args, **kwargs)
         method = request.method.lower()
         served = method in self.http_method_names and hasattr(self, method)  # else 405, as before
-        if method in ("post", "put", "patch") and served and not has_body(request):
+        if method in ("post", "put", "patch") and served and self.body_required and not has_body(request):
             # No body is not an empty change: a client that lost its body must not create or
             # edit anything with the defaults (the same code as a body that is not JSON).
             raise APIError(400, "parse_error", "The request has no body: send a JSON object.")
@@ -259,8 +262,8 @@ class ConversationList(RagchatAPIView, generics.ListCreateAPIView):
 
 
 @extend_schema_view(
-    get=extend_schema(summary="A conversation", parameters=[CONVERSATION_ID],
-                      responses={200: s.ConversationSerializer, **errors(403, 404)}),
+    get=extend_schema(summary="A conversation, with the answer being written in it if any", parameters=[CONVERSATION_ID],
+                      responses={200: s.ConversationDetailSerializer, **errors(403, 404)}),
     patch=extend_schema(summary="Rename a conversation", parameters=[CONVERSATION_ID],
                         request=s.ConversationRenameSerializer,
                         responses={200: s.ConversationSerializer, **errors(400, 403, 404)}),
@@ -279,7 +282,7 @@ class ConversationDetail(RagchatAPIView, generics.GenericAPIView):
         return conversation
 
     def get(self, request, conversation_id):
-        return Response(s.ConversationSerializer(self.get_object()).data)
+        return Response(s.ConversationDetailSerializer(self.get_object(), context={"request": request}).data)
 
     def patch(self, request, conversation_id):
         conversation = self.get_object()
@@ -291,6 +294,35 @@ class ConversationDetail(RagchatAPIView, generics.GenericAPIView):
     def delete(self, request, conversation_id):
         self.get_object().delete()
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+NOT_IN_PROGRESS = OpenApiResponse(s.ErrorSerializer, description="`not_in_progress`: no answer is being written "
+                                                                "in this conversation (it ended meanwhile).")
+
+
+@extend_schema(
+    summary="Stop the answer being written in a conversation",
+    description=("Stops the answer being written, whichever transport and worker write it (another tab's "
+                 "stream, a page left, a REST request waiting for it): at once in the same process, within "
+                 "half a second while it waits for an approval and within STREAM_HEARTBEAT_SECONDS otherwise "
+                 "from another. Its calls waiting for the user's approval are cancelled now; the answer is "
+                 "saved as `incomplete` with what it had written, and its own client gets an `error` event "
+                 "`cancelled`. No body. The conversation's owner only."),
+    parameters=[CONVERSATION_ID], request=None,
+    responses={202: s.CancelSerializer, **errors(403, 404), 409: NOT_IN_PROGRESS},
+)
+class ConversationCancel(RagchatAPIView):
+    """Stop the answer being written in a conversation (the websocket's ``cancel``, over HTTP)."""
+
+    body_required = False
+
+    def post(self, request, conversation_id):
+        conversation = access.get_conversation(request, conversation_id)
+        access.check_change(request, conversation)
+        message_id = request_stop(conversation.pk)
+        if message_id is None:
+            raise APIError(409, "not_in_progress", "No answer is being written in this conversation.")
+        return Response({"assistant_message_id": message_id}, status=status.HTTP_202_ACCEPTED)
 
 
 # --- Messages ---------------------------------------------------------------------------------

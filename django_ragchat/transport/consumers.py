@@ -48,7 +48,7 @@ from django_ragchat.transport import jsonbody, relay, sessions
 from django_ragchat.transport import turns as transport
 from django_ragchat.transport.relay import LAYER_CALL_SECONDS, GroupRelay, TurnRelay
 from django_ragchat.transport.turns import TurnRefused
-from django_ragchat.turn import persistence, shutdown
+from django_ragchat.turn import persistence, shutdown, stops
 from django_ragchat.turn.confirmations import DecisionRefused, decide_tool_call
 from django_ragchat.turn.lanes import database_lane
 
@@ -62,6 +62,14 @@ CLOSE_SESSION_ENDED = 4401
 # logout closes the socket at once through the channel layer; this bounds what an expired or
 # deleted session still receives). Every frame from the client, and every turn's ack, reads it.
 SESSION_RECHECK_SECONDS = 1.0
+
+
+def _cancel_once(task: asyncio.Task) -> None:
+    """Cancel a turn's task unless a cancellation is already under way (a Stop asked for
+    twice, on the socket and through the database): a second one would interrupt the saving
+    of the partial answer."""
+    if not task.cancelling():
+        task.cancel()
 
 
 def group_name(conversation_id) -> str:
@@ -400,7 +408,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def on_cancel(self, frame: dict, client_id: str | None) -> None:
         """``{"type": "cancel", "conversation_id"?: ...}``: stop the turn being written there,
-        on this socket or, through the group, on any other."""
+        on this socket or, through the group, on any other; and, through the database
+        (``stops.request_stop``), one that another transport runs (server-sent events, REST)."""
         key = frame.get("conversation_id", self.conversation_id)
         if not isinstance(key, str) or key not in self.watching:
             return await self._send_frame(self._frame(TurnRefused.not_found().to_event().to_dict(), None, client_id))
@@ -408,9 +417,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return await self._error("forbidden", "You may read this conversation but not change it.", client_id)
         task = self.turns.get(key)
         if task is not None and not task.done():
-            task.cancel()
-        else:  # the turn runs on another socket (without a layer: none this one could reach)
-            await self._layer_call("group_send", group_name(key), {"type": "ragchat.cancel", "conversation_id": key})
+            _cancel_once(task)
+            return
+        # The turn runs on another socket (without a layer: none this one could reach), or on
+        # another transport: asked both ways, it stops once (stops.Stoppable).
+        await self._layer_call("group_send", group_name(key), {"type": "ragchat.cancel", "conversation_id": key})
+        await sync_to_async(stops.request_stop)(key)
 
     async def on_ping(self, frame: dict, client_id: str | None) -> None:
         await self._send_frame(self._frame({"type": "pong"}, None, client_id))
@@ -442,7 +454,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def ragchat_cancel(self, message):
         task = self.turns.get(message["conversation_id"])
         if task is not None and not task.done():
-            task.cancel()
+            _cancel_once(task)
 
     # --- turns --------------------------------------------------------------------------
 

@@ -17,7 +17,12 @@ Session authentication, so the request carries the CSRF token (``X-CSRFToken`` h
 The same view serves both deployments: under ASGI the turn runs as a task on the server's
 event loop; under WSGI it runs the turn in a ``ThreadedStream`` (Django would otherwise buffer an
 async body whole). Either way a client that goes away stops the model and the partial answer
-is saved as "incomplete".
+is saved as "incomplete". Under ASGI the server tells Django at once; a WSGI worker learns it
+only when a write fails, so while the turn sends nothing (a call waiting for the user's
+approval, a slow tool or model) the stream writes an SSE comment, ``KEEPALIVE``, after every
+``STREAM_HEARTBEAT_SECONDS`` of silence: the first write after the client left still
+succeeds (the connection is half closed), the next fails, and the turn stops within two
+heartbeats. Under ASGI the comment keeps proxies from closing a quiet stream.
 """
 
 from __future__ import annotations
@@ -44,6 +49,10 @@ from django_ragchat.transport.turns import TurnRefused
 from django_ragchat.turn.sync_bridge import ThreadedStream
 
 _ITEM, _ERROR, _END = "item", "error", "end"
+
+#: What a stream writes after ``STREAM_HEARTBEAT_SECONDS`` without an event: an SSE comment,
+#: which clients ignore (the widget, ``EventSource``, the SSE parsers of HTTP libraries).
+KEEPALIVE = b": keep-alive\n\n"
 
 
 def encode_event(event: TurnEvent) -> bytes:
@@ -162,14 +171,16 @@ class AsyncEventBody:
 
     Django cancels the response when the client disconnects: the turn is cancelled with it and
     saves its partial answer (the ``CancelledError`` lands in ``__anext__``, or, when Django was
-    writing an event at the time, Django calls ``close()`` from a worker thread).
+    writing an event at the time, Django calls ``close()`` from a worker thread). With
+    ``keepalive`` (seconds), ``KEEPALIVE`` is sent after that long without an event.
     """
 
     def __init__(self, make_events, encode: Callable[[TurnEvent], bytes] = encode_event, *,
-                 merge_deltas: bool = False):
+                 merge_deltas: bool = False, keepalive: float | None = None):
         self._queue: asyncio.Queue = asyncio.Queue()
         self._encode = encode
         self._merge = merge_deltas
+        self._keepalive = keepalive
         self._first: TurnEvent | None = None
         self._task = asyncio.get_running_loop().create_task(self._pump(make_events), context=contextvars.Context())
 
@@ -191,10 +202,14 @@ class AsyncEventBody:
         self._first = await self.next_event()
         return self._first
 
-    async def next_event(self) -> TurnEvent:
-        """The next event; raises what the turn raised, ``StopAsyncIteration`` at the end."""
+    async def next_event(self, timeout: float | None = None) -> TurnEvent:
+        """The next event; raises what the turn raised, ``StopAsyncIteration`` at the end,
+        ``TimeoutError`` when none came within ``timeout`` seconds (the turn goes on)."""
         try:
-            kind, value = await self._queue.get()
+            if timeout is None or not self._queue.empty():
+                kind, value = await self._queue.get()
+            else:  # only when there is a wait: a timer per event would cost every delta
+                kind, value = await asyncio.wait_for(self._queue.get(), timeout)
         except asyncio.CancelledError:
             await self._stop()
             raise
@@ -231,7 +246,10 @@ class AsyncEventBody:
             if self._first is not None:
                 event, self._first = self._first, None
             else:
-                event = await self.next_event()
+                try:
+                    event = await self.next_event(self._keepalive)
+                except TimeoutError:
+                    return KEEPALIVE
             if self._merge:
                 event, self._first = merge_ready_deltas(event, self._ready)
             data = self._encode(event)
@@ -252,13 +270,15 @@ class ThreadedEventBody:
     """The response body under WSGI: the turn runs on the process's background loop
     (``ThreadedStream``), events are ``encode``d as ``AsyncEventBody``'s. The server calls
     ``close()`` when the body was sent or the client is gone (a write failed), which cancels
-    the turn if it is still running."""
+    the turn if it is still running. With ``keepalive`` (seconds), ``KEEPALIVE`` is sent after
+    that long without an event: the write that tells the worker its client has left."""
 
     def __init__(self, make_events, encode: Callable[[TurnEvent], bytes] = encode_event, *,
-                 merge_deltas: bool = False):
+                 merge_deltas: bool = False, keepalive: float | None = None):
         self._stream = ThreadedStream(make_events)
         self._encode = encode
         self._merge = merge_deltas
+        self._keepalive = keepalive
         self._first: TurnEvent | None = None
 
     def first_event(self) -> TurnEvent:
@@ -282,7 +302,10 @@ class ThreadedEventBody:
             if self._first is not None:
                 event, self._first = self._first, None
             else:
-                event = next(self._stream)
+                try:
+                    event = self._stream.next_within(self._keepalive)
+                except TimeoutError:
+                    return KEEPALIVE
             if self._merge:
                 event, self._first = merge_ready_deltas(event, self._stream.next_ready)
             data = self._encode(event)
@@ -309,17 +332,19 @@ def merge_ready_deltas(event: TurnEvent, ready: Callable[[], TurnEvent | None]) 
 
 
 async def start_events(request, make_events, encode: Callable[[TurnEvent], bytes] = encode_event, *,
-                       merge_deltas: bool = False) -> tuple[TurnEvent, AsyncEventBody | ThreadedEventBody]:
+                       merge_deltas: bool = False,
+                       keepalive: float | None = None) -> tuple[TurnEvent, AsyncEventBody | ThreadedEventBody]:
     """Start the events ``make_events()`` yields for this request, in the way its server needs:
     the first event (``TurnRefused`` is raised here, before any response exists) and the body
     that sends it and the rest (``events()`` instead collects them, for a whole answer).
-    ``merge_deltas``: see ``merge_ready_deltas``."""
+    ``merge_deltas``: see ``merge_ready_deltas``; ``keepalive``: the seconds without an event
+    after which the body sends ``KEEPALIVE`` (``None``: never; for clients that read SSE)."""
     if isinstance(request, ASGIRequest):
-        body = AsyncEventBody(make_events, encode, merge_deltas=merge_deltas)
+        body = AsyncEventBody(make_events, encode, merge_deltas=merge_deltas, keepalive=keepalive)
         return await body.first_event(), body
     # Served by WSGI: this coroutine runs in a short-lived loop of its own; the turn runs on
     # the process's background loop (ThreadedStream), which outlives it.
-    threaded = ThreadedEventBody(make_events, encode, merge_deltas=merge_deltas)
+    threaded = ThreadedEventBody(make_events, encode, merge_deltas=merge_deltas, keepalive=keepalive)
     return await sync_to_async(threaded.first_event, thread_sensitive=False)(), threaded
 
 
@@ -355,8 +380,10 @@ async def stream_view(request, conversation_id=None):
         if conversation_id is None and profile is not None:  # a conversation keeps the profile it has
             transport.validate(content)  # first, as the websocket does: the same code for the same body
             new = await sync_to_async(transport.new_conversation_options)(user, profile)
+        # A comment after every heartbeat of silence: how a WSGI worker learns its client left.
         _, body = await start_events(
-            request, lambda: turn_stream(user, session_key, conversation_id, content, client_id, new_conversation=new))
+            request, lambda: turn_stream(user, session_key, conversation_id, content, client_id, new_conversation=new),
+            keepalive=ragchat_settings.STREAM_HEARTBEAT_SECONDS)
         return _event_stream_response(body)
     except TurnRefused as refusal:
         return refusal_response(refusal)

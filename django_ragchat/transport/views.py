@@ -40,6 +40,7 @@ def page_config(request, profile: str = "") -> dict:
             "feedback": reverse("ragchat_api:message-feedback", args=[ID_PLACEHOLDER]),
             "feedbackList": reverse("ragchat_api:feedback-list"),
             "toolDecision": reverse("ragchat_api:tool-call-decision", args=[ID_PLACEHOLDER]),
+            "cancel": reverse("ragchat_api:conversation-cancel", args=[ID_PLACEHOLDER]),
         }
     except NoReverseMatch:
         raise ImproperlyConfigured(

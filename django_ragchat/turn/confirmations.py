@@ -122,8 +122,9 @@ def _abandon(invocation_id: int) -> str:
 
 async def wait_for_decision(invocation_id: int, timeout: float) -> str:
     """``"approved"``, ``"rejected"`` or, when nobody decided within ``timeout`` seconds,
-    ``"abandoned"`` (the row says so too). Cancelling the wait leaves the row pending: the
-    turn's end marks it cancelled."""
+    ``"abandoned"`` (the row says so too); ``"cancelled"`` when its answer was asked to stop
+    meanwhile from another process (``stops.request_stop`` marked the row: the caller stops
+    the turn). Cancelling the wait leaves the row pending: the turn's end marks it cancelled."""
     loop = asyncio.get_running_loop()
     future = loop.create_future()
     with _lock:
@@ -135,7 +136,7 @@ async def wait_for_decision(invocation_id: int, timeout: float) -> str:
                 return await asyncio.wait_for(asyncio.shield(future), min(POLL_SECONDS, remaining))
             except TimeoutError:
                 status = await sync_to_async(_current_status)(invocation_id)
-                if status in (Status.APPROVED, Status.REJECTED):
+                if status in (Status.APPROVED, Status.REJECTED, Status.CANCELLED):
                     return status
         return await sync_to_async(_abandon)(invocation_id)
     finally:

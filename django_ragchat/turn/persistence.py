@@ -23,7 +23,7 @@ from django_ragchat.conf import ragchat_settings
 from django_ragchat.exceptions import RagchatError, TurnInProgress
 from django_ragchat.models import Chunk, Conversation, Message, MessageSource, ToolInvocation, TurnTrace
 from django_ragchat.tokens import count_tokens
-from django_ragchat.turn import limits, workers
+from django_ragchat.turn import limits, stops, workers
 from django_ragchat.types import Answer
 
 if TYPE_CHECKING:
@@ -281,14 +281,23 @@ def begin_turn(conversation_id, text: str, client_id: str = "") -> tuple[Message
     return user, assistant
 
 
-def renew_lease(message_id: int, text: str | None) -> bool:
-    """Extend a streaming answer's lease, saving its partial ``text`` (unless ``None``).
-    ``False`` when the answer is no longer streaming or no longer exists. One query."""
+#: What ``renew_lease`` found: the lease renewed, a stop asked for, the answer no longer streaming.
+RENEWED, STOP_REQUESTED, GONE = "renewed", "stop_requested", "gone"
+
+
+def renew_lease(message_id: int, text: str | None) -> str:
+    """Extend a streaming answer's lease, saving its partial ``text`` (unless ``None``):
+    ``RENEWED``; ``STOP_REQUESTED`` when someone asked it to stop (``stops.request_stop``, maybe
+    from another process: the turn stops now, the lease is left as it is); ``GONE`` when the
+    answer is no longer streaming or no longer exists. One query, two when not renewed."""
     now = timezone.now()
     fields: dict[str, Any] = {"lease_expires_at": lease_deadline(now), "updated_at": now}
     if text is not None:
         fields["content"] = text
-    return bool(Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(**fields))
+    streaming = Message.objects.filter(pk=message_id, status=Message.Status.STREAMING)
+    if streaming.filter(stop_requested_at__isnull=True).update(**fields):
+        return RENEWED
+    return STOP_REQUESTED if streaming.exists() else GONE
 
 
 def close_expired_leases(now=None, exclude=()) -> int:
@@ -435,14 +444,14 @@ _last_sweep = 0.0
 _writing: set[int] = set()
 
 
-def _beat(message_id: int, text: str | None, writing: tuple[int, ...]) -> bool:
+def _beat(message_id: int, text: str | None, writing: tuple[int, ...]) -> str:
     global _last_sweep
-    alive = renew_lease(message_id, text)
+    found = renew_lease(message_id, text)
     now = time.monotonic()
     if now - _last_sweep >= ragchat_settings.STREAM_LEASE_SECONDS:
         _last_sweep = now
         close_expired_leases(exclude=writing)
-    return alive
+    return found
 
 
 class Heartbeat:
@@ -452,7 +461,8 @@ class Heartbeat:
 
     A worker killed mid-answer loses at most the text of one heartbeat interval, and its
     answer stops blocking the conversation one lease after its last heartbeat. ``lost`` turns
-    true when the answer was deleted (with its conversation) or closed by someone else.
+    true when the answer was deleted (with its conversation) or closed by someone else. A stop
+    asked for in another process (``stops.request_stop``) is read here: the turn is stopped.
     """
 
     def __init__(self, message: Message, partial: Callable[[], str]):
@@ -479,13 +489,16 @@ class Heartbeat:
             await asyncio.sleep(ragchat_settings.STREAM_HEARTBEAT_SECONDS)
             text = self.partial()
             try:
-                alive = await sync_to_async(_beat)(self.message.pk, text if text != saved else None,
+                found = await sync_to_async(_beat)(self.message.pk, text if text != saved else None,
                                                   tuple(_writing))
                 await sync_to_async(limits.renew_held_slots, thread_sensitive=False)()
             except Exception:  # a database hiccup: the next beat tries again
                 logger.warning("ragchat: could not renew the lease of message %s", self.message.pk, exc_info=True)
                 continue
-            if not alive:
+            if found == STOP_REQUESTED:
+                stops.stop_here(self.message.conversation_id)
+                return
+            if found == GONE:
                 self.lost = True
                 return
             saved = text

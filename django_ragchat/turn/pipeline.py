@@ -71,7 +71,7 @@ from django_ragchat.stages.retrievers import EmbeddingSpaceMismatch
 from django_ragchat.text import is_blank
 from django_ragchat.tokens import count_tokens, tokenizer_name
 from django_ragchat.tools import Tool
-from django_ragchat.turn import changes, persistence, shutdown, start_gate
+from django_ragchat.turn import changes, persistence, shutdown, start_gate, stops
 from django_ragchat.turn.advisors import ShortCircuit, run_llm_chain, run_stream_chain, run_turn_chain
 from django_ragchat.turn.context import ProfileComponents, TurnContext, components_for
 from django_ragchat.turn.results import WrongResult, checked, checked_list
@@ -863,7 +863,8 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
     Raises ``InvalidMessage``, ``SettingsInvalid``, ``TurnInProgress``, ``ProfileUnavailable``
     (nothing saved) or ``Conversation.DoesNotExist`` before the first event; after the ``ack`` event every failure
     becomes an ``error`` event with the partial answer saved. Closing the iterator early (the
-    client cancelled or went away) saves the partial answer as "incomplete".
+    client cancelled or went away) saves the partial answer as "incomplete", and so does a stop
+    asked for from anywhere (``stops.request_stop``), which ends with an ``error`` ``cancelled``.
     ``stream=False`` asks the model for a whole answer (no ``delta`` events).
     ``client_id`` is the sender's idempotency key: a resend raises ``persistence.DuplicateMessage``
     (nothing saved). ``history``: the earlier messages as the caller sent them, which memory
@@ -880,17 +881,19 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         turn.trace["origin"] = dict(origin)
     finished = False
     heartbeat = persistence.Heartbeat(turn.assistant_message, run.partial).start()
+    stoppable = stops.Stoppable(conversation.pk)
     try:
-        # Inside the try: a client that goes away right after the ack still gets its (empty)
-        # answer saved as "incomplete" instead of leaving the conversation blocked.
-        yield Accepted(conversation_id=str(conversation.pk), user_message_id=turn.user_message.pk,
-                       user_seq=turn.user_message.seq, assistant_message_id=turn.assistant_message.pk)
-        await notify("on_turn_started", turn=turn)
-        stages = _advised(turn, run) if turn.components.turn_advisors else answer_stages(turn, run)
-        async with contextlib.aclosing(stages):
-            async for event in stages:
-                run.sent(event)
-                yield event
+        with stoppable:
+            # Inside the try: a client that goes away right after the ack still gets its (empty)
+            # answer saved as "incomplete" instead of leaving the conversation blocked.
+            yield Accepted(conversation_id=str(conversation.pk), user_message_id=turn.user_message.pk,
+                           user_seq=turn.user_message.seq, assistant_message_id=turn.assistant_message.pk)
+            await notify("on_turn_started", turn=turn)
+            stages = _advised(turn, run) if turn.components.turn_advisors else answer_stages(turn, run)
+            async with contextlib.aclosing(stages):
+                async for event in stages:
+                    run.sent(event)
+                    yield event
         final = run.settle()
         if final is not None:
             run.sent(final)
@@ -899,19 +902,36 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         finished = True
         await notify("on_turn_completed", turn=turn, message=turn.assistant_message)
         yield Completed(message=payload)
-    except (asyncio.CancelledError, GeneratorExit):
-        if not finished:
-            turn.trace["cancelled"] = True
-            # Shielded: the partial answer must be saved even though this task is cancelled.
-            await asyncio.shield(_save(turn, run, Answer(text=run.partial()), Message.Status.INCOMPLETE,
-                                       shutdown.stopped_error()))
-        raise
+    except (asyncio.CancelledError, GeneratorExit) as exc:
+        if finished:
+            raise
+        stopped = await _stopped(turn, run, stoppable, exc)
+        if stopped is None:
+            raise
+        yield stopped
     except Exception as exc:
         if finished:
             raise
         yield await _failed(turn, run, exc)
     finally:
         await heartbeat.stop()
+
+
+async def _stopped(turn: TurnContext, run: _Answering, stoppable: stops.Stoppable,
+                   exc: BaseException) -> Failed | None:
+    """Save the partial answer of a turn stopped before its end ("incomplete"). Stopped from
+    elsewhere (``stops.request_stop``), the ``error`` event that says so: the turn's own
+    clients are told as of a turn that ended, not of a task they cancelled. ``None`` for a
+    cancellation or a close of their own, which goes on."""
+    turn.trace["cancelled"] = True
+    # Shielded: the partial answer must be saved even though this task is cancelled.
+    payload = await asyncio.shield(_save(turn, run, Answer(text=run.partial()), Message.Status.INCOMPLETE,
+                                         shutdown.stopped_error()))
+    if not (stoppable.requested and isinstance(exc, asyncio.CancelledError)):
+        return None
+    asyncio.current_task().uncancel()
+    error = shutdown.stopped_error()
+    return Failed(code=error["code"], message=error["message"], assistant_message=payload)
 
 
 def _owner(conversation: Conversation) -> Any:

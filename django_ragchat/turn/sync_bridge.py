@@ -90,9 +90,17 @@ class ThreadedStream(Iterator):
             self._finished.set()
 
     def __next__(self) -> Any:
+        return self.next_within(None)
+
+    def next_within(self, timeout: float | None) -> Any:
+        """``next()``, waiting at most ``timeout`` seconds (``None``: as long as it takes);
+        ``TimeoutError`` when no item came meanwhile (the stream goes on)."""
         if self._exhausted:
             raise StopIteration
-        kind, value = self._items.get()
+        try:
+            kind, value = self._items.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError from None
         if kind == _ITEM:
             return value
         self._exhausted = True

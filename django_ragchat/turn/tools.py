@@ -37,7 +37,7 @@ from django_ragchat.events import ToolCallFinished, ToolCallUpdate, TurnEvent
 from django_ragchat.plugins import get_tools
 from django_ragchat.tokens import count_tokens
 from django_ragchat.tools import Tool, ToolArgumentsError, ToolError
-from django_ragchat.turn import confirmations, persistence
+from django_ragchat.turn import confirmations, persistence, stops
 from django_ragchat.turn.advisors import ToolShortCircuit, run_tool_chain
 from django_ragchat.types import ToolCall, ToolResult
 
@@ -176,6 +176,15 @@ async def _confirmed(turn: TurnContext, run: ToolRun, call: ToolCall, emit: Call
     return decision
 
 
+def _not_approved(turn: TurnContext, call: ToolCall, decision: str) -> ToolResult:
+    """The result of a call the user did not approve. Cancelled: its answer was asked to stop
+    from another process while it waited (``stops.request_stop``), so the turn stops now."""
+    if decision == confirmations.Status.CANCELLED:
+        stops.stop_here(turn.conversation.pk)
+        return error_result(call, "cancelled")
+    return error_result(call, str(decision) if decision in ("rejected", "abandoned") else "abandoned")
+
+
 async def _invoke(turn: TurnContext, run: ToolRun, call: ToolCall, emit: Callable[[TurnEvent], None]) -> ToolResult:
     """The innermost of a call's chain: look up, validate, confirm, run, serialise."""
     tool = turn.tools.get(call.name)
@@ -188,7 +197,7 @@ async def _invoke(turn: TurnContext, run: ToolRun, call: ToolCall, emit: Callabl
     if tool.requires_confirmation:
         decision = await _confirmed(turn, run, call, emit)
         if decision != confirmations.Status.APPROVED:
-            return error_result(call, str(decision) if decision in ("rejected", "abandoned") else "abandoned")
+            return _not_approved(turn, call, decision)
     seconds = tool.timeout or turn.profile.tool_timeout
     try:
         value = await asyncio.wait_for(tool.run(turn, arguments), seconds)

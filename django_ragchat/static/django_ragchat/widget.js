@@ -10,6 +10,12 @@
  * under its line; a call that needs the user's approval shows Approve and Reject, sent as a
  * tool_decision frame on the websocket or to the REST API (docs/tools.md).
  *
+ * A conversation opened while its answer is still being written (in another tab, or by a page
+ * left before it ended) shows that answer as saved so far and follows it until it ends,
+ * reading it again every FOLLOW_MS: its calls waiting for the user's approval have their
+ * Approve and Reject here too, and Stop stops it wherever it is written (the REST API's
+ * cancel), so the conversation is never left waiting with no way out.
+ *
  * Conversations are listed through the REST API. A new conversation is never created ahead of
  * its first message: the message goes to the websocket without a conversation id, or to the
  * server-sent events endpoint for new conversations, and the conversation exists once the
@@ -24,6 +30,10 @@ import { isSafeUrl, renderMarkdown } from "./markdown.js";
 
 const STAGES = { retrieving: "Searching the documents…", generating: "Writing the answer…" };
 const STOPPED = "Stopped before the end.";
+// How often an answer being written elsewhere is read again (followSavedAnswer).
+const FOLLOW_MS = 1000;
+// How long Stop waits for a stream's own end (the server's "cancelled") before closing it.
+const STOP_WAIT_MS = 3000;
 const LOST = "The connection was lost before the answer ended.";
 const EXCERPT_CHARS = 220;
 // What a finished tool call says beside its label, by status (docs/protocol.md, tool_result).
@@ -221,7 +231,9 @@ class ChatWidget {
     });
     if (!response.ok) {
       const error = await response.json().catch(() => ({}));
-      throw new Error(error.message || error.detail || `The server answered ${response.status}.`);
+      const failure = new Error(error.message || error.detail || `The server answered ${response.status}.`);
+      failure.code = error.code;  // the API's stable code (docs/api.md)
+      throw failure;
     }
     return response.status === 204 ? null : response.json();
   }
@@ -398,11 +410,12 @@ class ChatWidget {
     view.sourcesLabel.textContent = citedIndexes.size || !some ? "Sources" : "Searched, none cited";
   }
 
-  /* A saved message (history, or the end of a turn) shown as the server has it. */
-  applySavedMessage(view, message) {
+  /* A saved message (history, or the end of a turn) shown as the server has it; ``turn``: the
+     turn that follows it while it is being written (its calls awaiting approval are offered). */
+  applySavedMessage(view, message, turn = null) {
     view.text = message.content;
     view.messageId = message.id;
-    for (const call of message.tool_calls || []) this.showToolResult(view, { ...call, type: "tool_result" });
+    for (const call of message.tool_calls || []) this.showSavedToolCall(view, call, turn);
     const cited = new Set((message.citations || []).map((c) => c.index));
     if (message.sources && message.sources.length) this.renderSources(view, message.sources, cited);
     else this.markCited(view, cited);
@@ -517,6 +530,25 @@ class ChatWidget {
     details.open = false;
     const shown = call.error && call.status !== "done" ? call.error.message : call.content;
     item.querySelector(".ragchat-tool-result").textContent = pretty(shown);
+  }
+
+  /* A saved message's tool call. While its answer is followed (``turn``), one that waits for
+     the user's approval gets Approve and Reject (once: a later reading keeps the buttons and
+     what they say) and an approved one runs; otherwise it shows how it ended. */
+  showSavedToolCall(view, call, turn) {
+    const live = turn && !turn.ended;
+    if (live && call.status === "pending" && call.confirmation_id) {
+      const item = view.toolItems.get(call.id);
+      if (!item || !item.querySelector(".ragchat-tool-confirm")) {
+        this.showToolCall(view, { ...call, status: "awaiting_confirmation" }, turn);
+      }
+    } else if (live && call.status === "approved") {
+      if (!view.toolItems.get(call.id)?.classList.contains("ragchat-tool-running")) {
+        this.showToolCall(view, { ...call, status: "approved" }, turn);
+      }
+    } else {
+      this.showToolResult(view, { ...call, type: "tool_result" });
+    }
   }
 
   // --- feedback --------------------------------------------------------------------------
@@ -681,6 +713,7 @@ class ChatWidget {
   }
 
   async openConversation(id) {
+    this.stopFollowing();
     if (this.turn && !this.turn.ended) return;  // finish or stop the answer first
     this.conversationId = id;
     this.turn = null;
@@ -714,6 +747,9 @@ class ChatWidget {
       if (last && previous && previous.role === "user" && FAILED.has(last.message.status)) {
         this.offerRetry(last, { question: previous.message.content, user: previous }, last.message.error || {});
       }
+      if (last && last.role === "assistant" && last.message.status === "streaming" && !this.turn) {
+        this.followSavedAnswer(previous, last);
+      }
       this.scrollToEnd();
     } catch (error) {
       this.setStatus(error.message, true);
@@ -731,6 +767,73 @@ class ChatWidget {
     this.setBusy(true);  // the new entry too
     // Name it after its first question (best effort: the list shows a date otherwise).
     this.api("PATCH", this.urlFor(this.config.api.conversation, id), { title }).catch(() => {});
+  }
+
+  /* An answer still being written when its conversation is opened: another tab's, or one
+     whose page was left before it ended. It is the open turn (Send waits, Stop shows): read
+     again every FOLLOW_MS until it ends, its calls awaiting approval offered with Approve and
+     Reject, Stop asking the server to stop it wherever it is written. */
+  followSavedAnswer(user, answer) {
+    const turn = { own: false, followed: true, question: user ? user.text : "", user, answer, nextIndex: null,
+                   ended: false, accepted: true, abort: null, clientId: null,
+                   assistantMessageId: answer.messageId, seq: answer.message.seq };
+    turn.abort = () => this.cancelAnswer(turn).catch((error) => this.setStatus(error.message, true));
+    this.turn = turn;
+    answer.node.setAttribute("aria-busy", "true");
+    this.applySavedMessage(answer, answer.message, turn);
+    this.setBusy(true, false);  // not ours: the other conversations stay open to the user
+    this.followLater(turn);
+    return turn;
+  }
+
+  /* Another conversation opened while one was followed: the following stops (the answer goes on
+     where it is written). */
+  stopFollowing() {
+    const turn = this.turn;
+    if (!turn || !turn.followed || turn.ended) return;
+    turn.ended = true;
+    clearTimeout(turn.timer);
+    this.turn = null;
+    this.setBusy(false);
+  }
+
+  followLater(turn) {
+    clearTimeout(turn.timer);  // one reading at a time, whoever asked for it
+    turn.timer = setTimeout(() => this.follow(turn), FOLLOW_MS);
+  }
+
+  /* One reading of a followed answer: shown as saved, and the turn ended once it has. */
+  async follow(turn) {
+    if (turn.ended || this.turn !== turn) return;
+    const id = this.conversationId;
+    try {
+      const page = await this.api("GET", `${this.urlFor(this.config.api.messages, id)}?after=${turn.seq - 1}&limit=1`);
+      const message = page.results[0];
+      if (turn.ended || this.turn !== turn || this.conversationId !== id) return;
+      if (!message) return this.finishTurn(turn, null, { code: "not_found", message: "This answer is gone." });
+      if (message.status !== "streaming") {
+        return this.finishTurn(turn, message, FAILED.has(message.status) ? { code: message.status, ...message.error } : null);
+      }
+      this.applySavedMessage(turn.answer, message, turn);
+    } catch (error) {
+      if (error.code === "not_found") return this.finishTurn(turn, null, error);  // deleted meanwhile
+      // Otherwise a network hiccup: the next reading tries again.
+    }
+    this.followLater(turn);
+  }
+
+  /* Stop an answer wherever it is written (another tab's stream, a page left): the REST API's
+     cancel. The answer then ends as saved, "incomplete"; one that ended meanwhile is left as it is. */
+  async cancelAnswer(turn) {
+    try {
+      await this.api("POST", this.urlFor(this.config.api.cancel, this.conversationId));
+    } catch (error) {
+      if (error.code !== "not_in_progress") throw error;  // it ended meanwhile: its end is on its way
+    }
+    if (turn.followed && !turn.ended) {
+      clearTimeout(turn.timer);
+      this.follow(turn);  // read now: the answer saved as stopped
+    }
   }
 
   // --- a live turn -----------------------------------------------------------------------
@@ -752,11 +855,14 @@ class ChatWidget {
     return turn;
   }
 
-  setBusy(busy) {
+  /* An answer is being written in the open conversation: Send waits, Stop shows and, with
+     ``lockNavigation``, the user stays in it (ours; one followed from elsewhere does not hold them). */
+  setBusy(busy, lockNavigation = true) {
     this.ui.send.disabled = busy;
     this.ui.stop.hidden = !busy;
-    this.ui.newButton.disabled = busy;
-    for (const entry of this.ui.list.querySelectorAll(".ragchat-conversation")) entry.disabled = busy;
+    const locked = busy && lockNavigation;
+    this.ui.newButton.disabled = locked;
+    for (const entry of this.ui.list.querySelectorAll(".ragchat-conversation")) entry.disabled = locked;
   }
 
   /* Apply one protocol event to the turn on the page. */
@@ -823,6 +929,7 @@ class ChatWidget {
 
   finishTurn(turn, message, error) {
     turn.ended = true;
+    clearTimeout(turn.timer);
     const { answer, user } = turn;
     answer.node.removeAttribute("aria-busy");
     this.setProgress(answer, "");
@@ -859,7 +966,7 @@ class ChatWidget {
         if (seconds) this.countDown(user, seconds);
       } else {
         this.setNote(answer, text, true);
-        if (turn.own) this.offerRetry(answer, turn, error);
+        if (turn.own || (turn.followed && retryable(error.code))) this.offerRetry(answer, turn, error);
         this.setStatus(text, true, true);
       }
     } else {
@@ -973,7 +1080,14 @@ class ChatWidget {
   /* Server-sent events over fetch (works under WSGI and ASGI; EventSource cannot POST). */
   async streamOverHTTP(turn, conversationId, content) {
     const controller = new AbortController();
-    turn.abort = () => controller.abort();
+    turn.abort = () => {
+      // Accepted, the answer is stopped by the server (at once, wherever this stream is served)
+      // and the stream ends with its "cancelled" and the answer as saved; else, or when that
+      // does not come, the stream is closed, which the server sees as the client gone.
+      if (!turn.accepted || this.conversationId === null) return controller.abort();
+      this.cancelAnswer(turn).catch(() => controller.abort());
+      setTimeout(() => { if (!turn.ended) controller.abort(); }, STOP_WAIT_MS);
+    };
     const url = conversationId === null ? this.config.streamNew : this.urlFor(this.config.stream, conversationId);
     try {
       const response = await fetch(url, {
@@ -1088,6 +1202,10 @@ class ChatWidget {
     if (!frame.conversation_id || frame.conversation_id !== this.conversationId) return;
     if (frame.type === "ack" && (!turn || turn.ended)) {
       this.onEvent(this.watchOtherTab(socket, frame), frame);  // a turn started in another tab or window
+    } else if (turn && turn.followed) {
+      // Its text comes from its readings (the deltas before this page opened were never seen
+      // here); what each frame says whole is applied at once.
+      if (["tool_call", "tool_result", "done", "error"].includes(frame.type)) this.onEvent(turn, frame);
     } else if (turn && !turn.own) {
       this.onEvent(turn, frame);
     }
