@@ -220,7 +220,9 @@ def on_turn_started(turn):
 
 @hookspec
 def on_stage_completed(turn, stage, elapsed_ms):
-    """A pipeline stage finished. ``stage`` is its name, as in the trace's ``timings``."""
+    """A pipeline stage finished. ``stage`` is its name, as in the trace's ``timings``.
+    ``llm``'s ``elapsed_ms`` includes its tool calls and the user's wait for approving them
+    (``turn.trace.get("approval_wait_ms")``)."""
 
 
 @hookspec

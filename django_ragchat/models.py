@@ -180,6 +180,8 @@ class ToolInvocation(models.Model):
     decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
     decided_at = models.DateTimeField(null=True, blank=True)
+    # The call's own time, without its wait for the user's decision (``decided_at``,
+    # ``created_at`` and the trace's ``wait_ms`` tell that).
     ms = models.FloatField(default=0)
     # Tokens of the call and its result as memory counts them against the history budget.
     token_count = models.PositiveIntegerField(default=0)

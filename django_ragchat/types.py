@@ -182,7 +182,8 @@ class ToolResult:
     ``status`` is ``"done"`` or, when the tool did not run or failed, ``"error"``,
     ``"rejected"`` (the user said no), ``"abandoned"`` (nobody decided in time) or
     ``"cancelled"`` (the turn was stopped); ``error`` then says why (``{"code", "message"}``,
-    the codes in docs/tools.md). ``ms`` is the time the call took.
+    the codes in docs/tools.md). ``ms`` is the time the call took, without the time it waited
+    for the user's approval (the trace keeps that apart, ``wait_ms``).
     """
 
     call_id: str

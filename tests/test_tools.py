@@ -873,6 +873,78 @@ def test_the_admin_trace_shows_each_call_with_its_arguments_result_time_and_erro
     assert "tool calls" in html["message"].lower()
 
 
+def test_the_trace_keeps_the_wait_for_approval_apart_from_the_calls_own_time(use_tools, openai_server, user,
+                                                                            admin_client):
+    """A new user's trial: the trace gave a call that needed approval the 30 s the user took to
+    approve it as its time (the tool ran in 2 ms), and the "answer written (llm)" timing
+    included them, with nothing saying so."""
+    from django.urls import reverse
+
+    conversation, box = confirm_turn(use_tools, openai_server, user, stream=True)
+    pending = pending_invocation()
+    time.sleep(1.0)  # the user reads the call, then approves it
+    decide_tool_call(pending.pk, user, None, approve=True)
+    box["thread"].join(10)
+    done = box["result"][-1]["message"]
+    saved = TurnTrace.objects.get(message_id=done["id"])
+    trace = saved.data
+    [entry] = trace["tools"]
+    assert entry["wait_ms"] >= 1000 and entry["ms"] < 500  # send_email itself takes a few ms
+    assert 1000 <= trace["approval_wait_ms"] <= trace["timings"]["llm"]
+    assert ToolInvocation.objects.get().ms < 500 and done["tool_calls"][0]["ms"] < 500  # the row, the clients
+    page = admin_client.get(reverse("admin:django_ragchat_turntrace_change", args=[saved.pk])).content.decode()
+    assert ">waited for approval</th>" in page
+    assert f'<td class="ragchat-num ragchat-wait">{entry["wait_ms"]:.1f} ms</td>' in page
+    wait = re.search(r"includes ([\d.]+) ms waiting for the user's approval \(hatched\); the model and the tools "
+                     r"took ([\d.]+) ms", page)
+    assert wait and float(wait.group(1)) == round(trace["approval_wait_ms"], 1), page
+    assert 'class="ragchat-bar-wait"' in page
+    assert "of them waiting for approval)" in admin_client.get(
+        reverse("admin:django_ragchat_conversation_change", args=[conversation.pk])).content.decode()
+
+
+def test_parallel_calls_waiting_for_approval_count_once_in_the_turns_wait(use_tools, openai_server, user):
+    use_tools(["send_email"])
+    openai_server.script(tool_calls(call("send_email", to="a@example.com", body="A", id="a"),
+                                    call("send_email", to="b@example.com", body="B", id="b")), echo_tool_results)
+    conversation = Conversation.objects.create(owner=user)
+    box = run_in_thread(events_of, conversation, "Mail them both.", stream=True)
+    deadline = time.monotonic() + 10
+    while ToolInvocation.objects.filter(status="pending").count() < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.6)
+    for pending in ToolInvocation.objects.filter(status="pending"):
+        decide_tool_call(pending.pk, user, None, approve=True)
+    box["thread"].join(10)
+    trace = TurnTrace.objects.get(message_id=box["result"][-1]["message"]["id"]).data
+    waits = [entry["wait_ms"] for entry in trace["tools"]]
+    assert min(waits) >= 600
+    assert max(waits) <= trace["approval_wait_ms"] < sum(waits)  # the turn waited once, for both
+
+
+def test_the_admin_trace_says_which_stage_was_slowest_without_the_users_wait(admin_client, user):
+    from django.urls import reverse
+
+    from django_ragchat.admin import views as admin_views
+
+    view = admin_views.build_trace_view({
+        "timings": {"retrieval": 400.0, "llm": 30300.0, "total": 30800.0}, "approval_wait_ms": 30000.0,
+        "tools": [{"step": 1, "name": "cancel_order", "status": "done", "ms": 2.1, "confirmation_id": 7,
+                   "wait_ms": 30000.0}]}, {})
+    slowest = [t.stage for t in view.timings if t.slowest]
+    assert slowest == ["retrieval"]  # 400 ms against the model's and the tools' 300
+    llm = next(t for t in view.timings if t.stage == "llm")
+    assert (llm.wait_ms, llm.own_ms, llm.wait_percent) == (30000.0, 300.0, 99.0)
+    assert view.summary.endswith("30,800 ms (30,000 of them waiting for approval)")
+    # A trace written before the wait was kept apart says that its time includes it.
+    conversation = Conversation.objects.create(owner=user)
+    message = Message.objects.create(conversation=conversation, seq=2, role="assistant", content="x")
+    old = TurnTrace.objects.create(message=message, profile="default", data={"tools": [
+        {"step": 1, "name": "cancel_order", "status": "done", "ms": 30002.1, "confirmation_id": 7}]})
+    page = admin_client.get(reverse("admin:django_ragchat_turntrace_change", args=[old.pk])).content.decode()
+    assert "30002.1 ms <span class=\"ragchat-note\">(with the wait for approval" in page
+
+
 # --- the terminal and the example's commands ---------------------------------------------------------
 
 

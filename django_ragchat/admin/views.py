@@ -51,7 +51,7 @@ KNOWN_TRACE_KEYS = frozenset({
     "profile", "question", "queries", "retrieval", "documents", "prompt", "timings", "model",
     "usage", "ended_by", "tokenizer", "history", "warnings", "error", "cancelled", "components",
     "origin", "supplied_history", "postprocess", "response_augmenters",
-    "tools", "tools_offered", "tool_steps", "tool_step_limit_reached",
+    "tools", "tools_offered", "tool_steps", "tool_step_limit_reached", "approval_wait_ms",
 })
 
 
@@ -126,10 +126,23 @@ class Timing:
     ms: float
     percent: float
     slowest: bool = False
+    # Of ``ms``, the time spent waiting for the user to approve tool calls (the ``llm`` stage's,
+    # which runs the calls): the user's time, not the model's or the tools'.
+    wait_ms: float | None = None
 
     @property
     def label(self) -> str:
         return STAGE_LABELS.get(self.stage, self.stage)
+
+    @property
+    def own_ms(self) -> float:
+        """The stage's time without the wait for approval."""
+        return max(self.ms - (self.wait_ms or 0.0), 0.0)
+
+    @property
+    def wait_percent(self) -> float:
+        """The wait's share of the stage's bar."""
+        return min(100.0, round(100 * (self.wait_ms or 0.0) / self.ms, 1)) if self.ms else 0.0
 
 
 @dataclass
@@ -141,9 +154,10 @@ class ToolCallView:
     status: str
     arguments: str  # pretty JSON (or the text the model wrote, when it is not JSON)
     result: str  # pretty JSON when the result is JSON
-    ms: float | None
+    ms: float | None  # its own time, without the wait for the user's approval
     error: dict = field(default_factory=dict)
     confirmation_id: Any = None
+    wait_ms: float | None = None  # how long it waited for the user's approval (None: not asked, or not timed)
     short_circuited_by: str = ""
     raised: str = ""  # what a tool that raised raised (staff only; the model read tool_failed)
 
@@ -201,7 +215,15 @@ class TraceView:
     tools: list[ToolCallView] = field(default_factory=list)
     tools_offered: list[str] = field(default_factory=list)
     tool_step_limit_reached: bool = False
+    # How long the turn waited for the user to approve tool calls (parallel waits once), which
+    # the llm stage's time includes; None when nothing waited (or a trace from before it was kept).
+    approval_wait_ms: float | None = None
     other: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def tools_asked_approval(self) -> bool:
+        """Whether a call asked the user's approval: the tool calls table shows the waits."""
+        return any(t.confirmation_id is not None for t in self.tools)
 
     @property
     def rewritten(self) -> bool:
@@ -236,7 +258,8 @@ class TraceView:
         if self.warnings:
             parts.append(f"{len(self.warnings)} warning{'s' if len(self.warnings) != 1 else ''}")
         if self.total_ms is not None:
-            parts.append(f"{self.total_ms:,.0f} ms")
+            waited = f" ({self.approval_wait_ms:,.0f} of them waiting for approval)" if self.approval_wait_ms else ""
+            parts.append(f"{self.total_ms:,.0f} ms{waited}")
         return " · ".join(parts)
 
 
@@ -485,11 +508,13 @@ def answer_change_sentence(step: dict) -> str:
 def _read_timings(view: TraceView, data: dict) -> None:
     timings = {str(k): _number(v) for k, v in _as_dict(data.get("timings")).items()}
     view.total_ms = timings.pop("total", None)
+    view.approval_wait_ms = _number(data.get("approval_wait_ms")) or None
     stages = [(k, v) for k, v in timings.items() if v is not None]
     scale = view.total_ms or max((v for _, v in stages), default=0) or 1
-    slowest = max(stages, key=lambda kv: kv[1])[0] if stages else None
-    view.timings = [Timing(stage=k, ms=v, percent=min(100.0, round(100 * v / scale, 1)), slowest=k == slowest)
-                    for k, v in stages]
+    view.timings = [Timing(stage=k, ms=v, percent=min(100.0, round(100 * v / scale, 1)),
+                           wait_ms=view.approval_wait_ms if k == "llm" else None) for k, v in stages]
+    if view.timings:  # the slowest by its own time: waiting for the user is not the pipeline's
+        max(view.timings, key=lambda t: t.own_ms).slowest = True
 
 
 def _figure(value: Any) -> str:
@@ -572,7 +597,7 @@ def _read_tools(view: TraceView, data: dict) -> None:
             step=entry.get("step"), name=str(entry.get("name", "")), status=str(entry.get("status", "")),
             arguments=_pretty(entry.get("arguments", "")), result=_pretty(entry.get("result", "")),
             ms=_number(entry.get("ms")), error=_as_dict(entry.get("error")),
-            confirmation_id=entry.get("confirmation_id"),
+            confirmation_id=entry.get("confirmation_id"), wait_ms=_number(entry.get("wait_ms")),
             short_circuited_by=str(entry.get("short_circuited_by") or ""), raised=str(entry.get("raised") or ""),
         ))
 

@@ -697,6 +697,8 @@ async def answer_stages(turn: TurnContext, run: _Answering) -> AsyncIterator[Tur
         async for event in _tails(turn, run):
             yield event
     elapsed = (time.perf_counter() - started) * 1000
+    # The stage's whole time, its tool calls and the user's wait for approving them included
+    # (that wait is trace["approval_wait_ms"]; the admin marks it): the timings add up to the total.
     turn.trace["timings"]["llm"] = round(elapsed, 3)
     await notify("on_stage_completed", turn=turn, stage="llm", elapsed_ms=elapsed)
 

@@ -77,6 +77,9 @@ class ToolRun:
     # What a tool that raised raised (``repr``, cut): for staff in the trace, never the model
     # or the user, who read ``tool_failed``.
     raised: str = ""
+    # How long it waited for the user's decision (milliseconds; ``None``: it was not asked):
+    # apart from ``result.ms``, the call's own time, which a 30-second wait would drown.
+    wait_ms: float | None = None
 
     @property
     def shown(self) -> ToolCall:
@@ -116,6 +119,8 @@ class ToolRun:
             entry["error"] = result.error
         if self.requires_confirmation:
             entry["confirmation_id"] = self.invocation_id
+        if self.wait_ms is not None:
+            entry["wait_ms"] = round(self.wait_ms, 3)
         if self.short_circuited_by:
             entry["short_circuited_by"] = self.short_circuited_by
         if self.raised:
@@ -170,10 +175,32 @@ async def _confirmed(turn: TurnContext, run: ToolRun, call: ToolCall, emit: Call
         run.label = tool.describe(call.parsed_arguments)  # what the user approves is what runs
     run.invocation_id = await sync_to_async(persistence.save_pending_tool_call)(turn.assistant_message.pk, run)
     emit(_update(run, call, "awaiting_confirmation"))
-    decision = await confirmations.wait_for_decision(run.invocation_id, turn.profile.tool_confirmation_timeout)
+    with _awaiting_decision(turn, run):
+        decision = await confirmations.wait_for_decision(run.invocation_id, turn.profile.tool_confirmation_timeout)
     if decision == confirmations.Status.APPROVED:
         emit(_update(run, call, "approved"))
     return decision
+
+
+@contextlib.contextmanager
+def _awaiting_decision(turn: TurnContext, run: ToolRun):
+    """Time the block, the call waiting for the user's decision: ``run.wait_ms``, and the
+    turn's ``trace["approval_wait_ms"]``, the time during which at least one of its calls
+    waited (parallel waits counted once), which the ``llm`` stage's timing includes."""
+    started = time.perf_counter()
+    waiting = turn.state.setdefault("_approval_waits", {"calls": 0, "since": started})
+    if not waiting["calls"]:
+        waiting["since"] = started
+    waiting["calls"] += 1
+    try:
+        yield
+    finally:  # also when the wait is cancelled (the answer stopped)
+        ended = time.perf_counter()
+        run.wait_ms = (ended - started) * 1000
+        waiting["calls"] -= 1
+        if not waiting["calls"]:
+            total = turn.trace.get("approval_wait_ms", 0.0) + (ended - waiting["since"]) * 1000
+            turn.trace["approval_wait_ms"] = round(total, 3)
 
 
 def _not_approved(turn: TurnContext, call: ToolCall, decision: str) -> ToolResult:
@@ -237,7 +264,9 @@ async def _run_one(turn: TurnContext, run: ToolRun, emit: Callable[[TurnEvent], 
         logger.exception("ragchat: an advisor failed around tool %r", run.call.name)
         result = error_result(run.call, "tool_failed")
     run.short_circuited_by = getattr(short.advisor, "name", "") if short.advisor is not None else ""
-    run.result = dataclasses.replace(result, call_id=run.call.id, ms=(time.perf_counter() - started) * 1000)
+    # The call's own time: the wait for the user's decision is the user's, kept apart (wait_ms).
+    own = (time.perf_counter() - started) * 1000 - (run.wait_ms or 0.0)
+    run.result = dataclasses.replace(result, call_id=run.call.id, ms=max(own, 0.0))
 
 
 def _update(run: ToolRun, call: ToolCall, status: str) -> ToolCallUpdate:
