@@ -20,7 +20,8 @@ ragchat.W033  (``--deploy``) USER_RETENTION_DAYS is None: signed-in users' chat 
 ragchat.W034  several worker processes (WEB_CONCURRENCY) on a SQLite default database: every turn's
               writes wait for one file's lock, so a second worker adds little (bench/README.md)
 ragchat.W011  an embedding space with chunks has no valid HNSW index (PostgreSQL); run by plain
-              ``check`` too (one query; skipped quietly when the database cannot be reached)
+              ``check`` too (one query; skipped quietly when the database cannot be reached). Small
+              writes build it themselves while the space is small (``postgres.index_when_committed``)
 ragchat.W041  a profile offers tools to an LLM backend that calls none (the extractive answerer)
 ragchat.W043  a profile's options name no component of the profile (a misspelt name is ignored)
 ragchat.W042  a profile that names no embedder gets the word-hashing fallback because the
@@ -552,8 +553,11 @@ def _postgres_index_checks(alias: str) -> list:
                 f"Embedding space {space!r} has {count:,} chunks but its HNSW index is {status.state}: "
                 f"its vector searches scan every chunk of the space.",
                 hint="`manage.py ragchat_ingest` and `ragchat_sync` build it at the end of a load (this warning, "
-                     "printed as they start, is then answered); for chunks written another way run "
-                     "`python manage.py ragchat_index` (building once is faster than growing the index).",
+                     "printed as they start, is then answered), live sync and uploads after their commit while the "
+                     f"space has at most {postgres.AUTO_INDEX_MAX_CHUNKS:,} chunks. For a larger space (grown by "
+                     "live sync before django-ragchat built the index itself, or written by your own code) run "
+                     "`python manage.py ragchat_index` once, e.g. at deploy (building once is faster than growing "
+                     "the index).",
                 id="ragchat.W011",
             ))
     return warnings

@@ -29,7 +29,7 @@ import logging
 from typing import Any
 
 from django.apps import apps
-from django.db import connection
+from django.db import connection, transaction
 
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.ingestion.pipeline import ingest_text, reembed
@@ -155,7 +155,13 @@ def sync_source_objects(source_name: str, pks: list[str]) -> dict:
 @task
 def sync_source(source_name: str, since: str | None = None) -> dict:
     """Sync a whole model source (``since``: only the objects changed since, see
-    ``sources.sync.parse_since``), as ``manage.py ragchat_sync`` does."""
+    ``sources.sync.parse_since``), as ``manage.py ragchat_sync`` does, building the HNSW index
+    of a space it wrote that has none at the end (PostgreSQL)."""
 
     source = get_source(source_name)
-    return sync(source, since=parse_since(since) if since else None).as_dict()
+    report = sync(source, since=parse_since(since) if since else None)
+    if report.spaces_written and connection.vendor == "postgresql":
+        # As ragchat_sync: a space without its vector index gets it once, at the end of the load.
+        spaces = sorted(report.spaces_written)
+        transaction.on_commit(lambda: postgres.build_missing_hnsw_indexes(spaces))
+    return report.as_dict()

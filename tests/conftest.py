@@ -10,6 +10,7 @@ import pytest
 from django.test import override_settings
 
 from django_ragchat import plugins
+from django_ragchat.search import postgres
 from django_ragchat.search.vectorindex import vector_index
 
 # Nothing in the system's temp folder (README): pytest's own directories (tmp_path, the
@@ -105,12 +106,15 @@ def _deselect_pairwise_elsewhere(config, items, on_postgres: bool) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_plugin_state():
-    """Every test starts with plugins and component instances built from its own settings."""
+    """Every test starts with plugins and component instances built from its own settings, and
+    looks at the vector indexes of its spaces afresh (``postgres.index_when_committed``)."""
     plugins.reset()
     vector_index.clear()
+    postgres.forget_indexes_looked_at()
     yield
     plugins.reset()
     vector_index.clear()
+    postgres.forget_indexes_looked_at()
 
 
 @pytest.fixture

@@ -58,7 +58,7 @@ from django_ragchat.ingestion.loaders import (
 from django_ragchat.models import Chunk, Document
 from django_ragchat.plugins import embedder_for, get_registry
 from django_ragchat.profiles import get_profile
-from django_ragchat.search import configured_spaces, store_chunks
+from django_ragchat.search import configured_spaces, postgres, store_chunks
 from django_ragchat.tokens import count_tokens
 
 logger = logging.getLogger(__name__)
@@ -679,6 +679,8 @@ def ingest_text(source: str, text: str, *, title: str = "", content_type: str = 
     ``ingest_paths``). Raises ``DocumentLoadError`` for text that cannot be
     ingested (unknown content type, NUL characters, empty or too long source), and re-raises
     the embedder's or the database's exception when those fail; nothing stored is lost then.
+    On PostgreSQL, a space without its HNSW index gets one after the commit while it is small
+    (``search.postgres.index_when_committed``): uploads may be all a space ever receives.
     """
     metadata = _check_metadata(metadata)
     access = _checked_access(access)
@@ -700,6 +702,8 @@ def ingest_text(source: str, text: str, *, title: str = "", content_type: str = 
     run.finish()
     if result.status == FAILED:
         raise result.error
+    # One document, often the first of its space (an upload): no command builds its index.
+    postgres.index_when_committed([embedder.space])
     return result
 
 

@@ -8,7 +8,10 @@ embedding space (model + dimension). Each space gets its own partial expression 
         USING hnsw ((embedding::vector(384)) vector_cosine_ops) WHERE space = '<space>'
 
 Spaces of 2,001 to 4,000 dimensions are indexed as ``halfvec`` (pgvector's HNSW limit for
-``vector`` is 2,000); larger ones cannot be indexed and are searched exactly.
+``vector`` is 2,000); larger ones cannot be indexed and are searched exactly. A load builds
+the index of a space that has none once, at its end (``build_missing_hnsw_indexes``: the
+commands, the admin's resync); a small write (live sync, an upload) after its commit while the
+space is small (``index_when_committed``); ``ragchat_index`` whatever is left.
 
 Queries. The planner uses a partial expression index only for a query that repeats its
 expression and implies its predicate, so the vector query is written with the same cast and
@@ -32,11 +35,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db import connections, transaction
+from django.db import connections, router, transaction
 
 from django_ragchat.access import UNRESTRICTED, Principals, access_sql, public_access
 from django_ragchat.fields import vector_binary, vector_literal
@@ -54,6 +59,8 @@ DEFAULT_EF_SEARCH = 40
 MAX_EF_SEARCH = 1000
 #: The oldest pgvector this module works with (halfvec, iterative index scans).
 MIN_PGVECTOR_VERSION = (0, 8, 0)
+
+logger = logging.getLogger(__name__)
 
 _CONFIG_NAME = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$")
 
@@ -202,7 +209,8 @@ def hnsw_index_sql(space: str, dimensions: int, *, m: int = 16, ef_construction:
     if not (2 <= m <= 100 and 4 <= ef_construction <= 1000 and ef_construction >= 2 * m):
         raise ValueError("HNSW needs 2 <= m <= 100 and 2*m <= ef_construction <= 1000.")
     return (
-        f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}{connection.ops.quote_name(hnsw_index_name(space))} "
+        f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}IF NOT EXISTS "
+        f"{connection.ops.quote_name(hnsw_index_name(space))} "
         f"ON {chunk} USING hnsw ((embedding::{kind}({dimensions})) {kind}_cosine_ops) "
         f"WITH (m = {int(m)}, ef_construction = {int(ef_construction)}) "
         f"WHERE space = {_literal(space)}"
@@ -267,6 +275,111 @@ def drop_hnsw_index(space: str, *, concurrently: bool = False, using: str = "def
     with connection.cursor() as cursor:
         cursor.execute(f"DROP INDEX {'CONCURRENTLY ' if concurrently else ''}IF EXISTS "
                        f"{connection.ops.quote_name(hnsw_index_name(space))}")
+    _looked_at.discard(_looked_at_key(space, using))
+
+
+def build_missing_hnsw_indexes(names: Iterable[str] | None = None,
+                               using: str = "default") -> list[tuple[str, float]]:
+    """Build the HNSW index of each space of ``names`` (default: every space with chunks) that has
+    none, or an invalid one; return (space, seconds) for each built. What ``ragchat_ingest``,
+    ``ragchat_sync`` and the admin's resync do at the end of a load: building once is much
+    faster than growing the index row by row."""
+    built = []
+    for space in names if names is not None else list(spaces(using)):
+        status = hnsw_index_status(space, using=using)
+        if status.state not in ("missing", "invalid", "mismatch"):
+            continue  # ok, too many dimensions to index (exact scans), or no chunks
+        if status.dimensions is None:
+            continue
+        started = time.monotonic()
+        create_hnsw_index(space, using=using)
+        built.append((space, time.monotonic() - started))
+    return built
+
+
+# --- Indexes of small writes ------------------------------------------------------------------
+#
+# Live sync (``sources.sync`` of given objects) and uploads write a few chunks at a time, often
+# into a space nothing else has written yet: no command runs to build its index at the end. They
+# ask for it here, and it is built after their transaction commits, outside any transaction of
+# the site's, while the space is small enough for a build to be brief. Each process looks at a
+# space once: later writes pay nothing.
+
+#: A small write builds its space's missing HNSW index only while the space has at most this
+#: many chunks: about 0.2 s at 384 dimensions on two cores, during which writes to the chunk
+#: table wait. A larger space without one is left to ``ragchat_index`` (``ragchat.W011``).
+AUTO_INDEX_MAX_CHUNKS = 1000
+#: How long that build waits for the chunk table's lock before it gives up (W011 then says so).
+AUTO_INDEX_LOCK_TIMEOUT = "2s"
+
+# (alias, database name, space) this process has looked at. The name too: a test run's database
+# is not the one the alias named at first.
+_looked_at: set[tuple[str, str, str]] = set()
+
+
+def _looked_at_key(space: str, using: str) -> tuple[str, str, str]:
+    return using, str(connections[using].settings_dict.get("NAME")), space
+
+
+def forget_indexes_looked_at() -> None:
+    """Look at every space again at its next small write (a test's fresh database)."""
+    _looked_at.clear()
+
+
+def index_when_committed(spaces: Iterable[str], using: str | None = None) -> None:
+    """After a small write to ``spaces`` (live sync, an upload): once the transaction on
+    ``using`` commits (at once outside one), build the HNSW index of each space that has none
+    and at most ``AUTO_INDEX_MAX_CHUNKS`` chunks. Nothing off PostgreSQL, and nothing for a
+    space this process has looked at before: two queries for the first write of each space in a
+    process (a build, about ten more, once), none after."""
+    using = using or router.db_for_write(Chunk)
+    if connections[using].vendor != "postgresql":
+        return
+    for space in spaces:
+        if _looked_at_key(space, using) not in _looked_at:
+            transaction.on_commit(lambda space=space: _index_small_space(space, using), using=using)
+
+
+def _index_small_space(space: str, using: str) -> None:
+    key = _looked_at_key(space, using)
+    if key in _looked_at:
+        return  # another write of the same transaction asked first
+    try:
+        status = hnsw_index_status(space, using=using)
+        if status.dimensions is None:
+            return  # nothing embedded in it (any more): look again at the next write
+        _looked_at.add(key)
+        if status.state not in ("missing", "invalid", "mismatch"):
+            return
+        connection = connections[using]
+        chunk, _ = _tables(connection)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT count(*) FROM (SELECT 1 FROM {chunk} WHERE space = %s LIMIT %s) c",
+                           [space, AUTO_INDEX_MAX_CHUNKS + 1])
+            if cursor.fetchone()[0] > AUTO_INDEX_MAX_CHUNKS:
+                logger.warning("Embedding space %r has more than %d chunks and no valid HNSW index: its vector "
+                               "searches scan every chunk. Run `python manage.py ragchat_index` once.", space,
+                               AUTO_INDEX_MAX_CHUNKS)
+                return
+        started = time.monotonic()
+        with transaction.atomic(using=using):
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET LOCAL lock_timeout = '{AUTO_INDEX_LOCK_TIMEOUT}'")
+            create_hnsw_index(space, using=using)
+        logger.info("Built the HNSW index of space %r in %.2f s", space, time.monotonic() - started)
+    except Exception:  # an index is an optimisation: never fail the write that asked for it
+        if not _built_by_another(space, using):
+            logger.warning("Could not build the HNSW index of space %r; run `python manage.py ragchat_index`",
+                           space, exc_info=True)
+
+
+def _built_by_another(space: str, using: str) -> bool:
+    """Whether another process built the index meanwhile (two first writes at once: the second
+    build fails on the index's name)."""
+    try:
+        return hnsw_index_status(space, using=using).ok
+    except Exception:  # noqa: BLE001 - the database is gone too: the warning says what to run
+        return False
 
 
 def fulltext_index_status(config: str, using: str = "default") -> IndexStatus:

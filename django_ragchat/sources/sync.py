@@ -8,7 +8,10 @@ place, with nothing embedded; objects that left the queryset (deleted, unpublish
 by nobody) are removed with their chunks. ``since`` syncs only the objects whose
 ``updated_field`` is at least that recent, and still removes what left the queryset (a bulk
 ``update()`` sends no signal: this is how it is caught). ``pks`` syncs given objects: what live
-sync's task does.
+sync's task does; on PostgreSQL it also asks for the HNSW index of a space it wrote that has
+none (``search.postgres.index_when_committed``: built after the commit while the space is
+small), since no command may ever run for a site that only saves objects. A whole sync leaves
+that to its caller, which builds once at the end (``ragchat_sync``, the admin's resync).
 
 An object whose text cannot be built (the site's method raised), embedded or stored fails alone,
 and what was stored for it before is kept.
@@ -33,6 +36,7 @@ from django_ragchat.ingestion.pipeline import CREATED, FAILED, UNCHANGED, UPDATE
 from django_ragchat.models import Chunk, Document, SourceState
 from django_ragchat.plugins import embedder_for
 from django_ragchat.profiles import get_profile, profile_names
+from django_ragchat.search import postgres
 from django_ragchat.sources.base import ModelSource
 
 logger = logging.getLogger(__name__)
@@ -63,6 +67,8 @@ class SyncReport:
     embed_seconds: float = 0.0
     store_seconds: float = 0.0
     embed_calls: int = 0
+    #: The embedding spaces this sync wrote chunks to.
+    spaces_written: set[str] = field(default_factory=set)
 
     def summary(self) -> str:
         """One line: the counts, the chunks written and where the time went."""
@@ -181,6 +187,8 @@ def _store(entries: list, embedders: list, report: SyncReport) -> None:
         report.store_seconds += stored.store_seconds
         report.embed_calls += stored.embed_calls
         report.chunks_written += stored.chunks_written
+        if stored.chunks_written:
+            report.spaces_written.add(embedder.space)
         for result in stored.results:
             if result.status == FAILED:
                 report.failures.append((result.source.split(":", 1)[-1], result.reason))
@@ -217,6 +225,9 @@ def sync(source: ModelSource, *, pks: Iterable | None = None, since: datetime | 
             progress(min(start + len(batch), len(to_sync)), len(to_sync), source.name)
     report.elapsed = time.perf_counter() - started
     _record(report, begun)
+    if mode == OBJECTS:
+        # Live sync may be the first to write a space (no ragchat_sync ran): its vector index.
+        postgres.index_when_committed(sorted(report.spaces_written))
     return report
 
 

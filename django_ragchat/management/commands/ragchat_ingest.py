@@ -12,7 +12,6 @@ to date after that. ``ragchat_index`` remains for repairs and rebuilds.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import PurePosixPath
 
 from django.core.exceptions import ImproperlyConfigured
@@ -112,14 +111,8 @@ def build_missing_indexes(stdout) -> None:
     using = router.db_for_write(Chunk)
     if connections[using].vendor != "postgresql":
         return  # SQLite searches in process; nothing to build
-
-    for space in postgres.spaces(using):
-        status = postgres.hnsw_index_status(space, using=using)
-        if status.state not in ("missing", "invalid", "mismatch"):
-            continue  # ok, or too many dimensions to index (exact scans)
-        started = time.monotonic()
-        postgres.create_hnsw_index(space, using=using)
-        stdout.write(f"Built the HNSW index of space {space!r} in {time.monotonic() - started:.1f} s")
+    for space, seconds in postgres.build_missing_hnsw_indexes(using=using):
+        stdout.write(f"Built the HNSW index of space {space!r} in {seconds:.1f} s")
 
 
 def _access(given: list[str] | None) -> list[str] | None:
