@@ -261,6 +261,86 @@ def test_a_rolled_back_transaction_enqueues_nothing(sources_on):
     assert "edited twice" in Chunk.objects.filter(document=indexed(article)).values_list("text", flat=True)[0]
 
 
+# --- One user's rows: "What did I book?" (docs/sources.md) --------------------------------------
+
+THEATRE_PAGES = [
+    ("Hamlet", "Hamlet runs at the Rex Theatre from 10 to 28 June 2025, Tuesday to Saturday at 7:30pm. "
+               "Tickets cost £24. The play lasts three hours with one interval."),
+    ("The Seagull", "The Seagull runs at the Rex Theatre from 1 to 19 July 2025 at 7pm. Tickets cost £20."),
+    ("Booking and tickets", "Book tickets online or at the box office, open daily from noon. "
+                            "You can cancel a booking up to 24 hours before the show for a full refund."),
+]
+# What docs/sources.md's BookingSource writes, and the same facts written as a record.
+WRITTEN_AS_ASKED = ("Your booking: Hamlet, Saturday 14 June 2025",
+                    "You booked 2 seats for Hamlet at the Rex Theatre on Saturday 14 June 2025 at 19:30: row F, "
+                    "seats 12 and 13. Your booking reference is 1042.")
+WRITTEN_AS_A_RECORD = ("Booking #1042", "Hamlet\n\n14/06/2025 19:30, row F, seats 12-13.")
+MY_QUESTIONS = [
+    ("What did I book?",), ("When is my booking?",), ("Which seats did I book?",), ("What time is my show?",),
+    ("What's on at the Rex in June?", "What did I book?"),
+    ("Tell me about Hamlet", "When is my booking?"),
+    ("How do I cancel a booking?", "When is my booking?"),
+    ("How do I cancel a booking?", "Thanks. Now, when is my booking?"),
+    ("How do I cancel a booking?", "When is my Hamlet booking?"),
+    ("What's on at the Rex in June?", "When is my booking?"),
+]
+
+
+@pytest.fixture
+def theatre(ragchat_settings_override, other_user):
+    """The theatre's public pages and another user's booking; the default profile (the offline
+    answerer, the semantic embedder)."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    for title, body in THEATRE_PAGES:
+        Article.objects.create(title=title, body=body)
+    Article.objects.create(title="Your booking: The Seagull, Friday 4 July 2025", owner=other_user,
+                           body="You booked 1 seat for The Seagull at the Rex Theatre on Friday 4 July 2025 at 19:00: "
+                                "row B, seat 3. Your booking reference is 2077.")
+
+
+def answered_from(booking, user, questions) -> tuple[bool, dict]:
+    """Whether the last answer of a conversation of ``questions`` quotes and cites ``booking``."""
+    conversation = Conversation.objects.create(owner=user)
+    for question in questions:
+        result = run_turn_sync(conversation, question)
+    quoted = "14 June 2025" in result.answer or "14/06/2025" in result.answer
+    return quoted and found(result, booking, "theatre"), result.trace
+
+
+def test_a_booking_written_as_its_user_asks_answers_their_my_questions(theatre, user, other_user):
+    booking = Article.objects.create(title=WRITTEN_AS_ASKED[0], body=WRITTEN_AS_ASKED[1], owner=user)
+    answered = {}
+    for questions in MY_QUESTIONS:
+        answered[questions], trace = answered_from(booking, user, questions)
+        if questions == ("What's on at the Rex in June?", "When is my booking?"):
+            # "When is my booking?" has one word of its own: the opening message is searched with it.
+            assert trace["queries"]["final"] == "When is my booking? What's on at the Rex in June?"
+    missed = [questions for questions, ok in answered.items() if not ok]
+    assert len(missed) <= 2, missed  # docs/sources.md: 8 of 10
+    assert {("What did I book?",), ("When is my booking?",), ("Which seats did I book?",),
+            ("What's on at the Rex in June?", "What did I book?"),
+            ("How do I cancel a booking?", "When is my Hamlet booking?")}.isdisjoint(missed), missed
+    # Another user's "my booking" is theirs: this one is never found for them.
+    assert not answered_from(booking, other_user, ("What did I book?",))[0]
+
+
+def test_the_same_booking_written_as_a_record_answers_none_of_them(theatre, user):
+    booking = Article.objects.create(title=WRITTEN_AS_A_RECORD[0], body=WRITTEN_AS_A_RECORD[1], owner=user)
+    answered = [questions for questions in MY_QUESTIONS if answered_from(booking, user, questions)[0]]
+    assert answered == []
+
+
+def test_with_the_hashing_embedder_the_public_booking_page_answers_one_word_questions(theatre, user,
+                                                                                     ragchat_settings_override):
+    ragchat_settings_override(PROFILES={"default": {"embedder": "hashing"}})
+    call_command("ragchat_sync", "--no-progress", stdout=io.StringIO())  # the pages in the hashing space
+    booking = Article.objects.create(title=WRITTEN_AS_ASKED[0], body=WRITTEN_AS_ASKED[1], owner=user)
+    answered = {questions: answered_from(booking, user, questions)[0] for questions in MY_QUESTIONS}
+    assert sum(answered.values()) >= 4, answered  # docs/sources.md: 4 of 10
+    assert not answered[("When is my booking?",)]  # the public page's "cancel a booking" answered it
+    assert answered[("What's on at the Rex in June?", "When is my booking?")]  # searched with "Rex June"
+
+
 # --- With a worker: the request pays one enqueue -------------------------------------------------
 
 
