@@ -312,7 +312,7 @@ class _Scoring:
         self.typed = need.own - need.carried
         self.carried_topic = _carried_topic(need, self.typed, v)
         self.number = v.pattern("number")
-        self._page_and_section: dict[int, bool] = {}
+        self._page_named: dict[int, tuple[str, ...] | None] = {}
 
     def excluded(self, p: Passage, s: Sentence) -> bool:
         """Sentences that cannot answer, whatever their words."""
@@ -361,29 +361,32 @@ class _Scoring:
                 own_cov -= PROXIMITY_PENALTY * min(self.idf[a], self.idf[b])
         return own_cov / self.own_total, all_cov / self.all_total
 
+    def _title_named(self, p: Passage) -> tuple[str, ...] | None:
+        """The asked words ``p``'s title does not state, when the question names the page by its
+        whole title (every word of it but stop and generic words); ``None`` when it does not."""
+        if id(p) not in self._page_named:
+            v, own = self.vocabulary, self.need.own
+            named = {st for st in p.title_stems if st not in v.stopwords and st not in v.generic}
+            whole = bool(named) and all(any(v.covers(k, frozenset({st})) for k in own) for st in named)
+            self._page_named[id(p)] = tuple(k for k in own if not v.covers(k, p.title_stems)) if whole else None
+        return self._page_named[id(p)]
+
     def _names_page_and_section(self, p: Passage) -> bool:
         """Whether the question names ``p``'s page by its whole title and asks its section too (the
         heading states an asked word the title does not): "How do I get a loyalty card?" beside
         "Loyalty card > Getting a card". Its title's words then count for the section's sentences
         ("Cards are issued on the spot"). A question of the title's words alone ("What does the
         loyalty card give me?") is the page's opening's to answer."""
-        if id(p) not in self._page_and_section:
-            v, own = self.vocabulary, self.need.own
-            named = {st for st in p.title_stems if st not in v.stopwords and st not in v.generic}
-            self._page_and_section[id(p)] = bool(named) and all(
-                any(v.covers(k, frozenset({st})) for k in own) for st in named) and any(
-                not v.covers(k, p.title_stems) and v.covers(k, p.heading_stems) for k in own)
-        return self._page_and_section[id(p)]
+        rest = self._title_named(p)
+        return bool(rest) and any(self.vocabulary.covers(k, p.heading_stems) for k in rest)
 
     def _names_page_and_sentence(self, p: Passage, s: Sentence) -> bool:
         """Whether the question names ``p``'s page by its whole title and ``s`` states every other
         word it asks: "Which classes are on Saturday?" beside "Classes > Yoga": "Yoga is on
         Saturday at 10am." (the title says what "Yoga" is)."""
-        v, own = self.vocabulary, self.need.own
-        rest = [k for k in own if not v.covers(k, p.title_stems)]
-        named = {st for st in p.title_stems if st not in v.stopwords and st not in v.generic}
-        return bool(named) and bool(rest) and len(rest) < len(own) and all(v.covers(k, s.stems) for k in rest) \
-            and all(any(v.covers(k, frozenset({st})) for k in own) for st in named)
+        rest = self._title_named(p)
+        return bool(rest) and len(rest) < len(self.need.own) and all(
+            self.vocabulary.covers(k, s.stems) for k in rest)
 
     def choice(self, p: Passage, s: Sentence) -> Choice:
         need = self.need
