@@ -74,6 +74,7 @@ from django_ragchat.profiles import (
     InvalidProfile,
     build_profile,
     default_embedder,
+    did_you_mean,
     draft_profile,
 )
 from django_ragchat.search import configured_text_configs, postgres, sqlite
@@ -90,7 +91,7 @@ def check_settings(app_configs=None, **kwargs):
     errors = []
     for key in ragchat_settings.unknown_keys():
         errors.append(Error(
-            f"Unknown django-ragchat setting RAGCHAT[{key!r}].",
+            f"Unknown django-ragchat setting RAGCHAT[{key!r}]{did_you_mean([key], sorted(DEFAULTS))}.",
             hint=f"Valid keys: {', '.join(sorted(DEFAULTS))}.", id="ragchat.E001",
         ))
     problems = ragchat_settings.problems()

@@ -35,6 +35,7 @@ def test_unknown_setting_key_is_reported(ragchat_settings_override):
     errors = checks.check_settings()
     assert ids(errors) == ["ragchat.E001"]
     assert "MAX_MESAGE_CHARS" in errors[0].msg and "MAX_MESSAGE_CHARS" in errors[0].hint
+    assert errors[0].msg.endswith("(did you mean 'MAX_MESSAGE_CHARS'?).")
 
 
 @pytest.mark.parametrize("profiles, fragment", [
