@@ -804,3 +804,17 @@ def test_a_topic_pages_name_is_no_attribute_of_another_topic_page(db, conversati
     if not inherits:
         later = run_turn_sync(conversation, "and how do I get one?")
         assert "delivery" not in later.trace["queries"]["final"], later.trace["queries"]
+
+
+
+@pytest.mark.parametrize("index", [None, SubjectIndex.from_rows([])])
+def test_a_short_question_of_its_own_opens_the_topic_a_later_it_carries(index):
+    """A new user's trial (a bakery whose pages name no subject): "How much does it cost?" after
+    "Do you deliver?" was searched with the first question ("How far in advance do I need to
+    order a celebration cake?"), for "Do you deliver?" asks in one word of its own, and declined
+    as about "far". "it" is the newest thing asked about."""
+    query = Query(text="How much does it cost?", original="",
+                  history=history("How far in advance do I need to order a celebration cake?", "Do you deliver?"))
+    result = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY, carry_opening=True).resolve(query, None, index)
+    assert result.text == "How much does it cost? Do you deliver?", result.text
+    assert result.metadata["transform_note"].startswith("follow-up: added the question that opened the topic ")

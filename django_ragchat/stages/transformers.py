@@ -482,9 +482,10 @@ class FollowUpEnricher(QueryTransformer):
                    for token, kind in classify_tokens(text, mid_sentence_names([text])))
 
     def _opens_a_topic(self, text: str) -> bool:
-        """A question that points back at nothing and asks in two words of its own ("How much
-        does a service cost?"); "Is there parking?" may still ask about what came before."""
-        return _is_question(text) and not self._points_back(text) and len(self._own_terms(text)) >= 2
+        """A question that points back at nothing and asks a word of its own ("How much does a
+        service cost?", "Do you deliver?"): a later "it" is the newest such thing asked about,
+        even when the question itself was short enough to be searched with the one before."""
+        return _is_question(text) and not self._points_back(text) and bool(self._own_terms(text))
 
     def _switches_topic(self, text: str, topic: str) -> bool:
         """"what about delivery?" after "How much does the plant care service cost?": an
