@@ -79,9 +79,9 @@ def recording(name: str):
     from django_ragchat.stages.llms import ExtractiveAnswerer  # noqa: PLC0415 - needs configured settings
 
     class Recording(ExtractiveAnswerer):
-        def answer(self, prompt):
+        def explained(self, prompt):
             RECORDED[name].append(prompt)
-            return super().answer(prompt)
+            return super().explained(prompt)
 
     Recording.name = f"bench_{name}"
     Recording.__name__ = Recording.__qualname__ = f"Recording{name.title()}"

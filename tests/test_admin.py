@@ -23,6 +23,7 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from django_ragchat.admin import views as admin_views
+from django_ragchat.admin.answerer_why import answerer_sentence
 from django_ragchat.models import (
     ENDING_STAGES,
     ApiKey,
@@ -744,6 +745,8 @@ def test_model_output_documents_and_user_text_are_escaped_everywhere(admin_clien
         "documents": [{"index": 1, "chunk_id": chunk.pk, "score": 0.5, "source": XSS}],
         "timings": {XSS: 1.0}, "model": XSS, "usage": {XSS: XSS}, "warnings": [XSS], "error": {"code": XSS},
         "ended_by": {"stage": XSS}, XSS: XSS,
+        "answerer": {"outcome": "declined", "asked": [XSS], "subjects": [XSS], "missing": XSS, "attempts": [
+            {"reason": "below_threshold", "closest": {"passage": 1, "sentence": XSS, "coverage": 0.1}}]},
     }, ended_by=XSS)
     feedback = Feedback.objects.create(message=answer, user=owner, rating="down", comment=XSS)
     memory = MemoryRecord.objects.create(conversation=conversation, kind="fact", content=XSS)
@@ -894,6 +897,51 @@ def test_a_traces_prompt_and_history_read_as_sentences():
         "10 earlier messages (#1 to #10); 2 supplied by the client")
     assert admin_views.history_sentence({"messages": 0, "seqs": []}) == "0 earlier messages"
     assert admin_views.history_sentence({"messages": 1, "seqs": [3, 3]}) == "1 earlier message (#3)"
+
+
+def test_the_trace_says_why_the_offline_answerer_answered_or_declined(admin_client, chatted):
+    """A new user's trial: the trace showed what was retrieved and the answer "The documents
+    don't say anything about ...", but not why no passage sentence was taken."""
+    declined = run_turn_sync(chatted, "Does the Aurora X2 come with a leather case?")
+    why = declined.trace["answerer"]
+    assert why["outcome"] == "declined" and why["attempts"][0]["reason"] == "below_threshold", why
+    closest = why["attempts"][0]["closest"]
+    assert closest["sentence"] and 0 <= closest["coverage"] < why["thresholds"]["min_coverage"], why
+    answered = TurnTrace.objects.filter(message__conversation=chatted).order_by("pk")[1].data["answerer"]
+    assert answered["outcome"] == "answered" and answered["picked"][0]["coverage"] > 0, answered
+
+    page = admin_client.get(url("conversation_change", chatted.pk)).content.decode()
+    assert page.count("<dt>Why this answer</dt>") == 3
+    assert "Declined: no sentence states “" in page and "The closest sentence, “" + escape(closest["sentence"]) in page
+    assert "Answered with " in page and "of the asked words (by weight)" in page
+
+
+@pytest.mark.parametrize("why, said", [
+    ({"outcome": "answered", "asked": ["warranty"], "subjects": ["aurora x2"],
+      "picked": [{"passage": 2, "sentence": "It has a two-year warranty.", "coverage": 1.0, "similarity": 0.81}],
+      "thresholds": {"min_coverage": 0.5, "min_similarity": 0.7}},
+     "Asked about “warranty” of “aurora x2”. Answered with 1 sentence of passage [2]; the first states 100% of the "
+     "asked words (by weight) and is 0.81 similar in meaning."),
+    ({"outcome": "declined", "asked": ["box", "office"], "missing": "box office hours",
+      "attempts": [{"reason": "below_threshold", "closest": {"passage": 1, "sentence": "Call 0161 000.",
+                                                             "coverage": 0.25, "similarity": 0.4}}],
+      "thresholds": {"min_coverage": 0.5}},
+     "Asked about “box”, “office”. Declined: no sentence states “box office hours”. The closest sentence, "
+     "“Call 0161 000.” (passage [1]), states 25% of the asked words (by weight); a sentence answers with at "
+     "least 50% of them."),
+    ({"outcome": "declined", "asked": ["price"], "attempts": [{"reason": "no_amount"}], "thresholds": {}},
+     "Asked about “price”. Declined: no sentence states what was asked. The question asks for an amount, and no "
+     "sentence on its subject states one."),
+    ({"outcome": "unknown_subject", "unknown": ["Galaxy S9"]},
+     "Declined: the question names “Galaxy S9”, which no passage is about."),
+    ({"outcome": "no_passages"}, "No passage had a sentence to answer from."),
+    # Odd shapes (a plugin's or another version's trace) leave parts out, never an error.
+    ({"outcome": "declined", "asked": "x", "attempts": ["y", {"closest": "z"}], "thresholds": []},
+     "Declined: no sentence states what was asked. No sentence answered (None)."),
+    ({}, ""), ("declined", ""),
+])
+def test_the_answerers_reasons_read_as_sentences(why, said):
+    assert answerer_sentence(why) == said
 
 
 def test_what_post_processors_and_augmenters_changed_shows_in_order_with_their_notes_escaped(admin_client, user):

@@ -23,9 +23,10 @@ import httpx
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
+from django.urls import reverse
 from django.utils import timezone
 
-from django_ragchat.models import Conversation, Message, ToolInvocation
+from django_ragchat.models import Conversation, Message, ToolInvocation, TurnTrace
 from django_ragchat.testing.openai_server import call, tool_calls
 from example_project.orders.models import Order
 from tests import test_tools, tool_plugins
@@ -61,7 +62,8 @@ def assert_stopped(events: list[dict], status: str = "cancelled") -> dict:
     return answer
 
 
-def test_cancel_over_rest_stops_an_answer_waiting_for_an_approval_at_once(use_tools, openai_server, user):
+def test_cancel_over_rest_stops_an_answer_waiting_for_an_approval_at_once(use_tools, openai_server, user,
+                                                                         admin_client):
     conversation, box, pending = awaiting_approval(use_tools, openai_server, user)
     alice = client_for(user)
     started = time.monotonic()
@@ -73,6 +75,10 @@ def test_cancel_over_rest_stops_an_answer_waiting_for_an_approval_at_once(use_to
     assert answer["tool_calls"][0]["error"]["code"] == "cancelled"
     assert tool_plugins.SENT == [] and len(chats(openai_server)) == 1  # not run, the model not asked again
     assert ToolInvocation.objects.get().status == "cancelled"
+    # The admin's trace gives the call that never ran no time (a trial read "0.0 ms" as a run).
+    trace = TurnTrace.objects.get(message_id=pending.message_id)
+    page = admin_client.get(reverse("admin:django_ragchat_turntrace_change", args=[trace.pk])).content.decode()
+    assert '<td class="ragchat-num"><span title="the tool did not run">—</span></td>' in page
     refused = post_json(alice, f"{API}/tool-calls/{pending.pk}/decision/", {"approve": True})
     assert (refused.status_code, refused.json()["code"]) == (409, "not_pending")
     # The conversation takes the next message at once.
@@ -110,6 +116,11 @@ def test_a_stop_asked_in_another_process_reaches_an_answer_being_written_at_its_
     assert time.monotonic() - started < 2
     stopped = assert_stopped(box["result"])
     assert stopped["content"].startswith("word0 word1") and "word499" not in stopped["content"]
+    # The stage it was stopped in keeps its time: the trace's stages add up to its total (a new
+    # user's trial: a stopped answer's trace had no llm time, the rows summing to a sliver of it).
+    timings = TurnTrace.objects.get(message_id=stopped["id"]).data["timings"]
+    assert timings["llm"] > 100 and sum(ms for stage, ms in timings.items() if stage != "total") == pytest.approx(
+        timings["total"], rel=0.05), timings
 
 
 def test_a_websocket_cancel_stops_an_answer_another_transport_writes(use_tools, openai_server, user):

@@ -24,6 +24,7 @@ from django.db import transaction
 from django.db.models import Prefetch, Q
 
 from django_ragchat.access import UNRESTRICTED, Principals, principals_of_user_id
+from django_ragchat.admin.answerer_why import answerer_sentence
 from django_ragchat.models import (
     ApiKey,
     Chunk,
@@ -51,7 +52,7 @@ KNOWN_TRACE_KEYS = frozenset({
     "profile", "question", "queries", "retrieval", "documents", "prompt", "timings", "model",
     "usage", "ended_by", "tokenizer", "history", "warnings", "error", "cancelled", "components",
     "origin", "supplied_history", "postprocess", "response_augmenters",
-    "tools", "tools_offered", "tool_steps", "tool_step_limit_reached", "approval_wait_ms",
+    "tools", "tools_offered", "tool_steps", "tool_step_limit_reached", "approval_wait_ms", "answerer",
 })
 
 
@@ -145,6 +146,10 @@ class Timing:
         return min(100.0, round(100 * (self.wait_ms or 0.0) / self.ms, 1)) if self.ms else 0.0
 
 
+#: The statuses of a tool call that never ran (``ToolInvocation.Status``).
+NOT_RUN = frozenset({"rejected", "abandoned", "cancelled"})
+
+
 @dataclass
 class ToolCallView:
     """One tool call of a turn, as a person reads it."""
@@ -164,6 +169,12 @@ class ToolCallView:
     @property
     def failed(self) -> bool:
         return self.status not in ("done", "")
+
+    @property
+    def ran(self) -> bool:
+        """Whether the tool ran: a call rejected, abandoned or cancelled before it ran has no time
+        of its own (its 0.0 ms read as a call that ran in no time)."""
+        return self.status not in NOT_RUN
 
 
 def _pretty(value: Any) -> str:
@@ -193,6 +204,7 @@ class TraceView:
     usage: dict = field(default_factory=dict)
     prompt: str = ""  # the prompt's size against its budget, as a sentence (``prompt_sentence``)
     history: str = ""  # the earlier messages the model was shown (``history_sentence``)
+    answerer: str = ""  # why the offline answerer answered or declined (``answerer_sentence``)
     ended_by: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     error: dict = field(default_factory=dict)
@@ -568,6 +580,7 @@ def _read_outcome(view: TraceView, data: dict) -> None:
     view.usage = _as_dict(data.get("usage"))
     view.prompt = prompt_sentence(_as_dict(data.get("prompt")))
     view.history = history_sentence(_as_dict(data.get("history")))
+    view.answerer = answerer_sentence(_as_dict(data.get("answerer")))
     ended_by = data.get("ended_by")
     view.ended_by = ended_by if isinstance(ended_by, dict) else ({"stage": str(ended_by)} if ended_by else {})
     warnings = data.get("warnings")

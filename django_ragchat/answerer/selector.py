@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from django_ragchat.answerer.passages import Passage, Sentence, build_passages, candidate_words, cite
 from django_ragchat.answerer.question import (
@@ -79,6 +79,8 @@ MIN_SIMILARITY = 0.7
 #: when its passage never states an asked word that another passage's heading is about (it is
 #: about another topic); calibrated on the tuning sets (bench/README.md).
 OTHER_TOPIC_SIMILARITY = 0.35
+#: A sentence in the answer's explanation (``Why``) is cut to about this many characters.
+WHY_SENTENCE_CHARS = 160
 #: With a semantic model: a passage word whose vector is this close to an asked word states it
 #: (as a synonym would), with NEAR_WORD_EVIDENCE.
 NEAR_WORD_SIMILARITY = 0.45
@@ -408,6 +410,53 @@ class _Scoring:
         return Choice(p, s, score, own_cov)
 
 
+def _no_note(reason: str, best: Choice | None = None) -> list[Choice]:
+    return []
+
+
+def _choice_dict(c: Choice) -> dict:
+    """A sentence as the trace keeps it: its passage's citation number, the start of its text
+    and its scores."""
+    text = c.sentence.text
+    return {"passage": c.passage.index, "sentence": text if len(text) <= WHY_SENTENCE_CHARS
+            else text[:WHY_SENTENCE_CHARS].rsplit(" ", 1)[0] + " …",
+            "coverage": round(c.coverage, 3), "similarity": round(c.similarity, 3)}
+
+
+@dataclass
+class Why:
+    """What ``AnswerSelector.explained`` records of one answer: its outcome and, for each search
+    of the sentences that found none good enough, the reason and the closest sentence."""
+
+    outcome: str = ""  # answered, declined, unknown_subject, compared, no_passages
+    asked: list[str] = field(default_factory=list)  # the asked words, as a decline names them
+    subjects: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    missing: str = ""  # what a decline says the documents do not state
+    picked: list[dict] = field(default_factory=list)
+    parts: dict = field(default_factory=dict)  # a question of several parts: how many were answered
+    attempts: list[dict] = field(default_factory=list)
+
+    def attempt(self, reason: str, best: Choice | None = None) -> list[Choice]:
+        """A search of the sentences that returned none, and why; always ``[]``."""
+        self.attempts.append({"reason": reason, **({"closest": _choice_dict(best)} if best else {})})
+        return []
+
+    def answered(self, picked: list[Choice], parts: int = 0, unanswered: int = 0) -> None:
+        self.outcome, self.picked = "answered", [_choice_dict(c) for c in picked]
+        if parts:
+            self.parts = {"asked": parts, "unanswered": unanswered}
+
+    def as_dict(self, selector: AnswerSelector) -> dict:
+        found = {"outcome": self.outcome or "answered", "asked": self.asked, "subjects": self.subjects,
+                 "unknown": self.unknown, "missing": self.missing, "picked": self.picked, "parts": self.parts,
+                 "attempts": self.attempts}
+        thresholds = {"min_coverage": selector.min_coverage}
+        if selector.similarity is not None:
+            thresholds.update(min_similarity=selector.min_similarity, other_topic_similarity=OTHER_TOPIC_SIMILARITY)
+        return {key: value for key, value in found.items() if value} | {"thresholds": thresholds}
+
+
 class AnswerSelector:
     """The engine, independent of Django and the pipeline: ``answer(prompt) -> str``."""
 
@@ -470,12 +519,29 @@ class AnswerSelector:
                 return False
         return True
 
+    #: Per call of ``explained``: why the answer is what it is (``Why``); ``None`` otherwise.
+    why: Why | None = None
+
     def answer(self, prompt: Prompt) -> str:
+        return self._answer(prompt, None)
+
+    def explained(self, prompt: Prompt) -> tuple[str, dict]:
+        """``answer(prompt)`` and why, as a JSON-ready dictionary for the turn's trace: the
+        outcome, the asked words, and the closest sentence with its scores against the
+        thresholds (docs/answerer.md, "Why this answer")."""
+        why = Why()
+        text = self._answer(prompt, why)
+        return text, why.as_dict(self)
+
+    def _answer(self, prompt: Prompt, why: Why | None) -> str:
         stored = read_stored(prompt.documents, self.vocabulary, self.space)
         passages = build_passages(prompt.documents, self.vocabulary, stored)
         if not any(p.sentences for p in passages):
+            if why is not None:
+                why.outcome = "no_passages"
             return self.no_answer
-        reader = self if self.similarity is None else self.reading_meaning(prompt, passages)
+        reader = copy.copy(self) if self.similarity is None else self.reading_meaning(prompt, passages)
+        reader.why = why
         return reader.answer_from(prompt, passages)
 
     def reading_meaning(self, prompt: Prompt, passages: list[Passage]) -> AnswerSelector:
@@ -514,18 +580,27 @@ class AnswerSelector:
         question = without_markup(prompt.question)
         search_query = without_markup(prompt.search_query or prompt.question)
         need = analyse_query(question, search_query, passages, self.vocabulary)
+        if self.why is not None:
+            self.why.asked = [need.labels.get(k, k) for k in need.groups if k in need.own]
+            self.why.subjects = sorted(" ".join(s) for s in need.subjects)
         if need.unknown and not need.subjects:
             # "Does the Galaxy S9 have a warranty?": another product's warranty is no answer.
             names = self.messages["names_joiner"].join(dict.fromkeys(need.unknown[:MAX_ECHOED_NAMES]))
+            if self.why is not None:
+                self.why.outcome, self.why.unknown = "unknown_subject", list(dict.fromkeys(need.unknown))
             return self.messages["unknown_subject"].format(names=echoed(names))
         if self.vocabulary.pattern("comparison").search(question) and (not need.subjects or len(need.subjects) > 1):
             compared = self.compare(need, passages)
             if compared:
+                if self.why is not None:
+                    self.why.outcome = "compared"
                 return compared
         eligible = self.eligible(need, passages)
         parts = question_parts(question, self.vocabulary)
         if len(parts) < 2:
             picked = self.pick(need, passages, eligible)
+            if picked and self.why is not None:
+                self.why.answered(picked)
             return self.cited(picked) if picked else self.decline(need, passages, eligible)
         return self.answer_parts(parts, need, (question, search_query), passages, eligible)
 
@@ -545,6 +620,8 @@ class AnswerSelector:
                 unanswered.append(part_need)
         if not answered:
             return self.decline(need, passages, eligible)
+        if self.why is not None:
+            self.why.answered(answered[:self.max_sentences + 1], parts=len(parts), unanswered=len(unanswered))
         text = self.cited(answered[:self.max_sentences + 1])
         stated = frozenset().union(*(c.sentence.stems | c.passage.heading_stems for c in answered))
         unanswered = [n for n in unanswered if not any(self.vocabulary.covers(k, stated) for k in n.own)]
@@ -636,8 +713,9 @@ class AnswerSelector:
     def select(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> list[Choice]:
         """The sentences of ``eligible`` (``self.eligible(need, passages)``) that answer ``need``,
         in order; empty when none states enough of it."""
+        note = self.why.attempt if self.why is not None else _no_note
         if not eligible:
-            return []
+            return note("no_sentence_on_subject")
         if not need.own:
             return self.describe(need, eligible)
         scoring = _Scoring(need, _weights(need, passages, eligible, self.vocabulary, self.word_norms),
@@ -648,15 +726,16 @@ class AnswerSelector:
         if need.wants_number:  # "how long / how many / how heavy" is answered by a quantity
             choices = [c for c in choices if c.sentence.has_number or c.sentence.has_currency]
         if not choices:
-            return []
+            return note("no_amount" if need.must_amount else "no_number" if need.wants_number else "no_sentence")
         if self.similarity is not None:
             choices = self.with_similarity(need, choices)
         best = max(choices, key=lambda c: (c.score, -c.passage.index, -c.sentence.position))
         if best.coverage < self.min_coverage and best.similarity < self.min_similarity:
-            return []
+            return note("below_threshold", best)
         if (self.similarity is not None and best.similarity < OTHER_TOPIC_SIMILARITY
                 and _topics_elsewhere(need, eligible, best.passage, self.vocabulary)):
-            return []  # "Do you deliver on Saturdays?" is not answered by the support lines' Saturday hours
+            # "Do you deliver on Saturdays?" is not answered by the support lines' Saturday hours
+            return note("other_topic", best)
         return self.compose(best, choices, need)
 
     def with_similarity(self, need: Need, choices: list[Choice]) -> list[Choice]:
@@ -755,6 +834,8 @@ class AnswerSelector:
         """Say plainly that the documents don't state it, naming what they do describe."""
         m = self.messages
         topic = echoed(self._topic(need, eligible))
+        if self.why is not None:
+            self.why.outcome, self.why.missing = "declined", topic
         passage_of = {id(p): p for p, _ in eligible}
         on_subject = [p for p in passages if id(p) in passage_of]
         subject = next((p for p in on_subject if p.subject in need.subjects), None) if need.subjects else None

@@ -135,15 +135,27 @@ class ExtractiveAnswerer(LLMBackend):
                                embedder=embedder_for(profile))
 
     def answer(self, prompt: Prompt) -> str:
-        return self.selector.answer(prompt)
+        return self.explained(prompt)[0]
+
+    def explained(self, prompt: Prompt) -> tuple[str, dict]:
+        """The answer and why it is what it is (``AnswerSelector.explained``)."""
+        return self.selector.explained(prompt)
+
+    def _answer_for(self, prompt: Prompt, turn: TurnContext | None) -> str:
+        """The answer, with why it is what it is in the turn's trace (``answerer``: the admin's
+        "Why this answer")."""
+        text, why = self.explained(prompt)
+        if isinstance(getattr(turn, "trace", None), dict):
+            turn.trace["answerer"] = why
+        return text
 
     async def complete(self, prompt, turn):
-        text = self.answer(prompt)
+        text = self._answer_for(prompt, turn)
         return LLMResponse(text=text, model=self.model,
                            usage=Usage(prompt.token_count, count_tokens(text)))
 
     async def stream(self, prompt, turn):
-        text = self.answer(prompt)
+        text = self._answer_for(prompt, turn)
         for piece in re.findall(r"\S+\s*", text):
             yield LLMDelta(text=piece)
             await asyncio.sleep(0)  # let other turns on this event loop run between words

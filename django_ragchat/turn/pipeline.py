@@ -926,6 +926,7 @@ async def _stopped(turn: TurnContext, run: _Answering, stoppable: stops.Stoppabl
     clients are told as of a turn that ended, not of a task they cancelled. ``None`` for a
     cancellation or a close of their own, which goes on."""
     turn.trace["cancelled"] = True
+    failed_stage(turn)  # the stage it was stopped in keeps its time until the stop: the timings add up
     # Shielded: the partial answer must be saved even though this task is cancelled.
     payload = await asyncio.shield(_save(turn, run, Answer(text=run.partial()), Message.Status.INCOMPLETE,
                                          shutdown.stopped_error()))
