@@ -6,10 +6,12 @@
     .venv/bin/python bench/bench_streaming.py --llm extractive    # the offline answerer instead
     .venv/bin/python bench/bench_streaming.py --workers 2     # two uvicorn workers, Redis layer
     .venv/bin/python bench/bench_streaming.py --scaleout      # 1 (in-memory), 1, 2, 4 workers (Redis) at 100, 400
+    .venv/bin/python bench/bench_streaming.py --token-delay 0.01   # a model writing 100 tokens a second
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/ragchat .venv/bin/python bench/bench_streaming.py
 
 Processes: this one (the clients); a loopback OpenAI-compatible server (``FakeOpenAIServer``,
-standard library, streaming each answer as 200 one-word tokens with no delay); one uvicorn
+standard library, streaming each answer as 200 one-word tokens with no delay unless
+``--token-delay``); one uvicorn
 worker serving ``example_project.asgi`` (websocket and server-sent events; in-memory channel
 layer; websocket compression off unless ``--ws-deflate``), or with ``--workers 2`` two uvicorn
 processes on the Redis channel layer (127.0.0.1:6379, a key prefix of the run's own), the
@@ -35,7 +37,9 @@ along five paths:
 * ``model``: the ``openai`` client streaming straight from the model server (no django-ragchat);
 * ``pipeline``: ``stream_turn`` in this process, N concurrent tasks (the turn without transport);
 * ``websocket``: through uvicorn and the chat consumer;
-* ``sse asgi`` / ``sse wsgi``: the server-sent events endpoint under uvicorn / gunicorn.
+* ``sse asgi`` / ``sse wsgi``: the server-sent events endpoint under uvicorn / gunicorn;
+* ``websocket before``, ``sse asgi before``, ``sse wsgi before``: the same from another checkout
+  (``--baseline DIR``, e.g. a ``git archive`` of the commit before a change), its own servers.
 
 Tokens/s is all deltas delivered over the round's wall time.
 """
@@ -71,7 +75,10 @@ QUESTIONS = (
     "How long does the Zephyr Buds battery last?",
     "What does the Nimbus Tab warranty cover?",
 )
-PATHS = ("model", "bare relay", "pipeline", "websocket", "websocket before", "sse asgi", "sse wsgi")
+PATHS = ("model", "bare relay", "pipeline", "websocket", "websocket before", "sse asgi", "sse asgi before",
+         "sse wsgi", "sse wsgi before")
+# The paths served by the baseline's checkout (``--baseline``), each beside the same path on this one.
+BEFORE_PATHS = ("websocket before", "sse asgi before", "sse wsgi before")
 DEFAULT_PATHS = ("model", "pipeline", "websocket", "sse asgi", "sse wsgi")
 # Issue 27's table: 100 clients in the same instant, 50 at once, 100 arriving over 5 s.
 ISSUE_27_LOADS = "100,50,100/5"
@@ -526,18 +533,24 @@ def start_servers(stack: contextlib.ExitStack, env: dict, paths: list[str], clie
         env["RAGCHAT_BENCH_REDIS_PREFIX"] = f"ragchat-bench-{secrets.token_hex(4)}"
     if {"websocket", "sse asgi"} & set(paths):
         servers["asgi"] = [uvicorn("example_project.asgi:application", f"uvicorn {w}") for w in range(workers)]
-    if "websocket before" in paths:  # the same app from another checkout (the code before a change)
-        servers["asgi before"] = [uvicorn("example_project.asgi:application", "uvicorn (baseline)", Path(baseline),
+    if {"websocket before", "sse asgi before"} & set(paths):  # the same app from another checkout
+        servers["asgi before"] = [uvicorn("example_project.asgi:application", "baseline uvicorn", Path(baseline),
                                           {"PYTHONPATH": baseline, **(baseline_env or {})})]
     if "bare relay" in paths:
         servers["bare"] = [uvicorn("bench.bare_relay:application", "bare relay")]
-    if "sse wsgi" in paths:
-        wsgi_port = free_port()
-        servers["wsgi"] = [stack.enter_context(process([
-            sys.executable, "-m", "gunicorn", "example_project.wsgi", "--bind", f"127.0.0.1:{wsgi_port}",
+    def gunicorn(name: str, cwd: Path = ROOT, extra_env: dict | None = None) -> str:
+        port = free_port()
+        return stack.enter_context(process([
+            sys.executable, "-m", "gunicorn", "example_project.wsgi", "--bind", f"127.0.0.1:{port}",
             "--workers", "1", "--worker-class", "gthread", "--threads", str(clients + 4),
             "--log-level", "warning",
-        ], env, wsgi_port, "gunicorn", pids=pids))]
+        ], {**env, **(extra_env or {})}, port, name, cwd=cwd, pids=pids))
+
+    if "sse wsgi" in paths:
+        servers["wsgi"] = [gunicorn("gunicorn")]
+    if "sse wsgi before" in paths:
+        servers["wsgi before"] = [gunicorn("baseline gunicorn", Path(baseline),
+                                           {"PYTHONPATH": baseline, **(baseline_env or {})})]
     return servers
 
 
@@ -556,7 +569,8 @@ def measure_round(path: str, n: int, stagger: float, env: dict, servers: dict, c
         addresses = servers["asgi" if path == "websocket" else "asgi before"]
         answers, elapsed = asyncio.run(websocket_round(addresses, group, conversation_ids, expected, stagger))
     else:
-        addresses = servers["asgi"] if path == "sse asgi" else servers["wsgi"]
+        addresses = servers[{"sse asgi": "asgi", "sse asgi before": "asgi before", "sse wsgi": "wsgi",
+                             "sse wsgi before": "wsgi before"}[path]]
         answers, elapsed = asyncio.run(sse_round(addresses, group, conversation_ids, expected, stagger))
     check_saved(answers)
     return answers, elapsed
@@ -574,8 +588,9 @@ class Bench:
 
 
 @contextlib.contextmanager
-def bench(tokens: int, llm: str, most: int):
-    """The model server process and a fresh database with ``most`` users logged in."""
+def bench(tokens: int, llm: str, most: int, token_delay: float = 0.0):
+    """The model server process (``token_delay`` seconds before each token) and a fresh database
+    with ``most`` users logged in."""
     with tempfile.TemporaryDirectory(prefix="ragchat-bench-stream-") as tmpdir:
         arrivals_log = os.path.join(tmpdir, "arrivals.log")
         model_port = free_port()
@@ -585,22 +600,38 @@ def bench(tokens: int, llm: str, most: int):
         pids: dict[str, int] = {}
         with contextlib.ExitStack() as stack:
             stack.enter_context(process([sys.executable, __file__, "--serve-model", str(model_port),
-                                         "--tokens", str(tokens), "--arrivals", arrivals_log],
+                                         "--tokens", str(tokens), "--arrivals", arrivals_log,
+                                         "--token-delay", str(token_delay)],
                                         env, model_port, "model server", pids=pids))
             db_env = stack.enter_context(database(tmpdir))
             env.update(db_env, DJANGO_SETTINGS_MODULE="bench.streaming_settings")
             yield Bench(env, make_callers(most), arrivals_log, reply_text(tokens) if llm == "openai" else None, pids)
 
 
-# The server processes (``start_servers``' names) whose CPU time a path's answers cost.
-PATH_PROCESSES = {"websocket": "uvicorn ", "sse asgi": "uvicorn ", "websocket before": "uvicorn (baseline)",
-                  "bare relay": "bare relay", "sse wsgi": "gunicorn"}
+# The server processes (``start_servers``' names, by prefix) whose CPU time a path's answers cost.
+PATH_PROCESSES = {"websocket": "uvicorn ", "sse asgi": "uvicorn ", "websocket before": "baseline uvicorn",
+                  "sse asgi before": "baseline uvicorn", "bare relay": "bare relay", "sse wsgi": "gunicorn",
+                  "sse wsgi before": "baseline gunicorn"}
 
 
 def path_cpu(path: str, pids: dict[str, int]) -> float:
-    """CPU seconds used so far by the server processes of ``path`` (0 for the in-process paths)."""
+    """CPU seconds used so far by the server processes of ``path`` and their children (gunicorn's
+    worker is its master's child), 0 for the in-process paths."""
     prefix = PATH_PROCESSES.get(path)
-    return sum(cpu_seconds(pid) for name, pid in pids.items() if prefix and name.startswith(prefix))
+    return sum(cpu_seconds(each) for name, pid in pids.items() if prefix and name.startswith(prefix)
+               for each in process_tree(pid))
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants alive now (``/proc/<pid>/task/<tid>/children``)."""
+    found, todo = [], [pid]
+    while todo:
+        each = todo.pop()
+        found.append(each)
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{each}/task").iterdir():
+                todo += [int(child) for child in (task / "children").read_text().split()]
+    return found
 
 
 def measure_load(b: Bench, servers: dict, paths: list[str], n: int, stagger: float, rounds: int) -> dict:
@@ -621,12 +652,12 @@ def measure_load(b: Bench, servers: dict, paths: list[str], n: int, stagger: flo
 
 def run(loads: list[tuple[int, float]], rounds: int, tokens: int, llm: str, paths: list[str],
         ws_deflate: bool = False, workers: int = 1, baseline: str | None = None,
-        cpu_rows: list | None = None, baseline_env: dict | None = None) -> list[list]:
+        cpu_rows: list | None = None, baseline_env: dict | None = None, token_delay: float = 0.0) -> list[list]:
     """The table's rows; with ``cpu_rows``, (path, load, CPU seconds, answers) of every server path."""
     if llm != "openai":
         paths = [p for p in paths if p not in ("model", "bare relay")]
     most = max(n for n, _ in loads)
-    with bench(tokens, llm, most) as b, contextlib.ExitStack() as stack:
+    with bench(tokens, llm, most, token_delay) as b, contextlib.ExitStack() as stack:
         servers = start_servers(stack, b.env, paths, most, ws_deflate, workers, baseline, pids=b.pids,
                                 baseline_env=baseline_env)
         for path in paths:  # warm-up: connections, vector index, clients
@@ -789,7 +820,7 @@ def goals(rows: list[list]) -> list[str]:
     """Issue 27's goals for one worker, from the rows of this run (``--issue27``)."""
     cell = {(row[0], row[1]): row for row in rows}
     lines = []
-    for app in ("websocket", "websocket before"):
+    for app in ("websocket", "websocket before", "sse asgi", "sse asgi before", "sse wsgi", "sse wsgi before"):
         burst, model, bare = cell.get(("100", app)), cell.get(("100", "model")), cell.get(("100", "bare relay"))
         spread, model_spread = cell.get(("100/5s", app)), cell.get(("100/5s", "model"))
         if burst and model:
@@ -817,7 +848,8 @@ def main(argv: list[str] | None = None) -> None:
                              "(and 'websocket before' with --baseline), and its goals")
     parser.add_argument("--baseline", metavar="DIR",
                         help="another checkout of the project (e.g. a git archive of the commit before a "
-                             "change): the path 'websocket before' serves its code, in the same run")
+                             "change): the paths 'websocket before', 'sse asgi before' and 'sse wsgi before' serve its "
+                             "code, in the same run")
     parser.add_argument("--baseline-env", action="append", default=[], metavar="KEY=VALUE",
                         help="extra environment of the baseline's server, e.g. --baseline . --baseline-env "
                              "RAGCHAT_BENCH_STARTING_TURNS=0: the same code with a setting changed (repeatable)")
@@ -841,7 +873,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="spread each round's starts evenly over this many seconds (default: all at once)")
     parser.add_argument("--serve-model", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--arrivals", help=argparse.SUPPRESS)
-    parser.add_argument("--token-delay", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--token-delay", type=float, default=0.0, metavar="SECONDS",
+                        help="the model server's pause before each token (default 0: as fast as the socket "
+                             "takes them; 0.01: a model writing 100 tokens a second)")
     args = parser.parse_args(argv)
     if args.serve_model:
         return serve_model(args.serve_model, args.tokens, args.arrivals, args.token_delay)
@@ -860,8 +894,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(paths) - set(PATHS)
     if unknown:
         parser.error(f"unknown paths {sorted(unknown)}; choose from {', '.join(PATHS)}")
-    if "websocket before" in paths and not args.baseline:
-        parser.error("the path 'websocket before' needs --baseline DIR")
+    if set(BEFORE_PATHS) & set(paths) and not args.baseline:
+        parser.error(f"the paths {', '.join(repr(p) for p in BEFORE_PATHS)} need --baseline DIR")
     if any("=" not in item for item in args.baseline_env):
         parser.error("--baseline-env takes KEY=VALUE")
     baseline_env = dict(item.split("=", 1) for item in args.baseline_env)
@@ -870,17 +904,18 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     cpu_rows: list = []
     rows = run(loads, args.rounds, args.tokens, args.llm, paths, args.ws_deflate, args.workers, args.baseline,
-               cpu_rows, baseline_env)
+               cpu_rows, baseline_env, args.token_delay)
     from django.db import connection
 
     deflate = "on" if args.ws_deflate else "off"
     asgi_workers = ("one uvicorn worker (in-memory layer)" if args.workers == 1
                     else f"{args.workers} uvicorn workers (Redis layer)")
-    print(f"Streaming: {args.tokens}-token answers ({args.llm}), {args.rounds} round(s) per cell; {asgi_workers} "
+    pace = f", a token every {args.token_delay * 1000:g} ms" if args.token_delay else ""
+    print(f"Streaming: {args.tokens}-token answers ({args.llm}{pace}), {args.rounds} round(s) per cell; {asgi_workers} "
           f"(websocket compression {deflate}), one gunicorn gthread worker, {connection.vendor}; {machine()}")
-    if "websocket before" in paths:
+    if set(BEFORE_PATHS) & set(paths):
         extra = "".join(f" {key}={value}" for key, value in baseline_env.items())
-        print(f"websocket before: the app from {args.baseline}{' with' + extra if extra else ''}")
+        print(f"{', '.join(p for p in paths if p in BEFORE_PATHS)}: the app from {args.baseline}{' with' + extra if extra else ''}")
     print("load: N clients at once, or N/Ss spread over S seconds. Milliseconds, p50 and p99 over every client "
           "of every round. ttft: message sent -> first token received. before model: message sent -> the model "
           "server receives the request (django-ragchat's work: receive, save, retrieve, prompt; and waiting for "

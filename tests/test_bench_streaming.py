@@ -50,6 +50,28 @@ def test_a_baseline_of_the_same_code_with_a_setting_changed_runs_beside_it():
 
 
 @pytest.mark.slow
+def test_the_server_sent_events_paths_of_a_baseline_run_beside_these():
+    """``--baseline DIR`` serves 'sse asgi before' and 'sse wsgi before' from DIR's own uvicorn and
+    gunicorn, beside this checkout's, every answer whole; ``--token-delay`` paces the model."""
+    paths = ["sse asgi", "sse asgi before", "sse wsgi", "sse wsgi before"]
+    result = run_bench("bench_streaming.py", "--quick", "--loads", "3", "--paths", ",".join(paths), "--baseline", ".",
+                       "--token-delay", "0.002")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sse asgi before, sse wsgi before: the app from ." in result.stdout
+    assert "20-token answers (openai, a token every 2 ms)" in result.stdout
+    rows = [re.split(r"\s{2,}", line.strip()) for line in result.stdout.splitlines() if line[:1].isdigit()]
+    assert [row[1] for row in rows] == paths, result.stdout
+    # No token lost, duplicated or reordered; every saved answer is the text streamed.
+    assert all(row[-3:] == ["0/0/0", "0", "0/0"] for row in rows), result.stdout
+    # The server CPU table has a row per path, each its own server's processes, which did work.
+    cpu = {row[0]: float(row[2]) for row in (re.split(r"\s{2,}", line.strip()) for line in result.stdout.splitlines())
+           if row[0] in paths and len(row) == 5}
+    assert set(cpu) == set(paths) and all(seconds > 0 for seconds in cpu.values()), result.stdout
+    refused = run_bench("bench_streaming.py", "--paths", "sse wsgi before", timeout=60)
+    assert refused.returncode == 2 and "need --baseline DIR" in refused.stderr
+
+
+@pytest.mark.slow
 def test_two_workers_on_the_redis_layer_lose_no_token():
     """``--workers 2``: two uvicorn processes on the Redis channel layer, the clients split."""
     result = run_bench("bench_streaming.py", "--quick", "--workers", "2", "--paths", "websocket,sse asgi")
