@@ -345,6 +345,64 @@ def test_the_asgi_body_stops_the_turn_when_django_closes_the_response():
     assert async_to_sync(scenario)() == ["closed"]
 
 
+def test_an_event_the_asgi_body_waited_for_reaches_it_in_one_loop_iteration_with_the_keepalive_timer():
+    """The keep-alive's timer (``STREAM_HEARTBEAT_SECONDS``, which ``stream_view`` passes) adds no
+    step between the turn's event and the response: on Python 3.11 ``asyncio.wait_for`` ran the
+    queue's ``get`` in a task of its own, so each event the body waited for (every token of a
+    model slower than the worker) reached it two event-loop iterations later, each as long as
+    the other turns' work queued on the loop (issue 27's re-measure, 6 December)."""
+
+    async def scenario(keepalive):
+        put = asyncio.Event()
+
+        async def events():
+            for stage in ("retrieving", "generating", "done"):
+                await put.wait()
+                put.clear()
+                yield StageChanged(stage=stage)
+
+        loop, ticks = asyncio.get_running_loop(), [0]
+
+        def tick():
+            ticks[0] += 1
+            loop.call_soon(tick)
+
+        loop.call_soon(tick)
+        body = AsyncEventBody(lambda: events(), keepalive=keepalive)
+        iterations = []
+        for _ in range(3):
+            reading = asyncio.ensure_future(anext(body))
+            await asyncio.sleep(0.01)  # the body waits on an empty queue
+            assert not reading.done()
+            put.set()
+            started = ticks[0]
+            await reading
+            iterations.append(ticks[0] - started)
+        return iterations
+
+    assert async_to_sync(scenario)(None) == async_to_sync(scenario)(10.0), "the keep-alive's timer costs iterations"
+
+
+def test_the_asgi_body_sends_a_keepalive_comment_after_each_silence_then_the_event():
+    gate = asyncio.Event()
+
+    async def events():
+        await gate.wait()
+        yield StageChanged(stage="retrieving")
+
+    async def scenario():
+        body = AsyncEventBody(lambda: events(), keepalive=0.05)
+        sent = [await anext(body), await anext(body)]  # two silences, a comment each
+        gate.set()
+        sent.append(await anext(body))
+        with pytest.raises(StopAsyncIteration):
+            await anext(body)
+        return sent
+
+    first, second, event = async_to_sync(scenario)()
+    assert first == second == b": keep-alive\n\n" and b"retrieving" in event
+
+
 def test_a_new_conversation_starts_with_the_profile_its_message_names(server, product_corpus, user):
     """The widget's ``profile`` option: a message that starts a conversation says its profile; a
     name that is no profile is refused as the REST API refuses it, and nothing is created."""

@@ -209,7 +209,11 @@ class AsyncEventBody:
             if timeout is None or not self._queue.empty():
                 kind, value = await self._queue.get()
             else:  # only when there is a wait: a timer per event would cost every delta
-                kind, value = await asyncio.wait_for(self._queue.get(), timeout)
+                # Not ``wait_for``, which on Python 3.11 runs the ``get`` in a task of its own: an
+                # event it waited for reached the body two loop iterations later, each as long as
+                # the other turns' work on the loop. (3.12's ``wait_for`` is this ``timeout``.)
+                async with asyncio.timeout(timeout):
+                    kind, value = await self._queue.get()
         except asyncio.CancelledError:
             await self._stop()
             raise
