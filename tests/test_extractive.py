@@ -1154,6 +1154,26 @@ def test_a_numbered_thing_no_passage_names_is_not_another_one(db, question, unkn
     assert "Its status is shipped" in ask("What is the status of order 1?")
 
 
+YOUR_TICKETS = {
+    f"tickets/{n}.md": f"# Your ticket #{n}: {title}\n\nYou opened ticket #{n} \"{title}\" on Monday 1 December "
+                       f"2026; your ticket's status is {status}.\n"
+    for n, title, status in [(1, "VPN drops every hour", "open"), (2, "Printer on floor 4 jams", "resolved")]
+}
+
+
+def test_a_ticket_number_no_passage_writes_is_declined_when_they_write_theirs_in_lower_case(db):
+    """A new user's helpdesk (a ModelSource titling each ticket "Your ticket #2: ..."): "What is
+    the status of ticket #5?" was answered with ticket #2's status, for only a capitalised name
+    ("Order 1") counted as a thing named by number."""
+    ingest_pages(YOUR_TICKETS)
+    answer = ask("What is the status of ticket #5?")
+    assert "resolved" not in answer and "open" not in answer and "don't mention ticket #5" in answer, answer
+    assert "status is resolved" in ask("What is the status of ticket #2?")
+    # A number without a mark names no kind of thing: "aged 2 to 5" is no "aged 3" missing.
+    ingest_pages({"storytime.md": "# Storytime\n\nStorytime is for children aged 2 to 5, every Saturday.\n"})
+    assert "every Saturday" in ask("Is storytime for children aged 3?")
+
+
 
 COUNCIL_LIBRARIES = {
     "libraries.md": "# Libraries\n\nThe council runs eight public libraries. The Central Library is open Monday to "

@@ -328,15 +328,23 @@ def _unknown_codes(question: str, known_stems: frozenset[str], vocabulary: Vocab
             if m.group(0) not in in_names and not _known_code(fold(m.group(0)), known_stems)]
 
 
-def _unknown_numbered(question: str, entities: _Entities) -> list[str]:
+def _unknown_numbered(question: str, entities: _Entities, passages: list[Passage]) -> list[str]:
     """Things named by a kind and a number that no passage names, where the passages name things
     of that kind by number: "What is the status of order 2?" over the passage of Order 1 asks
-    about an order that is not there (a site's own orders, tickets, rooms)."""
-    pattern = entities.vocabulary.language.patterns.get("numbered")  # optional: a language may have none
+    about an order that is not there (a site's own orders, tickets, rooms). The passages name
+    them as names ("Order 1") or, in lower case, with a mark (the ``numbered_marked`` pattern:
+    "your ticket #2", "order number 17"; not "aged 2 to 5")."""
+    patterns = entities.vocabulary.language.patterns
+    pattern = patterns.get("numbered")  # optional: a language may have none
     numbers_of: dict[str, set[str]] = {}  # kind -> the numbers the passages name ("order" -> {"1"})
     for e in entities.known:
         if len(e) > 1 and e[-1].isdigit():
             numbers_of.setdefault(stem(e[-2]), set()).add(e[-1])
+    marked = patterns.get("numbered_marked")
+    if marked is not None:
+        for p in passages:
+            for m in marked.finditer(" ".join([p.heading_leaf, *(s.text for s in p.sentences)])):
+                numbers_of.setdefault(stem(fold(m.group(1))), set()).add(m.group(2))
     if pattern is None or not numbers_of:
         return []
     found = []
@@ -361,7 +369,7 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
     # "How long does the Zephyr Kettle take to boil?": the unknown name names no subject, even in
     # part, and the conversation's subject is not what the question is about either.
     foreign = (_foreign_names(question, entities, known_stems) + _unknown_codes(question, known_stems, v)
-               + _unknown_numbered(question, entities))
+               + _unknown_numbered(question, entities, passages))
     for display in foreign:
         need.unknown.append(_POSSESSIVE_END_RE.sub("", display))  # "Zephyr Kettle's lid"
         question, search_query = question.replace(display, " "), search_query.replace(display, " ")
