@@ -34,6 +34,9 @@ class HistoryMessage:
     token_count: int = 0
     tool_calls: tuple[dict[str, Any], ...] = ()
     tool_call_id: str = ""
+    #: Written by the memory (a summary, facts about the user), not said in the conversation:
+    #: the model reads it, the follow-up rules do not take it for what the user asked.
+    from_memory: bool = False
 
     @property
     def is_tool_exchange(self) -> bool:

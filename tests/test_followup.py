@@ -818,3 +818,62 @@ def test_a_short_question_of_its_own_opens_the_topic_a_later_it_carries(index):
     result = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY, carry_opening=True).resolve(query, None, index)
     assert result.text == "How much does it cost? Do you deliver?", result.text
     assert result.metadata["transform_note"].startswith("follow-up: added the question that opened the topic ")
+
+
+def test_a_fresh_start_carries_nothing_in_a_corpus_naming_no_subject():
+    """A new user's trial (a helpdesk whose pages are topics, no subject): "Thanks. Now, how
+    long does it take to get a new laptop?" was searched with the conversation's first question
+    ("Has my Illustrator request been approved?"), though docs/followup.md says a fresh start is
+    searched as typed, and declined as about "laptop for Adobe Illustrator"."""
+    enricher, index = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY, carry_opening=True), SubjectIndex.from_rows([])
+    earlier = history("Has my Illustrator request been approved?")
+    fresh = Query(text="Thanks. Now, how long does it take to get a new laptop?", original="", history=earlier)
+    result = enricher.resolve(fresh, None, index)
+    assert (result.text, result.metadata["transform_note"]) == (fresh.text, "fresh start: nothing carried")
+    # Nor is what was said before it carried later.
+    later = Query(text="And is it insured?", original="",
+                  history=earlier + history("Thanks. Now, how long does it take to get a new laptop?"))
+    assert enricher.resolve(later, None, index).text == (
+        "And is it insured? Thanks. Now, how long does it take to get a new laptop?")
+
+
+HELPDESK_PAGES = {
+    "it/laptops.md": "# Laptop requests\n\nA new laptop is delivered within 5 working days of your manager's "
+                     "approval.\n",
+    "it/email.md": "# Email on your phone\n\nTo read your work email on your phone, install Outlook and sign in "
+                   "with your work account.\n",
+    "it/software.md": "# Software requests\n\nAdobe Illustrator licences are approved by the design team lead "
+                      "within two days.\n",
+}
+
+
+@pytest.mark.parametrize("question, stated", [
+    ("Thanks. Now, how long does it take to get a new laptop?", "5 working days"),
+    ("Thanks. Now, how do I read my work email on my phone?", "install Outlook"),
+])
+def test_a_helpdesk_question_after_thanks_now_is_searched_as_typed(db, conversation, question, stated):
+    """A new user's helpdesk (topic pages): after "Has my Illustrator request been approved?",
+    "Thanks. Now, how long does it take to get a new laptop?" was searched with that question
+    (its "it" read as pointing back) and declined as about "laptop for Adobe Illustrator"."""
+    ingest_markdown(HELPDESK_PAGES)
+    run_turn_sync(conversation, "Has my Illustrator request been approved?")
+    result = run_turn_sync(conversation, question)
+    assert result.trace["queries"]["final"] == question, step_of(result)["note"]
+    assert stated in result.answer, result.answer
+
+
+def test_what_the_memory_wrote_is_never_carried_as_the_users_opening():
+    """A new user's helpdesk (summary memory): "Please reopen ticket 3" was searched with the
+    memory's "Facts about me: - Alice works on floor 4 ..." appended, the memory's message
+    taken for the conversation's opening question."""
+    memory = (HistoryMessage(role="user", content="Facts about me:\n- Alice works on floor 4.", seq=2, token_count=9,
+                             from_memory=True),
+              HistoryMessage(role="assistant", content="Noted.", seq=2, token_count=2, from_memory=True))
+    enricher = FollowUpEnricher(PROFILE, vocabulary=VOCABULARY, carry_opening=True)
+    for index in (None, SubjectIndex.from_rows([])):
+        query = Query(text="And how long does that take?", original="", history=memory + history("How do I get a laptop?"))
+        result = enricher.resolve(query, None, index)
+        assert result.text == "And how long does that take? How do I get a laptop?", result.text
+        assert result.history == query.history  # the model still reads the memory
+        alone = enricher.resolve(Query(text="Please reopen ticket 3", original="", history=memory), None, index)
+        assert alone.text == "Please reopen ticket 3", alone.text

@@ -136,6 +136,7 @@ class Grammar:
     how_much: re.Pattern
     kind_pointer: re.Pattern
     catalogue: re.Pattern | None  # "Do you sell blenders?"; None: the language has no such pattern
+    expletive_it: re.Pattern | None  # "does it take to get a laptop": an "it" pointing at nothing
     comparison: re.Pattern  # "anything cheaper" is measured against the conversation's subject
 
     @classmethod
@@ -153,7 +154,13 @@ class Grammar:
             how_much=pattern("how_much"), kind_pointer=pattern("kind_pointer"),
             # Optional: a site's language folder written before this rule keeps working without it.
             catalogue=vocabulary.language.patterns.get("catalogue_question"), comparison=pattern("comparison"),
+            expletive_it=vocabulary.language.patterns.get("expletive_it"),
         )
+
+    def pointing(self, text: str) -> str:
+        """``text`` without the words that look like pronouns and point at nothing ("How long
+        does it take to get a new laptop?")."""
+        return self.expletive_it.sub("", text) if self.expletive_it else text
 
 
 @dataclass(frozen=True)
@@ -286,7 +293,7 @@ def read_message(text: str, index: SubjectIndex, grammar: Grammar) -> Reading:
     fresh_match = grammar.fresh_start.match(text)
     rest = text[fresh_match.end():] if fresh_match else text
     named = tuple(index.find(rest[:_MAX_SCAN_CHARS]))
-    attribute, how_words, elliptical, pronoun = _attribute_words(rest, named, index, grammar)
+    attribute, how_words, elliptical, pronoun = _attribute_words(grammar.pointing(rest), named, index, grammar)
     if not attribute and grammar.how_much.search(rest):
         attribute = ["price", "cost"]
     # Appended alone to another subject's search, "long warranty" reads as a question about
@@ -469,7 +476,8 @@ class FollowUpEnricher(QueryTransformer):
 
     def _points_back(self, text: str) -> bool:
         """"it", "they", "What about ...?", "and ...?"."""
-        return any(t in self.grammar.anaphora for t in words(text)) or bool(self.grammar.ellipsis.match(text))
+        return (any(t in self.grammar.anaphora for t in words(self.grammar.pointing(text)))
+                or bool(self.grammar.ellipsis.match(text)))
 
     def _own_terms(self, text: str) -> set[str]:
         # "ok but whats the exact capacity?": fillers and words that ask nothing are no content.
@@ -599,11 +607,17 @@ class FollowUpEnricher(QueryTransformer):
 
     def resolve(self, query: Query, turn: TurnContext | None, index: SubjectIndex | None):
         """The transformed query, given the corpus's subjects (``index``; ``None``: the
-        subject-blind behaviour of ``track_subjects: False``)."""
+        subject-blind behaviour of ``track_subjects: False``). What the memory wrote ("Facts
+        about me: ...") is no message of the user's: it is never carried nor read as one."""
+        if any(m.from_memory for m in query.history):
+            said = query.replace(history=tuple(m for m in query.history if not m.from_memory))
+            return self.resolve(said, turn, index).replace(history=query.history)
         if not query.history:
             return self._first_message(query, index)
         if index is None or not len(index):
-            return self.enrich(query, newest_topic=True)
+            if index is None:  # the subject-blind behaviour (track_subjects: False)
+                return self.enrich(query, newest_topic=True)
+            return self._without_subjects(query, index)
         _before, after, reading = self.state_of(query, index)
         if turn is not None and isinstance(getattr(turn, "trace", None), dict):
             turn.trace.setdefault("queries", {})["followup"] = after.describe()
@@ -634,6 +648,17 @@ class FollowUpEnricher(QueryTransformer):
             return self._added(query, [after.subject.name] if not self._names_it(query.text, after.subject) else [],
                                rules)
         return self._enriched(query, index, after, rules)
+
+    def _without_subjects(self, query: Query, index: SubjectIndex) -> Query:
+        """A follow-up in a corpus naming no subject (a helpdesk's topic pages): ``enrich``, but a
+        message that starts afresh ("Thanks. Now, how long does a new laptop take?") carries
+        nothing, and nothing said before it is carried later."""
+        if read_message(query.text, index, self.grammar).fresh:
+            return _noted(query, "fresh start: nothing carried")
+        start = max((position for position, message in enumerate(query.history) if message.role == "user"
+                     and read_message(message.content, index, self.grammar).fresh), default=0)
+        return self.enrich(query.replace(history=query.history[start:]), newest_topic=True).replace(
+            history=query.history)
 
     @staticmethod
     def _first_message(query: Query, index: SubjectIndex | None) -> Query:
