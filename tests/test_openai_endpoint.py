@@ -15,7 +15,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from django_ragchat.models import ApiKey, Conversation, Message, TurnTrace
+from django_ragchat.models import ApiKey, Conversation, Message, ToolInvocation, TurnTrace
+from django_ragchat.testing import openai_server as model_server
+from example_project.orders.models import Order
 from tests import live_settings
 from tests.live_servers import caller_for, unknown_id, wait_for, words
 
@@ -40,7 +42,7 @@ def key(user) -> str:
 
 def client_for(server, key: str, **options) -> openai.OpenAI:
     # No retries: a refusal must reach the test as it was answered.
-    return openai.OpenAI(base_url=f"{server.url}/openai/v1", api_key=key, max_retries=0, timeout=20, **options)
+    return openai.OpenAI(base_url=f"{server.url}/openai/v1", api_key=key, **{"max_retries": 0, "timeout": 20, **options})
 
 
 def ask(text: str) -> list[dict]:
@@ -226,6 +228,49 @@ def test_another_users_conversation_is_not_found(server, key, other_user, produc
     assert bodies[0] == bodies[1] == bodies[2]
     assert bodies[0]["code"] == "not_found" and bodies[0]["param"] == "conversation"
     assert not Message.objects.exists() and Conversation.objects.count() == 1
+
+
+# --- tools ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_call_that_needs_approval_fails_at_once_and_the_model_reads_why(server, key, user, openai_server, stream):
+    """An OpenAI client has no way to approve a tool call. A new user's "Please cancel my order"
+    on a profile whose tool asks first blocked for the profile's tool_confirmation_timeout
+    (2 minutes), then answered "abandoned". The call now fails at once, nothing runs, and the
+    model reads why (so it can tell the user where to do it), the call kept as any other."""
+    order = Order.objects.create(owner=user, number="ORD-18", items="Aurora X2", total="699.00",
+                                 placed_at=timezone.now(), status=Order.Status.PROCESSING)
+    openai_server.script(model_server.tool_calls(model_server.call("cancel_order", order_number="ORD-18", id="c1")),
+                         lambda body: "Not done: " + json.loads(body["messages"][-1]["content"])["message"])
+    client = client_for(server, key, timeout=8)
+    started = time.monotonic()
+    response = client.chat.completions.create(model="fake_tools", messages=ask("Please cancel my order ORD-18."),
+                                              stream=stream)
+    if stream:
+        text = "".join(c.choices[0].delta.content or "" for c in response if c.choices)
+    else:
+        text = response.choices[0].message.content
+    assert time.monotonic() - started < 5  # not the 120 s wait for a decision nobody can send
+
+    first, second = [r.json for r in openai_server.requests if r.path.endswith("chat/completions")]
+    # Offered as on every transport: the model knows the action exists...
+    assert "cancel_order" in [t["function"]["name"] for t in first["tools"]]
+    # ...and reads that it cannot be approved from here, and was not carried out.
+    result = json.loads(second["messages"][-1]["content"])
+    assert second["messages"][-1]["tool_call_id"] == "c1" and result["error"] == "approval_unavailable"
+    assert "not carried out" in result["message"] and text == "Not done: " + result["message"]
+    order.refresh_from_db()
+    assert order.status == Order.Status.PROCESSING
+    # Saved and traced as any failed call; nothing was left pending.
+    invocation = ToolInvocation.objects.get()
+    assert (invocation.status, invocation.error["code"], invocation.requires_confirmation) == (
+        "error", "approval_unavailable", True)
+    answer = Message.objects.get(role="assistant")
+    assert answer.status == "complete" and answer.content == text
+    [traced] = answer.trace.data["tools"]
+    assert traced["status"] == "error" and traced["error"]["code"] == "approval_unavailable"
+    assert "wait_ms" not in traced and "approval_wait_ms" not in answer.trace.data
 
 
 # --- who may call -----------------------------------------------------------------------------

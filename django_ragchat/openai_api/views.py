@@ -152,7 +152,10 @@ def _origin(caller: Caller, chat: parsing.ChatRequest) -> dict[str, Any]:
 def _events(prepared: _Prepared):
     """The function that starts the turn's events (called where the turn runs)."""
     caller, chat, conversation = prepared.caller, prepared.chat, prepared.conversation
-    options = {"stream": chat.stream, "origin": _origin(caller, chat), "client_id": chat.idempotency_key}
+    # An OpenAI client cannot approve a tool call: one that needs approval fails at once
+    # (``approval_unavailable``, which the model reads) instead of waiting for nobody.
+    options = {"stream": chat.stream, "origin": _origin(caller, chat), "client_id": chat.idempotency_key,
+               "can_approve": False}
     if conversation is not None:
         return lambda: transport.turn_events(conversation, chat.question, user=caller.user, session_key=None,
                                              **options)

@@ -271,7 +271,7 @@ async def replay(duplicate) -> AsyncIterator[TurnEvent]:
 async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conversation]], content: Any, *,
                       user, session_key: str | None, client_id: str = "", stream: bool | None = None,
                       history: list[HistoryMessage] | None = None,
-                      origin: dict[str, Any] | None = None) -> AsyncIterator[TurnEvent]:
+                      origin: dict[str, Any] | None = None, can_approve: bool = True) -> AsyncIterator[TurnEvent]:
     """Run one turn in ``conversation`` and yield its events (``pipeline.stream_turn``).
 
     ``conversation`` may be an async callable that creates it: called once the turn is
@@ -295,9 +295,10 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
     ``TURNS_PER_MINUTE``. A conversation deleted during the turn ends it with ``error``
     ``conversation_deleted``; a server shutdown (SIGTERM) with ``error`` ``server_shutdown``
     and the partial answer saved.
-    ``stream``, ``history`` and ``origin`` are ``pipeline.stream_turn``'s (``False``: the model
-    answers whole; ``history``: the earlier messages as a stateless caller sent them;
-    ``origin``: kept in the trace).
+    ``stream``, ``history``, ``origin`` and ``can_approve`` are ``pipeline.stream_turn``'s
+    (``False``: the model answers whole; ``history``: the earlier messages as a stateless caller
+    sent them; ``origin``: kept in the trace; ``can_approve=False``: the client cannot ask the
+    user to approve a tool call).
     """
 
     if shutdown.stopping():
@@ -316,7 +317,7 @@ async def turn_events(conversation: Conversation | Callable[[], Awaitable[Conver
                     async for event in replayed:
                         yield event
                 return
-            options = {"stream": stream, "history": history, "origin": origin}
+            options = {"stream": stream, "history": history, "origin": origin, "can_approve": can_approve}
             async with contextlib.aclosing(_admitted_turn(conversation, text, user, session_key, client_id,
                                                           first_send, options)) as events:
                 async for event in events:

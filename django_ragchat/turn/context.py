@@ -118,6 +118,10 @@ class TurnContext:
     stateless client of the OpenAI-compatible endpoint): they stand for the conversation's log
     before this message, and memory strategies read them instead of the database
     (``MemoryStrategy.recent`` does). ``None`` (the usual case): the log is the history.
+
+    ``can_approve`` says whether the asker can approve tool calls where they asked: false for a
+    client with no way to (the OpenAI-compatible endpoint), where a call to a tool that
+    ``requires_confirmation`` fails at once (``approval_unavailable``) instead of waiting.
     """
 
     conversation: Conversation
@@ -129,6 +133,7 @@ class TurnContext:
     assistant_message: Message | None = None
     history: list[HistoryMessage] = field(default_factory=list)
     supplied_history: list[HistoryMessage] | None = None
+    can_approve: bool = True
     query: Query | None = None
     queries: list[Query] = field(default_factory=list)
     documents: list[RetrievedChunk] = field(default_factory=list)

@@ -857,28 +857,28 @@ def _new_trace(turn: TurnContext) -> dict[str, Any]:
     }
 
 
-async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | None = None,
-                      client_id: str = "", history: list[HistoryMessage] | None = None,
-                      origin: dict[str, Any] | None = None, user: Any = None) -> AsyncIterator[TurnEvent]:
+async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | None = None, client_id: str = "",
+                      history: list[HistoryMessage] | None = None, origin: dict[str, Any] | None = None,
+                      user: Any = None, can_approve: bool = True) -> AsyncIterator[TurnEvent]:
     """Run one turn, yielding its events (see ``django_ragchat.events``).
 
-    Raises ``InvalidMessage``, ``SettingsInvalid``, ``TurnInProgress``, ``ProfileUnavailable``
-    (nothing saved) or ``Conversation.DoesNotExist`` before the first event; after the ``ack`` event every failure
-    becomes an ``error`` event with the partial answer saved. Closing the iterator early (the
-    client cancelled or went away) saves the partial answer as "incomplete", and so does a stop
-    asked for from anywhere (``stops.request_stop``), which ends with an ``error`` ``cancelled``.
-    ``stream=False`` asks the model for a whole answer (no ``delta`` events).
-    ``client_id`` is the sender's idempotency key: a resend raises ``persistence.DuplicateMessage``
-    (nothing saved). ``history``: the earlier messages as the caller sent them, which memory
-    reads instead of the conversation's log (``TurnContext.supplied_history``; a stateless
-    client's request); they are not saved, the trace keeps those the model was shown.
-    ``origin``: where the message came from, as the transport tells it (e.g. the API key's
-    name), kept in the trace as ``origin``. While the answer is written a ``persistence.Heartbeat`` renews its lease
-    and saves the partial text (see docs/architecture.md, "Crash safety").
-    ``user`` is the asking user (the transports pass the sender): tools run as them; ``None``
+    Raises ``InvalidMessage``, ``SettingsInvalid``, ``TurnInProgress``, ``ProfileUnavailable`` (nothing
+    saved) or ``Conversation.DoesNotExist`` before the first event; after the ``ack`` event every failure
+    becomes an ``error`` event with the partial answer saved. Closing the iterator early (the client
+    cancelled or went away) saves the partial answer as "incomplete", and so does a stop asked for from
+    anywhere (``stops.request_stop``), which ends with an ``error`` ``cancelled``. ``stream=False`` asks
+    the model for a whole answer (no ``delta`` events). ``client_id`` is the sender's idempotency key: a
+    resend raises ``persistence.DuplicateMessage`` (nothing saved). ``history``: the earlier messages as
+    the caller sent them, which memory reads instead of the conversation's log
+    (``TurnContext.supplied_history``; a stateless client's request); they are not saved, the trace keeps
+    those the model was shown. ``origin``: where the message came from, as the transport tells it (e.g.
+    the API key's name), kept in the trace. ``can_approve=False``: the client cannot ask the user to
+    approve a tool call (``TurnContext.can_approve``). While the answer is written a
+    ``persistence.Heartbeat`` renews its lease and saves the partial text (docs/architecture.md, "Crash
+    safety"). ``user`` is the asking user (the transports pass the sender): tools run as them; ``None``
     means the conversation's owner (an ``AnonymousUser`` for an anonymous conversation).
     """
-    turn, run = await _begin(conversation, text, stream, client_id, history, user)
+    turn, run = await _begin(conversation, text, stream, client_id, history, user, can_approve)
     if origin:
         turn.trace["origin"] = dict(origin)
     finished = False
@@ -966,14 +966,15 @@ def built_profile(name: str | None, refused: str) -> tuple[Profile, ProfileCompo
 
 
 async def _begin(conversation: Conversation, text: Any, stream: bool | None, client_id: str,
-                 history: list[HistoryMessage] | None, user: Any = None) -> tuple[TurnContext, _Answering]:
+                 history: list[HistoryMessage] | None, user: Any = None,
+                 can_approve: bool = True) -> tuple[TurnContext, _Answering]:
     """Validate the message, save it with an empty answer, and make the turn's context."""
     text = validate_user_message(text)
     profile, components = built_profile(conversation.profile, f"cannot answer in conversation {conversation.pk}")
     run = _Answering(streaming=profile.stream if stream is None else stream)
     turn = TurnContext(conversation=conversation, profile=profile, components=components, question=text,
                        streaming=run.streaming, supplied_history=None if history is None else list(history),
-                       user=await _asker(conversation, user))
+                       user=await _asker(conversation, user), can_approve=can_approve)
     turn.trace = _new_trace(turn)
     (turn.user_message, turn.assistant_message), turn.principals = await sync_to_async(_begin_turn)(
         conversation, text, client_id)

@@ -10,7 +10,9 @@ the model's calls, concurrently, and yields their events; for each call, inside 
 2. the arguments are validated against its schema and converted (bad ones are an error the
    model reads, so it can correct itself);
 3. a tool that ``requires_confirmation`` waits for the user's decision
-   (``turn.confirmations``): rejected or abandoned, it does not run;
+   (``turn.confirmations``): rejected or abandoned, it does not run. On a turn whose client
+   cannot ask the user (``TurnContext.can_approve`` false: the OpenAI-compatible endpoint) it
+   fails at once, ``approval_unavailable``, and does not run;
 4. it runs, as the asking user, within its timeout; what it raises becomes an error result
    (a ``ToolError``'s message is shown to the model, anything else is logged);
 5. its return value becomes the text the model reads (JSON, cut at ``max_result_chars``).
@@ -56,6 +58,9 @@ ERROR_MESSAGES = {
     "bad_result": "The tool's result could not be read.",
     "rejected": "The user declined this action; it was not carried out.",
     "abandoned": "The user did not confirm this action in time; it was not carried out.",
+    "approval_unavailable": ("This action needs the user's approval, which the app they are using cannot ask for; "
+                             "it was not carried out. They can ask for it in the site's own chat, where they can "
+                             "approve it."),
     "cancelled": "The answer was stopped before this action finished.",
 }
 
@@ -221,6 +226,11 @@ async def _invoke(turn: TurnContext, run: ToolRun, call: ToolCall, emit: Callabl
         arguments = tool.bind(call.arguments)
     except ToolArgumentsError as exc:
         return error_result(call, "invalid_arguments", detail=exc.message)
+    if tool.requires_confirmation and not turn.can_approve:
+        # Nobody could decide (an OpenAI client has no way to): waiting would hold the request
+        # for tool_confirmation_timeout to end "abandoned". The model reads why, at once.
+        run.requires_confirmation = True
+        return error_result(call, "approval_unavailable")
     if tool.requires_confirmation:
         decision = await _confirmed(turn, run, call, emit)
         if decision != confirmations.Status.APPROVED:
