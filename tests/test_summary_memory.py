@@ -19,6 +19,7 @@ from django_ragchat import hookimpl
 from django_ragchat.models import Conversation, MemoryRecord, Message
 from django_ragchat.profiles import get_profile
 from django_ragchat.stages.summary_memory import SummaryMemory
+from django_ragchat.testing.openai_server import call, tool_calls
 from django_ragchat.tokens import count_tokens
 from django_ragchat.turn.context import components_for
 from django_ragchat.turn.pipeline import run_turn_sync
@@ -227,6 +228,79 @@ def test_a_turn_issues_the_same_number_of_queries_whatever_the_history_length(su
         counts.append(len(queries))
 
     assert counts[0] == counts[1]
+
+
+# --- tool calls ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def summary_tools(openai_server, ragchat_settings_override):
+    """``summary_tools(**profile)``: summary memory on a profile offering the tests' ``weather``
+    tool, answers and summaries from the loopback server."""
+
+    def apply(**profile):
+        ragchat_settings_override(PLUGINS=["tests.tool_plugins"], PROFILES={"default": {
+            "llm": "openai", "memory": "summary", "tools": ["weather"], "empty_context": "answer",
+            "options": {"openai": {"base_url": openai_server.base_url, "max_retries": 0, "timeout": 5}}, **profile,
+        }})
+        openai_server.when(contains="running summary of a conversation", reply=summarise, any_message=True)
+
+    return apply
+
+
+def weather_turn(server, conversation, city: str, call_id: str | None = None):
+    server.script(tool_calls(call("weather", city=city, id=call_id)), f"Warm in {city.split()[0]}.")
+    result = run_turn_sync(conversation, f"Is it warm in {city.split()[0]}?")
+    assert result.error is None and result.trace["tool_steps"] == 1, result.error
+    return result
+
+
+def test_the_turns_shown_verbatim_carry_their_tool_calls_and_the_summarised_ones_do_not(
+    summary_tools, openai_server, conversation,
+):
+    """As the token-window memory does (docs/tools.md, "Memory sends them back"): the summary
+    memory sent only the words of earlier answers, so "And tomorrow?" after a looked-up result
+    was asked without it (a new user's trial). The calls of the turns folded into the summary
+    are not sent: the summary stands for them."""
+    summary_tools()
+    weather_turn(openai_server, conversation, "Lyon", "w1")
+    weather_turn(openai_server, conversation, "Oslo", "w2")
+    # The first turn is summarised (as a fold leaves it).
+    MemoryRecord.objects.create(conversation=conversation, kind="summary", covers_until_seq=2,
+                                content="The user asked about the weather in Lyon: warm.")
+    openai_server.script("Mild.")
+    result = run_turn_sync(conversation, "And tomorrow?")
+
+    messages = answer_calls(openai_server)[-1]["messages"]
+    shape = [(m["role"], [c["id"] for c in m.get("tool_calls") or ()], m.get("tool_call_id")) for m in messages]
+    assert shape == [("system", [], None), ("user", [], None), ("assistant", [], None),  # the summary's pair
+                     ("user", [], None), ("assistant", ["w2"], None), ("tool", [], "w2"), ("assistant", [], None),
+                     ("user", [], None)]
+    assert messages[1]["content"].endswith("The user asked about the weather in Lyon: warm.")
+    assert messages[4]["tool_calls"][0]["function"] == {"name": "weather", "arguments": '{"city": "Oslo"}'}
+    assert '"city": "Oslo"' in messages[5]["content"] and messages[6]["content"] == "Warm in Oslo."
+    assert not any("w1" in str(m) or '"Lyon"' in str(m) for m in messages)
+    assert result.trace["memory"]["not_shown"] == 0
+
+
+def test_a_fold_counts_the_tool_calls_of_the_turns_it_keeps(summary_tools, openai_server, conversation):
+    """The turns a fold leaves unsummarised are sent with their calls: it keeps as many as fit
+    with them, so the next turns still fit beside the summary and none is left out unsummarised
+    (counted without them, a fold kept every turn, folded nothing, and the oldest turns were
+    dropped unsummarised)."""
+    summary_tools(context_window=2000, max_answer_tokens=300)
+    results = [weather_turn(openai_server, conversation, f"City{i} " + "x" * 200) for i in range(8)]
+
+    assert len(summary_calls(openai_server)) >= 2
+    record = MemoryRecord.objects.get(conversation=conversation, kind="summary")
+    assert record.covers_until_seq >= 8 and "City" in record.content
+    for result in results:
+        assert result.trace["memory"]["not_shown"] == 0
+        assert result.trace["prompt"]["history_tokens"] <= result.trace["prompt"]["history_budget"]
+    last = answer_calls(openai_server)[-2]["messages"]  # the last turn's first request: its history
+    assert last[1]["content"].startswith(SUMMARY_PREFIX)
+    assert [m["role"] for m in last[3:]] == ["user", "assistant", "tool", "assistant", "user"]
+    assert "City6" in last[5]["content"] and "City7" in last[-1]["content"]
 
 
 def test_summary_memory_options_are_checked(ragchat_settings_override):

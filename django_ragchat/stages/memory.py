@@ -153,10 +153,16 @@ class MemoryStrategy(Component):
             return turn.supplied_history[-self.fetch_limit:] if self.fetch_limit > 0 else []
         if turn.user_message.seq <= 1:  # the conversation's first message: nothing before it
             return []
-        with_tools = turn.profile.offers_tools and turn.components.llm.calls_tools
         return await sync_to_async(load_recent_messages)(
-            turn.conversation.pk, turn.user_message.seq, self.fetch_limit, with_tools=with_tools
+            turn.conversation.pk, turn.user_message.seq, self.fetch_limit, with_tools=self.sends_tool_calls(turn)
         )
+
+    @staticmethod
+    def sends_tool_calls(turn: TurnContext) -> bool:
+        """Whether the history carries the earlier answers' tool calls and results: only to a
+        profile that offers tools, and whose model calls them (a model offered none may refuse
+        a request with tool messages)."""
+        return turn.profile.offers_tools and turn.components.llm.calls_tools
 
     async def select(self, turn: TurnContext, budget_tokens: int) -> list[HistoryMessage]:
         raise NotImplementedError

@@ -5,7 +5,9 @@ A built-in plugin: a profile opts in with ``"memory": "summary"``. What the mode
 1. a *memory message*: the conversation's summary (and the user's long-term facts, see below)
    as a user message, followed by a short assistant acknowledgement;
 2. the newest whole turns after the part of the log the summary covers, as many as fit the
-   rest of the history budget.
+   rest of the history budget; on a profile that offers tools, with their tool calls and
+   results (as the token-window memory sends them). The turns folded into the summary are its
+   words only.
 
 The pair is a user/assistant exchange rather than a second system message on purpose: the
 summary is derived from what users wrote, so it must not gain the authority of the system
@@ -17,12 +19,13 @@ The system prompt itself is still read from the profile at call time, never stor
 when a turn completes (the ``on_turn_completed`` hook) and the messages not yet summarised no
 longer fit beside a full-size summary, a *fold* is enqueued as the ``fold_summary`` task on
 Django's tasks framework (``django_ragchat.tasks``). It reads the unsummarised messages, keeps
-the newest turns worth ``keep_share`` of the budget, folds the older ones into the summary (in
-batches of ``max_fold_tokens`` for long backlogs, with the synchronous client) and saves it. The
-next turn uses it. On a backend with a worker (``django_tasks_db`` and ``db_worker``) the fold
-runs there; on Django's default immediate backend it runs as the turn completes, after the
-answer is saved and before the ``done`` event, in a thread off the event loop — a site that
-uses summary memory with a remote model should run a worker. Until a fold lands (or when it
+the newest turns worth ``keep_share`` of the budget (their tool calls counted), folds the older
+ones into the summary (in batches of ``max_fold_tokens`` for long backlogs, with the
+synchronous client) and saves it. The next turn uses it. On a backend with a worker
+(``django_tasks_db`` and ``db_worker``) the fold runs there; on Django's default immediate
+backend it runs as the turn completes, after the answer is saved and before the ``done`` event,
+in a thread off the event loop — a site that uses summary memory with a remote model should run
+a worker. Until a fold lands (or when it
 fails: the model is down) the prompt still stays within budget: the oldest unsummarised turns
 are left out, and the trace's ``memory.not_shown`` says how many.
 
@@ -39,7 +42,8 @@ No hook is needed to contribute them: a plugin creates the rows, e.g. from its o
 in the memory message (``include_facts``).
 
 **Cost per turn.** Two SQL queries whatever the conversation's length: the summary and facts,
-then the unsummarised messages (the newest ``fetch_limit``).
+then the unsummarised messages (the newest ``fetch_limit``); one more for their tool calls on a
+profile that offers tools.
 
 Options: ``summary_share`` (0.25, the share of the history budget the memory message may
 take; longer summaries are cut), ``keep_share`` (0.3, the newest turns a fold leaves
@@ -67,7 +71,13 @@ from django_ragchat.backends.openai import chat_model_from_options
 from django_ragchat.exceptions import LLMError
 from django_ragchat.models import MemoryRecord, Message
 from django_ragchat.stages.llm_transformers import PromptedModel, is_refusal
-from django_ragchat.stages.memory import MemoryStrategy, newest_turns_within, split_turns, turns_left_out
+from django_ragchat.stages.memory import (
+    MemoryStrategy,
+    newest_turns_within,
+    split_turns,
+    tool_exchanges,
+    turns_left_out,
+)
 from django_ragchat.tokens import count_tokens
 from django_ragchat.types import HistoryMessage
 
@@ -98,13 +108,26 @@ def _visible(qs):
 
 
 #: What ``_history`` reads of each message (``memory.turns_left_out`` reads the stage that ended it).
-_FIELDS = ("role", "content", "seq", "token_count", "trace__ended_by")
+_FIELDS = ("pk", "role", "content", "seq", "token_count", "trace__ended_by")
 
 
-def _history(rows) -> list[HistoryMessage]:
+def _history(rows, *, with_tools: bool = False) -> list[HistoryMessage]:
+    """The messages of ``rows`` (``_FIELDS``, oldest first) the model may see; ``with_tools``:
+    each answer preceded by its tool calls and results (``memory.tool_exchanges``, one query)."""
     rows = list(rows)
     left_out = turns_left_out(rows)
-    return [HistoryMessage(role=r, content=c, seq=s, token_count=t) for r, c, s, t, _ in rows if s not in left_out]
+    exchanges = tool_exchanges([pk for pk, role, *_ in rows if role == Message.Role.ASSISTANT]) if with_tools else {}
+    messages = []
+    for pk, role, content, seq, tokens, _ in rows:
+        if seq not in left_out:
+            messages += exchanges.get(pk, ())
+            messages.append(HistoryMessage(role=role, content=content, seq=seq, token_count=tokens))
+    return messages
+
+
+def _said(messages: list[HistoryMessage]) -> int:
+    """How many of ``messages`` are words of the user or the answer (not tool steps)."""
+    return sum(1 for m in messages if not m.is_tool_exchange)
 
 
 def _cut_to_tokens(text: str, tokens: int) -> str:
@@ -154,10 +177,13 @@ class SummaryMemory(MemoryStrategy):
         """Tokens the memory message (summary and facts, with the acknowledgement) may take."""
         return int(budget_tokens * self.summary_share)
 
-    def load(self, conversation, before_seq: int,
-             supplied: list[HistoryMessage] | None = None) -> tuple[dict | None, list[str], list[HistoryMessage], bool]:
+    def load(self, conversation, before_seq: int, supplied: list[HistoryMessage] | None = None, *,
+             with_tools: bool = False) -> tuple[dict | None, list[str], list[HistoryMessage], bool]:
         """(summary row, facts, unsummarised messages before ``before_seq`` (the newest
-        ``fetch_limit``, oldest first), whether that limit cut them). Two queries.
+        ``fetch_limit``, oldest first), whether that limit cut them). Two queries; with
+        ``with_tools`` each answer comes after its tool calls and results, as the token-window
+        memory sends them (one query more). The summary folds words only: the calls of the
+        messages it covers are not sent.
 
         With ``supplied`` (the messages a stateless caller sent, ``TurnContext.supplied_history``)
         those are the messages and there is no summary: one query, for the facts."""
@@ -184,7 +210,7 @@ class SummaryMemory(MemoryStrategy):
             _visible(Message.objects.filter(conversation_id=conversation.pk, seq__gt=covers, seq__lt=before_seq))
             .order_by("-seq").values_list(*_FIELDS)[: self.fetch_limit]
         )
-        return summary, facts, _history(reversed(rows)), len(rows) >= self.fetch_limit
+        return summary, facts, _history(reversed(rows), with_tools=with_tools), len(rows) >= self.fetch_limit
 
     def memory_messages(self, summary: dict | None, facts: list[str], cap: int) -> list[HistoryMessage]:
         """The user/assistant pair carrying the summary and facts, within ``cap`` tokens."""
@@ -205,8 +231,8 @@ class SummaryMemory(MemoryStrategy):
                                token_count=acknowledgement_tokens)]
 
     async def select(self, turn: TurnContext, budget_tokens: int) -> list[HistoryMessage]:
-        summary, facts, messages, cut = await sync_to_async(self.load)(turn.conversation, turn.user_message.seq,
-                                                                       turn.supplied_history)
+        summary, facts, messages, cut = await sync_to_async(self.load)(
+            turn.conversation, turn.user_message.seq, turn.supplied_history, with_tools=self.sends_tool_calls(turn))
         memory = self.memory_messages(summary, facts, self.memory_cap(budget_tokens))
         memory_tokens = sum(m.token_count for m in memory)
         recent = newest_turns_within(split_turns(messages), max_tokens=budget_tokens - memory_tokens)
@@ -217,9 +243,9 @@ class SummaryMemory(MemoryStrategy):
             "summary_covers_until_seq": (summary or {}).get("covers_until_seq"),
             "memory_tokens": memory_tokens,
             "facts": len(facts),
-            "unsummarized_messages": len(messages),
+            "unsummarized_messages": _said(messages),
             # Older than the summary's end yet not shown: a fold is late or failed.
-            "not_shown": len(messages) - len(recent),
+            "not_shown": _said(messages) - _said(recent),
         }
         return memory + recent
 
@@ -233,6 +259,8 @@ class SummaryMemory(MemoryStrategy):
             return  # nothing to fold: the caller keeps the history, the log does not hold it
         budget = state["budget"]
         unsummarized = state["unsummarized_tokens"] + turn.user_message.token_count + message.token_count
+        if self.sends_tool_calls(turn):  # the next turn sends this one's calls too
+            unsummarized += sum(run.token_count for run in turn.tool_runs)
         if state["cut"] or unsummarized > budget - self.memory_cap(budget):
             # Off the event loop: on the immediate backend the fold (a model call) runs right
             # here; on any other backend this is one INSERT or queue push.
@@ -258,13 +286,15 @@ class SummaryMemory(MemoryStrategy):
         record = (MemoryRecord.objects.filter(conversation_id=conversation_id, kind=MemoryRecord.Kind.SUMMARY)
                   .order_by("-covers_until_seq", "-updated_at").first())
         covers = (record.covers_until_seq or 0) if record else 0
+        # The turns kept are sent with their tool calls (``load``): they count in what is kept.
+        # The summary folds words only. A profile without tools has no calls to read.
         messages = _history(
             _visible(Message.objects.filter(conversation_id=conversation_id, seq__gt=covers, seq__lte=until_seq))
-            .order_by("seq").values_list(*_FIELDS)
+            .order_by("seq").values_list(*_FIELDS), with_tools=self.profile.offers_tools,
         )
         kept = newest_turns_within(split_turns(messages), max_tokens=int(budget_tokens * self.keep_share))
         first_kept = kept[0].seq if kept else until_seq + 1
-        to_fold = [m for m in messages if m.seq < first_kept]
+        to_fold = [m for m in messages if m.seq < first_kept and not m.is_tool_exchange]
         if not to_fold:
             return None
         cap = self.memory_cap(budget_tokens)
