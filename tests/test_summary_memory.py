@@ -182,6 +182,10 @@ def test_long_term_facts_about_the_user_are_shown_to_the_model(summary_site, con
     assert "- Prefers prices in euros." in memory["content"] and "- Is buying a gift." in memory["content"]
     assert "Oslo" not in memory["content"] and "Nimbus Tab" not in memory["content"]
     assert result.trace["memory"]["facts"] == 2
+    # The facts are the memory's words, not the user's opening question: never searched with.
+    assert "Facts about me" not in result.trace["queries"]["final"], result.trace["queries"]
+    assert "Facts about me" not in run_turn_sync(conversation, "And how long is its warranty?").trace[
+        "queries"]["final"]
 
 
 class FactsPlugin:

@@ -226,9 +226,9 @@ class SummaryMemory(MemoryStrategy):
         if not text:
             return []
         seq = (summary or {}).get("covers_until_seq") or 0
-        return [HistoryMessage(role="user", content=text, seq=seq, token_count=count_tokens(text)),
+        return [HistoryMessage(role="user", content=text, seq=seq, token_count=count_tokens(text), from_memory=True),
                 HistoryMessage(role="assistant", content=self.acknowledgement, seq=seq,
-                               token_count=acknowledgement_tokens)]
+                               token_count=acknowledgement_tokens, from_memory=True)]
 
     async def select(self, turn: TurnContext, budget_tokens: int) -> list[HistoryMessage]:
         summary, facts, messages, cut = await sync_to_async(self.load)(
