@@ -819,6 +819,13 @@ def test_a_decline_names_the_headings_found_keeping_the_capitals_of_a_name():
     assert "zephyr k3 pro" not in answer and "Warranty" not in answer, answer
 
 
+def test_a_decline_quotes_a_heading_that_is_a_clause():
+    """A new user's helpdesk: "They describe Adobe Illustrator's what you wrote."."""
+    ticket = chunk(1, "Adobe Illustrator > What you wrote", "Adobe Illustrator is needed for the new brochure.")
+    answer = AnswerSelector().answer(prompt("Is Adobe Illustrator available in German?", ticket))
+    assert answer.endswith("They describe Adobe Illustrator's “What you wrote”."), answer
+
+
 def test_do_you_sell_asks_about_the_thing_not_the_selling(sample_docs):
     # "The documents don't say anything about sell blenders for Zephyr Buds" (found by a new user):
     # the verb asks nothing; what the shop is asked whether it has is the topic.

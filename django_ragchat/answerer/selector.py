@@ -200,11 +200,14 @@ def _has_other_topic(sentence: Sentence, need: Need, vocabulary: Vocabulary) -> 
         "discount" in labels(k) for k in need.own)
 
 
-def _leaf_in_sentence(leaf: str) -> str:
+def _leaf_in_sentence(leaf: str, clauses: frozenset[str] = frozenset()) -> str:
     """A heading as a decline names it mid-sentence: "address and opening hours", but a name
     keeps its capitals ("Zephyr K3 Pro": a word after the first is capitalised), and so does an
-    acronym ("FAQ", not "faq")."""
+    acronym ("FAQ", not "faq"); a heading that is a clause ("What you wrote", "How to apply")
+    opening with a word of ``clauses`` is quoted as written."""
     head, _, rest = leaf.partition(" ")
+    if rest and head.lower() in clauses:
+        return f"“{leaf}”"
     if any(word[:1].isupper() for word in rest.split()):
         return leaf
     return (head if len(head) > 1 and head.isupper() else head.lower()) + (" " + rest.lower() if rest else "")
@@ -845,7 +848,9 @@ class AnswerSelector:
             on_subject = [p for p in on_subject if p.subject == subject.subject]
         else:
             text = m["decline"].format(topic=topic)
-        leaves = list(dict.fromkeys(_leaf_in_sentence(p.heading_leaf) for p in on_subject if p.heading_leaf))
+        # "Illustrator's what you wrote" reads as nothing; "about ... who can join" reads well.
+        clauses = self.vocabulary.wh if subject is not None else frozenset()
+        leaves = list(dict.fromkeys(_leaf_in_sentence(p.heading_leaf, clauses) for p in on_subject if p.heading_leaf))
         if leaves and (subject is not None or not need.subjects):
             described = leaves[0] if len(leaves) == 1 else ", ".join(leaves[:-1]) + m["and_joiner"] + leaves[-1]
             if subject is not None:
