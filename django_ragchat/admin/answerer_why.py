@@ -34,13 +34,17 @@ def _number(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, (int, float)) else "?"
 
 
-def _sentence(closest: dict) -> str:
-    passage = closest.get("passage")
-    where = f" (passage [{passage}])" if isinstance(passage, int) else ""
-    return f"“{closest.get('sentence', '')}”{where}"
+def _sentence(closest: dict, passages: dict[int, str]) -> str:
+    """"sentence 2 of passage [1] (Loyalty card — Getting a card)"."""
+    passage, position = closest.get("passage"), closest.get("sentence")
+    place = f"sentence {position} of " if isinstance(position, int) else ""
+    if not isinstance(passage, int):
+        return f"{place}a passage".strip()
+    name = passages.get(passage)
+    return f"{place}passage [{passage}]" + (f" ({name})" if name else "")
 
 
-def attempt_sentence(attempt: dict, thresholds: dict, subjects: str) -> str:
+def attempt_sentence(attempt: dict, thresholds: dict, subjects: str, passages: dict[int, str] | None = None) -> str:
     """One search that found no sentence good enough, and why."""
     reason, closest = attempt.get("reason"), attempt.get("closest")
     if not isinstance(closest, dict):
@@ -53,18 +57,19 @@ def attempt_sentence(attempt: dict, thresholds: dict, subjects: str) -> str:
         if "min_similarity" in thresholds:
             scores += f" or a similarity of {_number(thresholds['min_similarity'])}"
     if reason == "other_topic":
-        return (f"The closest sentence, {_sentence(closest)}, {scores}, but was taken for another topic: "
+        return (f"The closest, {_sentence(closest, passages or {})}, {scores}, but was taken for another topic: "
                 f"under {_number(thresholds.get('other_topic_similarity'))} similar, and another passage's "
                 f"heading is about what was asked.")
-    return f"The closest sentence, {_sentence(closest)}, {scores}."
+    return f"The closest, {_sentence(closest, passages or {})}, {scores}."
 
 
-def _answered(why: dict, thresholds: dict) -> str:
+def _answered(why: dict, thresholds: dict, names: dict[int, str]) -> str:
     picked = [p for p in why.get("picked") or [] if isinstance(p, dict)]
     passages = sorted({p["passage"] for p in picked if isinstance(p.get("passage"), int)})
     text = f"Answered with {len(picked)} sentence{'s' if len(picked) != 1 else ''}"
     if passages:
-        text += f" of passage{'s' if len(passages) != 1 else ''} {', '.join(f'[{n}]' for n in passages)}"
+        text += f" of passage{'s' if len(passages) != 1 else ''} " + ", ".join(
+            f"[{n}]" + (f" ({names[n]})" if n in names else "") for n in passages)
     parts = why.get("parts") if isinstance(why.get("parts"), dict) else {}
     if picked and why.get("asked"):
         of = "its part's" if parts else "the"
@@ -77,18 +82,21 @@ def _answered(why: dict, thresholds: dict) -> str:
     return text
 
 
-def answerer_sentence(why: dict) -> str:
-    """The answerer's reasons in a few sentences; "" for an empty or unknown record."""
+def answerer_sentence(why: dict, passages: dict[int, str] | None = None) -> str:
+    """The answerer's reasons in a few sentences; "" for an empty or unknown record.
+    ``passages`` names the passages the model saw by their citation number, for the reader
+    (only those they may read)."""
     if not isinstance(why, dict) or not why.get("outcome"):
         return ""
     thresholds = why.get("thresholds") if isinstance(why.get("thresholds"), dict) else {}
     subjects, asked = _quoted(why.get("subjects")), _quoted(why.get("asked"))
     attempts = [a for a in why.get("attempts") or [] if isinstance(a, dict)]
-    reasons = list(dict.fromkeys(attempt_sentence(a, thresholds, subjects) for a in attempts))
+    reasons = list(dict.fromkeys(attempt_sentence(a, thresholds, subjects, passages) for a in attempts))
     opening = f"Asked about {asked}" + (f" of {subjects}" if subjects else "") + ". " if asked else ""
     outcome = why["outcome"]
     if outcome == "answered":
-        return " ".join([opening + _answered(why, thresholds), *(reasons if why.get("parts") else [])])
+        return " ".join([opening + _answered(why, thresholds, passages or {}),
+                         *(reasons if why.get("parts") else [])])
     if outcome == "unknown_subject":
         return f"Declined: the question names {_quoted(why.get('unknown'))}, which no passage is about."
     if outcome == "compared":

@@ -580,7 +580,9 @@ def _read_outcome(view: TraceView, data: dict) -> None:
     view.usage = _as_dict(data.get("usage"))
     view.prompt = prompt_sentence(_as_dict(data.get("prompt")))
     view.history = history_sentence(_as_dict(data.get("history")))
-    view.answerer = answerer_sentence(_as_dict(data.get("answerer")))
+    view.answerer = answerer_sentence(_as_dict(data.get("answerer")), passages={
+        n: " — ".join(filter(None, [hit.title, short_heading(hit.heading, hit.title)]))
+        for n, hit in enumerate(view.documents, start=1) if not (hit.hidden or hit.missing) and hit.title})
     ended_by = data.get("ended_by")
     view.ended_by = ended_by if isinstance(ended_by, dict) else ({"stage": str(ended_by)} if ended_by else {})
     warnings = data.get("warnings")

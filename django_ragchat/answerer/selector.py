@@ -79,8 +79,6 @@ MIN_SIMILARITY = 0.7
 #: when its passage never states an asked word that another passage's heading is about (it is
 #: about another topic); calibrated on the tuning sets (bench/README.md).
 OTHER_TOPIC_SIMILARITY = 0.35
-#: A sentence in the answer's explanation (``Why``) is cut to about this many characters.
-WHY_SENTENCE_CHARS = 160
 #: With a semantic model: a passage word whose vector is this close to an asked word states it
 #: (as a synonym would), with NEAR_WORD_EVIDENCE.
 NEAR_WORD_SIMILARITY = 0.45
@@ -418,11 +416,10 @@ def _no_note(reason: str, best: Choice | None = None) -> list[Choice]:
 
 
 def _choice_dict(c: Choice) -> dict:
-    """A sentence as the trace keeps it: its passage's citation number, the start of its text
-    and its scores."""
-    text = c.sentence.text
-    return {"passage": c.passage.index, "sentence": text if len(text) <= WHY_SENTENCE_CHARS
-            else text[:WHY_SENTENCE_CHARS].rsplit(" ", 1)[0] + " …",
+    """A sentence as the trace keeps it: where it is (its passage's citation number, its place in
+    the passage from 1) and its scores. Never its text: a document's words stay in the document,
+    where access rules and redactors apply (the admin names the passage for who may read it)."""
+    return {"passage": c.passage.index, "sentence": c.sentence.position + 1,
             "coverage": round(c.coverage, 3), "similarity": round(c.similarity, 3)}
 
 
