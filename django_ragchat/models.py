@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -355,6 +355,23 @@ class TurnTrace(models.Model):
     def __str__(self) -> str:
         # Numbered as the answer's own label is ("assistant #12"), not by the message's primary key.
         return f"Trace of {self.message.role} #{self.message.seq}"
+
+
+#: The stage whose refusal keeps a question from naming its conversation (``naming_questions``).
+REFUSED_INPUT_STAGE = ENDING_STAGES[0]
+
+
+def naming_questions() -> models.QuerySet:
+    """The user messages that may name their conversation (its title; untitled, the label the
+    API, the chat page and the admin list it by): all but those an input guardrail refused.
+
+    A refused message stays in the log with its trace (docs/plugins.md), but what it says (a
+    password pasted by mistake, an injection) must not stand where the conversation is listed.
+    Its turn's answer is the next message (``persistence.begin_turn`` saves both), whose trace
+    says who ended it. Filter on ``conversation`` (an ``OuterRef`` in a subquery)."""
+    refused = TurnTrace.objects.filter(message__conversation=OuterRef("conversation"),
+                                       message__seq=OuterRef("seq") + 1, ended_by=REFUSED_INPUT_STAGE)
+    return Message.objects.filter(role=Message.Role.USER).exclude(Exists(refused))
 
 
 #: The longest memory record a person may write (a fact, a corrected summary).

@@ -59,7 +59,8 @@ RAGCHAT = {
     "TURNS_PER_MINUTE": 25,
     "MAX_CONCURRENT_STREAMS": 3,
     "PROFILES": {
-        "default": {},
+        # An input guardrail that refuses what a helpdesk's visitor must not paste (tests/test_browser.py).
+        "default": {"options": {"blocked_phrases": {"phrases": ["password:"]}}},
         # Answers come from the loopback OpenAI-compatible server of the pytest process.
         "fake": {
             "title": "Written answers",  # what the chat page shows for it (its name: "fake")

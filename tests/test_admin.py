@@ -236,6 +236,29 @@ def test_a_source_the_viewer_may_not_read_is_named_nowhere_in_the_admin(admin_cl
 # --- Conversation list -------------------------------------------------------------------------
 
 
+def test_a_question_an_input_guardrail_refused_is_not_the_conversations_name_in_the_admin(
+        admin_client, user, ragchat_settings_override, product_corpus):
+    """A new user's helpdesk: a guardrail refused "password: Hunter2-xyz", and the conversation
+    list named the conversation after it. The list and the conversation's heading name it after
+    its first question that was not refused; the transcript still shows the refused one."""
+    ragchat_settings_override(PROFILES={"default": {"options": {"blocked_phrases": {"phrases": ["password:"]}}}})
+    conversation = Conversation.objects.create(owner=user)
+    assert run_turn_sync(conversation, "password: Hunter2-xyz").trace["ended_by"]["stage"] == "input_guardrails"
+    only_refused = Conversation.objects.create(owner=user)
+    run_turn_sync(only_refused, "my password: Hunter2-xyz")
+    listed = admin_client.get(url("conversation_changelist")).content.decode()
+    assert "Hunter2" not in listed and f"Conversation {str(only_refused.pk)[:8]}" in listed
+    page = admin_client.get(url("conversation_change", only_refused.pk)).content.decode()
+    head, transcript = page.split('id="ragchat-transcript"', 1)
+    assert f"<h2>Conversation {str(only_refused.pk)[:8]}</h2>" in head and "Hunter2" not in head
+    assert "my password: Hunter2-xyz" in transcript  # kept in the transcript
+    run_turn_sync(conversation, "How much does the Aurora X2 cost?")
+    listed = admin_client.get(url("conversation_changelist")).content.decode()
+    assert "Hunter2" not in listed and "How much does the Aurora X2 cost?" in listed
+    page = admin_client.get(url("conversation_change", conversation.pk)).content.decode()
+    assert "<h2>How much does the Aurora X2 cost?</h2>" in page
+
+
 def test_the_conversation_list_shows_owner_question_counts_and_filters(admin_client, user, other_user):
     untitled = Conversation.objects.create(owner=user)
     Message.objects.create(conversation=untitled, seq=1, role="user", content="Where is my parcel?")

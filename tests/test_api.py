@@ -134,6 +134,36 @@ def test_an_untitled_conversation_is_labelled_by_its_first_question(alice, user,
     assert renamed["label"] == label
 
 
+#: What a new user's helpdesk had a guardrail refuse, then saw as the conversation's name.
+SECRET = "password: Hunter2-xyz"
+
+
+def test_a_question_an_input_guardrail_refused_never_names_the_conversation(alice, user, ragchat_settings_override):
+    """A new user's helpdesk: an input guardrail refused "password: Hunter2-xyz", and the
+    conversation was named after it, so the password stood in the chat page's list, the admin
+    and the API. Neither the label nor a title made from it (as the OpenAI-compatible endpoint
+    names a new conversation before its turn runs) keeps it; the message itself is kept (the
+    log and its trace: docs/plugins.md). The next question that is not refused names it."""
+    ragchat_settings_override(PROFILES={"default": {"options": {"blocked_phrases": {"phrases": ["password:"]}}}})
+    named_after_it = Conversation.objects.create(owner=user, title=SECRET)
+    untitled = post_json(alice, f"{API}/conversations/", {}).json()
+    own_title = Conversation.objects.create(owner=user, title="Printer on floor 3")
+    for pk in (named_after_it.pk, untitled["id"], own_title.pk):
+        sent = post_json(alice, f"{API}/conversations/{pk}/messages/", {"content": SECRET})
+        assert sent.status_code == 201 and sent.json()["assistant_message"]["content"] == "I can't help with that request."
+    assert Conversation.objects.get(pk=named_after_it.pk).title == ""
+    assert Conversation.objects.get(pk=own_title.pk).title == "Printer on floor 3"  # the user's own stays
+    for pk in (named_after_it.pk, untitled["id"]):
+        assert alice.get(f"{API}/conversations/{pk}/").json()["label"] == ""
+    listed = alice.get(f"{API}/conversations/")
+    assert "Hunter2" not in listed.content.decode()
+    assert Message.objects.filter(conversation=named_after_it, content=SECRET).exists()  # kept, as documented
+    post_json(alice, f"{API}/conversations/{untitled['id']}/messages/", {"content": QUESTION})
+    labels = {c["id"]: c["label"] for c in alice.get(f"{API}/conversations/").json()["results"]}
+    assert labels[untitled["id"]] == QUESTION and labels[str(named_after_it.pk)] == ""
+    assert alice.get(f"{API}/conversations/{untitled['id']}/").json()["label"] == QUESTION
+
+
 def test_a_conversation_with_a_named_profile(alice, ragchat_settings_override):
     ragchat_settings_override(PROFILES={"default": {}, "support": {"top_k": 2}})
     response = post_json(alice, f"{API}/conversations/", {"profile": "support"})

@@ -568,6 +568,29 @@ def test_a_refused_first_message_is_shown_as_an_error_and_creates_nothing(page, 
     assert Message.objects.count() == 2
 
 
+def test_a_question_a_guardrail_refused_does_not_name_the_conversation(page, asgi, product_corpus):
+    """A new user's helpdesk: an input guardrail refused "password: Hunter2-xyz", and the widget
+    named the conversation after it (a PATCH of its title as soon as the server accepted it), so
+    the password stood in the list, the admin and the API. Now the widget names a conversation
+    once its answer is saved, after the API's label, which is never a refused question: the
+    entry goes back to its date, and the next question answered names it."""
+    show_at_1280x800(page)
+    open_chat(page, f"{asgi.url}/chat/")
+    ask(page, "password: Hunter2-xyz")
+    assert last_answer_text(page) == "I can't help with that request."
+    entry = page.find_element(By.CSS_SELECTOR, ".ragchat-conversation.ragchat-open")
+    wait(page, lambda d: entry.text.startswith("Conversation of "))
+    assert "Hunter2" not in entry.get_attribute("title")
+    assert Conversation.objects.get().title == ""
+    page.save_screenshot(str(SHOTS / "8-refused-question-does-not-name.png"))
+    ask(page, QUESTION)  # answered: it names the conversation
+    wait(page, lambda d: Conversation.objects.get().title == QUESTION)
+    assert shown(page, ".ragchat-conversation-title") == [QUESTION]
+    open_chat(page, f"{asgi.url}/chat/")  # read again from the API
+    wait(page, lambda d: shown(d, ".ragchat-conversation-title") == [QUESTION])
+    assert "Hunter2" not in page.find_element(By.CSS_SELECTOR, ".ragchat-conversations").get_attribute("textContent")
+
+
 def test_a_long_refused_paste_is_echoed_shortened_and_its_error_shown_once(page, asgi, product_corpus):
     """A new user's helpdesk: a 20,000-character paste, refused ``too_long``, stood whole in a
     bubble taller than the window, and its error was shown twice (under it and on the status

@@ -196,6 +196,16 @@ def test_a_stateless_follow_up_is_answered_from_the_messages_it_sends(server, ke
     assert not any("pirate" in str(m["content"]) for m in sent)
 
 
+def test_a_new_conversation_is_not_named_after_a_question_a_guardrail_refused(server, key, product_corpus):
+    """A new user's helpdesk: an input guardrail refused "password: Hunter2-xyz" (the live
+    servers' default profile refuses "password:"), and the conversation kept it as its title,
+    which the endpoint made from the first question before the turn ran."""
+    response = client_for(server, key).chat.completions.create(model="default", messages=ask("password: Hunter2-xyz"))
+    assert response.choices[0].message.content == "I can't help with that request."
+    conversation = Conversation.objects.get(pk=response.model_extra["conversation"])
+    assert conversation.title == "" and conversation.messages.filter(content="password: Hunter2-xyz").exists()
+
+
 def test_a_stored_conversation_is_continued_by_its_id(server, key, product_corpus):
     client = client_for(server, key)
     first = client.chat.completions.create(model="default", messages=ask("Tell me about the Aurora X2."))

@@ -28,14 +28,27 @@ from django_ragchat.admin.base import (
     user_link,
 )
 from django_ragchat.models import (
+    REFUSED_INPUT_STAGE,
     Conversation,
     Feedback,
     MemoryRecord,
     Message,
     MessageSource,
     TurnTrace,
+    naming_questions,
 )
 from django_ragchat.turn.confirmations import MAX_ID
+
+
+def refused(turn) -> bool:
+    """Whether ``turn`` (of ``admin_views.transcript``) is an answer an input guardrail gave
+    instead of answering: its question does not name the conversation (``naming_questions``)."""
+    if turn is None or turn.message.role != Message.Role.ASSISTANT:
+        return False
+    try:
+        return turn.message.trace.ended_by == REFUSED_INPUT_STAGE  # loaded with the message
+    except TurnTrace.DoesNotExist:
+        return False
 
 
 class OwnerFilter(admin.SimpleListFilter):
@@ -184,7 +197,8 @@ class ConversationAdmin(RagchatAdmin):
         feedback_of = Feedback.objects.filter(message__conversation=OuterRef("pk"))
         return super().get_queryset(request).select_related("owner").annotate(
             _messages=count_subquery(messages_of, "conversation"),
-            _first_question=Subquery(messages_of.filter(role=Message.Role.USER).order_by("seq")
+            # Not a question an input guardrail refused (a password pasted by mistake).
+            _first_question=Subquery(naming_questions().filter(conversation=OuterRef("pk")).order_by("seq")
                                      .values_list(Substr("content", 1, 120))[:1]),
             _last_status=Subquery(messages_of.filter(role=Message.Role.ASSISTANT).order_by("-seq")
                                   .values("status")[:1]),
@@ -270,9 +284,12 @@ class ConversationAdmin(RagchatAdmin):
                                                  viewer=principals_of_user_id(request.user.pk))
             extra_context.update(transcript_page=page, turns=turns,
                                  page_range=page.paginator.get_elided_page_range(page.number))
-            if not conversation.title:  # the first question says more than "Conversation 63da9061"
-                first = next((t.message.content for t in turns if t.message.role == Message.Role.USER), "")
-                if first and page.number == 1:
+            if not conversation.title and page.number == 1:
+                # The first question says more than "Conversation 63da9061", as on the list:
+                # not one an input guardrail refused, which the transcript shows, not the heading.
+                first = next((t.message.content for t, reply in zip(turns, [*turns[1:], None], strict=False)
+                              if t.message.role == Message.Role.USER and not refused(reply)), "")
+                if first:
                     extra_context["subtitle"] = short(first)
         return super().change_view(request, object_id, form_url, extra_context)
 

@@ -21,6 +21,7 @@ from django_ragchat.models import (
     Message,
     MessageSource,
     ToolInvocation,
+    naming_questions,
 )
 from django_ragchat.permissions import can_use_profile
 from django_ragchat.plugins import PIPELINE_ORDER
@@ -53,7 +54,8 @@ class ConversationSerializer(serializers.ModelSerializer):
     )
     label = serializers.SerializerMethodField(
         help_text="What to call it: its title, or, untitled, its first question shortened at a word "
-                  "boundary (at most 80 characters and \"…\"); empty when it has neither.",
+                  "boundary (at most 80 characters and \"…\"), never one an input guardrail refused; "
+                  "empty when it has neither.",
     )
 
     class Meta:
@@ -70,14 +72,15 @@ class ConversationSerializer(serializers.ModelSerializer):
 
 
 def first_question_subquery(length: int = 400):
-    """The first user message of each conversation (its first ``length`` characters, enough for
-    a label), for ``.annotate(first_question=...)``."""
-    return Subquery(Message.objects.filter(conversation=OuterRef("pk"), role=Message.Role.USER)
+    """The first user message of each conversation that may name it (``naming_questions``: not
+    one an input guardrail refused; its first ``length`` characters, enough for a label), for
+    ``.annotate(first_question=...)``."""
+    return Subquery(naming_questions().filter(conversation=OuterRef("pk"))
                     .order_by("seq").values_list(Substr("content", 1, length))[:1])
 
 
 def first_question(conversation: Conversation) -> str:
-    return (conversation.messages.filter(role=Message.Role.USER).order_by("seq")
+    return (naming_questions().filter(conversation=conversation).order_by("seq")
             .values_list(Substr("content", 1, 400), flat=True).first() or "")
 
 

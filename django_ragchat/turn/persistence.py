@@ -21,7 +21,16 @@ from django.utils import timezone
 
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.exceptions import RagchatError, TurnInProgress
-from django_ragchat.models import Chunk, Conversation, Message, MessageSource, ToolInvocation, TurnTrace
+from django_ragchat.models import (
+    REFUSED_INPUT_STAGE,
+    Chunk,
+    Conversation,
+    Message,
+    MessageSource,
+    ToolInvocation,
+    TurnTrace,
+)
+from django_ragchat.text import question_label
 from django_ragchat.tokens import count_tokens
 from django_ragchat.turn import limits, stops, workers
 from django_ragchat.types import Answer
@@ -562,6 +571,18 @@ def release_answer(turn: TurnContext, text: str, error: dict[str, Any]) -> Messa
     return message
 
 
+def _untitle_refused(turn: TurnContext) -> None:
+    """A conversation named after the question an input guardrail has just refused loses that
+    name: what the question says (a password pasted by mistake) must not stand where the
+    conversation is listed (``models.naming_questions``). The OpenAI-compatible endpoint names a
+    new conversation after its first question before the turn runs; a client may have named it
+    too. A title of the user's own choosing stays. One query."""
+    question = turn.user_message.content if turn.user_message is not None else turn.question
+    title = question_label(question)
+    if title and Conversation.objects.filter(pk=turn.conversation.pk, title=title).update(title=""):
+        turn.conversation.title = ""
+
+
 def _unlink_replaced_chunks(sources: list[MessageSource]) -> bool:
     """Clear the chunk of each source whose chunk no longer exists; whether any was."""
     linked = {source.chunk_id for source in sources if source.chunk_id is not None}
@@ -578,11 +599,13 @@ def _save_answer(turn: TurnContext, message: Message, sources: list[MessageSourc
         if not _update_answer(message):
             raise ConversationGone()
         _insert_rows(MessageSource, sources)
+        ended_by = (turn.trace.get("ended_by") or {}).get("stage", "")
         _insert_rows(TurnTrace, [TurnTrace(
-            message=message, profile=turn.profile.name,
-            ended_by=(turn.trace.get("ended_by") or {}).get("stage", ""),
+            message=message, profile=turn.profile.name, ended_by=ended_by,
             total_ms=turn.trace["timings"].get("total", 0.0), data=turn.trace,
         )])
+        if ended_by == REFUSED_INPUT_STAGE:
+            _untitle_refused(turn)
         if turn.tool_runs:
             save_tool_runs(message.pk, turn.tool_runs)
 

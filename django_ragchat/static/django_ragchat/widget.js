@@ -96,6 +96,14 @@ export function refusedEcho(question, limit = ECHO_CHARS) {
   return length <= limit ? null : { text: shorten(whole, limit), length };
 }
 
+/* What the conversation list calls a conversation: the API's label, its title else its first
+   question that no input guardrail refused (docs/api.md); the date when there is neither (no
+   message yet, or only refused ones). */
+function conversationLabel(conversation) {
+  return conversation.label || conversation.title
+    || `Conversation of ${new Date(conversation.created_at).toLocaleString()}`;
+}
+
 function el(tag, className, text) {
   const node = document.createElement(tag);
   if (className) node.className = className;
@@ -204,6 +212,7 @@ class ChatWidget {
     this.refused = new Set();  // the refused questions shown in the log
     this.statusWait = null;    // the refused question whose wait the status line says
     this.profileOf = new Map();  // conversation id -> its profile's name
+    this.unnamed = new Set();    // the conversations this page started and has not named yet
     this.bind();
   }
 
@@ -657,10 +666,7 @@ class ChatWidget {
 
   addConversationItem(conversation, first) {
     const item = el("li");
-    // The API's label is the title, else the first question (docs/api.md); the date only
-    // when there is neither (a conversation with no message yet).
-    const label = conversation.label || conversation.title
-      || `Conversation of ${new Date(conversation.created_at).toLocaleString()}`;
+    const label = conversationLabel(conversation);
     const entry = button("ragchat-conversation", "");
     entry.append(el("span", "ragchat-conversation-title", label));  // cut at two lines (widget.css)
     entry.title = label;  // whole on hover, where the list's width cuts it
@@ -756,17 +762,45 @@ class ChatWidget {
     }
   }
 
-  /* The server accepted the first message of a new conversation: it exists now. */
+  /* The server accepted the first message of a new conversation: it exists now. Listed at once
+     under its question; named once its answer is saved (nameConversation). */
   adoptConversation(id, question) {
     if (this.conversationId === id) return;
     this.conversationId = id;
     const title = shorten(question, TITLE_CHARS);  // at a word boundary, as the API's label
     this.addConversationItem({ id, title, created_at: new Date().toISOString(), profile: this.config.defaultProfile }, true);
+    this.unnamed.add(id);
     this.markProfiles();
     this.markOpenConversation();
     this.setBusy(true);  // the new entry too
-    // Name it after its first question (best effort: the list shows a date otherwise).
-    this.api("PATCH", this.urlFor(this.config.api.conversation, id), { title }).catch(() => {});
+  }
+
+  /* A conversation this page started, its answer saved: named after its first question the
+     server lets name it (the API's label, which is never a question an input guardrail refused:
+     a password pasted by mistake must not stand in the list, the admin and the API), with a
+     PATCH of its title, best effort. While every question it was asked was refused, it stays
+     unnamed and its entry reads as one with no question yet; the next accepted one names it. */
+  async nameConversation(id) {
+    const url = this.urlFor(this.config.api.conversation, id);
+    try {
+      let conversation = await this.api("GET", url);
+      if (!conversation.title && conversation.label) {
+        conversation = await this.api("PATCH", url, { title: conversation.label });
+      }
+      if (conversation.title) this.unnamed.delete(id);
+      this.relabelConversation(conversation);
+    } catch {
+      // Unnamed, it is listed by the API's label (docs/api.md) when the list is read again.
+    }
+  }
+
+  /* The list's entry of ``conversation`` says its label now. */
+  relabelConversation(conversation) {
+    const entry = this.ui.list.querySelector(`.ragchat-conversation[data-id="${CSS.escape(String(conversation.id))}"]`);
+    if (!entry) return;
+    const label = conversationLabel(conversation);
+    entry.querySelector(".ragchat-conversation-title").textContent = label;
+    entry.title = label;
   }
 
   /* An answer still being written when its conversation is opened: another tab's, or one
@@ -938,6 +972,10 @@ class ChatWidget {
     if (message) {
       // The saved message is the truth (whatever a stream lost on the way).
       this.applySavedMessage(answer, message);
+      // Its question has been through the input guardrails: whether it may name the
+      // conversation is known now.
+      const id = message.conversation_id;
+      if (turn.own && message.status !== "streaming" && this.unnamed.has(id)) this.nameConversation(id);
     } else {
       this.renderBody(answer);
       // Nothing saved to say how they ended: the calls still running were stopped with the answer.
