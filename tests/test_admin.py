@@ -24,6 +24,7 @@ from django.utils.html import escape
 
 from django_ragchat.admin import views as admin_views
 from django_ragchat.admin.answerer_why import answerer_sentence
+from django_ragchat.ingestion.pipeline import ingest_text
 from django_ragchat.models import (
     ENDING_STAGES,
     ApiKey,
@@ -653,6 +654,42 @@ def test_a_users_chat_data_is_counted_exported_and_erased(admin_client, chatted,
     assert user.__class__.objects.filter(pk=user.pk).exists()  # the account itself stays
     entry = LogEntry.objects.get(object_id=str(user.pk))  # and its admin history says who erased what
     assert "Erased the django-ragchat chat data: 1 conversations, 4 messages" in entry.get_change_message()
+
+
+def test_the_erase_page_says_what_stays_and_counts_the_documents_indexed_for_the_user(
+        admin_client, user, other_user, ragchat_settings_override):
+    """A new user's trial: the erase page did not say that the documents a model source indexed
+    for that user (access ``user:<id>``) stay, and its paragraph left out the API keys it counts.
+    It counts them by source, says why they stay (the site's rows) and how they go."""
+    from tests.sources_app.models import Article
+
+    ragchat_settings_override(PLUGINS=["tests.sources_plugin"])
+    mine = Article.objects.create(title="Your booking: The Seagull", body="Row F, seats 11 and 12.", owner=user)
+    Article.objects.create(title="Bob's booking", body="Row A.", owner=other_user)
+    Article.objects.create(title="Opening hours", body="From 9 to 5.")  # everyone's
+    call_command("ragchat_sync", "articles", "--no-progress", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    ingest_text("upload/alice-contract.md", "# Contract\n\nSigned.", access=[f"user:{user.pk}", "staff"])
+    Conversation.objects.create(owner=user)
+    response = admin_client.get(url("user_data", user.pk))
+    assert response.context["documents_kept"] == {"": 1, "articles": 1}
+    page = response.content.decode()
+    kept = page.split("<h2>What erasing leaves</h2>", 1)[1]
+    assert "Model source <code>articles</code></td><td class=\"ragchat-num\">1</td>" in kept
+    assert "Files and uploads</td><td class=\"ragchat-num\">1</td>" in kept
+    assert f"<code>user:{user.pk}</code>" in kept and "the next sync indexes the rows again" in kept
+    erase = page.split('id="ragchat-erase"', 1)[1]
+    assert "API keys of the OpenAI-compatible endpoint, which stop working" in erase
+    assert "the documents indexed for this user stay" in erase
+    assert admin_client.post(url("user_data", user.pk), {"confirm": "yes"}).status_code == 302
+    assert Document.objects.filter(source=f"articles:{mine.pk}").exists()  # the site's data stays...
+    mine.delete()
+    call_command("ragchat_sync", "articles", "--no-progress", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    assert not Document.objects.filter(source=f"articles:{mine.pk}").exists()  # ...and follows its row
+    page = admin_client.get(url("user_data", user.pk)).content.decode()
+    assert "Model source <code>" not in page and "Files and uploads</td>" in page
+    other = admin_client.get(url("user_data", other_user.pk))
+    assert other.context["documents_kept"] == {"articles": 1}
+    assert "Files and uploads ingested" not in other.content.decode()
 
 
 def test_user_chat_data_is_reached_from_the_user_admin_and_needs_permissions(admin_client, client, staff_user,

@@ -14,7 +14,8 @@ from django.urls import reverse
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from django_ragchat.models import Conversation, Feedback, Message, MessageSource, TurnTrace
+from django_ragchat.ingestion.pipeline import ingest_text
+from django_ragchat.models import Conversation, Document, Feedback, Message, MessageSource, TurnTrace
 from django_ragchat.turn.pipeline import run_turn_sync
 from tests.live_servers import chromium
 
@@ -83,6 +84,9 @@ def test_staff_erase_a_users_chat_data_after_a_page_counting_it(browser, asgi, p
                                                                 django_user_model):
     conversation = Conversation.objects.create(owner=user)
     run_turn_sync(conversation, "How much does the Aurora X2 cost?")
+    # What erasing leaves: a document given to her by name (what a model source indexes from a
+    # row of hers) stays, and the page counts it.
+    ingest_text("upload/alice-contract.md", "# Contract\n\nSigned.", access=[f"user:{user.pk}"])
     sign_in_as_boss(browser, asgi, django_user_model)
     browser.get(asgi.url + reverse("admin:django_ragchat_conversation_change", args=[conversation.pk]))
     browser.find_element(By.LINK_TEXT, "Export or erase this user's chat data").click()
@@ -90,11 +94,14 @@ def test_staff_erase_a_users_chat_data_after_a_page_counting_it(browser, asgi, p
     rows = {r.find_elements(By.TAG_NAME, "td")[0].text: r.find_elements(By.TAG_NAME, "td")[1].text
             for r in counts.find_elements(By.CSS_SELECTOR, "tbody tr")}
     assert rows["Conversations"] == "1" and rows["Messages"] == "2" and rows["Traces"] == "1"
+    kept = browser.find_element(By.ID, "ragchat-user-data-documents").text
+    assert "Files and uploads 1" in kept, kept
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SCREENSHOTS / "admin-user-data.png"))
     browser.find_element(By.CSS_SELECTOR, "#ragchat-erase [type=submit]").click()
     WebDriverWait(browser, 20).until(lambda d: "Erased the chat data of alice" in d.page_source)
     assert not Conversation.objects.filter(owner=user).exists()
+    assert Document.objects.filter(source="upload/alice-contract.md").exists()
 
 
 def sign_in_as_boss(browser, asgi, django_user_model) -> None:

@@ -361,7 +361,7 @@ class ConversationAdmin(RagchatAdmin):
         context = {
             **self.admin_site.each_context(request), "opts": self.opts, "subject": user,
             "subject_link": admin_link(user) if may_see_user else str(user), "counts": data.counts(),
-            "can_erase": can_erase,
+            "can_erase": can_erase, "documents_kept": data.documents_kept(), "user_token": f"user:{user.pk}",
             "title": f"Chat data of {user}",
         }
         return TemplateResponse(request, "admin/django_ragchat/user_data.html", context)

@@ -5,7 +5,8 @@
   queries whatever the page's length, and turns each trace into a ``TraceView`` a template can
   render for people (labels, titles, headings and snippets instead of ids).
 * ``UserChatData`` counts, exports (JSON) and erases everything one user left in the chat:
-  conversations, messages, sources, traces, memory records and feedback.
+  conversations, messages, sources, tool calls, traces, memory records, feedback and API keys;
+  and counts what erasing leaves, the documents indexed for that user (the site's data).
 
 Everything here is data for templates; all text (questions, answers, document text, comments)
 is untrusted and left to the templates' autoescaping.
@@ -21,7 +22,7 @@ from typing import Any
 from django.core.paginator import Paginator
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
-from django.db.models import Prefetch, Q
+from django.db.models import Count, Prefetch, Q
 
 from django_ragchat.access import UNRESTRICTED, Principals, principals_of_user_id
 from django_ragchat.admin.answerer_why import answerer_sentence
@@ -29,6 +30,7 @@ from django_ragchat.models import (
     ApiKey,
     Chunk,
     Conversation,
+    Document,
     Feedback,
     MemoryRecord,
     Message,
@@ -712,6 +714,9 @@ class UserChatData:
     feedback anyone gave on those messages; plus memory records about the user, feedback the user
     gave elsewhere, and their API keys of the OpenAI-compatible endpoint (exported without their
     secret; erased, they stop working).
+
+    What stays: the account, and the documents indexed for the user (``documents_for_user``):
+    the site's data, not the chat's, which follows the rows it was indexed from.
     """
 
     def __init__(self, user):
@@ -740,6 +745,19 @@ class UserChatData:
 
     def api_keys(self):
         return ApiKey.objects.filter(user=self.user)
+
+    def documents_for_user(self):
+        """The documents (and so the chunks) given to this user by name, access ``user:<pk>``
+        (docs/sources.md): a model source's index of the site's own rows (a booking, an order),
+        or a file or upload ingested for them. Erasing leaves them: they are the site's data,
+        and a model source's follow its rows (gone when the row is deleted or no longer theirs)."""
+        return Document.objects.filter(access__visible_to=Principals(frozenset({f"user:{self.user.pk}"})))
+
+    def documents_kept(self) -> dict[str, int]:
+        """How many of ``documents_for_user`` each model source indexed, by its name, sorted; ``""``:
+        files and uploads. One query."""
+        rows = self.documents_for_user().order_by().values_list("origin").annotate(n=Count("pk"))
+        return dict(sorted(rows))
 
     def counts(self) -> dict[str, int]:
         """How many rows of each kind would be erased (eight queries)."""
