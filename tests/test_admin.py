@@ -544,10 +544,11 @@ def test_add_document_is_an_upload_that_runs_ingestion(admin_client):
     assert page.status_code == 200 and 'type="file"' in page.content.decode()
     upload = SimpleUploadedFile("guide.md", b"# Guide\n\n## Setup\nPlug it in and wait for the light.\n")
     response = admin_client.post(url("document_add"), {"file": upload, "source": "", "title": "",
-                                                       "content_type": "", "profile": ""})
-    assert response.status_code == 302
+                                                       "content_type": "", "profile": ""}, follow=True)
+    assert response.redirect_chain[0][1] == 302
     document = Document.objects.get(source="upload/guide.md")
-    assert document.chunks.count() >= 1 and document.chunks.first().embedding is not None
+    assert document.chunks.count() == 1 and document.chunks.first().embedding is not None
+    assert "Ingested upload/guide.md: created, 1 chunk." in response.content.decode()  # not "1 chunks"
     # A file that is not UTF-8, or of unknown type, is a form error; nothing is stored.
     bad = admin_client.post(url("document_add"), {"file": SimpleUploadedFile("x.md", b"\xff\xfe\x00bad")})
     assert bad.status_code == 200 and "not UTF-8" in bad.content.decode()
@@ -593,6 +594,7 @@ def test_documents_are_reingested_from_their_files_and_deleted(admin_client, tmp
         "action": "reingest", "_selected_action": [faq.pk, uploaded.pk]}, follow=True)
     text = response.content.decode()
     assert "1 updated" in text and "products/aurora-x2.md" in text and "upload these again" in text
+    assert "Re-ingested 1 document: 1 updated." in text  # not "1 document(s)"
     assert "sixty days" in faq.chunks.get().text
     # Delete: the confirmation page counts the chunks instead of listing them.
     confirm = admin_client.post(url("document_changelist"), {"action": "delete_selected",
@@ -653,7 +655,7 @@ def test_a_users_chat_data_is_counted_exported_and_erased(admin_client, chatted,
     assert not ApiKey.objects.filter(pk=alices_key.pk).exists() and ApiKey.objects.filter(pk=bobs_key.pk).exists()
     assert user.__class__.objects.filter(pk=user.pk).exists()  # the account itself stays
     entry = LogEntry.objects.get(object_id=str(user.pk))  # and its admin history says who erased what
-    assert "Erased the django-ragchat chat data: 1 conversations, 4 messages" in entry.get_change_message()
+    assert "Erased the django-ragchat chat data: 1 conversation, 4 messages" in entry.get_change_message()
 
 
 def test_the_erase_page_says_what_stays_and_counts_the_documents_indexed_for_the_user(
@@ -690,6 +692,27 @@ def test_the_erase_page_says_what_stays_and_counts_the_documents_indexed_for_the
     other = admin_client.get(url("user_data", other_user.pk))
     assert other.context["documents_kept"] == {"articles": 1}
     assert "Files and uploads ingested" not in other.content.decode()
+
+
+def test_the_chat_data_page_and_its_erasure_say_one_conversation_not_1_conversations(admin_client, user):
+    """A new user's trial: "Erased the chat data of alice: 1 conversations, 1 memory records"."""
+    conversation = Conversation.objects.create(owner=user)
+    Message.objects.create(conversation=conversation, seq=1, role="user", content="Is the VPN down?")
+    MemoryRecord.objects.create(user=user, kind="fact", content="Works on floor 3")
+    ApiKey.create_key(user, name="laptop")
+    assert admin_views.counted(admin_views.UserChatData(user).counts()) == \
+        "1 conversation, 1 message, 1 memory record, 1 API key"
+    page = admin_client.get(url("user_data", user.pk)).content.decode()
+    assert "counted above (1 conversation, 1 message, 1 memory record, 1 API key)" in page
+    response = admin_client.post(url("user_data", user.pk), {"confirm": "yes"}, follow=True)
+    said = "1 conversation, 1 message, 1 memory record, 1 API key."
+    assert f"Erased the chat data of alice: {said}" in response.content.decode()
+    assert LogEntry.objects.get(object_id=str(user.pk)).get_change_message() == \
+        f"Erased the django-ragchat chat data: {said}"
+    assert admin_views.counted(admin_views.UserChatData(user).counts()) == "no chat data"
+    MemoryRecord.objects.create(user=user, kind="fact", content="a")
+    MemoryRecord.objects.create(user=user, kind="fact", content="b")
+    assert admin_views.counted(admin_views.UserChatData(user).counts()) == "2 memory records"
 
 
 def test_user_chat_data_is_reached_from_the_user_admin_and_needs_permissions(admin_client, client, staff_user,

@@ -348,19 +348,20 @@ class ConversationAdmin(RagchatAdmin):
             if not can_erase:
                 raise PermissionDenied
             if request.POST.get("confirm") == "yes":
-                erased = data.erase()
-                summary = ", ".join(f"{n} {kind}" for kind, n in erased.items())
+                summary = admin_views.counted(data.erase())
                 # On the user's history in the admin: who erased what, when.
                 self.log_change(request, user, f"Erased the django-ragchat chat data: {summary}.")
                 self.message_user(request, f"Erased the chat data of {user}: {summary}.", messages.SUCCESS)
                 return HttpResponseRedirect(reverse("admin:django_ragchat_conversation_changelist"))
+        counts = data.counts()
         # The site's user admin, for those who may open it (chat reviewers need not).
         user_opts = user._meta
         may_see_user = request.user.has_perm(f"{user_opts.app_label}.view_{user_opts.model_name}") or \
             request.user.has_perm(f"{user_opts.app_label}.change_{user_opts.model_name}")
         context = {
             **self.admin_site.each_context(request), "opts": self.opts, "subject": user,
-            "subject_link": admin_link(user) if may_see_user else str(user), "counts": data.counts(),
+            "subject_link": admin_link(user) if may_see_user else str(user), "counts": counts,
+            "counted": admin_views.counted(counts),
             "can_erase": can_erase, "documents_kept": data.documents_kept(), "user_token": f"user:{user.pk}",
             "title": f"Chat data of {user}",
         }

@@ -18,6 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
+from django.utils.translation import ngettext
 
 from django_ragchat import tasks
 from django_ragchat.access import InvalidAccess, access_tokens, principals_of_user_id
@@ -193,7 +194,8 @@ class DocumentAdmin(RagchatAdmin):
                 if result.status == "failed":
                     form.add_error(None, f"Ingestion failed: {result.reason}")
                 else:
-                    self.message_user(request, f"Ingested {data['source']}: {result.status}, {result.chunks} chunks.",
+                    chunks = ngettext("%(n)s chunk", "%(n)s chunks", result.chunks) % {"n": f"{result.chunks:,}"}
+                    self.message_user(request, f"Ingested {data['source']}: {result.status}, {chunks}.",
                                       messages.SUCCESS)
                     return HttpResponseRedirect(reverse("admin:django_ragchat_document_change",
                                                         args=[result.document_id]))
@@ -243,7 +245,8 @@ class DocumentAdmin(RagchatAdmin):
                 if result.status == "failed":
                     self.message_user(request, f"{result.source}: {result.reason}", messages.ERROR)
             summary = ", ".join(f"{n} {status}" for status, n in sorted(by_status.items()))
-            self.message_user(request, f"Re-ingested {len(readable)} document(s): {summary}.", messages.SUCCESS)
+            documents = ngettext("%(n)s document", "%(n)s documents", len(readable)) % {"n": f"{len(readable):,}"}
+            self.message_user(request, f"Re-ingested {documents}: {summary}.", messages.SUCCESS)
         if unreadable:
             self.message_user(request, "No file to read again for: " + ", ".join(unreadable[:10])
                               + ("…" if len(unreadable) > 10 else "") + " (upload these again).", messages.WARNING)

@@ -23,6 +23,7 @@ from django.core.paginator import Paginator
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.db.models import Count, Prefetch, Q
+from django.utils.translation import ngettext
 
 from django_ragchat.access import UNRESTRICTED, Principals, principals_of_user_id
 from django_ragchat.admin.answerer_why import answerer_sentence
@@ -704,6 +705,26 @@ def _has_trace(message: Message) -> bool:
 
 
 # --- One user's chat data -------------------------------------------------------------------
+
+
+#: What a person calls one and several rows of each kind ``UserChatData.counts`` counts.
+KINDS = {
+    "conversations": ("conversation", "conversations"),
+    "messages": ("message", "messages"),
+    "sources": ("source", "sources"),
+    "tool calls": ("tool call", "tool calls"),
+    "traces": ("trace", "traces"),
+    "memory records": ("memory record", "memory records"),
+    "feedback": ("feedback rating", "feedback ratings"),
+    "API keys": ("API key", "API keys"),
+}
+
+
+def counted(counts: dict[str, int]) -> str:
+    """``UserChatData.counts`` for people: "1 conversation, 4 messages, 1 API key" (Django's
+    ``ngettext``; it said "1 conversations"); kinds with none left out; "no chat data" for none."""
+    said = [f"{n:,} {ngettext(*KINDS[kind], n)}" for kind, n in counts.items() if n]
+    return ", ".join(said) or "no chat data"
 
 
 class UserChatData:
