@@ -591,6 +591,33 @@ def test_a_question_a_guardrail_refused_does_not_name_the_conversation(page, asg
     assert "Hunter2" not in page.find_element(By.CSS_SELECTOR, ".ragchat-conversations").get_attribute("textContent")
 
 
+@pytest.mark.parametrize("served", ["asgi", "wsgi"])
+def test_a_message_of_only_spaces_is_refused_with_a_reason_not_dropped_in_silence(page, request, served,
+                                                                                 product_corpus, user):
+    """A new user's helpdesk: a message of only spaces did nothing, with no message, where a
+    message too long is shown refused with the reason. It is sent and refused as the server
+    refuses it (400 ``empty``), over the websocket and server-sent events alike; nothing saved."""
+    server = request.getfixturevalue(served)
+    show_at_1280x800(page)
+    if served == "wsgi":  # no anonymous chat there: signed in
+        page.get(f"{server.url}/chat/")
+        page.add_cookie({"name": "sessionid", "value": caller_for(user).sessionid, "path": "/"})
+    open_chat(page, f"{server.url}/chat/")
+    type_question(page, "   ")
+    page.find_element(By.CSS_SELECTOR, ".ragchat-send").click()
+    check_refusal_shown(page, text="The message is empty.")
+    assert page.find_element(By.CSS_SELECTOR, ".ragchat-refused .ragchat-note").text == \
+        "Not sent: The message is empty."
+    assert not page.find_elements(By.CSS_SELECTOR, ".ragchat-refused .ragchat-retry")  # it must change first
+    assert page.find_element(By.CSS_SELECTOR, ".ragchat-input").get_attribute("value") == "   "
+    assert page.find_element(By.CSS_SELECTOR, ".ragchat-refused .ragchat-body").text == "(only spaces)"  # not a void
+    if served == "asgi":
+        page.save_screenshot(str(SHOTS / "9-only-spaces-refused.png"))
+    assert not Conversation.objects.exists()
+    ask(page, QUESTION)  # Send works again
+    assert "$699" in last_answer_text(page) and Message.objects.count() == 2
+
+
 def test_a_long_refused_paste_is_echoed_shortened_and_its_error_shown_once(page, asgi, product_corpus):
     """A new user's helpdesk: a 20,000-character paste, refused ``too_long``, stood whole in a
     bubble taller than the window, and its error was shown twice (under it and on the status
@@ -620,6 +647,12 @@ def test_a_long_refused_paste_is_echoed_shortened_and_its_error_shown_once(page,
           [refusedEcho(arguments[0]), refusedEcho('é'.repeat(300)), refusedEcho('a'.repeat(301)).length]));
     """, short)
     assert result == [None, None, 301]
+    blanks = page.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        import('/static/django_ragchat/widget.js').then(({blankEcho}) => done(
+          [blankEcho(' \\n\\t '), blankEcho('\\u200b\\u200b'), blankEcho(' a '), blankEcho('\\u3164')]));
+    """)
+    assert blanks == ["(only spaces)", "(nothing visible)", None, "(nothing visible)"]
     assert not Conversation.objects.exists()
 
 

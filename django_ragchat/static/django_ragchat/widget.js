@@ -96,6 +96,14 @@ export function refusedEcho(question, limit = ECHO_CHARS) {
   return length <= limit ? null : { text: shorten(whole, limit), length };
 }
 
+/* What the bubble of a refused question that shows nothing says instead (the server refuses it,
+   ``empty``: text.is_blank): null for a question with something to show. */
+export function blankEcho(question) {
+  const text = String(question || "");
+  if (!/^[\s\p{Cc}\p{Cf}\u115f\u1160\u3164\uffa0\u2800]*$/u.test(text)) return null;
+  return text.trim() ? "(nothing visible)" : "(only spaces)";
+}
+
 /* What the conversation list calls a conversation: the API's label, its title else its first
    question that no input guardrail refused (docs/api.md); the date when there is neither (no
    message yet, or only refused ones). */
@@ -334,9 +342,12 @@ class ChatWidget {
       view.renderTimer = null;
     }
     if (view.role === "user") {
-      const echo = view.node.classList.contains("ragchat-refused") ? refusedEcho(view.text) : null;
-      view.body.textContent = echo ? echo.text : view.text;  // else what the user typed, exactly
+      const refused = view.node.classList.contains("ragchat-refused");
+      const echo = refused ? refusedEcho(view.text) : null;
+      const blank = refused ? blankEcho(view.text) : null;
+      view.body.textContent = echo ? echo.text : blank ? "" : view.text;  // else what the user typed, exactly
       if (echo) view.body.append(el("span", "ragchat-echo-length", ` (${echo.length.toLocaleString("en")} characters)`));
+      if (blank) view.body.append(el("span", "ragchat-echo-length", blank));
     } else {
       view.body.replaceChildren(renderMarkdown(view.text, { cite: (numbers, raw) => this.citation(view, numbers, raw) }));
     }
@@ -1299,7 +1310,9 @@ class ChatWidget {
     ui.form.addEventListener("submit", (event) => {
       event.preventDefault();
       const content = ui.input.value;
-      if (!content.trim() || (this.turn && !this.turn.ended)) return;
+      // Only spaces: sent, and refused as the server refuses every message that shows nothing
+      // ("Not sent: The message is empty.", as for a message too long); not dropped in silence.
+      if (!content || (this.turn && !this.turn.ended)) return;
       ui.input.value = "";
       this.send(content);
     });
