@@ -971,6 +971,33 @@ def test_each_conversation_says_its_profile_and_the_notice_follows_the_one_open(
     assert not shown(page, ".ragchat-conversation-profile")
 
 
+def test_the_profile_is_not_named_under_conversations_that_are_all_of_one(page, asgi, product_corpus):
+    """A new user's helpdesk: "default" under every conversation of the list, which named the
+    one profile they were all of (the visitor may use several: the live servers define them).
+    The profile is shown only when the conversations listed are of more than one, and then under
+    each (a conversation of another profile, listed or started, shows them)."""
+    show_at_1280x800(page)
+    open_chat(page, f"{asgi.url}/chat/")
+    session = page.get_cookie("sessionid")["value"]
+    Conversation.objects.create(session_key=session, title="Printer jams on the third floor")
+    Conversation.objects.create(session_key=session, title="VPN drops every hour")
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: shown(d, ".ragchat-conversation-title") == ["VPN drops every hour",
+                                                                     "Printer jams on the third floor"])
+    assert len(js(page, "return Object.keys(JSON.parse(document.querySelector("
+                        "'script[type=\"application/json\"]').textContent).profiles)")) > 1  # several usable
+    assert not shown(page, ".ragchat-conversation-profile")
+    page.save_screenshot(str(SHOTS / "10-one-profile-listed-no-tags.png"))
+    page.find_element(By.CSS_SELECTOR, ".ragchat-new").click()
+    ask(page, QUESTION)  # a new one, of the same profile: still nothing
+    wait(page, lambda d: len(shown(d, ".ragchat-conversation-title")) == 3)
+    assert not shown(page, ".ragchat-conversation-profile")
+    Conversation.objects.create(session_key=session, profile="fake", title="Written answer")
+    open_chat(page, f"{asgi.url}/chat/")
+    wait(page, lambda d: shown(d, ".ragchat-conversation-profile") == ["Written answers", "default", "default",
+                                                                       "default"])
+
+
 def test_retry_is_not_offered_for_a_profile_no_retry_can_fix(page, asgi):
     """A new user's helpdesk: a profile that cannot be built was refused with a Retry button
     that could only fail again."""

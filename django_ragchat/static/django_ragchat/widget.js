@@ -652,7 +652,10 @@ class ChatWidget {
   /* The newest conversations, a page at a time ("Older conversations" fetches the next). */
   async loadConversations(url = this.config.api.conversations) {
     const page = await this.api("GET", url);
-    if (url === this.config.api.conversations) this.ui.list.replaceChildren();
+    if (url === this.config.api.conversations) {
+      this.ui.list.replaceChildren();
+      this.profileOf.clear();  // the profiles of the conversations listed (markProfiles)
+    }
     for (const conversation of page.results) {
       if (!this.ui.list.querySelector(`[data-id="${CSS.escape(String(conversation.id))}"]`)) {
         this.addConversationItem(conversation, false);
@@ -683,7 +686,7 @@ class ChatWidget {
     entry.title = label;  // whole on hover, where the list's width cuts it
     const profile = conversation.profile || this.config.defaultProfile;
     this.profileOf.set(conversation.id, profile);
-    // Its profile, by title, shown when the list can hold several (markProfiles).
+    // Its profile, by title, shown when the list holds several (markProfiles).
     if (profile) entry.append(el("span", "ragchat-conversation-profile", this.profileTitle(profile)));
     entry.dataset.id = conversation.id;
     entry.addEventListener("click", () => {
@@ -701,11 +704,11 @@ class ChatWidget {
     return (this.config.profiles || {})[profile]?.title || profile;
   }
 
-  /* Each conversation says its profile when more than one is in sight: the widget's profiles
-     (those the user may use, or its own) and those of the conversations listed. */
+  /* Each conversation says its profile only when the conversations listed are of more than one:
+     the same profile's name under every conversation (a site with one profile, or a user who
+     uses one of several) tells them nothing apart. */
   markProfiles() {
-    const profiles = new Set([...Object.keys(this.config.profiles || {}), ...this.profileOf.values()]);
-    this.root.classList.toggle("ragchat-profiles-shown", profiles.size > 1);
+    this.root.classList.toggle("ragchat-profiles-shown", new Set(this.profileOf.values()).size > 1);
   }
 
   /* The model notice (the chat page's "until a language model is configured") is about the
