@@ -999,7 +999,7 @@ def test_the_trace_says_why_the_offline_answerer_answered_or_declined(admin_clie
     assert page.count("<dt>Why this answer</dt>") == 3
     assert "Declined: no sentence states “" in page
     assert f"The closest, sentence {closest['sentence']} of passage [{closest['passage']}] (" in page
-    assert "Answered with " in page and "of the asked words (by weight)" in page
+    assert "Answered with " in page and "of the asked words by weight (synonyms count)" in page
 
 
 @pytest.mark.parametrize("why, said", [
@@ -1007,13 +1007,13 @@ def test_the_trace_says_why_the_offline_answerer_answered_or_declined(admin_clie
       "picked": [{"passage": 2, "sentence": 1, "coverage": 1.0, "similarity": 0.81}],
       "thresholds": {"min_coverage": 0.5, "min_similarity": 0.7}},
      "Asked about “warranty” of “aurora x2”. Answered with 1 sentence of passage [2] (Aurora X2 — Warranty); the "
-     "first states 100% of the asked words (by weight) and is 0.81 similar in meaning."),
+     "first matches 100% of the asked words by weight (synonyms count) and is 0.81 similar in meaning."),
     ({"outcome": "declined", "asked": ["box", "office"], "missing": "box office hours",
       "attempts": [{"reason": "below_threshold", "closest": {"passage": 1, "sentence": 3,
                                                              "coverage": 0.25, "similarity": 0.4}}],
       "thresholds": {"min_coverage": 0.5}},
      "Asked about “box”, “office”. Declined: no sentence states “box office hours”. The closest, sentence 3 of "
-     "passage [1], states 25% of the asked words (by weight); a sentence answers with at least 50% of them."),
+     "passage [1], matches 25% of the asked words by weight (synonyms count); a sentence answers with at least 50% of them."),
     ({"outcome": "declined", "asked": ["price"], "attempts": [{"reason": "no_amount"}], "thresholds": {}},
      "Asked about “price”. Declined: no sentence states what was asked. The question asks for an amount, and no "
      "sentence on its subject states one."),

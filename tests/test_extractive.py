@@ -1268,3 +1268,17 @@ def test_a_decline_does_not_repeat_a_pasted_wall_of_text(gym):
     names = " ".join(f"Flump{i}" for i in range(1500))
     answer = ask(f"Does the {names} work?")
     assert answer.startswith("The documents don't mention Flump") and len(answer) < 300, len(answer)
+
+
+def test_a_length_of_time_stated_in_days_answers_how_long(db):
+    """A new user's shop (helper-85): "How long does delivery take?" quoted the returns page
+    ("within 30 days of delivery": "within" is a duration word) though the Delivery page, ranked
+    first, says "3 to 5 working days"; a number of days, weeks... states a duration too."""
+    ingest_pages({
+        "delivery.md": "# Delivery\n\nWe deliver to every address in the UK. Standard delivery takes 3 to 5 "
+                       "working days and costs £4.95. Express delivery arrives the next working day.\n",
+        "returns.md": "# Returns\n\nYou can return any item within 30 days of delivery for a full refund.\n",
+    })
+    answer = ask("How long does delivery take?")
+    assert "3 to 5 working days" in answer and "30 days" not in answer, answer
+

@@ -862,6 +862,28 @@ def test_a_helpdesk_question_after_thanks_now_is_searched_as_typed(db, conversat
     assert stated in result.answer, result.answer
 
 
+def test_a_question_of_its_own_is_answered_from_its_page_not_of_the_carried_subject(db, conversation):
+    """A new user's helpdesk (F1): "How long does it take to get a new laptop?" after "Has my
+    Illustrator request been approved?" is searched with that question (a carried opening helps
+    "How long does a session last?" after the wifi), and was declined as about "laptop for Adobe
+    Illustrator": the name the search query alone carried is not the subject of a question
+    that points back at nothing, when a page about no subject states all it asks."""
+    ingest_markdown(HELPDESK_PAGES)
+    run_turn_sync(conversation, "Has my Illustrator request been approved?")
+    result = run_turn_sync(conversation, "How long does it take to get a new laptop?")
+    assert "Illustrator" in result.trace["queries"]["final"]  # still searched with the opening
+    assert "5 working days" in result.answer and "Illustrator" not in result.answer, result.answer
+    assert result.trace["answerer"].get("subjects") is None  # the Why names no subject
+
+
+def test_a_question_pointing_back_keeps_the_carried_subject(db, conversation):
+    """... but "How many days does it take them?" points back: it is asked of Adobe Illustrator."""
+    ingest_markdown(HELPDESK_PAGES)
+    run_turn_sync(conversation, "Has my Illustrator request been approved?")
+    result = run_turn_sync(conversation, "How many days does it take them?")
+    assert "two days" in result.answer and "laptop" not in result.answer, result.answer
+
+
 def test_what_the_memory_wrote_is_never_carried_as_the_users_opening():
     """A new user's helpdesk (summary memory): "Please reopen ticket 3" was searched with the
     memory's "Facts about me: - Alice works on floor 4 ..." appended, the memory's message

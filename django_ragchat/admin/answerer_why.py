@@ -49,7 +49,7 @@ def attempt_sentence(attempt: dict, thresholds: dict, subjects: str, passages: d
     reason, closest = attempt.get("reason"), attempt.get("closest")
     if not isinstance(closest, dict):
         return REASONS.get(reason, f"No sentence answered ({reason}).").format(subjects=subjects or "the subject")
-    scores = f"states {_share(closest.get('coverage'))} of the asked words (by weight)"
+    scores = f"matches {_share(closest.get('coverage'))} of the asked words by weight (synonyms count)"
     if "min_similarity" in thresholds:
         scores += f" and is {_number(closest.get('similarity'))} similar in meaning"
     if reason == "below_threshold" and "min_coverage" in thresholds:
@@ -73,7 +73,8 @@ def _answered(why: dict, thresholds: dict, names: dict[int, str]) -> str:
     parts = why.get("parts") if isinstance(why.get("parts"), dict) else {}
     if picked and why.get("asked"):
         of = "its part's" if parts else "the"
-        text += f"; the first states {_share(picked[0].get('coverage'))} of {of} asked words (by weight)"
+        # "matches", not "states": words and their synonyms, not what the sentence means
+        text += f"; the first matches {_share(picked[0].get('coverage'))} of {of} asked words by weight (synonyms count)"
         if "min_similarity" in thresholds:
             text += f" and is {_number(picked[0].get('similarity'))} similar in meaning"
     text += "."

@@ -64,6 +64,9 @@ class Need:
     # Keys the search query carried that became asked beside an answer-type phrase the user typed
     # ("plant care service" for "and how long does it take?"): what the value is of, not the point.
     carried: set[str] = field(default_factory=set)
+    # The subjects came from the search query alone: the transformer carried them from earlier
+    # turns, and the user's own words name none of them.
+    subjects_carried: bool = False
 
     def ask(self, key: str, label: str) -> None:
         """Add ``key`` to what the user's own words ask, labelled ``label`` in a decline."""
@@ -383,8 +386,9 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
     # warranty? My Zephyr Buds came with two years." asks about the Aurora X2 alone.
     asking_words = set(words(" ".join(asked_clauses(question, v)) if asked is None else asked))
     in_asking = {e for e in entities.known if set(e) <= asking_words | {stem(w) for w in asking_words}}
-    need.subjects = in_asking or entities.named(own_words, type_words=not inherited, partial=not foreign) or (
-        set() if foreign else everything)
+    need.subjects = in_asking or entities.named(own_words, type_words=not inherited, partial=not foreign)
+    if not need.subjects and not foreign:
+        need.subjects, need.subjects_carried = everything, bool(everything)
     # "And the pen?" in a conversation about the Nimbus Tab: the Nimbus Pen its sentences name.
     headed = {p.subject for p in passages if p.subject}
     # ... but not a name a heading's holds ("Trailblazer" in a sentence of the "Trailblazer 300").

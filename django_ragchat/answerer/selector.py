@@ -315,6 +315,7 @@ class _Scoring:
         self.typed = need.own - need.carried
         self.carried_topic = _carried_topic(need, self.typed, v)
         self.number = v.pattern("number")
+        self.duration = v.language.patterns.get("duration")  # optional: a language may have none
         self._page_named: dict[int, tuple[str, ...] | None] = {}
 
     def excluded(self, p: Passage, s: Sentence) -> bool:
@@ -345,6 +346,11 @@ class _Scoring:
                 evidence = max(evidence, SYNONYM_EVIDENCE)  # "$200" states a price
             elif s.has_number and stem(word_of(key)) in v.figure_words and _FIGURE_RE.search(_AMOUNT_RE.sub("", s.text)):
                 evidence = max(evidence, SYNONYM_EVIDENCE)  # "phone 01632 960 400" states a number
+            elif (s.has_number and not evidence and key.startswith("~") and self.duration
+                  and "duration" in labels(key) and self.duration.search(s.text)):
+                # "3 to 5 working days" says how long as fully as "within" does; a question's own
+                # "weeks" is not asked of "25p a day"
+                evidence = 1.0
             if evidence and key in need.own and _qualifies_a_fault(key, s, self.asked_labels, v):
                 evidence *= FAULT_QUALIFIER_EVIDENCE  # "covers battery failure" is no battery life
             evidence = evidence or 0.6 * v.covers(key, p.heading_stems)
@@ -599,10 +605,39 @@ class AnswerSelector:
         parts = question_parts(question, self.vocabulary)
         if len(parts) < 2:
             picked = self.pick(need, passages, eligible)
+            if not picked and self._asks_on_its_own(need, question):
+                free, free_eligible = self._without_carried_subjects(need, passages)
+                found = self.pick(free, passages, free_eligible)
+                if any(c.coverage >= FULL_COVERAGE for c in found):  # a sentence stating all it asks
+                    need, eligible, picked = free, free_eligible, found
+                    if self.why is not None:
+                        self.why.subjects = []
             if picked and self.why is not None:
                 self.why.answered(picked)
             return self.cited(picked) if picked else self.decline(need, passages, eligible)
         return self.answer_parts(parts, need, (question, search_query), passages, eligible)
+
+    def _asks_on_its_own(self, need: Need, question: str) -> bool:
+        """Whether a question whose subjects the search query alone carried points back at nothing:
+        no pronoun ("it" in "does it take to get a new laptop" is none) and no "and ...?" opening.
+        Its own words may then ask a thing of its own ("How long does it take to get a new laptop?"
+        after "Has my Illustrator request been approved?")."""
+        if not need.subjects_carried:
+            return False
+        patterns = self.vocabulary.language.patterns
+        anaphora = self.vocabulary.language.words.get("anaphora", frozenset())
+        expletive, ellipsis = patterns.get("expletive_it"), patterns.get("ellipsis")
+        text = expletive.sub("", question) if expletive else question
+        return not (set(words(text)) & anaphora) and not (ellipsis and ellipsis.match(text))
+
+    def _without_carried_subjects(self, need: Need, passages: list[Passage]) -> tuple[Need, list]:
+        """``need`` about no subject, and its eligible sentences: those of passages about no
+        subject that name none of the carried ones (a topic page, such as "Hardware > New laptops")."""
+        carried = need.subjects
+        free = replace(need, subjects=set(), subjects_carried=False)
+        eligible = [(p, s) for p, s in self.eligible(free, passages)
+                    if not p.subject and not names_subject(s, carried)]
+        return free, eligible
 
     def answer_parts(self, parts: list[str], need: Need, texts: tuple[str, str], passages: list[Passage],
                      eligible: list[tuple[Passage, Sentence]]) -> str:
