@@ -1282,3 +1282,17 @@ def test_a_length_of_time_stated_in_days_answers_how_long(db):
     answer = ask("How long does delivery take?")
     assert "3 to 5 working days" in answer and "30 days" not in answer, answer
 
+
+
+def test_a_rating_asked_by_its_letters_is_stated_by_its_code(sample_docs):
+    """"What IP rating do the Zephyr Buds have?" was declined as about "IP": the passage writes
+    the rating as its code, "rated IPX4", which no word of the table ties to "IP"."""
+    assert "IPX4" in ask("What IP rating do the Zephyr Buds have?")
+    assert "IPX4" in ask("zephyr buds ip rating?")
+
+
+def test_a_chat_form_of_i_have_is_no_name(sample_docs):
+    """"...if Ive opened them" (I've typed without its apostrophe): "Ive", capitalised as "I" is,
+    was read as a name no passage knows ("The documents don't mention Ive")."""
+    answer = ask("Can I send my headphones back if Ive opened them and lost the bits that came with them?")
+    assert "Ive" not in answer, answer

@@ -158,6 +158,18 @@ class Choice:
     similarity: float = 0.0  # to what was asked, by the semantic model (0 without one)
 
 
+#: What follows a rating's letters in its code: "IPX4", "IP68", "USB3" ("ip" + "x4", "68").
+_CODE_TAIL_RE = re.compile(r"[a-z]?\d+[a-z]?")
+
+
+def _coded(word: str, stems: frozenset[str]) -> bool:
+    """Whether ``stems`` hold a code made of ``word`` (2 to 4 letters: an acronym such as "ip")
+    and a number: "IPX4", "IP68" state what "IP rating" asks."""
+    if not 2 <= len(word) <= 4 or not word.isalpha():
+        return False
+    return any(st.startswith(word) and _CODE_TAIL_RE.fullmatch(st, len(word)) for st in stems)
+
+
 def _places(key: str, sentence: Sentence, vocabulary: Vocabulary) -> list[int]:
     """Where ``sentence`` states ``key``: the asked word's places, else its group's."""
     word = word_of(key)
@@ -346,6 +358,8 @@ class _Scoring:
                 evidence = max(evidence, SYNONYM_EVIDENCE)  # "$200" states a price
             elif s.has_number and stem(word_of(key)) in v.figure_words and _FIGURE_RE.search(_AMOUNT_RE.sub("", s.text)):
                 evidence = max(evidence, SYNONYM_EVIDENCE)  # "phone 01632 960 400" states a number
+            elif not evidence and s.has_number and _coded(word_of(key), s.stems):
+                evidence = 1.0  # "IP rating": "rated IPX4" writes the IP rating as its code
             elif (s.has_number and not evidence and key.startswith("~") and self.duration
                   and "duration" in labels(key) and self.duration.search(s.text)):
                 # "3 to 5 working days" says how long as fully as "within" does; a question's own
