@@ -81,6 +81,16 @@ def test_the_readme_marks_every_snippet_the_site_needs():
     assert "asgi" in commands(found["shell install"])[0][2]  # the extra with the websocket server
 
 
+def test_the_readme_shows_the_install_line_first():
+    """A new user's trial: README's first command block was the demo's and the test suite's,
+    and the install line came some 80 lines down. Its first block is the install line the site
+    instructions apply (the same words), a few lines under the title."""
+    readme = (ROOT / "README.md").read_text()
+    first = re.search(r"```\w*\n(.*?)```", readme, re.S)
+    assert commands(first.group(1)) == commands(snippets("README.md")["shell install"])
+    assert readme[:first.start()].count("\n") <= 6
+
+
 # --- the site ------------------------------------------------------------------------------
 
 
