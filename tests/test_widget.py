@@ -136,6 +136,39 @@ def test_an_anonymous_visitor_gets_a_session_or_a_sign_in_link(rf, settings):
     assert request.session.session_key  # started: the visitor's conversations are bound to it
 
 
+def message_box(html: str) -> str:
+    (box,) = re.findall(r'<textarea class="ragchat-input".*?></textarea>', html, re.S)
+    return box
+
+
+@pytest.mark.django_db
+def test_a_site_sets_the_message_boxs_placeholder(rf, client, user, tmp_path, settings):
+    """A new user's trial: the box's "Ask a question about the documents…" could not be
+    changed. The tag's ``placeholder`` sets it, escaped (a variable's text too); ``""`` leaves
+    none; the chat page takes it from a site template that extends the app's (docs/widget.md)."""
+    request = rf.get("/help/")
+    request.user = user
+    request.session = SessionStore()
+    assert 'placeholder="Ask a question about the documents…"' in message_box(render_tag(request))
+    assert 'placeholder="Ask about an order…"' in message_box(render_tag(request, 'placeholder="Ask about an order…"'))
+    assert "placeholder" not in message_box(render_tag(request, 'placeholder=""'))
+    hint = '"><script>alert(1)</script> & <b>more</b>'
+    untrusted = engines["django"].from_string("{% load ragchat %}{% ragchat_widget placeholder=hint %}").render(
+        {"hint": hint}, request)
+    assert f'placeholder="{escape(hint)}"' in message_box(untrusted)
+    assert "<script>alert" not in untrusted and "<b>more" not in untrusted
+    # The chat page: a site's own django_ragchat/chat.html, as docs/widget.md writes it.
+    (tmp_path / "django_ragchat").mkdir()
+    (tmp_path / "django_ragchat" / "chat.html").write_text(
+        '{% extends "django_ragchat/chat.html" %}{% load ragchat %}\n'
+        '{% block content %}{% ragchat_widget model_notice=model_notice placeholder="Ask the help desk…" %}'
+        "{% endblock %}\n")
+    settings.TEMPLATES = [{**settings.TEMPLATES[0], "DIRS": [tmp_path]}]
+    client.force_login(user)
+    page = client.get("/chat/").content.decode()
+    assert 'placeholder="Ask the help desk…"' in message_box(page) and "Sign out" in page
+
+
 def test_the_tag_says_what_is_missing_without_the_request():
     with pytest.raises(ImproperlyConfigured, match="context_processors.request"):
         Template("{% load ragchat %}{% ragchat_widget %}").render(Context({}))

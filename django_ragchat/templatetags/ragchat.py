@@ -20,10 +20,13 @@ from django_ragchat.transport.views import may_chat, page_config  # views import
 
 register = template.Library()
 
+#: The message box's placeholder when the tag is given none.
+PLACEHOLDER = "Ask a question about the documents…"
+
 
 @register.inclusion_tag("django_ragchat/widget.html", takes_context=True)
 def ragchat_widget(context, label: str = "Chat", compact: bool = False, notice: str = "", profile: str = "",
-                   model_notice: str = ""):
+                   model_notice: str = "", placeholder: str = PLACEHOLDER):
     """The chat widget.
 
     ``label`` names it for screen readers (``aria-label``); ``compact`` hides the conversation
@@ -34,7 +37,8 @@ def ragchat_widget(context, label: str = "Chat", compact: bool = False, notice: 
     widget lists them all); a name that is no profile raises ``UnknownProfile``. ``model_notice``
     is a line shown above the messages only while the conversation shown (or the one a message
     would start) has a profile with no language model (the extractive answerer): the chat page
-    says its answers are quoted until a model is configured.
+    says its answers are quoted until a model is configured. ``placeholder`` is the hint in the
+    empty message box (escaped, as every text the tag is given; ``""``: none).
     Needs ``django.template.context_processors.request``. A visitor who may not chat (anonymous,
     with ``RAGCHAT["ALLOW_ANONYMOUS"]`` off) sees a link to ``settings.LOGIN_URL`` instead.
     """
@@ -53,5 +57,5 @@ def ragchat_widget(context, label: str = "Chat", compact: bool = False, notice: 
     config = page_config(request, profile)
     extractive = {name for name, shown in config["profiles"].items() if shown["extractive"]}
     return {"widget_id": widget_id, "config_id": widget_id + "-config", "label": label, "compact": compact,
-            "notice": notice, "model_notice": model_notice if extractive else "",
+            "notice": notice, "placeholder": placeholder, "model_notice": model_notice if extractive else "",
             "model_notice_shown": config["defaultProfile"] in extractive, "config": config}
