@@ -16,6 +16,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from django_ragchat.ingestion.pipeline import ingest_text
 from django_ragchat.models import Conversation, Document, Feedback, Message, MessageSource, TurnTrace
+from django_ragchat.testing.openai_server import call, tool_calls
 from django_ragchat.turn.pipeline import run_turn_sync
 from tests.live_servers import chromium
 
@@ -260,3 +261,82 @@ def test_staff_correct_a_summary_and_read_what_wrote_it(browser, asgi, user, dja
     WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".messagelist .success"))
     record.refresh_from_db()
     assert "two-year" in record.content and record.metadata["folded_messages"] == 6
+
+
+# How an element's text (lines of indented JSON) wraps: ``inside``, each place a line is broken
+# inside a word, with the characters either side (a line may break after a space or a hyphen, as
+# prose does; "purcha|sed_on" is inside); ``under``, the first characters of each continuation
+# that starts left of its line's own text, under the key of a long value or the opening brace.
+# A line ends at a newline the text holds or at the end of a block of its own.
+WRAPS = """const inside = [], under = [];
+const lineOf = node => node.parentElement.closest('.ragchat-lines > *') || arguments[0];
+const walker = document.createTreeWalker(arguments[0], NodeFilter.SHOW_TEXT);
+let top = null, start = null, previous = '\\n', line = null;
+for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+  if (lineOf(node) !== line) {
+    line = lineOf(node);
+    previous = '\\n';
+  }
+  for (let i = 0; i < node.data.length; i++) {
+    const range = document.createRange();
+    range.setStart(node, i);
+    range.setEnd(node, i + 1);
+    const rect = range.getClientRects()[0];
+    const character = node.data[i];
+    if (previous === '\\n') [top, start] = [null, null];
+    if (rect && character !== '\\n') {
+      if (top !== null && rect.top > top + 2) {
+        if (!/[\\s-]/.test(previous)) inside.push(previous + '|' + character);
+        if (rect.left <= start + 1) under.push(node.data.slice(i, i + 12));
+      }
+      if (start === null && character !== ' ') start = rect.left;
+      top = rect.top;
+    }
+    previous = character;
+  }
+}
+return {inside, under};"""
+
+
+def test_a_traces_tool_arguments_are_readable_json(browser, asgi, product_corpus, user, django_user_model,
+                                                   openai_server, ragchat_settings_override):
+    """A new user's trial: the Tool calls table's arguments column, narrow beside a long result
+    (the passages a search returned), broke the JSON anywhere (``overflow-wrap: anywhere``). Each
+    call's arguments are indented JSON, one key a line, a long line broken only between words and
+    continued beside its key, not under it, and the page does not scroll sideways. Screenshot: var/screenshots/admin-trace-tool-arguments.png."""
+    ragchat_settings_override(PLUGINS=["tests.tool_plugins"], PROFILES={"default": {
+        "llm": "openai", "tools": ["weather", "refuse"], "retrieval": "tool", "empty_context": "answer",
+        "options": {"openai": {"base_url": openai_server.base_url, "max_retries": 0, "timeout": 10}}}})
+    reason = ("the customer asked for a refund of order ORD-2026-000017 to another card than the one she "
+              "paid with, which the shop's policy does not allow")
+    openai_server.script(tool_calls(call("search_documents", query="Aurora X2 price with 256 GB of storage", id="s"),
+                                    call("weather", city="Saint-Rémy-de-Provence", unit="C", id="w"),
+                                    call("refuse", reason=reason, id="r")),
+                         "The Aurora X2 costs $799 with 256 GB [1]; it is sunny in Saint-Rémy-de-Provence.")
+    conversation = Conversation.objects.create(owner=user)
+    result = run_turn_sync(conversation, "How much is the Aurora X2 with 256 GB, and is it sunny in Saint-Rémy?")
+    assert [t["name"] for t in result.trace["tools"]] == ["search_documents", "weather", "refuse"]
+    answer = Message.objects.get(pk=result.message["id"])
+    sign_in_as_boss(browser, asgi, django_user_model)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    pages = {"trace": reverse("admin:django_ragchat_turntrace_change", args=[answer.trace.pk]),
+             "conversation": reverse("admin:django_ragchat_conversation_change", args=[conversation.pk])}
+    for name, page in pages.items():
+        browser.get(asgi.url + page)
+        table = WebDriverWait(browser, 20).until(lambda d: d.find_element(By.CSS_SELECTOR, "table.ragchat-tools"))
+        if name == "conversation":
+            browser.execute_script("arguments[0].closest('details').open = true", table)
+        browser.execute_script("arguments[0].scrollIntoView({block: 'start'})", table)
+        assert table.screenshot(str(SCREENSHOTS / f"admin-{name}-tool-arguments.png"))
+        shown = table.find_elements(By.CSS_SELECTOR, "pre.ragchat-tool-arguments")
+        assert [pre.text for pre in shown] == [
+            '{\n  "query": "Aurora X2 price with 256 GB of storage"\n}',
+            '{\n  "city": "Saint-Rémy-de-Provence",\n  "unit": "C"\n}', '{\n  "reason": "' + reason + '"\n}']
+        for pre in shown:
+            assert browser.execute_script(WRAPS, pre) == {"inside": [], "under": []}, (name, pre.text)
+        assert any(pre.size["height"] > 100 for pre in shown)  # the reason wraps: the measure has lines
+        # At 1280 px the table fits its box (narrower, it would scroll in it); the page never scrolls sideways.
+        widths = browser.execute_script("const box = arguments[0].parentElement; return [box.scrollWidth, "
+                                        "box.clientWidth, document.documentElement.scrollWidth, window.innerWidth]",
+                                        table)
+        assert widths[0] <= widths[1] and widths[2] <= widths[3], (name, widths)

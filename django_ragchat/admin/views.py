@@ -149,6 +149,14 @@ class Timing:
         return min(100.0, round(100 * (self.wait_ms or 0.0) / self.ms, 1)) if self.ms else 0.0
 
 
+def indented_lines(text: str) -> list[tuple[str, str]]:
+    """``text`` (pretty JSON, or any text) as its lines, each split into its leading spaces and
+    the rest, for a ``<pre>`` that wraps a long line under its own start (admin.css,
+    ``.ragchat-lines``): a long string value in JSON continues beside its key, not under the
+    opening brace."""
+    return [(line[:len(line) - len(line.lstrip(" "))], line.lstrip(" ")) for line in text.split("\n")]
+
+
 #: The statuses of a tool call that never ran (``ToolInvocation.Status``).
 NOT_RUN = frozenset({"rejected", "abandoned", "cancelled"})
 
@@ -172,6 +180,14 @@ class ToolCallView:
     @property
     def failed(self) -> bool:
         return self.status not in ("done", "")
+
+    @property
+    def argument_lines(self) -> list[tuple[str, str]]:
+        return indented_lines(self.arguments)
+
+    @property
+    def result_lines(self) -> list[tuple[str, str]]:
+        return indented_lines(self.result)
 
     @property
     def ran(self) -> bool:
