@@ -41,6 +41,7 @@ from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
 from django_ragchat.ingestion.pipeline import CREATED, ingest_text
 from django_ragchat.models import Conversation, Document, Feedback, Message, MessageSource, ToolInvocation
 from django_ragchat.plugins import PIPELINE_ORDER, get_registry, plugin_listing, profile_listing, tool_listing
+from django_ragchat.transport import jsonbody
 from django_ragchat.transport import turns as transport
 from django_ragchat.transport.jsonbody import LimitedJSONParser
 from django_ragchat.turn import limits, persistence
@@ -77,6 +78,8 @@ def api_exception_handler(exc, context):
         exc = exceptions.PermissionDenied()
     elif isinstance(exc, RequestDataTooBig):
         # Django refuses bodies over DATA_UPLOAD_MAX_MEMORY_SIZE before they are parsed.
+        request = context.get("request")
+        jsonbody.drain_refused_body(getattr(request, "_request", request))
         exc = APIError(413, "too_large", "The request body is too large.")
     elif isinstance(exc, (TooManyFieldsSent, TooManyFilesSent)):
         exc = APIError(400, "too_many_fields", "The request has too many fields or files.")

@@ -72,6 +72,7 @@ def read_body(request) -> dict[str, Any]:
     try:
         body = request.body
     except RequestDataTooBig:
+        jsonbody.drain_refused_body(request)
         raise OpenAIError(413, "too_large", "The request body is too large.") from None
     try:
         jsonbody.check_media_type(request.content_type)

@@ -19,6 +19,30 @@ from rest_framework.parsers import JSONParser
 
 #: Nesting deeper than this is refused. No request of the API nests more than three levels.
 MAX_DEPTH = 32
+#: A body refused as larger than Django reads (``DATA_UPLOAD_MAX_MEMORY_SIZE``) is read to its end
+#: and dropped when it declares at most this many bytes: Django refuses it unread, and a WSGI
+#: server cannot answer the next request on a connection whose body was left unread (a new
+#: user's trial: gunicorn's 413 said keep-alive, and the client's next message found the
+#: connection closed). A larger one is left for the server to close the connection on.
+DRAIN_LIMIT = 32 * 2**20
+_DRAIN_CHUNK = 2**16
+
+
+def drain_refused_body(request) -> None:
+    """Read and drop what is left of ``request``'s body (a Django ``HttpRequest``) after Django
+    refused it as too large, up to ``DRAIN_LIMIT`` bytes, so the client's connection stays usable."""
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except (TypeError, ValueError):
+        return
+    stream = getattr(request, "_stream", None)
+    if not 0 < declared <= DRAIN_LIMIT or stream is None:
+        return
+    try:
+        while stream.read(_DRAIN_CHUNK):
+            pass
+    except OSError:  # the client went away: nothing left to keep usable
+        pass
 
 
 class JSONRefused(ValueError):

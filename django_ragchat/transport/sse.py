@@ -87,6 +87,7 @@ def _read_content(request) -> tuple[Any, str, Any]:
         # never reads the 413.
         body = request.body
     except RequestDataTooBig:  # over DATA_UPLOAD_MAX_MEMORY_SIZE, as the REST API refuses it
+        jsonbody.drain_refused_body(request)
         raise too_large from None
     try:
         jsonbody.check_media_type(request.content_type)
