@@ -1149,3 +1149,14 @@ def test_the_augmenters_that_changed_the_text_are_named_and_citations_alone_are_
 ])
 def test_what_a_response_augmenter_did_reads_as_a_sentence(step, sentence):
     assert admin_views.answer_change_sentence(step) == sentence
+
+
+def test_stage_timings_are_listed_in_the_pipelines_order():
+    """A new user's trial (PostgreSQL): the trace listed "llm, join, memory, prompt, retrieval,
+    postprocess", jsonb's order of keys (by length), neither the pipeline's nor by time."""
+    from django_ragchat.admin.views import TraceView, _read_timings
+
+    view = TraceView(data={})
+    _read_timings(view, {"timings": {"llm": 9.0, "join": 0.1, "mine": 0.3, "memory": 1.0, "prompt": 0.2,
+                                     "retrieval": 3.0, "postprocess": 0.1, "total": 14.0}})
+    assert [t.stage for t in view.timings] == ["memory", "retrieval", "join", "postprocess", "prompt", "llm", "mine"]

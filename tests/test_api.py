@@ -220,6 +220,11 @@ def test_a_message_may_start_a_conversation_only_with_a_profile_its_sender_may_u
 def test_unknown_profile_says_so(alice):
     error = post_json(alice, f"{API}/conversations/", {"profile": "nope"}).json()
     assert error["errors"]["profile"] == ["There is no profile named 'nope'."]
+    # A profile that is no string, as the streaming transports say it (a new user's trial:
+    # '"['default']" is not a valid choice.').
+    for value in (["default"], 5, {"name": "default"}):
+        error = post_json(alice, f"{API}/conversations/", {"profile": value}).json()
+        assert error["errors"]["profile"] == ["There is no profile named of that type."], value
 
 
 def test_unknown_malformed_and_foreign_ids_answer_the_same_404(alice, other_user):

@@ -540,7 +540,10 @@ def _read_timings(view: TraceView, data: dict) -> None:
     timings = {str(k): _number(v) for k, v in _as_dict(data.get("timings")).items()}
     view.total_ms = timings.pop("total", None)
     view.approval_wait_ms = _number(data.get("approval_wait_ms")) or None
-    stages = [(k, v) for k, v in timings.items() if v is not None]
+    # In the pipeline's order: PostgreSQL's jsonb keeps keys by length, not as written ("llm",
+    # "join", "memory"...); a stage a plugin adds follows the built-in ones, as recorded.
+    order = {stage: i for i, stage in enumerate(STAGE_LABELS)}
+    stages = sorted(((k, v) for k, v in timings.items() if v is not None), key=lambda kv: order.get(kv[0], len(order)))
     scale = view.total_ms or max((v for _, v in stages), default=0) or 1
     view.timings = [Timing(stage=k, ms=v, percent=min(100.0, round(100 * v / scale, 1)),
                            wait_ms=view.approval_wait_ms if k == "llm" else None) for k, v in stages]

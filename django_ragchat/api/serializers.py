@@ -97,7 +97,9 @@ class ProfileNameField(serializers.ChoiceField):
 
     def to_internal_value(self, data):
         if not isinstance(data, str):
-            self.fail("invalid_choice", input=data)
+            # As the websocket and server-sent events say it (transport.turns.new_conversation_options):
+            # the same cause, the same code, not DRF's '"['default']" is not a valid choice.'
+            raise serializers.ValidationError("There is no profile named of that type.", code="unknown_profile")
         if data not in self.choices:
             raise serializers.ValidationError(f"There is no profile named {data!r}.", code="unknown_profile")
         return data
