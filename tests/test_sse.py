@@ -86,9 +86,8 @@ def test_events_arrive_as_the_model_writes_them(server, user, product_corpus, op
     assert kinds[-1] == "done" and text == words(30), kinds
 
 
-def test_refusals_are_http_statuses_with_the_error_event_as_body(request, server, product_corpus, user, other_user,
+def test_refusals_are_http_statuses_with_the_error_event_as_body(server, product_corpus, user, other_user,
                                                                  reviewer, conversation):
-    server_kind = request.node.callspec.params["server"]
     caller = caller_for(user)
     theirs = Conversation.objects.create(owner=other_user)
     not_found = []

@@ -353,18 +353,7 @@ class _Scoring:
         need, v = self.need, self.vocabulary
         own_cov = all_cov = 0.0
         for key, weight in need.groups.items():
-            evidence = v.covers(key, s.stems)
-            if s.has_money and "price" in labels(key):
-                evidence = max(evidence, SYNONYM_EVIDENCE)  # "$200" states a price
-            elif s.has_number and stem(word_of(key)) in v.figure_words and _FIGURE_RE.search(_AMOUNT_RE.sub("", s.text)):
-                evidence = max(evidence, SYNONYM_EVIDENCE)  # "phone 01632 960 400" states a number
-            elif not evidence and s.has_number and _coded(word_of(key), s.stems):
-                evidence = 1.0  # "IP rating": "rated IPX4" writes the IP rating as its code
-            elif (s.has_number and not evidence and key.startswith("~") and self.duration
-                  and "duration" in labels(key) and self.duration.search(s.text)):
-                # "3 to 5 working days" says how long as fully as "within" does; a question's own
-                # "weeks" is not asked of "25p a day"
-                evidence = 1.0
+            evidence = self._stated(key, s)
             if evidence and key in need.own and _qualifies_a_fault(key, s, self.asked_labels, v):
                 evidence *= FAULT_QUALIFIER_EVIDENCE  # "covers battery failure" is no battery life
             evidence = evidence or 0.6 * v.covers(key, p.heading_stems)
@@ -383,6 +372,25 @@ class _Scoring:
             if _apart(a, b, s, v):
                 own_cov -= PROXIMITY_PENALTY * min(self.idf[a], self.idf[b])
         return own_cov / self.own_total, all_cov / self.all_total
+
+    def _stated(self, key: str, s: Sentence) -> float:
+        """How strongly ``s`` itself states ``key``: its words and the table's, or a value of the
+        asked kind written as such (an amount, a figure, a code, a number of days)."""
+        v = self.vocabulary
+        evidence = v.covers(key, s.stems)
+        if s.has_money and "price" in labels(key):
+            return max(evidence, SYNONYM_EVIDENCE)  # "$200" states a price
+        if s.has_number and stem(word_of(key)) in v.figure_words and _FIGURE_RE.search(_AMOUNT_RE.sub("", s.text)):
+            return max(evidence, SYNONYM_EVIDENCE)  # "phone 01632 960 400" states a number
+        if evidence or not s.has_number:
+            return evidence
+        if _coded(word_of(key), s.stems):
+            return 1.0  # "IP rating": "rated IPX4" writes the IP rating as its code
+        if key.startswith("~") and self.duration and "duration" in labels(key) and self.duration.search(s.text):
+            # "3 to 5 working days" says how long as fully as "within" does; a question's own
+            # "weeks" is not asked of "25p a day"
+            return 1.0
+        return evidence
 
     def _title_named(self, p: Passage) -> tuple[str, ...] | None:
         """The asked words ``p``'s title does not state, when the question names the page by its
