@@ -65,9 +65,10 @@ def register_guardrails(register):
     """Register ``django_ragchat.stages.guardrails.Guardrail`` subclasses.
 
     A guardrail checks the user's input before retrieval (``check_input``) and the answer before
-    it is saved (``check_output``); returning a ``Refusal`` ends the turn, and an output
-    guardrail may return a ``Reprompt`` to have the model answer again with its feedback (at
-    most ``max_reprompts`` times). Built in: ``blocked_phrases`` (configurable phrases),
+    it is saved (``check_output``); returning a ``Refusal`` ends the turn, an input guardrail may
+    return a ``Redaction`` (or a ``Refusal`` with ``redacted``) to have the turn keep a redacted
+    text in place of the user's message, and an output guardrail may return a ``Reprompt`` to
+    have the model answer again with its feedback (at most ``max_reprompts`` times). Built in: ``blocked_phrases`` (configurable phrases),
     ``require_citation`` (off by default). Malformed input (empty, oversized, NUL bytes)
     never reaches a guardrail: the pipeline rejects it before anything is saved.
     """

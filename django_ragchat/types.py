@@ -273,9 +273,17 @@ class EndTurn:
 
 @dataclass(frozen=True)
 class Refusal(EndTurn):
-    """A guardrail refused the input or the output."""
+    """A guardrail refused the input or the output.
+
+    From ``check_input``, ``redacted`` (``None``: keep the message as typed) is the user's
+    message as it may be kept: the turn saves it in place of the text typed, in the message's
+    row, the trace and wherever the conversation is named after it, before the refusal is
+    saved. Say what was taken out (``"my card is [redacted card]"``); it must show something.
+    Ignored from ``check_output``, whose text is the answer.
+    """
 
     kind: str = "refusal"
+    redacted: str | None = None
 
 
 @dataclass(frozen=True)
@@ -306,4 +314,20 @@ class Reprompt:
     """
 
     feedback: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """Returned by an input guardrail (``check_input``): the turn goes on, with ``text`` in
+    place of the user's message.
+
+    The guardrails after this one check ``text``; the search and the model see it; the
+    message's row (saved as typed before input guardrails run, rewritten at once), the trace
+    and a conversation named after the message keep it instead of the text as typed.
+    ``reason`` goes to the trace (``trace["redactions"]``), so write what was taken out by kind
+    ("an e-mail address"), never the data itself. ``text`` must show something.
+    """
+
+    text: str
     reason: str = ""

@@ -7,6 +7,7 @@ input, its failure modes and its query counts.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.core.cache import cache
@@ -14,6 +15,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 from django.utils.crypto import get_random_string
 from rest_framework.test import APIClient
 
@@ -28,9 +30,11 @@ from django_ragchat.models import (
     Message,
     MessageSource,
 )
+from django_ragchat.stages.guardrails import Guardrail
 from django_ragchat.stages.llms import LLMBackend
+from django_ragchat.tokens import count_tokens
 from django_ragchat.turn import limits
-from django_ragchat.types import LLMDelta
+from django_ragchat.types import LLMDelta, Redaction, Refusal
 
 pytestmark = pytest.mark.django_db
 
@@ -471,6 +475,85 @@ def test_a_turn_through_the_openai_backend(alice, product_corpus, conversation, 
     assert answer["content"] == "The Aurora X2 costs $699 [1]." and answer["status"] == "complete"
     assert answer["citations"][0]["index"] == 1 and answer["citations"][0]["source"] == "products/aurora-x2.md"
     assert openai_profile.count("chat/completions") == 1
+
+
+#: A message with a password in it, as a new user's helpdesk had one typed; what may be kept of it.
+TYPED = "My password: Hunter2-xyz stopped working on the printer"
+KEPT = "My password: [redacted] stopped working on the printer"
+CARD = "4111 1111 1111 1111"
+
+
+class SecretsGuard(Guardrail):
+    """Takes a password out of the message and lets it go on (a ``Redaction``); refuses a
+    message with a card number, which is kept without it (``Refusal.redacted``)."""
+
+    name = "secrets"
+
+    def check_input(self, text, turn):
+        kept = re.sub(r"(password: )\S+", r"\1[redacted]", text)
+        if CARD in text:
+            return Refusal("Please don't send card numbers here.", reason="a card number",
+                           redacted=kept.replace(CARD, "[card]"))
+        return Redaction(kept, reason="a password") if kept != text else None
+
+
+class _SecretsPlugin:
+    @staticmethod
+    @hookimpl
+    def register_guardrails(register):
+        register(SecretsGuard)
+
+
+def test_an_input_guardrail_keeps_what_it_redacts_out_of_everything_stored(
+        alice, user, admin_client, openai_profile, ragchat_settings_override):
+    """A new user's trial: a guardrail that refused or sanitised a message with a password or
+    a card number in it could not keep that text out of the saved message and the trace. Its
+    verdict carries the text to keep: a ``Redaction`` goes on with it (the search and the model
+    see it), a ``Refusal``'s ``redacted`` replaces the refused message. The message's row, the
+    trace, the conversation's title (made from the message as typed, as the OpenAI-compatible
+    endpoint names a new conversation) and label, the API's lists and the admin hold only it."""
+    profile = ragchat_settings_override()["PROFILES"]["default"]
+    ragchat_settings_override(PLUGINS=["tests.test_api._SecretsPlugin"], PROFILES={"default": {
+        **profile, "guardrails": ["blocked_phrases", "secrets"], "empty_context": "answer"}})
+    openai_profile.script(*["Try resetting it from the printer's menu."] * 2)
+    named = Conversation.objects.create(owner=user, title=TYPED)  # as the endpoint names one, from what was typed
+    untitled = Conversation.objects.create(owner=user)
+    for conversation in (named, untitled):
+        sent = post_json(alice, messages_url(conversation), {"content": TYPED})
+        assert sent.status_code == 201, sent.content
+        assert sent.json()["user_message"]["content"] == KEPT
+        assert sent.json()["assistant_message"]["content"] == "Try resetting it from the printer's menu."
+    assert openai_profile.last("chat/completions").json["messages"][-1]["content"] == KEPT  # what the model saw
+    refused = post_json(alice, messages_url(untitled), {"content": f"Charge {CARD} for the toner, {TYPED}"})
+    assert refused.json()["assistant_message"]["content"] == "Please don't send card numbers here."
+    assert refused.json()["user_message"]["content"] == f"Charge [card] for the toner, {KEPT}"
+
+    rows = list(Message.objects.filter(role="user").order_by("pk").values("content", "token_count", "metadata"))
+    assert [row["content"] for row in rows] == [KEPT, KEPT, f"Charge [card] for the toner, {KEPT}"]
+    assert rows[0]["metadata"] == {"redacted_by": ["secrets"]} and rows[0]["token_count"] == count_tokens(KEPT)
+    traces = [answer.trace.data for answer in Message.objects.filter(role="assistant").order_by("pk")]
+    assert traces[0]["question"] == KEPT and traces[0]["queries"]["original"] == KEPT
+    assert traces[0]["redactions"] == [{"by": "secrets", "reason": "a password"}]
+    assert traces[2]["ended_by"]["stage"] == "input_guardrails" and traces[2]["redactions"][0]["reason"] == "a card number"
+    assert Conversation.objects.get(pk=named.pk).title == KEPT  # the name made from the message, made again
+    pages = {
+        "conversations": alice.get(f"{API}/conversations/"),
+        "named": alice.get(f"{API}/conversations/{named.pk}/"),
+        "messages": alice.get(messages_url(untitled)),
+        "admin list": admin_client.get(reverse("admin:django_ragchat_conversation_changelist")),
+        "admin conversation": admin_client.get(reverse("admin:django_ragchat_conversation_change",
+                                                       args=[untitled.pk])),
+    }
+    everything = json.dumps([list(Message.objects.values()), traces, list(Conversation.objects.values())],
+                            default=str)
+    for name, page in {**pages, "database": None}.items():
+        text = everything if page is None else page.content.decode()
+        assert page is None or page.status_code == 200, name
+        assert "Hunter2" not in text and CARD not in text, name
+    assert [m["content"] for m in pages["messages"].json()["results"] if m["role"] == "user"] == [
+        KEPT, f"Charge [card] for the toner, {KEPT}"]
+    assert alice.get(f"{API}/conversations/{untitled.pk}/").json()["label"] == KEPT
+    assert "Redacted by <code>secrets</code>" in pages["admin conversation"].content.decode()
 
 
 @pytest.mark.parametrize("fault, options, status, code, retry_after", [

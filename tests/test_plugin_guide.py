@@ -13,7 +13,9 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from django_ragchat import plugins
+from django_ragchat import hookimpl, plugins
+from django_ragchat.models import Message
+from django_ragchat.turn.pipeline import run_turn_sync
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 
@@ -61,3 +63,28 @@ def test_the_installed_guide_plugin_loads_through_its_entry_point(installed_guid
         registration = plugins.get_registry().get("document_postprocessor", "drop_drafts")
         assert registration.plugin == "drop_drafts" and registration.order == 60
         assert "drop_drafts" in [p["name"] for p in plugins.plugin_listing()]
+
+
+class _GuidePasswordPlugin:
+    """The guide's ``NoPasswords`` guardrail ("Redacting the user's message"), as written."""
+
+    namespace: dict = {}
+
+    @staticmethod
+    @hookimpl
+    def register_guardrails(register):
+        register(_GuidePasswordPlugin.namespace["NoPasswords"])
+
+
+@pytest.mark.django_db
+def test_the_guides_redacting_guardrail_keeps_the_password_out(ragchat_settings_override, conversation):
+    exec(guide_block("### Redacting the user's message", "python"), _GuidePasswordPlugin.namespace)
+    ragchat_settings_override(PLUGINS=["tests.test_plugin_guide._GuidePasswordPlugin"],
+                              PROFILES={"default": {"guardrails": ["no_passwords"]}})
+    on = run_turn_sync(conversation, "My password: Hunter2 no longer opens the printer's page")
+    refused = run_turn_sync(conversation, "sudo asks for my password: Hunter2")
+    assert refused.answer == "I can't help with that here."
+    kept = list(Message.objects.filter(role="user").order_by("seq").values_list("content", flat=True))
+    assert kept == ["My password: [redacted] no longer opens the printer's page", "sudo asks for my password: [redacted]"]
+    assert on.trace["redactions"] == [{"by": "no_passwords", "reason": "a password"}]
+    assert "Hunter2" not in str(on.trace) + str(refused.trace)

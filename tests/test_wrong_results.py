@@ -17,7 +17,7 @@ from django_ragchat.stages.responses import ResponseAugmenter
 from django_ragchat.stages.retrievers import Retriever
 from django_ragchat.stages.transformers import QueryTransformer
 from django_ragchat.turn.pipeline import run_turn_sync
-from django_ragchat.types import RetrievedChunk
+from django_ragchat.types import Redaction, RetrievedChunk
 
 pytestmark = pytest.mark.django_db
 
@@ -30,6 +30,14 @@ class StringGuard(Guardrail):
 
     def check_input(self, text, turn):
         return "Refused: no durian questions"  # a Refusal was meant
+
+
+class BlankRedaction(Guardrail):
+    name = "blank_redaction"
+    enabled_by_default = False
+
+    def check_input(self, text, turn):
+        return Redaction(" ", reason="took everything out")  # nothing left to keep or answer
 
 
 class StringTransformer(QueryTransformer):
@@ -78,6 +86,7 @@ class BrokenPlugin:
     @hookimpl
     def register_guardrails(register):
         register(StringGuard)
+        register(BlankRedaction)
 
     @staticmethod
     @hookimpl
@@ -110,7 +119,10 @@ def profile_with(ragchat_settings_override):
 
 @pytest.mark.parametrize(("profile", "said"), [
     ({"guardrails": ["string_guard"]},
-     "guardrail 'string_guard': check_input() returned str, not None or a Refusal"),
+     "guardrail 'string_guard': check_input() returned str, not None, a Refusal or a Redaction"),
+    ({"guardrails": ["blank_redaction"]},
+     "guardrail 'blank_redaction': check_input() returned Redaction, not None, a Refusal or a Redaction whose "
+     "text shows something"),
     ({"query_transformers": ["string_transformer"]},
      "query_transformer 'string_transformer': transform() returned str, not a Query, SkipRetrieval or an EndTurn"),
     ({"document_postprocessors": ["none_processor"]},

@@ -54,7 +54,7 @@ SNIPPET_CHARS = 240
 KNOWN_TRACE_KEYS = frozenset({
     "profile", "question", "queries", "retrieval", "documents", "prompt", "timings", "model",
     "usage", "ended_by", "tokenizer", "history", "warnings", "error", "cancelled", "components",
-    "origin", "supplied_history", "postprocess", "response_augmenters",
+    "origin", "supplied_history", "postprocess", "response_augmenters", "redactions",
     "tools", "tools_offered", "tool_steps", "tool_step_limit_reached", "approval_wait_ms", "answerer",
 })
 
@@ -211,6 +211,9 @@ class TraceView:
 
     data: dict
     question: str = ""
+    #: The input guardrails that replaced the question (``{"by", "reason"}``): ``question`` is
+    #: what the last one left, not what was typed.
+    redactions: list[dict] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)
     final_query: str = ""
     followup: str = ""  # how the follow-up transformer read the question (``followup_sentence``)
@@ -360,6 +363,8 @@ class _Hits:
 def _read_queries(view: TraceView, data: dict) -> None:
     queries = _as_dict(data.get("queries"))
     view.question = str(data.get("question") or queries.get("original") or "")
+    view.redactions = [{"by": str(r.get("by") or ""), "reason": str(r.get("reason") or "")}
+                       for r in map(_as_dict, _as_list(data.get("redactions")))]
     for step in _as_list(queries.get("transformed")):
         step = _as_dict(step)
         view.steps.append({

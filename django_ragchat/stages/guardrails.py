@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from django_ragchat import hookimpl
 from django_ragchat.components import Component
 from django_ragchat.text import normalize
-from django_ragchat.types import Answer, Refusal, Reprompt
+from django_ragchat.types import Answer, Redaction, Refusal, Reprompt
 
 if TYPE_CHECKING:
     from django_ragchat.turn.context import TurnContext
@@ -29,7 +29,10 @@ if TYPE_CHECKING:
 class Guardrail(Component):
     """Base class. Return ``None`` to let the turn go on, or a ``Refusal`` to end it.
 
-    ``check_output`` may also return a changed ``Answer`` (e.g. with redactions) or a
+    ``check_input`` may also return a ``Redaction``: the turn goes on with its text in place of
+    the user's message, which is what is searched, answered and kept (the message's row, the
+    trace); a ``Refusal``'s ``redacted`` keeps a refused message so (docs/plugins.md,
+    "Redacting the user's message"). ``check_output`` may also return a changed ``Answer`` (e.g. with redactions) or a
     ``Reprompt`` (ask the model again with feedback, at most ``max_reprompts`` times; then
     ``exhausted`` decides). For streamed answers it runs when the stream ends; a refusal then
     replaces the streamed text in the saved message and the closing event.
@@ -41,7 +44,7 @@ class Guardrail(Component):
     #: The saved answer when the reprompts are used up (``exhausted``'s default).
     exhausted_answer: str = "I couldn't produce an answer that meets this site's rules."
 
-    def check_input(self, text: str, turn: TurnContext) -> Refusal | None:
+    def check_input(self, text: str, turn: TurnContext) -> Refusal | Redaction | None:
         return None
 
     def check_output(self, answer: Answer, turn: TurnContext) -> Refusal | Answer | Reprompt | None:

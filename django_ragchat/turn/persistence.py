@@ -571,6 +571,25 @@ def release_answer(turn: TurnContext, text: str, error: dict[str, Any]) -> Messa
     return message
 
 
+def redact_user_message(turn: TurnContext, typed: str, by: str) -> None:
+    """An input guardrail replaced the question (``pipeline.redact_question``): the user's
+    message row keeps ``turn.question`` instead of ``typed`` (its text and token count; its
+    metadata's ``redacted_by`` names the guardrails), and a title made from ``typed`` (the
+    OpenAI-compatible endpoint names a new conversation after its first question; a client may
+    have named it too) is made from the new text. A title of the user's own choosing stays. One
+    transaction, two queries."""
+    message, text = turn.user_message, turn.question
+    message.content, message.token_count = text, count_tokens(text)
+    message.metadata = {**message.metadata, "redacted_by": [*message.metadata.get("redacted_by", ()), by]}
+    title, retitled = question_label(typed), question_label(text)
+    with transaction.atomic():
+        Message.objects.filter(pk=message.pk).update(content=message.content, token_count=message.token_count,
+                                                     metadata=message.metadata, updated_at=timezone.now())
+        if title and title != retitled and Conversation.objects.filter(
+                pk=turn.conversation.pk, title=title).update(title=retitled):
+            turn.conversation.title = retitled
+
+
 def _untitle_refused(turn: TurnContext) -> None:
     """A conversation named after the question an input guardrail has just refused loses that
     name: what the question says (a password pasted by mistake) must not stand where the

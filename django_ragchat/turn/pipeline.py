@@ -84,6 +84,7 @@ from django_ragchat.types import (
     LLMResponse,
     Prompt,
     Query,
+    Redaction,
     Reprompt,
     RetrievedChunk,
     SkipRetrieval,
@@ -213,12 +214,36 @@ async def run_stage(turn: TurnContext, name: str, stage: Callable[[TurnContext],
 
 
 async def check_input(turn: TurnContext) -> EndTurn | None:
+    """Input guardrails, in order, each checking the question the one before left: ``None``
+    lets it through, an ``EndTurn`` (a ``Refusal``) ends the turn, a ``Redaction`` replaces it
+    (as may a ``Refusal``'s ``redacted``): ``redact_question``."""
     for guardrail in turn.components.guardrails:
         result = checked(guardrail, "check_input", await await_me_maybe(guardrail.check_input(turn.question, turn)),
-                         (EndTurn, type(None)), "None or a Refusal")
+                         (EndTurn, Redaction, type(None)), "None, a Refusal or a Redaction")
+        redacted = result.text if isinstance(result, Redaction) else getattr(result, "redacted", None)
+        if redacted is not None:
+            if not isinstance(redacted, str) or is_blank(redacted):
+                raise WrongResult(guardrail, "check_input", result, "None, a Refusal or a Redaction whose text "
+                                                                   "shows something")
+            await redact_question(turn, guardrail, redacted, result.reason)
         if isinstance(result, EndTurn):
             return _end(turn, "input_guardrails", guardrail, result)
     return None
+
+
+async def redact_question(turn: TurnContext, guardrail: Any, text: str, reason: str) -> None:
+    """An input guardrail's redaction: ``text`` is the question from now on, for the guardrails
+    after it, the search and the model, and in place of the text as typed wherever the turn
+    keeps it: the trace (``question``, ``queries``; ``redactions`` says who and why, never the
+    text taken out) and, at once, the message's row and a title made from it
+    (``persistence.redact_user_message``). Advisors' ``around_turn`` and ``on_turn_started``,
+    which run before input guardrails, saw the text as typed."""
+    typed, turn.question = turn.question, text
+    turn.trace["question"] = text
+    turn.trace.setdefault("queries", {}).update(original=text, final=text)
+    turn.trace.setdefault("redactions", []).append({"by": guardrail.name, "reason": reason})
+    if turn.user_message is not None:  # None: a turn made by hand, never saved (a plugin's unit test)
+        await sync_to_async(persistence.redact_user_message)(turn, typed, guardrail.name)
 
 
 async def select_history(turn: TurnContext) -> None:

@@ -18,7 +18,7 @@ from django_ragchat.models import Conversation, Message
 from django_ragchat.profiles import get_profile
 from django_ragchat.turn.context import TurnContext, components_for
 from django_ragchat.turn.pipeline import run_turn_sync, stream_turn
-from django_ragchat.types import Answer, Citation, Refusal
+from django_ragchat.types import Answer, Citation, Redaction, Refusal
 
 import ragchat_pii_guard
 from ragchat_pii_guard import PIIGuard, PIIRedactStream, StreamRedactor, find_pii, luhn_valid, redact
@@ -160,6 +160,7 @@ def test_guard_refuses_a_luhn_valid_card_in_the_input_and_says_why():
     refusal = guard.check_input(CARD_MESSAGE, turn)
     assert isinstance(refusal, Refusal)
     assert "payment card number" in refusal.answer and refusal.reason == "input contains card"
+    assert refusal.redacted == "My card [redacted card] was charged twice, can you refund it?"  # what is kept
     assert turn.trace["pii_guard"] == {"input_refused": {"card": 1}}
     assert "4111" not in str(turn.trace)  # the trace is stored: counts only, never the data
     assert guard.check_input("My order 4111 1111 1111 1112 was charged twice", make_turn()) is None
@@ -181,8 +182,22 @@ def test_guard_options_choose_what_is_refused_and_redacted():
     assert guard.check_output(Answer(text="Nothing personal here."), make_turn()) is None
 
 
+def test_guard_redacts_the_kinds_it_is_asked_to_and_lets_the_message_go_on():
+    guard = PIIGuard(get_profile(), redact_input=["email", "phone"])
+    turn = make_turn()
+    redaction = guard.check_input("Mail me at jane@example.com or +1 555 123 4567 about my order", turn)
+    assert isinstance(redaction, Redaction)
+    assert redaction.text == "Mail me at [redacted email] or [redacted phone] about my order"
+    assert redaction.reason == "input contained email, phone"
+    assert turn.trace["pii_guard"] == {"input_redacted": {"email": 1, "phone": 1}}
+    refusal = guard.check_input(f"{CARD_MESSAGE} Mail jane@example.com", make_turn())  # refused: nothing kept
+    assert refusal.redacted == "My card [redacted card] was charged twice, can you refund it? Mail [redacted email]"
+    assert guard.check_input("Nothing personal here.", make_turn()) is None
+
+
 @pytest.mark.parametrize("component, options, message", [
     ("pii_guard", {"refuse_input": ["cards"]}, "refuse_input has unknown kind(s) ['cards']"),
+    ("pii_guard", {"redact_input": ["ssn"]}, "redact_input has unknown kind(s) ['ssn']"),
     ("pii_guard", {"redact_output": "email"}, "redact_output must be a list of kinds"),
     ("pii_guard", {"placeholder": "[{type}]"}, "'type'"),
     ("pii_redact_stream", {"kinds": ["ssn"]}, "kinds has unknown kind(s) ['ssn']"),
@@ -312,6 +327,22 @@ def test_whole_turn_is_redacted_and_a_card_in_the_question_is_refused(support_co
     assert refused.trace["ended_by"] == {"stage": "input_guardrails", "component": "pii_guard",
                                          "kind": "refusal", "reason": "input contains card"}
     assert refused.trace["retrieval"] == []  # refused before the search
+    # The refused message is kept without the number: its row and the trace.
+    asked = Message.objects.get(pk=refused.user_message_id)
+    assert asked.content == "My card [redacted card] was charged twice, can you refund it?"
+    assert refused.trace["question"] == asked.content and "4111" not in str(refused.trace)
+
+
+def test_a_message_redacted_on_input_is_searched_answered_and_kept_redacted(support_corpus):
+    profile = {"options": {"pii_guard": {"redact_input": ["email"]}}}
+    with ragchat(**WITH_PLUGIN, PROFILES={"default": profile}):
+        result = run_turn_sync(Conversation.objects.create(), f"I am jane.doe@example.com. {QUESTION}")
+    assert result.status == "complete" and result.trace["ended_by"] is None
+    asked = Message.objects.get(pk=result.user_message_id)
+    assert asked.content == f"I am [redacted email]. {QUESTION}"
+    assert result.trace["question"] == asked.content and result.trace["queries"]["original"] == asked.content
+    assert result.trace["redactions"] == [{"by": "pii_guard", "reason": "input contained email"}]
+    assert "jane.doe" not in str(result.trace["queries"]) and "jane.doe" not in str(result.trace["retrieval"])
 
 
 def test_output_guard_alone_redacts_the_saved_answer(support_corpus):

@@ -3,8 +3,8 @@
 It registers two components, both enabled by default:
 
 * the guardrail ``pii_guard`` (``PIIGuard``): refuses a message carrying a payment card number
-  (Luhn-checked) and redacts e-mail addresses, phone numbers and card numbers in the answer
-  before it is saved;
+  (Luhn-checked), which is kept with the number redacted, and redacts e-mail addresses, phone
+  numbers and card numbers in the answer before it is saved;
 * the response augmenter ``pii_redact_stream`` (``PIIRedactStream``): redacts the same in a
   streamed answer as it streams, never sending part of a number or address.
 

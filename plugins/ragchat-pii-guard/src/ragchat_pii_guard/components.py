@@ -9,7 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_ragchat.stages.guardrails import Guardrail
 from django_ragchat.stages.responses import ResponseAugmenter
-from django_ragchat.types import Answer, Refusal
+from django_ragchat.types import Answer, Redaction, Refusal
 
 from ragchat_pii_guard.detect import DEFAULT_PLACEHOLDER, KINDS, StreamRedactor, check_kinds, find_pii, redact
 
@@ -48,8 +48,11 @@ class PIIGuard(Guardrail):
     Options (``profile.options["pii_guard"]``):
 
     * ``refuse_input`` (``["card"]``): kinds whose presence in the user's message refuses the
-      turn before retrieval, so the data never reaches the search or the model. The message
-      itself is already saved by then (the pipeline saves it first).
+      turn before retrieval, so the data never reaches the search or the model. The refusal
+      carries the message redacted (``Refusal.redacted``), which the turn keeps instead of the
+      text typed: the stored message reads "[redacted card]" where the number was.
+    * ``redact_input`` (``[]``): kinds replaced in the user's message, which then goes on
+      (a ``Redaction``): the search, the model and the stored message see the placeholder.
     * ``redact_output`` (``["card", "email", "phone"]``): kinds replaced in the answer.
     * ``placeholder`` (``"[redacted {kind}]"``): what replaces a finding.
     * ``allow`` (``[]``): strings never redacted nor refused, e.g. your support address.
@@ -59,13 +62,14 @@ class PIIGuard(Guardrail):
     name = "pii_guard"
     order = 20
 
-    def __init__(self, profile, *, refuse_input: Iterable[str] = ("card",), redact_output: Iterable[str] = KINDS,
-                 placeholder: str = DEFAULT_PLACEHOLDER, allow: Iterable[str] = (), refusal: str | None = None,
-                 **options: Any):
+    def __init__(self, profile, *, refuse_input: Iterable[str] = ("card",), redact_input: Iterable[str] = (),
+                 redact_output: Iterable[str] = KINDS, placeholder: str = DEFAULT_PLACEHOLDER,
+                 allow: Iterable[str] = (), refusal: str | None = None, **options: Any):
         super().__init__(profile, **options)
-        kinds, self.allow = _options(self.name, profile, {"refuse_input": refuse_input, "redact_output": redact_output},
-                                     placeholder, allow)
+        kinds, self.allow = _options(self.name, profile, {"refuse_input": refuse_input, "redact_input": redact_input,
+                                                          "redact_output": redact_output}, placeholder, allow)
         self.refuse_input = kinds["refuse_input"]
+        self.redact_input = kinds["redact_input"]
         self.redact_output = kinds["redact_output"]
         self.placeholder = placeholder
         self.refusal = refusal
@@ -77,13 +81,21 @@ class PIIGuard(Guardrail):
         return (f"Your message seems to contain {found}. For your safety I don't process that here: "
                 f"please remove it and ask again.")
 
-    def check_input(self, text: str, turn: TurnContext) -> Refusal | None:
+    def check_input(self, text: str, turn: TurnContext) -> Refusal | Redaction | None:
         findings = find_pii(text, self.refuse_input, allow=self.allow)
-        if not findings:
-            return None
-        kinds = [k for k in KINDS if any(f.kind == k for f in findings)]
-        _record(turn, self.name, "input_refused", {k: 1 for k in kinds})
-        return Refusal(self.refusal_text(kinds), reason=f"input contains {', '.join(kinds)}")
+        if findings:
+            kinds = [k for k in KINDS if any(f.kind == k for f in findings)]
+            _record(turn, self.name, "input_refused", {k: 1 for k in kinds})
+            # What was refused is kept without it (nor what redact_input would have taken out).
+            kept, _ = redact(text, {*self.refuse_input, *self.redact_input}, placeholder=self.placeholder,
+                             allow=self.allow)
+            return Refusal(self.refusal_text(kinds), reason=f"input contains {', '.join(kinds)}", redacted=kept)
+        if self.redact_input:
+            kept, counts = redact(text, self.redact_input, placeholder=self.placeholder, allow=self.allow)
+            if counts:
+                _record(turn, self.name, "input_redacted", counts)
+                return Redaction(kept, reason=f"input contained {', '.join(k for k in KINDS if k in counts)}")
+        return None
 
     def check_output(self, answer: Answer, turn: TurnContext) -> Answer | None:
         text, counts = redact(answer.text, self.redact_output, placeholder=self.placeholder, allow=self.allow)
