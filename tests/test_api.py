@@ -145,9 +145,9 @@ SECRET = "password: Hunter2-xyz"
 def test_a_question_an_input_guardrail_refused_never_names_the_conversation(alice, user, ragchat_settings_override):
     """A new user's helpdesk: an input guardrail refused "password: Hunter2-xyz", and the
     conversation was named after it, so the password stood in the chat page's list, the admin
-    and the API. Neither the label nor a title made from it (as the OpenAI-compatible endpoint
-    names a new conversation before its turn runs) keeps it; the message itself is kept (the
-    log and its trace: docs/plugins.md). The next question that is not refused names it."""
+    and the API. Neither the label nor a title made from it (as a client may name a new
+    conversation before its turn runs) keeps it; the message itself is kept (the log and its
+    trace: docs/plugins.md). The next question that is not refused names it."""
     ragchat_settings_override(PROFILES={"default": {"options": {"blocked_phrases": {"phrases": ["password:"]}}}})
     named_after_it = Conversation.objects.create(owner=user, title=SECRET)
     untitled = post_json(alice, f"{API}/conversations/", {}).json()
@@ -510,13 +510,13 @@ def test_an_input_guardrail_keeps_what_it_redacts_out_of_everything_stored(
     a card number in it could not keep that text out of the saved message and the trace. Its
     verdict carries the text to keep: a ``Redaction`` goes on with it (the search and the model
     see it), a ``Refusal``'s ``redacted`` replaces the refused message. The message's row, the
-    trace, the conversation's title (made from the message as typed, as the OpenAI-compatible
-    endpoint names a new conversation) and label, the API's lists and the admin hold only it."""
+    trace, the conversation's title (made from the message as typed, as a client may name it)
+    and label, the API's lists and the admin hold only it."""
     profile = ragchat_settings_override()["PROFILES"]["default"]
     ragchat_settings_override(PLUGINS=["tests.test_api._SecretsPlugin"], PROFILES={"default": {
         **profile, "guardrails": ["blocked_phrases", "secrets"], "empty_context": "answer"}})
     openai_profile.script(*["Try resetting it from the printer's menu."] * 2)
-    named = Conversation.objects.create(owner=user, title=TYPED)  # as the endpoint names one, from what was typed
+    named = Conversation.objects.create(owner=user, title=TYPED)  # as a client names one, from what was typed
     untitled = Conversation.objects.create(owner=user)
     for conversation in (named, untitled):
         sent = post_json(alice, messages_url(conversation), {"content": TYPED})

@@ -12,6 +12,7 @@ from datetime import timedelta
 import httpx
 import openai
 import pytest
+from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
@@ -204,6 +205,61 @@ def test_a_new_conversation_is_not_named_after_a_question_a_guardrail_refused(se
     assert response.choices[0].message.content == "I can't help with that request."
     conversation = Conversation.objects.get(pk=response.model_extra["conversation"])
     assert conversation.title == "" and conversation.messages.filter(content="password: Hunter2-xyz").exists()
+
+
+def test_a_new_conversation_is_not_named_after_a_refused_message_its_request_sends_again(server, key, user,
+                                                                                       product_corpus):
+    """A stateless client (Open WebUI, LibreChat) sends the whole exchange with every request:
+    after "password: Hunter2-xyz" was refused, the next question's request began with it, and
+    the endpoint titled that request's new conversation with it, before the turn ran, so the
+    password stood in the admin's and the API's lists. The endpoint names a new conversation
+    once its answer is saved, as the widget does, after the request's first question only if
+    the input guardrails let it through; else after the question it stored."""
+    client = client_for(server, key)
+    refused = client.chat.completions.create(model="default", messages=ask("password: Hunter2-xyz"))
+    history = [*ask("password: Hunter2-xyz"), {"role": "assistant", "content": refused.choices[0].message.content},
+               *ask(QUESTION)]
+    response = client.chat.completions.create(model="default", messages=history)
+    assert "$699" in response.choices[0].message.content
+    conversation = Conversation.objects.get(pk=response.model_extra["conversation"])
+    assert conversation.title == QUESTION
+    api = Client()
+    api.force_login(user)
+    listed = api.get("/api/ragchat/conversations/")
+    assert listed.status_code == 200 and "Hunter2" not in listed.content.decode()
+
+
+def test_a_new_conversation_is_named_after_its_first_message_as_the_guardrails_redact_it(
+        key, product_corpus, ragchat_settings_override):
+    """The request's first message is checked as a question would be before it names the
+    conversation: a guardrail that redacts a password in it (tests/test_api.py's ``secrets``)
+    names the conversation without the password. In process (Django's test client), with the
+    guardrail in the settings."""
+    from tests.test_api import KEPT, TYPED
+
+    ragchat_settings_override(PLUGINS=["tests.test_api._SecretsPlugin"],
+                              PROFILES={"default": {"guardrails": ["secrets"]}})
+    history = [*ask(TYPED), {"role": "assistant", "content": "Try the printer's menu."}, *ask(QUESTION)]
+    response = Client().post("/openai/v1/chat/completions", {"model": "default", "messages": history},
+                             content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}")
+    assert response.status_code == 200, response.content
+    conversation = Conversation.objects.get(pk=response.json()["conversation"])
+    assert conversation.title == KEPT and list(conversation.messages.values_list("content", flat=True))[0] == QUESTION
+
+
+def test_a_new_conversation_is_named_once_its_answer_is_saved(server, key, product_corpus, openai_server):
+    """Not before its turn runs, when its question may yet be refused (and was, by then, in the
+    admin's and the API's lists while the turn ran): untitled while the answer streams."""
+    openai_server.script(words(12))
+    openai_server.hold_streams(after_tokens=3)
+    stream = iter(client_for(server, key).chat.completions.create(model="fake", messages=ask(QUESTION), stream=True))
+    first = next(stream)
+    next(chunk for chunk in stream if chunk.choices[0].delta.content)  # the model is writing, held
+    conversation = Conversation.objects.get(pk=first.model_extra["conversation"])
+    assert conversation.title == "" and conversation.messages.get(role="assistant").status == "streaming"
+    openai_server.release_streams()
+    assert list(stream)[-1].choices[0].finish_reason == "stop"
+    assert Conversation.objects.get(pk=conversation.pk).title == QUESTION
 
 
 def test_a_stored_conversation_is_continued_by_its_id(server, key, product_corpus):

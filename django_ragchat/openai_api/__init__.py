@@ -7,5 +7,6 @@ API key (``ApiKey``) or their session. Mount ``django_ragchat.openai_api.urls``;
 docs/openai-endpoint.md.
 
 Modules: ``auth`` (who calls), ``parsing`` (the request as a turn), ``completions`` (the answer
-in OpenAI's shapes), ``errors`` (OpenAI's error object), ``views``, ``urls``.
+in OpenAI's shapes), ``naming`` (the title of a conversation it starts), ``errors`` (OpenAI's
+error object), ``views``, ``urls``.
 """

@@ -17,12 +17,11 @@ from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from django_ragchat.events import PROTOCOL_VERSION
-from django_ragchat.openai_api import auth, completions, errors, parsing
+from django_ragchat.openai_api import auth, completions, errors, naming, parsing
 from django_ragchat.openai_api.auth import Caller, authenticate
 from django_ragchat.openai_api.errors import OpenAIError
 from django_ragchat.permissions import can_use_profile, usable_profiles
 from django_ragchat.profiles import get_profile
-from django_ragchat.text import question_label
 from django_ragchat.transport import sse
 from django_ragchat.transport import turns as transport
 from django_ragchat.transport.turns import TurnRefused
@@ -160,13 +159,14 @@ def _events(prepared: _Prepared):
         return lambda: transport.turn_events(conversation, chat.question, user=caller.user, session_key=None,
                                              **options)
     # A new conversation per stateless request, with the request's earlier messages as the
-    # history memory reads (not saved); created only once the turn is admitted. It is named
-    # after the request's first question: only the last is saved, which says less ("and how
-    # much is it?").
-    first = next((message.content for message in chat.history if message.role == "user"), chat.question)
-    new = {"profile": chat.model, "metadata": {"created_by": "openai_api"}, "title": question_label(first)}
-    return lambda: sse.turn_stream(caller.user, None, None, chat.question, new_conversation=new,
-                                   history=chat.history, **options)
+    # history memory reads (not saved); created only once the turn is admitted, untitled. It is
+    # named once its answer is saved (naming): after the request's first question, which says
+    # more than the last, the only one saved ("and how much is it?"), if the guardrails pass it.
+    first = next((message.content for message in chat.history if message.role == "user"), None)
+    new = {"profile": chat.model, "metadata": {"created_by": "openai_api"}}
+    return lambda: naming.named_once_answered(
+        sse.turn_stream(caller.user, None, None, chat.question, new_conversation=new, history=chat.history,
+                        **options), first, caller.user)
 
 
 async def _streamed(request, prepared: _Prepared) -> StreamingHttpResponse:

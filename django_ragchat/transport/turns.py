@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -27,9 +28,13 @@ from django_ragchat.conf import DEFAULTS, ragchat_settings
 from django_ragchat.events import Accepted, Completed, Failed, TurnEvent
 from django_ragchat.exceptions import InvalidMessage, ProfileUnavailable, RagchatError, SettingsInvalid, TurnInProgress
 from django_ragchat.models import Conversation, Message
+from django_ragchat.profiles import get_profile
 from django_ragchat.turn import lanes, limits, persistence, pipeline, shutdown, start_gate
+from django_ragchat.turn.context import TurnContext, components_for
 from django_ragchat.turn.persistence import ConversationGone, DuplicateMessage
 from django_ragchat.types import HistoryMessage
+
+logger = logging.getLogger(__name__)
 
 
 class TurnRefused(RagchatError):
@@ -55,6 +60,25 @@ class TurnRefused(RagchatError):
         if self.retry_after is None:
             return {}
         return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+
+
+async def as_input_guardrails_leave(conversation: Conversation, text: str, user) -> str | None:
+    """``text`` as the input guardrails of ``conversation``'s profile leave it (redacted, if one
+    redacts: ``pipeline.check_input``), or ``None`` when one refuses it, or fails: for a text a
+    transport would show where the conversation is listed without having asked it as a
+    question (the OpenAI-compatible endpoint's first message of a request). A turn of its own,
+    never saved: the guardrails' verdicts and trace entries go nowhere."""
+    try:
+        profile = get_profile(conversation.profile)
+        turn = TurnContext(conversation=conversation, profile=profile, components=components_for(profile),
+                           question=text, user=user)
+        if await pipeline.check_input(turn) is not None:
+            return None
+    except Exception:
+        logger.exception("ragchat could not check a text of conversation %s with its input guardrails",
+                         conversation.pk)
+        return None
+    return turn.question
 
 
 def caller_session_key(user, session) -> str | None:

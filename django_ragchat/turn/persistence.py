@@ -574,10 +574,9 @@ def release_answer(turn: TurnContext, text: str, error: dict[str, Any]) -> Messa
 def redact_user_message(turn: TurnContext, typed: str, by: str) -> None:
     """An input guardrail replaced the question (``pipeline.redact_question``): the user's
     message row keeps ``turn.question`` instead of ``typed`` (its text and token count; its
-    metadata's ``redacted_by`` names the guardrails), and a title made from ``typed`` (the
-    OpenAI-compatible endpoint names a new conversation after its first question; a client may
-    have named it too) is made from the new text. A title of the user's own choosing stays. One
-    transaction, two queries."""
+    metadata's ``redacted_by`` names the guardrails), and a title a client made from ``typed``
+    is made from the new text. A title of the user's own choosing stays. One transaction, two
+    queries."""
     message, text = turn.user_message, turn.question
     message.content, message.token_count = text, count_tokens(text)
     message.metadata = {**message.metadata, "redacted_by": [*message.metadata.get("redacted_by", ()), by]}
@@ -593,9 +592,8 @@ def redact_user_message(turn: TurnContext, typed: str, by: str) -> None:
 def _untitle_refused(turn: TurnContext) -> None:
     """A conversation named after the question an input guardrail has just refused loses that
     name: what the question says (a password pasted by mistake) must not stand where the
-    conversation is listed (``models.naming_questions``). The OpenAI-compatible endpoint names a
-    new conversation after its first question before the turn runs; a client may have named it
-    too. A title of the user's own choosing stays. One query."""
+    conversation is listed (``models.naming_questions``): a client may have named it after the
+    question before sending it. A title of the user's own choosing stays. One query."""
     question = turn.user_message.content if turn.user_message is not None else turn.question
     title = question_label(question)
     if title and Conversation.objects.filter(pk=turn.conversation.pk, title=title).update(title=""):
