@@ -47,17 +47,19 @@ async def name(accepted: Accepted, first: str | None, user: Any) -> None:
     """Title the conversation ``accepted`` started, unless its question was refused or it has a
     title already: after ``first`` as the input guardrails leave it, else (``None``, or refused)
     after the question as stored."""
-    conversation, stored = await sync_to_async(_read)(accepted)
+    stored = await sync_to_async(_stored_question)(accepted)
     if stored is None:  # an input guardrail refused the question: nothing names the conversation
         return
-    kept = await transport.as_input_guardrails_leave(conversation, first, user) if first is not None else None
+    kept = None
+    if first is not None:  # only then is the conversation needed: its profile's guardrails check ``first``
+        conversation = await Conversation.objects.aget(pk=accepted.conversation_id)
+        kept = await transport.as_input_guardrails_leave(conversation, first, user)
     title = question_label(kept or stored)
     if title:
-        await sync_to_async(Conversation.objects.filter(pk=conversation.pk, title="").update)(title=title)
+        await sync_to_async(Conversation.objects.filter(pk=accepted.conversation_id, title="").update)(title=title)
 
 
-def _read(accepted: Accepted) -> tuple[Conversation, str | None]:
-    """The conversation, and its question as saved (as an input guardrail's redaction left it)
-    or ``None`` when an input guardrail refused it. Two queries."""
-    stored = naming_questions().filter(pk=accepted.user_message_id).values_list("content", flat=True).first()
-    return Conversation.objects.get(pk=accepted.conversation_id), stored
+def _stored_question(accepted: Accepted) -> str | None:
+    """The question as saved (as an input guardrail's redaction left it), or ``None`` when an
+    input guardrail refused it. One query."""
+    return naming_questions().filter(pk=accepted.user_message_id).values_list("content", flat=True).first()
