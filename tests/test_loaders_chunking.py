@@ -180,6 +180,18 @@ def test_markdown_leaves_out_the_text_of_scripts_and_styles_in_raw_html(tmp_path
     assert "Gift cards never expire." in text and "Sold in three amounts." in text and "A block kept." in text
 
 
+@pytest.mark.parametrize("name, text", [
+    ("fines.md", "# Fines\n\nDog fouling fines are £100 <img src=x onerror=alert(1)>. Report it <b>online</b>, "
+                 "or <a href=\"/call\">call us</a>, please.\n"),
+    ("fines.html", "<h1>Fines</h1><p>Dog fouling fines are £100\n <img src=x onerror=alert(1)>\n. Report it "
+                   "<b>online</b>, or <a href=\"/call\">call us</a>, please.</p>"),
+])
+def test_an_element_with_no_text_leaves_no_space_before_the_stop(tmp_path, name, text):
+    # A town council's trial: "£100 <img ...>." was read as "£100 ." and quoted as "£100  [1]."
+    doc = load_document(write(tmp_path / name, text))
+    assert by_path(doc)[("Fines",)] == "Dog fouling fines are £100. Report it online, or call us, please."
+
+
 def test_markdown_title_falls_back_to_first_line_then_stem(tmp_path):
     assert load_document(write(tmp_path / "a.md", "Just a line\n\nmore")).title == "Just a line"
     assert load_document(write(tmp_path / "b.md", "## Only h2\n\ntext")).title == "Only h2"

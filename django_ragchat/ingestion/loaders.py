@@ -309,6 +309,20 @@ def _decode(path: Path, raw: bytes) -> str:
 
 _BLANK_LINES_RE = re.compile(r"\n{3,}")
 _SPACES_RE = re.compile(r"\s+")
+# Stands in for an inline element that left no text ("<img ...>", "<input>"): the space the
+# author put before it must not stay before the stop that follows ("£100 <img ...>." is "£100.").
+_DROPPED = "\x01"
+_DROPPED_BEFORE_STOP_RE = re.compile(r"\s*\x01+\s*(?=[.,;:!?)]|$)")
+_DROPPED_AFTER_SPACE_RE = re.compile(r"(?<=\s)\x01+\s*")
+
+
+def _without_dropped(text: str) -> str:
+    """``text`` with the stand-ins for dropped elements taken out, and the spaces around them
+    as the sentence reads without them."""
+    if _DROPPED not in text:
+        return text
+    text = _DROPPED_AFTER_SPACE_RE.sub("", _DROPPED_BEFORE_STOP_RE.sub("", text))
+    return text.replace(_DROPPED, "")
 
 
 def _normalize_newlines(text: str) -> str:
@@ -444,10 +458,10 @@ def _md_inline_text(token) -> str:
             # The alt text is parsed inline markup of its own.
             parts.append(_md_inline_text(child) if child.children else child.content)
         elif kind == "html_inline":
-            if re.match(r"<br\s*/?>", child.content, re.IGNORECASE):
-                parts.append("\n")
+            is_break = re.match(r"<br\s*/?>", child.content, re.IGNORECASE)
+            parts.append("\n" if is_break else _DROPPED)
         # Everything else (em/strong/link/s open/close) is pure markup.
-    return "".join(parts)
+    return _without_dropped("".join(parts))
 
 
 class _MarkdownWalker:
@@ -719,10 +733,12 @@ class _HtmlWalker:
                 self.walk(child)
                 self.flush()
             else:  # inline element: its text joins the current paragraph
+                self.buffer.append(_DROPPED)
                 self.walk(child)
+                self.buffer.append(_DROPPED)
 
     def flush(self) -> None:
-        raw = "".join(self.buffer)
+        raw = _without_dropped("".join(self.buffer))
         self.buffer = []
         # Newlines in the source are just whitespace; only <br> breaks lines.
         lines = [_collapse(line) for line in raw.split(_BR)]
