@@ -1296,3 +1296,41 @@ def test_a_chat_form_of_i_have_is_no_name(sample_docs):
     was read as a name no passage knows ("The documents don't mention Ive")."""
     answer = ask("Can I send my headphones back if Ive opened them and lost the bits that came with them?")
     assert "Ive" not in answer, answer
+
+
+def test_the_days_something_happens_answer_a_day_asked_and_what_days(db):
+    """A bakery's trial: "Do you deliver on Sundays?" was declined ("... about Sundays") where the
+    page says "Tuesday to Saturday", and "What days do you deliver?" was answered with another
+    page's "open every day": the days a sentence names say which days, Sundays or not."""
+    ingest_pages({
+        "bakery/delivery.md": "# Delivery\n\nWe deliver cakes within 10 miles of the shop. Deliveries run Tuesday to "
+                              "Saturday, between 9am and 4pm. Delivery costs £5.\n",
+        "council/recycling.md": "# Recycling centre\n\nThe recycling centre is at 4 Mill Lane. It is open every day "
+                                "from 8am to 6pm, except Christmas Day.\n",
+    })
+    for question in ("Do you deliver on Sundays?", "What days do you deliver?"):
+        answer = ask(question)
+        assert "Tuesday to Saturday" in answer and "every day" not in answer, (question, answer)
+    assert "open every day" in ask("Is the recycling centre open on Sundays?")
+
+
+def test_how_long_between_charges_asks_the_battery_life(sample_docs):
+    """A bakery owner's trial: "How long does the Aurora X2 battery last between charges?" was
+    answered with the charging sentence ("charges at up to 45 W"): between charges is how long
+    the battery lasts."""
+    for question in ("How long does the Aurora X2 battery last between charges?",
+                     "How long does it last between charges?"):
+        answer = ask("I want an Aurora X2.", question)
+        assert "two days of typical use" in answer and "45 W" not in answer, (question, answer)
+
+
+def test_a_word_is_never_stated_by_its_negation(sample_docs):
+    """The model finds "wired" close to "wireless" (0.52): "What is the maximum power for wired
+    charging?" was answered with "It also supports 15 W wireless charging"; a word and the same
+    word with "less" after it never state each other. ("unlocked" still answers "Is it locked?")"""
+    answer = ask("What is the maximum power for wired charging of the Aurora X2?")
+    assert answer.startswith("The Aurora X2 charges at up to 45 W"), answer
+    vocabulary = default_vocabulary()
+    assert vocabulary.negates("wir", "wireless") and vocabulary.negates("cordless", "cord")
+    assert not vocabulary.negates("charg", "charging") and not vocabulary.negates("lesson", "lessons")
+    assert "unlocked" in ask("Is the Aurora X2 locked to a network?")

@@ -313,6 +313,7 @@ class _Scoring:
     idf: dict[str, float]
     vocabulary: Vocabulary
     rank_prior: float
+    eligible: list[tuple[Passage, Sentence]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         need, v = self.need, self.vocabulary
@@ -328,6 +329,11 @@ class _Scoring:
         self.carried_topic = _carried_topic(need, self.typed, v)
         self.number = v.pattern("number")
         self.duration = v.language.patterns.get("duration")  # optional: a language may have none
+        self.days_said = v.language.patterns.get("days_said")  # optional too
+        # Which days a sentence names answers a day asked only when no sentence states that day
+        # ("Which classes are on Saturday?": "Yoga is on Saturday", not "Spin ... Monday to Friday").
+        self.days_asked = {k for k in need.own if stem(word_of(k)) in v.days_asked and (
+            not v.is_calendar(k) or not any(v.covers(k, s.stems) for _, s in self.eligible))}
         self._page_named: dict[int, tuple[str, ...] | None] = {}
 
     def excluded(self, p: Passage, s: Sentence) -> bool:
@@ -382,6 +388,8 @@ class _Scoring:
             return max(evidence, SYNONYM_EVIDENCE)  # "$200" states a price
         if s.has_number and stem(word_of(key)) in v.figure_words and _FIGURE_RE.search(_AMOUNT_RE.sub("", s.text)):
             return max(evidence, SYNONYM_EVIDENCE)  # "phone 01632 960 400" states a number
+        if not evidence and self._says_days(key, s):
+            return SYNONYM_EVIDENCE  # "Deliveries run Tuesday to Saturday" answers "on Sundays?"
         if evidence or not s.has_number:
             return evidence
         if _coded(word_of(key), s.stems):
@@ -391,6 +399,10 @@ class _Scoring:
             # "weeks" is not asked of "25p a day"
             return 1.0
         return evidence
+
+    def _says_days(self, key: str, s: Sentence) -> bool:
+        """Whether ``key`` asks which days (a day's name, "what days") and ``s`` says which."""
+        return self.days_said is not None and key in self.days_asked and self.days_said.search(s.text) is not None
 
     def _title_named(self, p: Passage) -> tuple[str, ...] | None:
         """The asked words ``p``'s title does not state, when the question names the page by its
@@ -776,7 +788,7 @@ class AnswerSelector:
         if not need.own:
             return self.describe(need, eligible)
         scoring = _Scoring(need, _weights(need, passages, eligible, self.vocabulary, self.word_norms),
-                           self.vocabulary, self.rank_prior)
+                           self.vocabulary, self.rank_prior, eligible)
         choices = [scoring.choice(p, s) for p, s in eligible if not scoring.excluded(p, s)]
         if need.must_amount:  # "how much" is answered by an amount, not by a description
             choices = [c for c in choices if c.sentence.has_currency]

@@ -205,6 +205,8 @@ class NearWords(Vocabulary):
                                   if s != word)
                 if self.is_day(word):  # "Sunday" is close to "Monday" and never states it
                     found = frozenset(s for s in found if not self.is_time(s))
+                # "wired" is close to "wireless" (0.52) and says the opposite
+                found = frozenset(s for s in found if not self.negates(word, s))
             self._near[word] = found
         return found
 

@@ -261,6 +261,10 @@ class Vocabulary:
         self.day_spans = {stem(name): (frozenset(stem(w) for w in language.words[name]), frozenset(
             stem(w) for w in language.words.get(f"{name}_ends") or language.words[name]))
             for name in ("weekend", "weekday") if language.words.get(name)}
+        # Optional: what asks which days ("what days", a day's name); ``days_said`` states it.
+        self.days_asked = frozenset(stem(w) for name in ("days_asked", "weekend", "weekday")
+                                    for w in language.words.get(name, ()))
+        self.negating_suffixes = tuple(language.words.get("negating_suffixes", ()))
         self.noun_of = language.noun_of
         # Optional: words that ask for a figure ("What number do I ring?"), stated by one.
         self.figure_words = frozenset(stem(w) for w in language.words.get("figure_words", ()))
@@ -301,6 +305,13 @@ class Vocabulary:
     def is_time(self, key: str) -> bool:
         """Whether group key ``key`` is a day, a month or a unit of time ("hours", "weekday")."""
         return self.is_calendar(key) or stem(word_of(key)) in self.time_units
+
+    def negates(self, a: str, b: str) -> bool:
+        """Whether stem ``b`` is stem ``a`` with a negating suffix, or ``a`` is ``b`` with one
+        ("wir" and "wireless", "cord" and "cordless")."""
+        short, long = (a, b) if len(a) <= len(b) else (b, a)
+        bases = [long[:-len(x)] for x in self.negating_suffixes if long.endswith(x)]
+        return any(base == short or stem(base) == short for base in bases if base)
 
     def is_word(self, word: str) -> bool:
         """Whether ``word`` is known as a word of its own, never a typo to correct: not without a
