@@ -1334,3 +1334,13 @@ def test_a_word_is_never_stated_by_its_negation(sample_docs):
     assert vocabulary.negates("wir", "wireless") and vocabulary.negates("cordless", "cord")
     assert not vocabulary.negates("charg", "charging") and not vocabulary.negates("lesson", "lessons")
     assert "unlocked" in ask("Is the Aurora X2 locked to a network?")
+
+
+def test_an_initialism_is_stated_by_the_initials_of_the_words_it_stands_for(sample_docs):
+    """"fps for 4K?" was declined as about "fps": the passage writes "60 frames per second". An
+    asked word of 2 to 5 letters with no vowel, or in capitals, is stated by the initials of
+    consecutive words; "uni" (vowels, lower case) never is."""
+    assert "60 frames per second" in ask("Aurora X2 camera megapixels?", "fps for 4K?")
+    assert "active noise cancelling" in ask("Do the Zephyr Buds have ANC?")
+    # "mm" after a number is a unit, not "MP main" ("48 MP main camera")
+    assert ask("aurora x2 3.5mm jack y/n").startswith("The documents don't say anything about 3.5 mm jack")

@@ -158,6 +158,8 @@ class Choice:
     similarity: float = 0.0  # to what was asked, by the semantic model (0 without one)
 
 
+#: An initialism asked is known by having none of these ("fps", "mah"), or by its capitals.
+_VOWELS = frozenset("aeiouy")
 #: What follows a rating's letters in its code: "IPX4", "IP68", "USB3" ("ip" + "x4", "68").
 _CODE_TAIL_RE = re.compile(r"[a-z]?\d+[a-z]?")
 
@@ -168,6 +170,14 @@ def _coded(word: str, stems: frozenset[str]) -> bool:
     if not 2 <= len(word) <= 4 or not word.isalpha():
         return False
     return any(st.startswith(word) and _CODE_TAIL_RE.fullmatch(st, len(word)) for st in stems)
+
+
+def _initialism(word: str, written: str, asked: str) -> bool:
+    """Whether an asked ``word`` reads as an initialism ("fps", "ANC"): 2 to 5 letters, written in
+    capitals or with no vowel (so "uni" or "run" never is), and no unit after a number ("3.5mm")."""
+    return 2 <= len(word) <= 5 and word.isalpha() and (
+        written.isupper() or not any(c in _VOWELS for c in word)) and not re.search(
+        rf"\d\s*{re.escape(written or word)}\b", asked, re.IGNORECASE)
 
 
 def _places(key: str, sentence: Sentence, vocabulary: Vocabulary) -> list[int]:
@@ -330,6 +340,8 @@ class _Scoring:
         self.number = v.pattern("number")
         self.duration = v.language.patterns.get("duration")  # optional: a language may have none
         self.days_said = v.language.patterns.get("days_said")  # optional too
+        self.initialisms = {k for k in need.own if "=" not in k and _initialism(
+            word_of(k), span_of(need.asked, [k]) or need.labels.get(k, ""), need.asked)}
         # Which days a sentence names answers a day asked only when no sentence states that day
         # ("Which classes are on Saturday?": "Yoga is on Saturday", not "Spin ... Monday to Friday").
         self.days_asked = {k for k in need.own if stem(word_of(k)) in v.days_asked and (
@@ -388,6 +400,8 @@ class _Scoring:
             return max(evidence, SYNONYM_EVIDENCE)  # "$200" states a price
         if s.has_number and stem(word_of(key)) in v.figure_words and _FIGURE_RE.search(_AMOUNT_RE.sub("", s.text)):
             return max(evidence, SYNONYM_EVIDENCE)  # "phone 01632 960 400" states a number
+        if not evidence and key in self.initialisms and word_of(key) in "".join(w[0] for w in words(s.text)):
+            return 1.0  # "fps" is "frames per second"
         if not evidence and self._says_days(key, s):
             return SYNONYM_EVIDENCE  # "Deliveries run Tuesday to Saturday" answers "on Sundays?"
         if evidence or not s.has_number:
