@@ -183,6 +183,33 @@ def test_another_users_conversation_is_indistinguishable_from_an_unknown_one(asg
     assert not Message.objects.exists()
 
 
+def test_frames_sent_before_an_unknown_conversations_refusal_start_nothing(transactional_db, user, other_user):
+    # An outside user's trial: a message sent straight after opening a socket on another user's
+    # (or an unknown) conversation was read once the refusal was sent, as a message without a
+    # conversation, and started one of the sender's own (its answer left "streaming"). In
+    # process, so that the frame surely arrives after the refusal and before the disconnect.
+    from tests.asgi import application
+
+    theirs = Conversation.objects.create(owner=other_user)
+    caller = caller_for(user)
+
+    async def probe(conversation_id: str) -> None:
+        communicator = WebsocketCommunicator(application, f"/ws/ragchat/conversations/{conversation_id}/", headers=[
+            (b"origin", b"http://testserver"), (b"host", b"testserver"), (b"cookie", caller.cookie_header.encode()),
+        ])
+        await communicator.connect()
+        assert (await communicator.receive_json_from())["code"] == "not_found"
+        assert await communicator.receive_output() == {"type": "websocket.close", "code": 4404}
+        await communicator.send_json_to({"type": "message", "content": "probe"})
+        assert await communicator.receive_nothing(timeout=1)
+        await communicator.disconnect()
+
+    for conversation_id in (str(theirs.pk), unknown_id()):
+        async_to_sync(probe)(conversation_id)
+    assert list(Conversation.objects.values_list("owner", flat=True)) == [other_user.pk]
+    assert not Message.objects.exists()
+
+
 def test_anonymous_sessions_only_see_their_own_conversations(asgi, product_corpus):
     alice, mallory = anonymous_caller(), anonymous_caller()
     with open_socket(asgi, alice) as ws:

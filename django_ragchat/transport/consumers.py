@@ -230,6 +230,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             except TurnRefused as refusal:
                 await self.send_json(refusal.to_event().to_dict())
                 await self.close(code=CLOSE_NOT_FOUND)
+                # Frames the client sent before it read the refusal are still delivered: none of
+                # them may start a conversation of its own (an outside user's trial).
+                self.closed = True
                 return
             await self._watch(conversation, may_send)
             self.conversation_id = str(conversation.pk)
@@ -311,6 +314,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     # --- client frames ------------------------------------------------------------------
 
     async def receive(self, text_data=None, bytes_data=None):
+        if self.closed:
+            return  # refused at the handshake (an unknown conversation), or closing
         frame, client_id, problem = await transport.parse_off_the_loop(self._parse, text_data, len(text_data or ""))
         if problem is None and frame.get("type") == "message":
             return await self.on_message(frame, client_id)  # checks the session on its lane
@@ -384,6 +389,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                                       retry_after=TurnInProgress.RETRY_AFTER)
                 return await self._send_frame(self._frame(refusal.to_event().to_dict(), key, client_id))
             self.conversation_id = key
+        if self.closed:
+            return  # the socket went while the conversation was looked up: no turn, nothing saved
         self.turns[key] = asyncio.create_task(self._run_turn_in_lane(conversation, content, client_id, key, new))
 
     def _open_for_message(self, content: Any, conversation_id, client_id: str | None,
