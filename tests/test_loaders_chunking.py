@@ -192,6 +192,22 @@ def test_an_element_with_no_text_leaves_no_space_before_the_stop(tmp_path, name,
     assert by_path(doc)[("Fines",)] == "Dog fouling fines are £100. Report it online, or call us, please."
 
 
+@pytest.mark.parametrize("name, text", [
+    # An image without alt text, an inline script, a block of raw HTML with tags in it.
+    ("fees.md", "# Fees\n\nA parking permit costs £400 ![](permit.png). Pay it <script>track()</script>.\n\n"
+                "<p>Renew it by <b>1 March</b>, online.</p>\n"),
+    # A script or style between the text and its stop.
+    ("fees.html", "<h1>Fees</h1><p>A parking permit costs £400 <script>track()</script>. Pay it "
+                  "<style>p {}</style>.</p><p>Renew it by <b>1 March</b>, online.</p>"),
+])
+def test_markup_that_leaves_no_text_leaves_no_space_before_the_stop(tmp_path, name, text):
+    # A parish council's trial, after be1bc63: "£400 ![](permit.png)." and "<p>... <b>1 March</b>,"
+    # in a Markdown file were read as "£400 ." and "1 March ,", and quoted as "£400  [1]."
+    doc = load_document(write(tmp_path / name, text))
+    assert " ." not in by_path(doc)[("Fees",)] and " ," not in by_path(doc)[("Fees",)]
+    assert by_path(doc)[("Fees",)].split() == "A parking permit costs £400. Pay it. Renew it by 1 March, online.".split()
+
+
 def test_markdown_title_falls_back_to_first_line_then_stem(tmp_path):
     assert load_document(write(tmp_path / "a.md", "Just a line\n\nmore")).title == "Just a line"
     assert load_document(write(tmp_path / "b.md", "## Only h2\n\ntext")).title == "Only h2"

@@ -448,6 +448,7 @@ def _md_inline_text(token) -> str:
             continue
         if kind == "html_inline" and (opened := _dropped_opening(child.content)):
             dropped = opened
+            parts.append(_DROPPED)
         elif kind in ("text", "code_inline", "text_special"):
             parts.append(child.content)
         elif kind == "softbreak":
@@ -455,8 +456,8 @@ def _md_inline_text(token) -> str:
         elif kind == "hardbreak":
             parts.append("\n")
         elif kind == "image":
-            # The alt text is parsed inline markup of its own.
-            parts.append(_md_inline_text(child) if child.children else child.content)
+            # The alt text is parsed inline markup of its own; an image without one leaves no text.
+            parts.append((_md_inline_text(child) if child.children else child.content) or _DROPPED)
         elif kind == "html_inline":
             is_break = re.match(r"<br\s*/?>", child.content, re.IGNORECASE)
             parts.append("\n" if is_break else _DROPPED)
@@ -562,9 +563,12 @@ def _html_fragment_text(fragment: str) -> str:
 
     soup = BeautifulSoup(fragment, "html.parser")
     for element in soup.find_all(_HTML_DROP):  # a script's code is not the page's text
-        element.decompose()
-    # get_text() leaves out comments, so "<!-- toc -->" markers vanish.
-    return soup.get_text(" ", strip=True)
+        element.replace_with(_DROPPED)
+    # get_text() leaves out comments, so "<!-- toc -->" markers vanish. Its pieces are joined
+    # by a stand-in, not a space: "<p>It costs <b>£400</b>.</p>" is "It costs £400." (a space
+    # there was quoted as "£400  [1]."); the stand-ins left between words are spaces.
+    text = _DROPPED_AFTER_SPACE_RE.sub("", _DROPPED_BEFORE_STOP_RE.sub("", soup.get_text(_DROPPED)))
+    return _collapse(text.replace(_DROPPED, " "))
 
 
 _OPENING_TAG_RE = re.compile(r"<([a-z]+)\b[^>]*(?<!/)>\Z", re.IGNORECASE)
@@ -765,7 +769,9 @@ def _parse_html(text: str) -> tuple[str, list[Section]]:
     if soup.title is not None:
         title = _collapse(soup.title.get_text(" "))
     for tag in soup.find_all(_HTML_DROP):
-        tag.decompose()
+        # An empty inline element in its place: a script between "£400 " and "." leaves no space
+        # before the stop (_without_dropped), and no text in a heading's or a cell's get_text().
+        tag.replace_with(soup.new_tag("span"))
 
     builder = _SectionBuilder()
     walker = _HtmlWalker(builder)
