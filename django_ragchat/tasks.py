@@ -25,6 +25,7 @@ Their arguments and results are JSON (a requirement of every backend that stores
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from typing import Any
 
@@ -41,10 +42,14 @@ from django_ragchat.sources.sync import parse_since, sync
 
 try:  # Django 6.0 and later
     from django.tasks import TaskResult, TaskResultStatus, task, task_backends
+    from django.tasks.backends.immediate import ImmediateBackend
     from django.tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
+    from django.tasks.signals import logger as framework_logger  # "django.tasks"
 except ImportError:  # Django 5.2: the backport, same API
     from django_tasks import TaskResult, TaskResultStatus, task, task_backends
+    from django_tasks.backends.immediate import ImmediateBackend
     from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
+    from django_tasks.signals import logger as framework_logger  # "django_tasks"
 
 __all__ = [
     "TaskResult", "TaskResultStatus", "TaskResultDoesNotExist", "enqueue", "fold_summary", "ingest_upload",
@@ -52,6 +57,30 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Set while ``enqueue`` runs one of the app's tasks on the spot (the immediate backend).
+_on_the_spot: contextvars.ContextVar[bool] = contextvars.ContextVar("ragchat_task_on_the_spot", default=False)
+
+
+class QuietOnTheSpot(logging.Filter):
+    """Leaves out the tasks framework's routine lines (enqueued, RUNNING, SUCCESSFUL: DEBUG and
+    INFO) about django-ragchat's own tasks that the immediate backend runs inside ``enqueue``:
+    with ``DEBUG`` on, Django's console handler printed two per saved object of a model source
+    (live sync) in ``manage.py shell``, an import script or ``runserver``. Everything else passes:
+    a failed task (ERROR, with its traceback), the site's own tasks, and the app's tasks run by a
+    worker. ``logging.getLogger("django_ragchat.tasks")`` at ``DEBUG`` lets these through too."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING or not _on_the_spot.get() or logger.isEnabledFor(logging.DEBUG):
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (len(args) > 1 and str(args[1]).startswith(f"{__name__}."))  # (id, module path, ...)
+
+
+def quiet_on_the_spot_task_logs() -> None:
+    """Add ``QuietOnTheSpot`` to the tasks framework's logger (once; ``AppConfig.ready``)."""
+    if not any(isinstance(f, QuietOnTheSpot) for f in framework_logger.filters):
+        framework_logger.addFilter(QuietOnTheSpot())
 
 
 def backend():
@@ -66,8 +95,13 @@ def runs_in_background() -> bool:
 
 
 def enqueue(task_, *args: Any, **kwargs: Any) -> TaskResult:
-    """Enqueue ``task_`` on django-ragchat's backend."""
-    return task_.using(backend=ragchat_settings.TASK_BACKEND).enqueue(*args, **kwargs)
+    """Enqueue ``task_`` on django-ragchat's backend. On the immediate backend, which runs it
+    here and now, without the framework's per-task log lines (``QuietOnTheSpot``)."""
+    token = _on_the_spot.set(isinstance(backend(), ImmediateBackend))
+    try:
+        return task_.using(backend=ragchat_settings.TASK_BACKEND).enqueue(*args, **kwargs)
+    finally:
+        _on_the_spot.reset(token)
 
 
 def result_of(task_, result_id: str) -> TaskResult | None:

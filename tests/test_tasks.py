@@ -99,3 +99,85 @@ def test_reembed_on_the_immediate_backend_runs_at_once(ragchat_settings_override
     call_command("ragchat_reembed", "--profile", "small", "--background")
     assert "runs tasks on the spot; re-embedded" in capsys.readouterr().out
     assert len(set(Chunk.objects.values_list("space", flat=True))) == 2
+
+
+# --- the tasks framework's log lines -------------------------------------------------------------
+
+
+@tasks.task
+def site_task() -> int:
+    """A task of the site's own (not django-ragchat's)."""
+    return 1
+
+
+@pytest.fixture
+def framework_records():
+    """Every record of the tasks framework's logger (``django.tasks`` on Django 6,
+    ``django_tasks`` on the backport) that passes its filters, at every level."""
+    import logging
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    handler, framework = Keep(level=logging.DEBUG), tasks.framework_logger
+    level = framework.level
+    framework.setLevel(logging.DEBUG)
+    framework.addHandler(handler)
+    yield records
+    framework.removeHandler(handler)
+    framework.setLevel(level)
+
+
+def lines(records) -> list[tuple[str, str]]:
+    return [(record.levelname, record.getMessage().split(" ", 2)[2]) for record in records]
+
+
+def test_the_apps_tasks_run_on_the_spot_log_only_their_failures(framework_records, ragchat_settings_override):
+    """An outside user's trial on Django 6.1 (startproject's DEBUG=True): every object saved in
+    ``manage.py shell`` printed "Task id=... path=django_ragchat.tasks.sync_source_objects
+    state=RUNNING" and "state=SUCCESSFUL", once per model source watching it: Django's console
+    handler prints the ``django.tasks`` logger's INFO lines when DEBUG is on, and live sync
+    enqueues on the immediate backend, which runs the task there and then. Those routine lines
+    are left out for django-ragchat's own tasks run on the spot; a failure is logged as before
+    (ERROR, with its traceback), and so is every line of the site's own tasks."""
+    from tests.sources_app.models import Article
+
+    ragchat_settings_override(PLUGINS=["tests.sources_plugin"], PROFILES={"default": {"embedder": "counting"}})
+    article = Article.objects.create(title="Zorbex 9", body="The Zorbex 9 costs $321.")
+    assert Chunk.objects.filter(document__source__contains=str(article.pk)).exists()  # it was synced
+    result = tasks.enqueue(tasks.fold_summary, "no-such-profile", "x", 100, 1)
+    assert result.status == tasks.TaskResultStatus.FAILED
+    site_task.enqueue()
+
+    assert [(level, line) for level, line in lines(framework_records) if "django_ragchat" in line] == [
+        ("ERROR", "path=django_ragchat.tasks.fold_summary state=FAILED")]
+    assert framework_records[0].exc_info and "UnknownProfile" in framework_records[0].exc_info[0].__name__
+    assert [line for _, line in lines(framework_records) if "site_task" in line] == [
+        "path=tests.test_tasks.site_task enqueued backend=default",
+        "path=tests.test_tasks.site_task state=RUNNING", "path=tests.test_tasks.site_task state=SUCCESSFUL"]
+
+
+def test_the_apps_logger_at_debug_shows_its_tasks_lines(framework_records):
+    import logging
+
+    ours = logging.getLogger("django_ragchat.tasks")
+    level = ours.level
+    ours.setLevel(logging.DEBUG)
+    try:
+        tasks.enqueue(tasks.sync_source_objects, "no-such-source", ["1"])
+    finally:
+        ours.setLevel(level)
+    assert [line.split(" ", 1)[1] for _, line in lines(framework_records)] == [
+        "enqueued backend=default", "state=RUNNING", "state=SUCCESSFUL"]
+
+
+def test_with_a_worker_enqueueing_the_apps_tasks_is_logged_as_before(framework_records, ragchat_settings_override):
+    """Only what the immediate backend runs inside ``enqueue`` is quiet: a task handed to a
+    worker's queue keeps the framework's line (and the worker logs as it does)."""
+    ragchat_settings_override(TASK_BACKEND="database")
+    tasks.enqueue(tasks.sync_source_objects, "no-such-source", ["1"])
+    assert lines(framework_records) == [
+        ("DEBUG", "path=django_ragchat.tasks.sync_source_objects enqueued backend=database")]
