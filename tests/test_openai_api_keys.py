@@ -210,6 +210,36 @@ def test_a_turn_given_its_history_issues_as_many_queries_whatever_its_length(pro
     assert counts[2] == len(queries) - 1, (counts, len(queries))
 
 
+def test_judging_the_given_history_with_the_input_guardrails_issues_no_query(product_corpus, user,
+                                                                              ragchat_settings_override):
+    """Each supplied user message is judged by the input guardrails (a refused one left out, a
+    redacted one redacted) in a turn of its own that is never saved: as many queries as a
+    history they all pass, whatever it holds."""
+    from tests.test_api import CARD, TYPED
+
+    ragchat_settings_override(PLUGINS=["tests.test_api._SecretsPlugin"], PROFILES={"default": {"guardrails": ["secrets"]}})
+    warm = Conversation.objects.create(owner=user)
+    run_turn_sync(warm, "warm up the vector index")
+    judged = [HistoryMessage("user", TYPED, token_count=12), HistoryMessage("assistant", "Try its menu.", token_count=4),
+              HistoryMessage("user", f"My card: {CARD}", token_count=8),
+              HistoryMessage("assistant", "Please don't.", token_count=4)]
+    counts, traces = [], []
+    for history in (supplied(4), judged * 20):
+        conversation = Conversation.objects.create(owner=user)
+
+        async def run(conversation, history):
+            return [e async for e in stream_turn(conversation, QUESTION, history=history, stream=False)]
+
+        with CaptureQueriesContext(connection) as queries:
+            assert isinstance(async_to_sync(run)(conversation, history)[-1], Completed)
+        counts.append(len(queries))
+        traces.append(conversation.messages.get(role="assistant").trace.data)
+    assert counts[0] == counts[1], counts
+    assert "supplied_guardrails" not in traces[0]
+    assert traces[1]["supplied_guardrails"]["sent"] == 80 and traces[1]["supplied_guardrails"]["left_out"] == 40
+    assert len(traces[1]["supplied_guardrails"]["redacted"]) == 20 and CARD not in json.dumps(traces[1])
+
+
 def test_memory_reads_the_given_history_within_its_budget(product_corpus, user, ragchat_settings_override):
     ragchat_settings_override(PROFILES={"default": {"context_window": 1200, "max_answer_tokens": 200}})
     conversation = Conversation.objects.create(owner=user)

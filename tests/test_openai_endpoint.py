@@ -247,6 +247,48 @@ def test_a_new_conversation_is_named_after_its_first_message_as_the_guardrails_r
     assert conversation.title == KEPT and list(conversation.messages.values_list("content", flat=True))[0] == QUESTION
 
 
+def test_the_input_guardrails_judge_the_history_a_request_sends_again(key, product_corpus, openai_server,
+                                                                     ragchat_settings_override):
+    """An outside user's trial with a stateless client (Open WebUI sends the whole exchange with
+    every request): a message the input guardrails had refused came back as history, reached
+    the model and stood in the trace's ``supplied_history``; only the last message was checked.
+    Each supplied user message is judged as the question is: a refused one is left out with the
+    reply to it (the loopback model server never receives it, the trace keeps neither, only how
+    many and who refused), a redacted one reaches the model redacted. In process (Django's test
+    client), with tests/test_api.py's ``secrets`` guardrail: it redacts a password, refuses a
+    card number."""
+    from tests.test_api import CARD, KEPT, TYPED
+
+    ragchat_settings_override(PLUGINS=["tests.test_api._SecretsPlugin"], PROFILES={"default": {
+        "guardrails": ["secrets"], "llm": "openai", "options": {"openai": {
+            "base_url": openai_server.base_url, "model": "test-model", "max_retries": 0, "timeout": 5}}}})
+    card = f"Can I pay with {CARD}?"
+    history = [*ask(TYPED), {"role": "assistant", "content": "Try the printer's menu."},
+               *ask(card), {"role": "assistant", "content": "Please don't send card numbers here."},
+               *ask(QUESTION)]
+    openai_server.script("The Aurora X2 costs $699 [1].")
+    response = Client().post("/openai/v1/chat/completions", {"model": "default", "messages": history},
+                             content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}")
+    assert response.status_code == 200, response.content
+    assert response.json()["choices"][0]["message"]["content"] == "The Aurora X2 costs $699 [1]."
+
+    sent = openai_server.last("chat/completions").json["messages"]
+    assert [(m["role"], m["content"]) for m in sent[1:3]] == [("user", KEPT), ("assistant", "Try the printer's menu.")]
+    assert sent[3]["role"] == "user" and QUESTION in sent[3]["content"] and len(sent) == 4
+    assert CARD not in json.dumps(sent) and "Hunter2" not in json.dumps(sent)
+
+    conversation = Conversation.objects.get(pk=response.json()["conversation"])
+    trace = conversation.messages.get(role="assistant").trace.data
+    assert trace["supplied_history"] == [{"role": "user", "content": KEPT},
+                                         {"role": "assistant", "content": "Try the printer's menu."}]
+    assert trace["supplied_guardrails"] == {
+        "sent": 4, "left_out": 2, "refused": [{"by": "secrets", "reason": "a card number"}],
+        "redacted": [{"by": "secrets", "reason": "a password"}]}
+    stored = json.dumps(list(TurnTrace.objects.values_list("data", flat=True)))
+    assert CARD not in stored and "Hunter2" not in stored and "card numbers here" not in stored
+    assert list(conversation.messages.values_list("content", flat=True))[0] == QUESTION
+
+
 def test_a_new_conversation_is_named_once_its_answer_is_saved(server, key, product_corpus, openai_server):
     """Not before its turn runs, when its question may yet be refused (and was, by then, in the
     admin's and the API's lists while the turn ran): untitled while the answer streams."""

@@ -228,7 +228,47 @@ async def check_input(turn: TurnContext) -> EndTurn | None:
             await redact_question(turn, guardrail, redacted, result.reason)
         if isinstance(result, EndTurn):
             return _end(turn, "input_guardrails", guardrail, result)
+    if turn.supplied_history:
+        await check_supplied_history(turn)
     return None
+
+
+async def check_supplied_history(turn: TurnContext) -> None:
+    """The input guardrails judge each user message the caller sent with the question
+    (``supplied_history``: a stateless client sends the whole exchange again with every request,
+    a message they refused earlier included) as they judged the question, each in a turn of its
+    own that is never saved (no query). A refused one is left out with the replies to it, as
+    memory leaves a refused turn of the log out; a redacted one goes on as they left it. The
+    trace says how many were left out and which guardrails refused or redacted them
+    (``supplied_guardrails``), never what the messages said."""
+    kept: list[HistoryMessage] = []
+    refused: list[dict[str, str]] = []
+    redacted: list[dict[str, str]] = []
+    left_out = 0
+    replies_left_out = False  # the assistant's replies to a refused message
+    for message in turn.supplied_history:
+        if message.role != "user":
+            left_out += replies_left_out
+            if not replies_left_out:
+                kept.append(message)
+            continue
+        alone = TurnContext(conversation=turn.conversation, profile=turn.profile, components=turn.components,
+                            question=message.content, user=turn.user, principals=turn.principals,
+                            streaming=turn.streaming, can_approve=turn.can_approve)
+        ending = await check_input(alone)
+        replies_left_out = ending is not None
+        if replies_left_out:
+            left_out += 1
+            refused.append({"by": alone.trace["ended_by"]["component"], "reason": ending.reason})
+            continue
+        if alone.trace.get("redactions"):
+            redacted += alone.trace["redactions"]
+            message = dataclasses.replace(message, content=alone.question, token_count=count_tokens(alone.question))
+        kept.append(message)
+    if left_out or redacted:
+        turn.trace["supplied_guardrails"] = {"sent": len(turn.supplied_history), "left_out": left_out,
+                                             "refused": refused, "redacted": redacted}
+    turn.supplied_history = kept
 
 
 async def redact_question(turn: TurnContext, guardrail: Any, text: str, reason: str) -> None:
