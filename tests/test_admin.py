@@ -148,12 +148,14 @@ def test_traces_of_unknown_or_odd_shape_render_without_error(admin_client, user)
     data = {"question": "q", "queries": "not a dict", "retrieval": [{"hits": [{"chunk_id": 999999, "score": "?"}]}],
             "timings": {"llm": 3.0, "total": 4.0, "advisor": None}, "warnings": ["slow embedder"],
             "ended_by": {"stage": "advisors", "component": "cache", "kind": "answer", "reason": "cached"},
-            "advisor": {"short_circuit": True, "by": "cache"}, "error": "boom"}
+            "advisor": {"short_circuit": True, "by": "cache"}, "error": "boom",
+            "supplied_guardrails": {"sent": "?", "left_out": 1, "refused": [None, 3, {"by": "g"}], "redacted": "x"}}
     TurnTrace.objects.create(message=message, profile="default", data=data)
     page = admin_client.get(url("conversation_change", conversation.pk)).content.decode()
     assert "Other details" in page and "short_circuit" in page  # a key added by a plugin
     assert "slow embedder" in page and "cached" in page and "boom" in page
     assert "chunk 999999 (gone since)" in page
+    assert "The input guardrails left out 1 of the ? supplied messages (refused by g)" in page
     view = admin_views.build_trace_view(["not", "a", "dict"], {})
     assert view.question == "" and view.documents == []
 

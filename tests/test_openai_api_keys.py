@@ -122,6 +122,28 @@ def test_the_admin_shows_where_a_turn_came_from_and_the_history_it_was_sent(admi
     assert "notebook" in page and "openai" in page
 
 
+def test_the_admin_says_what_the_input_guardrails_did_to_the_history_sent(admin_client, product_corpus, user,
+                                                                          ragchat_settings_override):
+    # It stood only under "Other details", as JSON, away from the history it is about.
+    from tests.test_api import CARD, TYPED
+
+    ragchat_settings_override(PLUGINS=["tests.test_api._SecretsPlugin"], PROFILES={"default": {"guardrails": ["secrets"]}})
+    conversation = Conversation.objects.create(owner=user)
+    history = [HistoryMessage("user", TYPED, token_count=12), HistoryMessage("assistant", "Try its menu.", token_count=4),
+               HistoryMessage("user", f"My card: {CARD}", token_count=8),
+               HistoryMessage("assistant", "Please don't.", token_count=4)]
+
+    async def run():
+        async for _ in stream_turn(conversation, QUESTION, history=history):
+            pass
+
+    async_to_sync(run)()
+    page = admin_client.get(reverse("admin:django_ragchat_conversation_change", args=[conversation.pk])).content.decode()
+    assert ("The input guardrails left out 2 of the 4 supplied messages (refused by secrets: a card number) and "
+            "redacted 1 (secrets: a password).") in page, page
+    assert CARD not in page and "Other details" not in page
+
+
 # --- profiles as models -------------------------------------------------------------------------
 
 

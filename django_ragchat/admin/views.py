@@ -54,7 +54,7 @@ SNIPPET_CHARS = 240
 KNOWN_TRACE_KEYS = frozenset({
     "profile", "question", "queries", "retrieval", "documents", "prompt", "timings", "model",
     "usage", "ended_by", "tokenizer", "history", "warnings", "error", "cancelled", "components",
-    "origin", "supplied_history", "postprocess", "response_augmenters", "redactions",
+    "origin", "supplied_history", "supplied_guardrails", "postprocess", "response_augmenters", "redactions",
     "tools", "tools_offered", "tool_steps", "tool_step_limit_reached", "approval_wait_ms", "answerer",
 })
 
@@ -237,6 +237,8 @@ class TraceView:
     # The earlier messages a stateless client sent with the message and the model was shown
     # (not in the log): {"role", "content"}.
     supplied_history: list[dict] = field(default_factory=list)
+    # What the input guardrails did to them (``supplied_guardrails_sentence``); "" when nothing.
+    supplied_guardrails: str = ""
     # What each document post-processor did to the passages (``_read_changes``): {"by", "query",
     # "in", "out", "dropped", "added", "order" (Hits), "reordered", "rescored"}.
     postprocess: list[dict] = field(default_factory=list)
@@ -602,6 +604,28 @@ def history_sentence(history: dict) -> str:
     return "; ".join(parts + _rest(history, ("messages", "seqs", "supplied")))
 
 
+def supplied_guardrails_sentence(judged: dict) -> str:
+    """A trace's ``supplied_guardrails`` for a person: "The input guardrails left out 1 of the 4
+    supplied messages (refused by pii_guard: a card number) and redacted 1 (pii_guard: an email
+    address)". Never the messages' text: the trace holds none."""
+    if not judged:
+        return ""
+
+    def by_whom(entries: Any) -> str:
+        named = [f"{e.get('by', '')}: {e.get('reason', '')}".strip(": ") for e in _as_list(entries)
+                 if isinstance(e, dict)]
+        return "; ".join(dict.fromkeys(filter(None, named)))
+
+    sent, left_out = judged.get("sent"), judged.get("left_out") or 0
+    redacted, refused = _as_list(judged.get("redacted")), by_whom(judged.get("refused"))
+    parts = [f"left out {_figure(left_out)} of the {_figure(sent)} supplied messages"
+             + (f" (refused by {refused})" if refused else "")] if left_out else []
+    if redacted:
+        parts.append(f"redacted {_figure(len(redacted))} ({by_whom(redacted)})")
+    said = "The input guardrails " + " and ".join(parts) if parts else ""
+    return "; ".join(filter(None, [said, *_rest(judged, ("sent", "left_out", "refused", "redacted"))]))
+
+
 def _read_outcome(view: TraceView, data: dict) -> None:
     view.model = str(data.get("model") or "")
     view.usage = _as_dict(data.get("usage"))
@@ -628,6 +652,7 @@ def _read_request(view: TraceView, data: dict) -> None:
                    for k, v in _as_dict(data.get("origin")).items()]
     view.supplied_history = [{"role": str(m.get("role") or ""), "content": str(m.get("content") or "")}
                              for m in _as_list(data.get("supplied_history")) if isinstance(m, dict)]
+    view.supplied_guardrails = supplied_guardrails_sentence(_as_dict(data.get("supplied_guardrails")))
 
 
 def _read_tools(view: TraceView, data: dict) -> None:
