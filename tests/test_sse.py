@@ -122,10 +122,35 @@ def test_refusals_are_http_statuses_with_the_error_event_as_body(server, product
             assert (response.status_code, response.json()["code"]) == (status, code), body[:40]
             if body in (b'{"text": "hi"}', b"{}"):  # the same words as the REST API and the websocket
                 assert response.json()["message"] == "The message (content) is required and must be a string."
-        # Session authentication: without the CSRF token the request is refused.
+        # Session authentication: without the CSRF token the request is refused
+        # (test_a_csrf_failure_is_the_json_error_event).
         assert client.post(url, json={"content": QUESTION}).status_code == 403
         assert client.get(url).status_code == 405
     assert not Message.objects.exists()
+
+
+def test_a_csrf_failure_is_the_json_error_event(server, product_corpus, user, conversation):
+    """Without the CSRF token (or with a wrong one, or from a foreign origin) the endpoint
+    answers 403 with the ``error`` event as JSON, code ``csrf_failed`` (the OpenAI-compatible
+    endpoint's code for the same cause), like its other refusals, not Django's HTML page; the
+    rest of the site keeps its own CSRF failure page."""
+    caller, visitor = caller_for(user), anonymous_caller()
+    for who, url in [(caller, sse_url(server, conversation.pk)), (caller, f"{server.url}/chat/stream/"),
+                     (visitor, f"{server.url}/chat/stream/")]:
+        with httpx.Client(cookies=who.cookies, timeout=20) as client:
+            for headers in [{}, {"X-CSRFToken": "x" * 32}, {**sse_headers(who), "Origin": "https://elsewhere.example"}]:
+                response = client.post(url, json={"content": QUESTION}, headers=headers)
+                assert response.status_code == 403, (url, headers)
+                assert response.headers["content-type"] == "application/json", (url, headers)
+                refusal = response.json()
+                assert (refusal["type"], refusal["code"]) == ("error", "csrf_failed"), refusal
+                assert refusal["message"].startswith("CSRF check failed (") and "X-CSRFToken" in refusal["message"]
+    with httpx.Client(cookies=caller.cookies, timeout=20) as client:  # the site's own page elsewhere
+        response = client.post(f"{server.url}/accounts/logout/")
+        assert response.status_code == 403 and response.headers["content-type"].startswith("text/html")
+    assert not Message.objects.exists() and Conversation.objects.get() == conversation
+    response, events = post_stream(server, caller, conversation.pk, QUESTION)  # with the token: answered
+    assert response.status_code == 200 and events[-1]["type"] == "done"
 
 
 def test_a_body_is_read_in_its_declared_charset_and_must_be_json(server, product_corpus, user, conversation):

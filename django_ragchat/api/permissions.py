@@ -20,13 +20,13 @@ them to DRF requests:
 from __future__ import annotations
 
 from django.db.models import Q
-from django.middleware.csrf import CsrfViewMiddleware
 from rest_framework import exceptions, permissions
 
 from django_ragchat import permissions as rules
 from django_ragchat.access import PUBLIC_ONLY, Principals, principals_of_user_id
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.models import Conversation, MemoryRecord, Message
+from django_ragchat.transport import csrf
 
 
 def is_signed_in(request) -> bool:
@@ -58,16 +58,9 @@ def reader(request) -> Principals:
     return cached
 
 
-class _CsrfCheck(CsrfViewMiddleware):
-    def _reject(self, request, reason):
-        return reason
-
-
 def enforce_csrf(request) -> None:
     """The check DRF's ``SessionAuthentication`` makes, for anonymous session callers."""
-    check = _CsrfCheck(lambda req: None)
-    check.process_request(request)
-    reason = check.process_view(request, None, (), {})
+    reason = csrf.failure(request)
     if reason:
         raise exceptions.PermissionDenied(f"CSRF Failed: {reason}")
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from asgiref.sync import sync_to_async
-from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
 
 from django_ragchat.models import ApiKey
 from django_ragchat.openai_api.errors import OpenAIError
+from django_ragchat.transport import csrf
 
 NO_CREDENTIALS = ("Send an API key as 'Authorization: Bearer <key>' (staff create keys in the admin, or with "
                   "'manage.py ragchat_apikey USERNAME'), or sign in.")
@@ -28,19 +28,6 @@ class Caller(NamedTuple):
 
     user: Any
     api_key: ApiKey | None
-
-
-class _CsrfCheck(CsrfViewMiddleware):
-    """Django's CSRF check, answering with the reason instead of a 403 page."""
-
-    def _reject(self, request, reason):
-        return reason
-
-
-def _csrf_failure(request) -> str | None:
-    check = _CsrfCheck(lambda request: None)
-    check.process_request(request)
-    return check.process_view(request, None, (), {})
 
 
 def invalid_key(message: str = "Incorrect API key provided.") -> OpenAIError:
@@ -83,10 +70,9 @@ def caller_of(request, user=None) -> Caller:
     if user is None or not user.is_authenticated:
         raise OpenAIError(401, "not_authenticated", NO_CREDENTIALS)
     if request.method not in ("GET", "HEAD", "OPTIONS"):
-        reason = _csrf_failure(request)
+        reason = csrf.failure(request)
         if reason is not None:
-            raise OpenAIError(403, "csrf_failed", f"CSRF check failed ({reason}): a request authenticated by the "
-                              "session must carry the X-CSRFToken header; tools should use an API key instead.")
+            raise OpenAIError(403, csrf.CODE, csrf.message(reason, "; tools should use an API key instead"))
     return Caller(user, None)
 
 

@@ -12,7 +12,9 @@ is one SSE message::
 A request that cannot start a turn is answered with an HTTP error status instead of a stream,
 its body the ``error`` event as JSON (404 unknown or foreign conversation, 400/413 invalid
 message, 403 not yours to change, 409 turn in progress, 429 limits with ``Retry-After``).
-Session authentication, so the request carries the CSRF token (``X-CSRFToken`` header).
+Session authentication, so the request carries the CSRF token (``X-CSRFToken`` header); without
+it the answer is 403 ``csrf_failed`` in the same JSON shape (``transport.csrf``), not the site's
+CSRF failure page.
 
 The same view serves both deployments: under ASGI the turn runs as a task on the server's
 event loop; under WSGI it runs the turn in a ``ThreadedStream`` (Django would otherwise buffer an
@@ -38,12 +40,13 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import RequestDataTooBig
 from django.core.handlers.asgi import ASGIRequest
 from django.http import JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from django_ragchat import permissions
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.events import PROTOCOL_VERSION, Delta, TurnEvent
-from django_ragchat.transport import jsonbody
+from django_ragchat.transport import csrf, jsonbody
 from django_ragchat.transport import turns as transport
 from django_ragchat.transport.turns import TurnRefused
 from django_ragchat.turn.sync_bridge import ThreadedStream
@@ -368,12 +371,16 @@ async def release_request_connection() -> None:
     await sync_to_async(transport.close_stale_connections)()
 
 
+@csrf_exempt  # checked below, to answer a failure with the JSON error, as every other refusal
 @require_POST
 async def stream_view(request, conversation_id=None):
     """Send a message to a conversation and stream the turn as server-sent events. Without a
     ``conversation_id`` (``POST <prefix>/stream/``) the message starts a new conversation, with
     the body's ``profile`` if it names one; its id is in the ``ack`` event."""
     user = await request.auser()
+    reason = csrf.failure(request)  # after auser(): the session is loaded, no database work
+    if reason is not None:
+        return refusal_response(TurnRefused(csrf.CODE, csrf.message(reason), 403))
     session_key = transport.caller_session_key(user, getattr(request, "session", None))
     await release_request_connection()
     try:
