@@ -541,6 +541,20 @@ BAD_BODIES = [
                                        {"role": "assistant", "content": "b"}, {"role": "user", "content": " "}]},
      "empty", "messages.[3].content"),
     ({"model": "default", "messages": ask(QUESTION), "n": 2}, "invalid_value", "n"),
+    # OpenAI's sampling parameters are checked as OpenAI checks them (then left to the profile).
+    *[({"model": "default", "messages": ask(QUESTION), name: value}, code, name) for name, value, code in [
+        ("temperature", "hot", "invalid_type"), ("temperature", True, "invalid_type"),
+        ("temperature", 2.5, "invalid_value"), ("temperature", -0.1, "invalid_value"),
+        ("top_p", 1.5, "invalid_value"), ("top_p", [1], "invalid_type"),
+        ("presence_penalty", -3, "invalid_value"), ("frequency_penalty", 2.01, "invalid_value"),
+        ("frequency_penalty", "0", "invalid_type"),
+        ("max_tokens", 0, "invalid_value"), ("max_tokens", 10.5, "invalid_type"), ("max_tokens", "10", "invalid_type"),
+        ("max_completion_tokens", -5, "invalid_value"), ("max_completion_tokens", False, "invalid_type"),
+        ("seed", 1.5, "invalid_type"), ("seed", "42", "invalid_type"),
+        ("stop", 3, "invalid_type"), ("stop", ["end", 3], "invalid_type"), ("stop", {"a": "b"}, "invalid_type"),
+        ("user", 7, "invalid_type"), ("user", {"id": "u"}, "invalid_type"),
+        ("n", "1", "invalid_type"), ("n", True, "invalid_type"), ("n", 0, "invalid_value"),
+    ]],
     ({"model": "default", "messages": ask(QUESTION), "stream": "yes"}, "invalid_type", "stream"),
     ({"model": "default", "messages": ask(QUESTION), "stream_options": {"include_usage": True}}, "invalid_value",
      "stream_options"),
@@ -585,6 +599,24 @@ def test_bad_bodies_are_400_and_save_nothing(server, key):
         response = http.post(f"{server.url}/openai/v1/embeddings", json={"input": "x"})
         assert response.status_code == 404 and response.json()["error"]["code"] == "unknown_url"
     assert not Message.objects.exists() and not Conversation.objects.exists()
+
+
+def test_valid_sampling_parameters_and_unknown_keys_are_accepted(server, key, product_corpus):
+    """In range, ``null``, or integers where a number is asked: answered, whatever the profile's
+    own model settings. Keys the endpoint does not read (OpenAI's others, unknown ones) are ignored."""
+    sampling = [
+        {"temperature": 0, "top_p": 1, "max_tokens": 50, "max_completion_tokens": 1, "n": 1, "stream": False,
+         "stop": "\n\n", "presence_penalty": -2, "frequency_penalty": 2.0, "seed": -7, "user": "patient-42"},
+        {"temperature": 2.0, "top_p": 0.0, "stop": ["END", "STOP"], "presence_penalty": 1.5, "seed": 2**40},
+        {"temperature": None, "top_p": None, "max_tokens": None, "stop": None, "seed": None, "user": None, "n": None,
+         "stop_sequences": 3, "logit_bias": {"50256": -100}, "response_format": {"type": "text"}, "hotness": "very"},
+    ]
+    with httpx.Client(timeout=20, headers={"Authorization": f"Bearer {key}"}) as http:
+        for extra in sampling:
+            response = http.post(f"{server.url}/openai/v1/chat/completions",
+                                 json={"model": "default", "messages": ask(QUESTION), **extra})
+            assert response.status_code == 200, (extra, response.text)
+            assert "$699" in response.json()["choices"][0]["message"]["content"]
 
 
 def test_the_openai_client_reports_a_bad_request_as_bad_request_error(server, key):

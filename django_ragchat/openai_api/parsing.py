@@ -17,10 +17,12 @@ System (and ``developer``) messages are the request's own instructions; the site
 profile's system prompt. ``OPENAI_API_SYSTEM_MESSAGES`` says what happens to them: ``"ignore"``
 (left out, counted in the trace) or ``"refuse"`` (400 ``system_message_not_allowed``).
 
-Everything OpenAI's request may carry besides is accepted and left to the profile (sampling
-settings, ``max_tokens``, ``user``...), as OpenAI-compatible servers do, so clients that send
-them work unchanged. What would change the answer's shape in ways this endpoint cannot honour
-is refused with a 400 naming the parameter: ``n`` other than 1, client ``tools``, tool and
+OpenAI's sampling parameters (``SAMPLING``, ``stop``, ``user``) are checked as OpenAI checks
+them (400 ``invalid_type`` or ``invalid_value`` naming the parameter: a client's mistake is
+reported, not silently ignored), then left to the profile, as OpenAI-compatible servers do, so
+clients that send them work unchanged. Other keys are not read (OpenAI's other parameters, and
+unknown ones). What would change the answer's shape in ways this endpoint cannot honour is
+refused with a 400 naming the parameter: ``n`` other than 1, client ``tools``, tool and
 function messages, content other than text.
 """
 
@@ -44,6 +46,17 @@ CONVERSATION_HEADER = "X-Ragchat-Conversation"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 SYSTEM_ROLES = ("system", "developer")
 TOOL_ROLES = ("tool", "function")
+#: OpenAI's numeric sampling parameters: name -> (an ``"integer"`` or any ``"number"``, lowest,
+#: highest; ``None``: no bound). Checked, then left to the profile; ``null`` is no value.
+SAMPLING: dict[str, tuple[str, float | None, float | None]] = {
+    "temperature": ("number", 0, 2),
+    "top_p": ("number", 0, 1),
+    "presence_penalty": ("number", -2, 2),
+    "frequency_penalty": ("number", -2, 2),
+    "max_tokens": ("integer", 1, None),
+    "max_completion_tokens": ("integer", 1, None),
+    "seed": ("integer", None, None),
+}
 TOOLS_UNSUPPORTED = ("This assistant's tools run on the server; a request cannot bring its own "
                      "(send no '{param}').")
 
@@ -97,6 +110,7 @@ def parse(data: dict[str, Any], headers) -> ChatRequest:
     if not isinstance(model, str):
         raise bad_request("'model' must be a string.", param="model", code="invalid_type")
     stream, include_usage = _stream_options(data)
+    check_sampling(data)
     _refuse_unsupported(data)
     conversation_id = _conversation_id(data, headers)
     idempotency_key = _idempotency_key(headers)
@@ -137,9 +151,42 @@ def _stream_options(data: dict[str, Any]) -> tuple[bool, bool]:
     return True, bool(include_usage)
 
 
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _bounds(low: float | None, high: float | None) -> str:
+    if low is not None and high is not None:
+        return f"between {low} and {high}"
+    return f"at least {low}" if low is not None else f"at most {high}"
+
+
+def check_sampling(data: dict[str, Any]) -> None:
+    """400 for a sampling parameter OpenAI would refuse: ``invalid_type`` (``"temperature":
+    "hot"``), ``invalid_value`` (out of its range); ``param`` names it."""
+    for name, (kind, low, high) in SAMPLING.items():
+        value = data.get(name)
+        if value is None:
+            continue
+        if not (_is_integer(value) or (kind == "number" and isinstance(value, float))):
+            article = "a number" if kind == "number" else "an integer"
+            raise bad_request(f"'{name}' must be {article}, not {type(value).__name__}.", param=name,
+                              code="invalid_type")
+        if value != value or (low is not None and value < low) or (high is not None and value > high):
+            raise bad_request(f"'{name}' must be {_bounds(low, high)}, not {value!r}.", param=name)
+    stop = data.get("stop")
+    if stop is not None and not isinstance(stop, str) and not (
+            isinstance(stop, list) and all(isinstance(item, str) for item in stop)):
+        raise bad_request("'stop' must be a string or an array of strings.", param="stop", code="invalid_type")
+    if data.get("user") is not None and not isinstance(data["user"], str):
+        raise bad_request("'user' must be a string.", param="user", code="invalid_type")
+
+
 def _refuse_unsupported(data: dict[str, Any]) -> None:
     n = data.get("n")
-    if n is not None and (isinstance(n, bool) or n != 1):
+    if n is not None and not _is_integer(n):
+        raise bad_request("'n' must be an integer (and 1: one answer per request).", param="n", code="invalid_type")
+    if n is not None and n != 1:
         raise bad_request("Only one answer per request: 'n' must be 1.", param="n")
     for name in ("tools", "functions"):
         if data.get(name):  # absent, null and [] are fine
