@@ -399,6 +399,24 @@ def test_purge_deletes_only_expired_anonymous_conversations(user):
     assert run("ragchat_purge")[0].strip() == "Deleted 0 conversations, 0 messages, 0 memory records."
 
 
+def test_purge_says_one_in_the_singular(user):
+    """An outside user's trial (a dental practice site): "Marked 1 answers interrupted"."""
+    conversation = aged(40)
+    Message.objects.filter(conversation=conversation, seq=1).delete()
+    Message.objects.filter(conversation=conversation).update(status="streaming",
+                                                             lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert run("ragchat_purge", "--leases-only", "--dry-run")[0].strip() == (
+        "Would mark 1 answer interrupted (dry run).")
+    assert run("ragchat_purge", "--dry-run")[0].strip().splitlines() == [
+        "Would mark 1 answer interrupted (dry run).",
+        "Would delete 1 conversation, 1 message, 1 memory record (dry run: nothing deleted)."]
+    assert run("ragchat_purge", "--leases-only")[0].strip() == (
+        "Marked 1 answer interrupted (its worker stopped renewing it).")
+    assert run("ragchat_purge", "--leases-only")[0].strip() == (
+        "Marked 0 answers interrupted (their worker stopped renewing them).")
+    assert run("ragchat_purge")[0].strip() == "Deleted 1 conversation, 1 message, 1 memory record."
+
+
 def test_purge_older_than_days_overrides_the_anonymous_retention_for_one_run(user, ragchat_settings_override):
     ragchat_settings_override(USER_RETENTION_DAYS=100)
     recent, week_old, owned_old = aged(1), aged(8), aged(150, owner=user)

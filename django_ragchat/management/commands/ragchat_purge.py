@@ -22,6 +22,7 @@ from datetime import timedelta
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import ngettext
 
 from django_ragchat.models import Conversation, MemoryRecord, Message, expired_conversations
 from django_ragchat.turn.persistence import close_expired_leases
@@ -31,6 +32,12 @@ COUNTED = (
     ("messages", Message._meta.label),
     ("memory records", MemoryRecord._meta.label),
 )
+#: How each count is said, singular and plural ("1 conversation", not "1 conversations").
+WORDS = {
+    "conversations": ("conversation", "conversations"),
+    "messages": ("message", "messages"),
+    "memory records": ("memory record", "memory records"),
+}
 
 
 def purgeable(older_than_days: int | None = None, now=None):
@@ -68,7 +75,8 @@ class Command(BaseCommand):
         if options["dry_run"]:
             stale = Message.objects.filter(status=Message.Status.STREAMING, lease_expires_at__lte=now).count()
             if stale or options["leases_only"]:
-                self.stdout.write(f"Would mark {stale} answers interrupted (dry run).")
+                self.stdout.write(ngettext("Would mark %(n)d answer interrupted (dry run).",
+                                           "Would mark %(n)d answers interrupted (dry run).", stale) % {"n": stale})
             if options["leases_only"]:
                 return
             counts = {
@@ -81,7 +89,9 @@ class Command(BaseCommand):
 
         closed = close_expired_leases(now)
         if closed or options["leases_only"]:
-            self.stdout.write(f"Marked {closed} answers interrupted (their worker stopped renewing them).")
+            self.stdout.write(ngettext("Marked %(n)d answer interrupted (its worker stopped renewing it).",
+                                       "Marked %(n)d answers interrupted (their worker stopped renewing them).",
+                                       closed) % {"n": closed})
         if options["leases_only"]:
             return
         counts = dict.fromkeys((name for name, _ in COUNTED), 0)
@@ -104,4 +114,4 @@ class Command(BaseCommand):
 
     @staticmethod
     def _format(counts: dict[str, int]) -> str:
-        return ", ".join(f"{n} {name}" for name, n in counts.items())
+        return ", ".join(f"{n} {ngettext(*WORDS[name], n)}" for name, n in counts.items())
