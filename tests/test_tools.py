@@ -978,3 +978,51 @@ def test_demo_orders_gives_a_user_orders_to_ask_about(user, other_user):
     assert sorted(Order.objects.filter(owner=user).values_list("number", "status")) == [
         ("ORD-17", "shipped"), ("ORD-18", "processing"), ("ORD-19", "delivered")]
     assert not Order.objects.filter(owner=other_user).exists() and "already exists (owner: alice)" in out.getvalue()
+
+
+def tools_doc_block(start: str) -> str:
+    """The fenced block of docs/tools.md that begins with ``start``."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "tools.md").read_text()
+    (code,) = [code for code in re.findall(r"```\w+\n(.*?)```", text, re.S) if code.startswith(start)]
+    return code
+
+
+def test_the_docs_way_to_try_a_tool_on_a_site_whose_default_profile_is_extractive(
+        ragchat_settings_override, openai_server, user, rf):
+    """docs/tools.md, as written: try_tool_model.py's rule, the second profile and the widget
+    that starts its conversations with it (an outside user's trial, a dental practice site,
+    found no way to try a tool beside the extractive default)."""
+    from django.contrib.sessions.backends.db import SessionStore
+    from django.template import engines
+
+    from tests.test_widget import widget_config
+
+    model = {}
+    exec(tools_doc_block("# try_tool_model.py").split("\nwith FakeOpenAIServer")[0], model)
+    openai_server.when(contains="my order", reply=model["reply"])
+    site = {"RAGCHAT": {"PROFILES": {"default": {"system_prompt": "You answer questions about this site."}}}}
+    exec(tools_doc_block('# settings.py: "default" stays'), site)
+    profiles = site["RAGCHAT"]["PROFILES"]
+    assert profiles["assistant"]["options"]["openai"]["base_url"] == "http://127.0.0.1:8001/v1"  # the script's port
+    profiles["assistant"]["options"]["openai"]["base_url"] = openai_server.base_url
+    ragchat_settings_override(PLUGINS=PLUGINS, PROFILES=profiles)
+    make_order(user, "ORD-17")
+
+    conversation = Conversation.objects.create(owner=user, profile="assistant")
+    result = run_turn_sync(conversation, "Where is my order ORD-17?", user=user)
+    assert result.answer.startswith('Your order: {"number": "ORD-17", "status": "shipped"'), result.answer
+    assert ToolInvocation.objects.get().name == "order_status"
+    # Nothing retrieved (no documents here): "empty_context": "answer" still asks the model,
+    # whose default reply repeats the prompt, as the docs say.
+    assert run_turn_sync(conversation, "Do you open on Saturdays?", user=user).answer == (
+        "Answer to: Do you open on Saturdays?")
+    asked = len(chats(openai_server))
+    default = run_turn_sync(Conversation.objects.create(owner=user), "Where is my order ORD-17?", user=user)
+    assert len(chats(openai_server)) == asked and not default.answer.startswith("Your order")  # still extractive
+
+    request = rf.get("/try-tool/")
+    request.user, request.session = user, SessionStore()
+    html = engines["django"].from_string(tools_doc_block("{# shop/templates/shop/try_tool.html")).render({}, request)
+    assert widget_config(html)["defaultProfile"] == "assistant"
