@@ -93,6 +93,18 @@ def test_the_readme_shows_the_install_line_first():
     assert readme[:first.start()].count("\n") <= 6
 
 
+def test_the_readme_says_memory_records_reach_answers_only_through_a_model():
+    """An outside user's trial (a dental practice site): README's pitch offered memory records
+    staff correct, on a site whose default (token window memory, extractive answerer) never
+    reads them (docs/admin.md says so)."""
+    readme = (ROOT / "README.md").read_text()
+    bullet = readme[readme.index("- **Conversations, messages and memory"):readme.index("- **A turn pipeline")]
+    assert "only through a language model" in bullet and "`summary`" in bullet
+    assert "`token_window`" in bullet and "extractive answerer do not use them" in bullet
+    admin = (ROOT / "docs" / "admin.md").read_text()
+    assert "the default `token_window` memory does neither" in admin
+
+
 # --- the site ------------------------------------------------------------------------------
 
 
