@@ -93,6 +93,21 @@ def test_the_readme_shows_the_install_line_first():
     assert readme[:first.start()].count("\n") <= 6
 
 
+def test_the_readme_points_a_site_to_postgresql_before_migrate():
+    """An outside user's trial (a dental practice site, on PostgreSQL): "Adding it to an
+    existing site" said nothing of DATABASES. A sentence between the settings and ``migrate``
+    links docs/postgresql.md, whose section has the block."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Adding it to an existing site"):readme.index("<!-- site: shell setup -->")]
+    link = re.search(r"\[docs/postgresql.md\]\(docs/postgresql.md#([a-z-]+)\)", section)
+    assert link and "DATABASES" in section[max(0, link.start() - 300):link.end()]
+    guide = (ROOT / "docs" / "postgresql.md").read_text()
+    heading = next(line for line in guide.splitlines() if line.startswith("## ")
+                   and re.sub(r"[^a-z0-9 -]", "", line[3:].lower()).replace(" ", "-") == link.group(1))
+    installing = guide[guide.index(heading):]
+    assert '"ENGINE": "django.db.backends.postgresql"' in installing[:installing.index("\n## ", 3)]
+
+
 def test_the_readme_says_memory_records_reach_answers_only_through_a_model():
     """An outside user's trial (a dental practice site): README's pitch offered memory records
     staff correct, on a site whose default (token window memory, extractive answerer) never
