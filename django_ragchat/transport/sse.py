@@ -41,7 +41,6 @@ from django.core.exceptions import RequestDataTooBig
 from django.core.handlers.asgi import ASGIRequest
 from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
 
 from django_ragchat import permissions
 from django_ragchat.conf import ragchat_settings
@@ -372,11 +371,15 @@ async def release_request_connection() -> None:
 
 
 @csrf_exempt  # checked below, to answer a failure with the JSON error, as every other refusal
-@require_POST
 async def stream_view(request, conversation_id=None):
     """Send a message to a conversation and stream the turn as server-sent events. Without a
     ``conversation_id`` (``POST <prefix>/stream/``) the message starts a new conversation, with
     the body's ``profile`` if it names one; its id is in the ``ack`` event."""
+    if request.method != "POST":  # the JSON error too, not require_POST's empty 405
+        response = refusal_response(TurnRefused("method_not_allowed", f"{request.method} is not allowed here; "
+                                                "use POST.", 405))
+        response["Allow"] = "POST"
+        return response
     user = await request.auser()
     reason = csrf.failure(request)  # after auser(): the session is loaded, no database work
     if reason is not None:
