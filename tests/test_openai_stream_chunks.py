@@ -185,3 +185,23 @@ def test_the_reader_hands_over_each_piece_until_the_first_words_then_what_came_m
     first, rest = asyncio.run(read())
     assert first == ([b"a"], None)
     assert rest == ([b"b", b"c", b"d"], True)
+
+
+@pytest.mark.parametrize("text", [
+    '{"choices": [{"delta": {"content": "caf\\u00e9 \\ud83d\\ude00"}}], "n": 1.5e3}', "[1, 2]", '"s"', "NaN", "-0",
+    "12345678901234567890", " {} ", "{}\n", "\t[]", "{} {}", "{} x", "", "   ", "{", '{"a": }', "\ufeff{}",
+    '"\x01"', "[1,]", "nul", "[NaN, Infinity, -Infinity]",
+])
+def test_a_chunk_s_json_is_read_as_json_loads_reads_it(text):
+    from django_ragchat.backends.openai import _json_value
+
+    try:
+        expected = json.loads(text)
+    except json.JSONDecodeError as exc:
+        with pytest.raises(json.JSONDecodeError) as raised:
+            _json_value(text)
+        assert (raised.value.msg, raised.value.pos) == (exc.msg, exc.pos)
+    else:
+        got = _json_value(text)
+        assert got == expected or (got != got and expected != expected)
+        assert type(got) is type(expected)
