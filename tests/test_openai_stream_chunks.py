@@ -205,3 +205,58 @@ def test_a_chunk_s_json_is_read_as_json_loads_reads_it(text):
         got = _json_value(text)
         assert got == expected or (got != got and expected != expected)
         assert type(got) is type(expected)
+
+
+@contextlib.contextmanager
+def raw_server(headers: dict, body: bytes, stall: float = 0.0):
+    """A server answering every POST with ``headers`` and ``body``, then ``stall`` seconds of
+    silence before it closes."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            for name, value in {"Content-Type": "text/event-stream", **headers}.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+            time.sleep(stall)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_compressed_stream_is_read_through_its_decoder():
+    import gzip
+
+    events = b"".join(f"data: {json.dumps(chunk)}\n\n".encode() for chunk in TEXT_CHUNKS) + b"data: [DONE]\n\n"
+    body = gzip.compress(events)
+    with raw_server({"Content-Encoding": "gzip", "Content-Length": str(len(body))}, body) as url:
+        pieces = stream(url)
+    assert "".join(p.text for p in pieces) == "Hello no"
+
+
+def test_a_stream_that_stalls_is_a_timeout_whose_cause_names_the_request():
+    first = f"data: {json.dumps(TEXT_CHUNKS[0])}\n\n".encode()
+    with raw_server({}, first, stall=1.5) as url:
+        model = ChatModel(OpenAIConnection.from_options({"base_url": url, "max_retries": 0, "timeout": 0.3}), model="m")
+        texts = []
+
+        async def collect():
+            async for piece in model.stream([{"role": "user", "content": "hi"}]):
+                texts.append(piece.text)
+
+        with pytest.raises(LLMError) as raised:
+            asyncio.run(collect())
+    assert raised.value.code == "timeout" and texts == ["Hel"]
+    cause = raised.value.__cause__.__cause__  # LLMError <- APITimeoutError <- the HTTP library's timeout
+    assert cause.request.url.path.endswith("/chat/completions")
