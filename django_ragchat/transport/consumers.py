@@ -264,6 +264,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             # hop saved before every message's turn.
             await self.websocket_receive(message)
             return
+        if message["type"] in ("websocket.connect", "websocket.disconnect"):
+            # Nor before the handshake and the close: connect() reads the database only to open
+            # a bound conversation, which cleans its thread's connections first
+            # (open_conversation_sync); disconnect() reads none, and channels' websocket_disconnect
+            # cleans up once after it. Two thread hops saved on every socket.
+            connect = message["type"] == "websocket.connect"
+            await (self.websocket_connect if connect else self.websocket_disconnect)(message)
+            return
         await super().dispatch(message)
 
     async def _relay_from_group(self, message: dict) -> None:
