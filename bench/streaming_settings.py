@@ -22,7 +22,8 @@ DATABASES = {"default": {
     "PORT": os.environ.get("RAGCHAT_BENCH_DB_PORT", ""),
     "USER": os.environ.get("RAGCHAT_BENCH_DB_USER", ""),
     "PASSWORD": os.environ.get("RAGCHAT_BENCH_DB_PASSWORD", ""),
-    # SQLite as the demo runs it (example_project/settings.py): WAL, synchronous=NORMAL.
+    # SQLite as the demo runs it (example_project/settings.py): WAL, synchronous=NORMAL,
+    # connections kept (below).
     # PostgreSQL with Django's psycopg pool (docs/deployment.md): each turn takes a connection
     # from the pool instead of opening one (CONN_MAX_AGE is 0, as in the demo).
     "OPTIONS": ({"timeout": 20, "transaction_mode": "IMMEDIATE",
@@ -31,6 +32,8 @@ DATABASES = {"default": {
                 else {"pool": {"min_size": 2, "max_size": 16, "timeout": 30}}
                 if os.environ.get("RAGCHAT_BENCH_PG_POOL", "1") == "1" else {}),
 }}
+if os.environ["RAGCHAT_BENCH_DB_ENGINE"].endswith("sqlite3"):  # kept, as the demo keeps them
+    DATABASES["default"]["CONN_MAX_AGE"] = None
 # One worker process: the in-memory layer (the benchmark measures the transport, not Redis).
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 if os.environ.get("RAGCHAT_BENCH_REDIS_PREFIX"):  # --workers 2 and more
