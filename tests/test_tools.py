@@ -132,6 +132,21 @@ def test_one_call_runs_as_the_asking_user_and_the_model_answers_with_its_result(
     assert "tools" in trace["timings"]
 
 
+def test_a_tool_question_goes_to_the_model_when_nothing_was_retrieved(use_tools, openai_server, user):
+    # An outside user's trial: with the default empty_context ("decline"), a question no document
+    # matched was declined before the model was asked, so the site's tool never ran.
+    use_tools(["weather"], empty_context="decline")
+    openai_server.script(tool_calls(call("weather", city="Lyon", id="call_w")), echo_tool_results)
+    events = events_of(Conversation.objects.create(owner=user), "Is it warm in Lyon?", stream=False)
+    assert [e["status"] for e in events if e["type"] == "tool_result"] == ["done"]
+    assert events[-1]["message"]["content"].startswith("Results: ")
+    # Without tools the profile still declines without asking the model.
+    use_tools([], empty_context="decline")
+    before = len(chats(openai_server))
+    events = events_of(Conversation.objects.create(owner=user), "Is it warm in Lyon?", stream=False)
+    assert len(chats(openai_server)) == before and events[-1]["type"] == "done"
+
+
 @BOTH
 def test_parallel_calls_run_concurrently_and_their_results_go_back_in_the_models_order(
         use_tools, openai_server, user, stream):

@@ -10,8 +10,8 @@ budget; the ones that don't fit are dropped whole and counted in the trace.
 When nothing was retrieved the profile's ``empty_context`` policy applies: ``"decline"``
 (default, as Spring AI's ``allowEmptyContext=false``) ends the turn with the profile's
 ``no_context_answer`` without calling the model; ``"answer"`` lets the model answer from the
-history alone. A turn whose retrieval was skipped on purpose (``SkipRetrieval``) always goes
-to the model.
+history alone. A turn whose retrieval was skipped on purpose (``SkipRetrieval``), and a turn
+whose model is offered tools (it may answer with one), always go to the model.
 """
 
 from __future__ import annotations
@@ -75,12 +75,15 @@ class ContextPromptAugmenter(PromptAugmenter):
 
     def augment(self, turn, query, history, documents, budget):
         question = query.original or query.text
-        if not documents and not turn.retrieval_skipped:
-            if self.profile.empty_context == "decline":
-                return CannedAnswer(self.profile.no_context_answer, reason="no documents retrieved")
+        # A model offered tools may answer with one what no document says ("When is my next
+        # appointment?"): the profile's tools are the site's own data (an outside user's trial).
+        declines = self.profile.empty_context == "decline" and not (
+            self.profile.offers_tools and turn.components.llm.calls_tools)
+        if not documents and not turn.retrieval_skipped and declines:
+            return CannedAnswer(self.profile.no_context_answer, reason="no documents retrieved")
         kept, passages, used = self.fit_documents(documents, budget)
         turn.trace["prompt"]["documents_dropped_for_budget"] = len(documents) - len(kept)
-        if documents and not kept and self.profile.empty_context == "decline":
+        if documents and not kept and declines:
             return CannedAnswer(self.profile.no_context_answer,
                                 reason="no retrieved document fits the context budget")
         if kept:
