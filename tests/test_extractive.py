@@ -1307,8 +1307,11 @@ def test_the_days_something_happens_answer_a_day_asked_and_what_days(db):
                               "Saturday, between 9am and 4pm. Delivery costs £5.\n",
         "council/recycling.md": "# Recycling centre\n\nThe recycling centre is at 4 Mill Lane. It is open every day "
                                 "from 8am to 6pm, except Christmas Day.\n",
+        # Says Sunday, but not about deliveries (the same trial's shop page): it does not state the day asked.
+        "bakery/hours.md": "# Opening hours\n\nThe shop is open Tuesday to Saturday, 7am to 3pm. We are closed on "
+                           "Sunday and Monday.\n",
     })
-    for question in ("Do you deliver on Sundays?", "What days do you deliver?"):
+    for question in ("Do you deliver on Sundays?", "Can I get a delivery on a Sunday?", "What days do you deliver?"):
         answer = ask(question)
         assert "Tuesday to Saturday" in answer and "every day" not in answer, (question, answer)
     assert "open every day" in ask("Is the recycling centre open on Sundays?")
@@ -1344,3 +1347,28 @@ def test_an_initialism_is_stated_by_the_initials_of_the_words_it_stands_for(samp
     assert "active noise cancelling" in ask("Do the Zephyr Buds have ANC?")
     # "mm" after a number is a unit, not "MP main" ("48 MP main camera")
     assert ask("aurora x2 3.5mm jack y/n").startswith("The documents don't say anything about 3.5 mm jack")
+
+
+def test_an_initialism_is_not_spelled_by_a_run_that_starts_or_ends_on_a_stop_word(db):
+    """A dental practice's trial: "can I be seen ASAP?" was answered with "a full dental
+    examination with a scale and polish": "a scale and polish" begins with the letters of "ASAP",
+    but a run that starts or ends on a stop word spells nothing."""
+    ingest_pages({
+        "dental/treatments.md": "# Treatments\n\n## Check-up and clean\n\nA full dental examination with a scale "
+                                "and polish by our hygienist. It costs £45.\n\n## Teeth whitening\n\nHome whitening "
+                                "trays, £250.\n",
+        "dental/opening.md": "# Opening hours\n\nWe are open Monday to Friday, 8am to 6pm.\n",
+    })
+    for question in ("I've got terrible toothache, can I be seen ASAP?", "ASAP appointment?"):
+        answer = ask(question)
+        assert answer.startswith("The documents don't say anything about"), (question, answer)
+
+
+def test_a_citation_goes_before_the_stop_without_the_space_a_page_left_before_it():
+    """A sentence a page wrote with a space before its stop ("It costs £5 .") was cited as
+    "It costs £5 [1] .": the citation takes the stop's place, and the space goes."""
+    from django_ragchat.answerer.passages import cite
+
+    assert cite("It costs £5 .", 1) == "It costs £5 [1]."
+    assert cite("Is it open?", 2) == "Is it open [2]?"
+    assert cite("No stop", 3) == "No stop [3]"

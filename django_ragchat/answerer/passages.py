@@ -22,7 +22,7 @@ from django_ragchat.search.subjects import kind_of
 from django_ragchat.text import HEADING_SEPARATOR, normalize, sentences
 from django_ragchat.types import RetrievedChunk
 
-_CITE_BEFORE_STOP = re.compile(r"([.!?])$")
+_CITE_BEFORE_STOP = re.compile(r"\s*([.!?])$")  # "£5 ." cites as "£5 [1]."
 _MARKUP_CHARS = set('{}[]"=<>|`\\')
 _QUOTED_WORDS = re.compile(r'"[^"{}\[\]<>=|`\\]{1,60}"')
 _LETTER_RE = re.compile(r"[^\W\d_]")

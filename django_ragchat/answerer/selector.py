@@ -180,6 +180,18 @@ def _initialism(word: str, written: str, asked: str) -> bool:
         rf"\d\s*{re.escape(written or word)}\b", asked, re.IGNORECASE)
 
 
+def _spelled_by_initials(initialism: str, text: str, stopwords: frozenset[str]) -> bool:
+    """Whether consecutive words of ``text`` begin with the letters of ``initialism`` and the run
+    starts and ends on a word that is not a stop word: "frames per second" spells "fps", while "a
+    scale and polish" does not spell "ASAP"."""
+    said = [w.lower() for w in words(text)]
+    n = len(initialism)
+    return any(
+        "".join(w[0] for w in said[i:i + n]) == initialism
+        and said[i] not in stopwords and said[i + n - 1] not in stopwords
+        for i in range(len(said) - n + 1))
+
+
 def _places(key: str, sentence: Sentence, vocabulary: Vocabulary) -> list[int]:
     """Where ``sentence`` states ``key``: the asked word's places, else its group's."""
     word = word_of(key)
@@ -345,8 +357,17 @@ class _Scoring:
         # Which days a sentence names answers a day asked only when no sentence states that day
         # ("Which classes are on Saturday?": "Yoga is on Saturday", not "Spin ... Monday to Friday").
         self.days_asked = {k for k in need.own if stem(word_of(k)) in v.days_asked and (
-            not v.is_calendar(k) or not any(v.covers(k, s.stems) for _, s in self.eligible))}
+            not v.is_calendar(k) or not self._states_day_of_the_rest(k))}
         self._page_named: dict[int, tuple[str, ...] | None] = {}
+
+    def _states_day_of_the_rest(self, day: str) -> bool:
+        """Whether an eligible sentence states ``day`` about what else was asked, in its words or
+        its passage's headings: "closed on Sunday" does not say whether deliveries run on Sundays."""
+        v = self.vocabulary
+        rest = [k for k in self.need.own if k != day and not v.is_calendar(k) and stem(word_of(k)) not in v.days_asked]
+        return any(v.covers(day, s.stems) and (not rest or any(
+            v.covers(k, s.stems) or v.covers(k, p.heading_stems) or v.covers(k, p.title_stems) for k in rest))
+            for p, s in self.eligible)
 
     def excluded(self, p: Passage, s: Sentence) -> bool:
         """Sentences that cannot answer, whatever their words."""
@@ -400,7 +421,7 @@ class _Scoring:
             return max(evidence, SYNONYM_EVIDENCE)  # "$200" states a price
         if s.has_number and stem(word_of(key)) in v.figure_words and _FIGURE_RE.search(_AMOUNT_RE.sub("", s.text)):
             return max(evidence, SYNONYM_EVIDENCE)  # "phone 01632 960 400" states a number
-        if not evidence and key in self.initialisms and word_of(key) in "".join(w[0] for w in words(s.text)):
+        if not evidence and key in self.initialisms and _spelled_by_initials(word_of(key), s.text, v.stopwords):
             return 1.0  # "fps" is "frames per second"
         if not evidence and self._says_days(key, s):
             return SYNONYM_EVIDENCE  # "Deliveries run Tuesday to Saturday" answers "on Sundays?"
