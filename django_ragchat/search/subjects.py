@@ -124,6 +124,21 @@ def kind_of(name: str, text: str, language: Language | None = None) -> str:
     return kind if len(kind) > 2 and kind.isalpha() and kind not in language.stopwords else ""
 
 
+def _by_leading_words(subjects: list[Subject]) -> dict[str, list[tuple[Subject, tuple[str, ...]]]]:
+    """"root canal" names Root canal treatment: a name of three words or more by all its words but
+    the last, written in a row, when no other name starts with them or is them. Keyed by the first."""
+    starts: dict[tuple[str, ...], list[Subject]] = {}
+    for subject in subjects:
+        for n in range(2, len(subject.tokens)):
+            starts.setdefault(subject.tokens[:n], []).append(subject)
+    whole = {subject.tokens for subject in subjects}
+    found: dict[str, list[tuple[Subject, tuple[str, ...]]]] = {}
+    for leading, named in starts.items():
+        if len(named) == 1 and leading not in whole and len(leading) == len(named[0].tokens) - 1:
+            found.setdefault(leading[0], []).append((named[0], leading))
+    return found
+
+
 class SubjectIndex:
     """The subject names of a corpus and how to find them in a message."""
 
@@ -168,6 +183,8 @@ class SubjectIndex:
             if words_only and len(words_only) < len(subject.tokens) and set(self._by_token[words_only[0]]).intersection(
                     *(self._by_token[t] for t in words_only[1:])) == {subject}:
                 self._without_number[subject] = words_only
+
+        self._leading_words = _by_leading_words(subjects)
 
     def __len__(self) -> int:
         return len(self.subjects)
@@ -304,18 +321,9 @@ class SubjectIndex:
                 used = [p for t in subject.tokens for p in positions[t]]
                 written = any(matches[p].group(0)[0].isupper() or any(c.isdigit() for c in matches[p].group(0))
                               for p in used)
-                if written or self._in_a_row(subject, keys, positions):
+                if written or self._in_a_row(subject.tokens, keys, positions):
                     found[subject] = min(used)
-        for subject in dict.fromkeys(s for key in positions for s in self._by_token.get(key, ()) if s in self._without_number):
-            words_only = self._without_number[subject]
-            if subject not in found and all(t in positions for t in words_only) and all(
-                    matches[positions[t][0]].group(0)[0].isupper() for t in words_only):
-                found[subject] = min(positions[t][0] for t in words_only)
-        for key, subject in self._by_code.items():
-            # "the Millstone G2 grinder", "the G2": the code alone tells which subject, whatever
-            # other words of its name are left out ("Coffee").
-            if key in positions and subject not in found:
-                found[subject] = positions[key][0]
+        self._named_by_part(found, matches, keys, positions)
         chosen = [s for s in found if not any(
             other is not s and set(s.tokens) < set(other.tokens) for other in found)]
         order = {s: matches[found[s]].start() for s in chosen}
@@ -323,12 +331,32 @@ class SubjectIndex:
             order.setdefault(subject, offset)
         return sorted(order, key=lambda s: order[s])
 
+    def _named_by_part(self, found: dict[Subject, int], matches: list[re.Match], keys: list[str],
+                       positions: dict[str, list[int]]) -> None:
+        """Add to ``found`` the subjects named by a part of their name that only they have: the
+        words without the number, the leading words, the model code."""
+        for subject in dict.fromkeys(s for key in positions for s in self._by_token.get(key, ()) if s in self._without_number):
+            words_only = self._without_number[subject]
+            if subject not in found and all(t in positions for t in words_only) and all(
+                    matches[positions[t][0]].group(0)[0].isupper() for t in words_only):
+                found[subject] = min(positions[t][0] for t in words_only)
+        for key in positions:
+            # "a root canal" names Root canal treatment: the leading words of one name alone.
+            for subject, leading in self._leading_words.get(key, ()):
+                if subject not in found and self._in_a_row(leading, keys, positions):
+                    found[subject] = positions[key][0]
+        for key, subject in self._by_code.items():
+            # "the Millstone G2 grinder", "the G2": the code alone tells which subject, whatever
+            # other words of its name are left out ("Coffee").
+            if key in positions and subject not in found:
+                found[subject] = positions[key][0]
+
     @staticmethod
-    def _in_a_row(subject: Subject, keys: list[str], positions: dict[str, list[int]]) -> bool:
-        n = len(subject.tokens)
+    def _in_a_row(tokens: tuple[str, ...], keys: list[str], positions: dict[str, list[int]]) -> bool:
+        n = len(tokens)
         if n < 2:
             return False
-        return any(keys[start:start + n] == list(subject.tokens) for start in positions[subject.tokens[0]])
+        return any(keys[start:start + n] == list(tokens) for start in positions[tokens[0]])
 
 
 def _titles_and_headings(rows) -> tuple[dict[str, set[int]], dict[str, set[int]]]:
