@@ -385,6 +385,31 @@ def test_a_decline_quotes_the_lacking_words_as_written():
     assert answer.startswith("The documents don't say anything about the refresh rate of the screen."), answer
 
 
+@pytest.mark.parametrize("question, named", [
+    ("Can I bring my dog?", "about bringing my dog."),          # a verb after a doer: its -ing form
+    ("Do you lend headphones?", "about lending headphones."),
+    ("How do I leave my car when I come?", "about leaving my car when I come."),
+    ("Do you offer gift wrapping?", "about gift wrapping."),     # a noun: as written
+    ("Is it possible to hire a locker?", "about possible to hire a locker."),  # "is it" asks a state
+])
+def test_a_decline_names_an_action_the_user_asked_about_in_its_ing_form(question, named):
+    """Trials read "The documents don't say anything about deliver on Sundays." and "... about
+    leave my car when I come.": a verb the user wrote after "I", "you", "it" or "to" is named as
+    an action ("about leaving my car"); after "is it" or "are you" the words are a state."""
+    shipping = chunk(1, "Orbit Devices support > Shipping", "Orders ship within two business days.")
+    answer = AnswerSelector().answer(prompt(question, shipping))
+    assert answer.startswith(f"The documents don't say anything {named}"), answer
+
+
+def test_the_ing_form_of_a_verb():
+    from django_ragchat.answerer.vocabulary import gerund
+
+    written = {"run": "running", "deliver": "delivering", "leave": "leaving", "see": "seeing", "lie": "lying",
+               "bring": "bringing", "visit": "visiting", "swap": "swapping", "stay": "staying", "fix": "fixing",
+               "opening": "opening", "allowed": "allowed", "need": "needing", "Renew": "Renewing"}
+    assert {verb: gerund(verb) for verb in written} == written
+
+
 def test_the_sentence_before_the_best_joins_when_it_states_as_much(sample_docs):
     answer = ask("How fast do orders ship?")
     assert answer.startswith("Orders ship within two business days [1]."), answer

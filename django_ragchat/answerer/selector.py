@@ -24,6 +24,7 @@ from django_ragchat.answerer.vocabulary import (
     Vocabulary,
     default_vocabulary,
     fold,
+    gerund,
     labels,
     stem,
     word_of,
@@ -118,12 +119,26 @@ def echoed(text: str) -> str:
     return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "…"
 
 
+def _is_action(topic: str, before: list[str], vocabulary: Vocabulary) -> bool:
+    """Whether ``topic`` starts with a verb: the user wrote it after a doer ("Do you deliver on
+    Sundays?", "How to renew"), not after a form of "be" before that ("Are you open ...?")."""
+    first = topic.split(" ", 1)[0]
+    if not before or fold(before[-1]) not in vocabulary.doers or not first.isalpha() or not first.islower():
+        return False
+    if first in vocabulary.stopwords or first in vocabulary.articles or (first.endswith("s") and not first.endswith("ss")):
+        return False  # "if it starts drizzling": a verb with its -s is in a clause of its own
+    return len(before) < 2 or fold(before[-2]) not in vocabulary.be_forms
+
+
 def _as_named(topic: str, asked: str, vocabulary: Vocabulary) -> str:
     """``topic`` as a decline names it: with the article the user wrote before it ("about the
     heater"), unless the article is a word's that stands in for the noun ("a black one")."""
     at = asked.find(topic) if topic else -1
     before = _WORD_RE.findall(asked[:at]) if at > 0 else []
     after = _WORD_RE.findall(asked[at + len(topic):])[:1] if at >= 0 else []
+    if _is_action(topic, before, vocabulary):
+        verb, _, rest = topic.partition(" ")
+        return f"{gerund(verb)} {rest}".rstrip()  # "Can I run a book club?": "about running a book club"
     if (before and fold(before[-1]) in vocabulary.articles and asked[:at].endswith(" ")
             and not (after and fold(after[0]) in vocabulary.prop_words)):
         return f"{before[-1].lower()} {topic}"

@@ -61,6 +61,26 @@ def stem(word: str) -> str:
     return s
 
 
+_VOWEL_RUN_RE = re.compile(r"[aeiou]+")
+
+
+def gerund(verb: str) -> str:
+    """English ``verb``'s -ing form, for a decline naming an action ("about running a book
+    club"): "leave" -> "leaving", "run" -> "running" (one syllable, consonant-vowel-consonant),
+    "deliver" -> "delivering", "lie" -> "lying", "bring" -> "bringing"; one in -ing or -ed is kept."""
+    lower = verb.lower()
+    if (lower.endswith("ing") and len(lower) > 5) or (lower.endswith("ed") and not lower.endswith("eed")):
+        return verb
+    if lower.endswith("ie"):
+        return verb[:-2] + "ying"
+    if lower.endswith("e") and len(lower) > 2 and lower[-2] not in "eoy":
+        return verb[:-1] + "ing"
+    if (len(_VOWEL_RUN_RE.findall(lower)) == 1 and len(lower) >= 3 and lower[-1] not in "aeiouwxy"
+            and lower[-2] in "aeiou" and lower[-3] not in "aeiou"):
+        return verb + verb[-1] + "ing"
+    return verb + "ing"
+
+
 def stems(text: str, pairs: bool = False) -> frozenset[str]:
     """Stems of ``text``'s words, and of each part of a hyphenated one: "a 6.1-inch phone"
     states "inch" (a size), "two-year" states "year". With ``pairs``, also each two neighbouring
@@ -253,6 +273,10 @@ class Vocabulary:
         # Optional: a language without them names what a decline lacks as the user's words alone.
         self.articles = frozenset(language.words.get("articles", ()))
         self.prop_words = frozenset(language.words.get("prop_words", ()))
+        # Optional: who acts ("Can I run ...?") makes a declined topic an action, named in its
+        # -ing form, unless a form of "be" asked it ("Are you open ...?" asks a state).
+        self.doers = frozenset(language.words.get("doers", ()))
+        self.be_forms = frozenset(language.words.get("be_forms", ()))
         self.polar = word("polar")
         # Optional (a language written before it has none): days and months, never a subject.
         self.calendar = language.words.get("calendar", frozenset())
