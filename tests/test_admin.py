@@ -160,19 +160,25 @@ def test_traces_of_unknown_or_odd_shape_render_without_error(admin_client, user)
     assert view.question == "" and view.documents == []
 
 
-def test_a_chunk_the_viewer_may_not_read_shows_as_hidden_not_as_gone(admin_client, user):
+def test_a_chunk_the_viewer_may_not_read_shows_as_hidden_not_as_gone(admin_client, admin_user, user):
     # A new user's trial: a customer's own order chunk (access ["user:N"]) showed to the superuser
     # as "chunk 10 (gone since)", which says it was re-ingested; it is there, and not theirs to read.
     document = Document.objects.create(source="orders/1", title="Order ORD-101", checksum="x")
     own = Chunk.objects.create(document=document, ordinal=0, text="Blue teapot", heading="Items", space="s1",
                                access=[f"user:{user.pk}"])
+    staffs = Chunk.objects.create(document=document, ordinal=1, text="Red kettle", heading="Items", space="s1",
+                                  access=[f"user:{admin_user.pk}"])
     conversation = Conversation.objects.create(owner=user)
     message = Message.objects.create(conversation=conversation, seq=1, role="assistant", content="x")
     trace = TurnTrace.objects.create(message=message, profile="default", data={"retrieval": [{"hits": [
-        {"chunk_id": own.pk, "score": 1.0}, {"chunk_id": 999999, "score": 0.5}]}]})
+        {"chunk_id": own.pk, "score": 1.0}, {"chunk_id": 999999, "score": 0.5},
+        {"chunk_id": staffs.pk, "score": 0.4}]}]})
     for page in (url("conversation_change", conversation.pk), url("turntrace_change", trace.pk)):
         html = admin_client.get(page).content.decode()
-        assert f"chunk {own.pk} (hidden: the asker or you may not read it now)" in html, page
+        # The trial of a vet practice: "the asker or you" read as if the customer could not see
+        # their own appointment; it is the member of staff who may not.
+        assert f"chunk {own.pk} (hidden: you may not read it)" in html, page
+        assert f"chunk {staffs.pk} (hidden: the asker may not read it now)" in html, page
         assert "chunk 999999 (gone since)" in html and f"chunk {own.pk} (gone since)" not in html
         assert "Blue teapot" not in html
 

@@ -111,6 +111,7 @@ class Hit:
     cited: bool = False  # the answer cited it
     missing: bool = False  # the chunk is gone (re-ingested or deleted since)
     hidden: bool = False  # the chunk is there, but the asker or the member of staff may not read it now
+    hidden_reason: str = ""  # which of them: "you may not read it", "the asker may not read it now"
 
 
 #: What each stage of the turn does, as the stage timings name it for staff (the stage's own
@@ -310,11 +311,27 @@ def trace_chunk_ids(data: dict) -> set:
     return {i for i in found if isinstance(i, int) and not isinstance(i, bool)}
 
 
+#: Why a chunk is hidden, by who may not read it now (the asker, the member of staff looking).
+HIDDEN_REASONS = {
+    (True, False): "the asker may not read it now",
+    (False, True): "you may not read it",
+    (True, True): "neither the asker nor you may read it now",
+}
+
+
 class LoadedChunks(dict):
     """Chunk id -> ``Chunk`` (``load_chunks``), and the ids of the chunks left out that still
-    exist (``hidden``): a chunk is shown as gone only when it is."""
+    exist (``hidden``): a chunk is shown as gone only when it is. ``hidden_reason`` says which
+    reader may not read each (``HIDDEN_REASONS``)."""
 
     hidden: frozenset[int] = frozenset()
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.hidden_reasons: dict[int, str] = {}
+
+    def hidden_reason(self, chunk_id) -> str:
+        return self.hidden_reasons.get(chunk_id, "the asker or you may not read it now")
 
 
 def load_chunks(ids, *readers: Principals) -> LoadedChunks:
@@ -334,6 +351,14 @@ def load_chunks(ids, *readers: Principals) -> LoadedChunks:
     left_out = set(ids) - loaded.keys()
     if left_out:
         loaded.hidden = frozenset(Chunk.objects.filter(pk__in=left_out).values_list("pk", flat=True))
+    if loaded.hidden and len(readers) == 2:
+        # A second query per reader, only for the hidden: say whose access hides each.
+        readable = [set(Chunk.objects.filter(pk__in=loaded.hidden, access__visible_to=principals)
+                        .values_list("pk", flat=True)) for principals in readers]
+        for chunk_id in loaded.hidden:
+            who = (chunk_id not in readable[0], chunk_id not in readable[1])
+            if who in HIDDEN_REASONS:
+                loaded.hidden_reasons[chunk_id] = HIDDEN_REASONS[who]
     return loaded
 
 
@@ -353,7 +378,8 @@ class _Hits:
         chunk = self.chunks.get(chunk_id)
         hidden = chunk is None and chunk_id in getattr(self.chunks, "hidden", ())
         hit = Hit(chunk_id=chunk_id, score=_number(score), seen=chunk_id in self.seen,
-                  cited=chunk_id in self.cited, missing=chunk is None and not hidden, hidden=hidden)
+                  cited=chunk_id in self.cited, missing=chunk is None and not hidden, hidden=hidden,
+                  hidden_reason=self.chunks.hidden_reason(chunk_id) if hidden else "")
         if chunk is not None:
             hit.title = chunk.document.title or chunk.document.source
             hit.source = chunk.document.source
@@ -735,6 +761,7 @@ def transcript(conversation: Conversation, page_number: Any = 1, per_page: int =
         for source in sources:  # what the template shows: a hidden chunk's name is not shown
             readable = source.chunk_id in chunks
             source.hidden = source.chunk_id is not None and not readable
+            source.hidden_reason = chunks.hidden_reason(source.chunk_id) if source.hidden else ""
             source.display_heading = short_heading(source.chunk.heading, source.title) if readable else ""
         trace = traces.get(message.pk)
         turns.append(Turn(
