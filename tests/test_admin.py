@@ -1168,3 +1168,19 @@ def test_stage_timings_are_listed_in_the_pipelines_order():
     _read_timings(view, {"timings": {"llm": 9.0, "join": 0.1, "mine": 0.3, "memory": 1.0, "prompt": 0.2,
                                      "retrieval": 3.0, "postprocess": 0.1, "total": 14.0}})
     assert [t.stage for t in view.timings] == ["memory", "retrieval", "join", "postprocess", "prompt", "llm", "mine"]
+
+
+def test_a_transformer_that_left_the_question_as_it_was_says_so(admin_client, user):
+    # A vet practice's trial: "Transformed by followup: When is my next appointment? (no history)"
+    # read as a change where there was none.
+    conversation = Conversation.objects.create(owner=user)
+    message = Message.objects.create(conversation=conversation, seq=1, role="assistant", content="x")
+    trace = TurnTrace.objects.create(message=message, profile="default", data={
+        "question": "When is my next appointment?",
+        "queries": {"original": "When is my next appointment?", "final": "When is my next appointment? vet", "transformed": [
+            {"by": "followup", "text": "When is my next appointment?", "note": "no history"},
+            {"by": "synonyms", "text": "When is my next appointment? vet", "note": "added vet"}]}})
+    html = admin_client.get(url("turntrace_change", trace.pk)).content.decode()
+    assert "Left as it was by <code>followup</code>" in html and "no history" in html
+    assert "Transformed by <code>synonyms</code>" in html
+    assert "Transformed by <code>followup</code>" not in html

@@ -393,12 +393,15 @@ def _read_queries(view: TraceView, data: dict) -> None:
     view.question = str(data.get("question") or queries.get("original") or "")
     view.redactions = [{"by": str(r.get("by") or ""), "reason": str(r.get("reason") or "")}
                        for r in map(_as_dict, _as_list(data.get("redactions")))]
+    before = view.question
     for step in _as_list(queries.get("transformed")):
         step = _as_dict(step)
         view.steps.append({
             "by": str(step.get("by", "")), "text": step.get("text"), "note": step.get("note", ""),
             "skip_retrieval": step.get("skip_retrieval"),
+            "unchanged": step.get("text") == before,  # "Left as it was by": its note says why
         })
+        before = step.get("text")
     view.final_query = str(queries.get("final") or "")
     view.followup = followup_sentence(_as_dict(queries.get("followup")))
     if view.followup:  # said in words below: its raw rule ("subject none, attribute new") is no help,
