@@ -931,7 +931,7 @@ def test_a_day_asked_with_another_topic_is_not_answered_by_that_day_alone(db):
     ingest_text("delivery.md", DELIVERY, content_type="markdown")
     ingest_text("contact.md", OPENING, content_type="markdown")
     answer = ask("Do you deliver on Saturdays?")
-    assert answer.startswith("The documents don't say anything about deliver on Saturdays."), answer
+    assert answer.startswith("The documents don't say anything about delivering on Saturdays."), answer
     assert "10 am to 4 pm" in ask("Are you open on Saturdays?")
 
 

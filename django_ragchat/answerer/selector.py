@@ -376,12 +376,13 @@ class _Scoring:
         self._page_named: dict[int, tuple[str, ...] | None] = {}
 
     def _states_day_of_the_rest(self, day: str) -> bool:
-        """Whether an eligible sentence states ``day`` about what else was asked, in its words or
-        its passage's headings: "closed on Sunday" does not say whether deliveries run on Sundays."""
+        """Whether an eligible sentence states ``day`` about all else that was asked, in its words
+        or its passage's headings: a shop's "closed on Sunday" says nothing of whether deliveries
+        run on Sundays, or whether the recycling centre is open then."""
         v = self.vocabulary
         rest = [k for k in self.need.own if k != day and not v.is_calendar(k) and stem(word_of(k)) not in v.days_asked]
-        return any(v.covers(day, s.stems) and (not rest or any(
-            v.covers(k, s.stems) or v.covers(k, p.heading_stems) or v.covers(k, p.title_stems) for k in rest))
+        return any(v.covers(day, s.stems) and all(
+            v.covers(k, s.stems) or v.covers(k, p.heading_stems) or v.covers(k, p.title_stems) for k in rest)
             for p, s in self.eligible)
 
     def excluded(self, p: Passage, s: Sentence) -> bool:
