@@ -620,6 +620,23 @@ def test_a_switch_to_a_product_titled_with_a_descriptor_is_followed(db, conversa
     assert "lifetime" in run_turn_sync(conversation, "Back to the Trailblazer, what is its warranty?").answer
 
 
+def test_an_opening_question_about_a_thing_of_its_own_gives_way_to_the_newest_topic(db, conversation):
+    """A vet practice's trial: "When is the appointment for Rex the labrador?" (declined), then
+    "How much does neutering cost?", then "What does it include?" was searched with the opening
+    question, because it named something (Rex), and answered with the first visit's check-up."""
+    ingest_markdown({
+        "neutering.md": "# Neutering\n\nNeutering costs £220. It includes a pre-op health check, the operation "
+                        "and a post-op check a week later.\n",
+        "new-patients.md": "# Registering a new pet\n\nRegistration is free. The first visit includes a full health "
+                           "check with one of our vets and takes about 30 minutes.\n",
+    })
+    run_turn_sync(conversation, "When is the appointment for Rex the labrador?")
+    run_turn_sync(conversation, "How much does neutering cost?")
+    result = run_turn_sync(conversation, "What does it include?")
+    assert result.trace["queries"]["final"] == "What does it include? How much does neutering cost?"
+    assert "pre-op health check" in result.answer, result.answer
+
+
 @pytest.mark.parametrize("turns, searched, stated", [
     (["What is the status of my order?", "How big is the Nimbus Tab's screen?", "and how much is it?"],
      "and how much is it? Nimbus Tab", "$449"),

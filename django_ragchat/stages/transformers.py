@@ -483,12 +483,6 @@ class FollowUpEnricher(QueryTransformer):
         # "ok but whats the exact capacity?": fillers and words that ask nothing are no content.
         return {t for t in content_terms(text) if t not in self.grammar.light_stems}
 
-    def _names_something(self, text: str) -> bool:
-        """Whether ``text`` writes a name ("Millbrook", "Frank Zappa"); a day or a month is none."""
-        calendar = self.vocabulary.calendar
-        return any(kind == NAME and (key := normalize(token)) not in calendar and stem(key) not in calendar
-                   for token, kind in classify_tokens(text, mid_sentence_names([text])))
-
     def _opens_a_topic(self, text: str) -> bool:
         """A question that points back at nothing and asks a word of its own ("How much does a
         service cost?", "Do you deliver?"): a later "it" is the newest such thing asked about,
@@ -778,14 +772,15 @@ class FollowUpEnricher(QueryTransformer):
     def opening_message(self, query: Query, *, newest_topic: bool = False) -> str:
         """The user's first message within ``lookback`` user turns (``query``'s history starts at
         the last fresh start when subjects are tracked): what the conversation is about, in the
-        user's words; with ``newest_topic``, when that was a question naming nothing, the newest
-        later one that opened a topic of its own (``_opens_a_topic``); "" when there is none or
-        the question already holds all its words."""
+        user's words; with ``newest_topic``, when that was a question (naming nothing of the
+        corpus, or only a thing of its own: "When is the appointment for Rex?"), the newest later
+        one that opened a topic of its own (``_opens_a_topic``); "" when there is none or the
+        question already holds all its words."""
         users = [m.content for m in query.history if m.role == "user"][-self.lookback:] if self.lookback else []
         if not users:
             return ""
         opening = users[0][:_MAX_SCAN_CHARS].strip()
-        if newest_topic and _is_question(opening) and not self._names_something(opening):
+        if newest_topic and _is_question(opening):
             # "Do you deliver on Saturdays?", then "How much does a service cost?", then "and how
             # long does it take?": a question that asks its own thing opened a topic, and a later
             # one pointing back at nothing opened the next; "it" is the newest.
