@@ -324,6 +324,22 @@ def test_a_booking_written_as_its_user_asks_answers_their_my_questions(theatre, 
     assert not answered_from(booking, other_user, ("What did I book?",))[0]
 
 
+def test_my_rows_are_listed_together_when_each_states_what_was_asked(theatre, user):
+    """A vet practice's trial: "What appointments do I have?" was answered with one appointment
+    of two (the other was a source, not in the answer): every row of the source that states the
+    question as well as the best one is listed, and another user's never is (``theatre``)."""
+    Article.objects.create(title=WRITTEN_AS_ASKED[0], body=WRITTEN_AS_ASKED[1], owner=user)
+    Article.objects.create(title="Your booking: The Seagull, Friday 11 July 2025", owner=user,
+                           body="You booked 1 seat for The Seagull at the Rex Theatre on Friday 11 July 2025 at 19:00: "
+                                "row C, seat 5. Your booking reference is 2101.")
+    for question in ("What did I book?", "Which bookings do I have?"):
+        answer = ask(user, question).answer
+        assert "14 June 2025" in answer and "11 July 2025" in answer, (question, answer)
+        assert "4 July 2025" not in answer and "2077" not in answer, answer  # the other user's booking
+    answer = ask(user, "When is my Hamlet booking?").answer
+    assert "14 June 2025" in answer and "11 July 2025" not in answer, answer
+
+
 def test_the_same_booking_written_as_a_record_answers_none_of_them(theatre, user):
     booking = Article.objects.create(title=WRITTEN_AS_A_RECORD[0], body=WRITTEN_AS_A_RECORD[1], owner=user)
     answered = [questions for questions in MY_QUESTIONS if answered_from(booking, user, questions)[0]]

@@ -92,6 +92,10 @@ class Passage:
     leaf_words: tuple[tuple[str, str], ...] | None = field(default=None, compare=False)
     vectors: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     tokens: Mapping[str, list[int]] = field(default_factory=dict, compare=False, repr=False)  # word -> token ids
+    # The model source whose row it is ("appointments" for "appointments:12"), "" for a page:
+    # rows of one source that state a question alike are listed together ("What appointments do I have?").
+    family: str = ""
+    document_id: int = 0
 
 
 _TABLE_RULE_RE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
@@ -246,6 +250,16 @@ def build_passages(documents: Iterable[RetrievedChunk], vocabulary: Vocabulary,
             index=index, ordinal=chunk.ordinal, heading_leaf=leaf,
             heading_stems=stems(leaf), title_stems=frozenset() if subject else _title_stems(chunk),
             subject_name=subject, subject=tuple(normalize(subject).split()) if subject else (),
-            sentences=found, mentions_the=mentions_the, kind=kind, **extra,
+            sentences=found, mentions_the=mentions_the, kind=kind, family=_row_family(chunk.source),
+            document_id=chunk.document_id, **extra,
         ))
     return passages
+
+
+#: A model source's document: "<source name>:<pk>" (docs/sources.md); a URL or a path never is.
+_ROW_SOURCE_RE = re.compile(r"([a-z0-9_-]+):([^/\s:]+)")
+
+
+def _row_family(source: str) -> str:
+    match = _ROW_SOURCE_RE.fullmatch(source or "")
+    return match.group(1) if match else ""

@@ -53,6 +53,12 @@ PRECEDING_MARGIN = 0.25
 EARLIER_MARGIN = 0.1
 #: A sentence states everything asked at this share (floating point's sum of the weights).
 FULL_COVERAGE = 0.999
+#: Rows of one model source listed in one answer, at most (``_rows_alike``), and how much less
+#: close to the question than the best row's sentence another row's may be.
+MAX_ROWS_LISTED = 5
+ROW_SIMILARITY_MARGIN = 0.1
+#: ... and how close in meaning to the best row's sentence another row's must be.
+ROW_LIKENESS = 0.7
 #: Two asked words written side by side count as stated together only when the sentence has
 #: them at most this many words apart; otherwise PROXIMITY_PENALTY of the rarer one's weight
 #: is taken off ("Can the case charge wirelessly?" against "wireless earbuds with ... eight
@@ -856,7 +862,30 @@ class AnswerSelector:
                 and _topics_elsewhere(need, eligible, best.passage, self.vocabulary)):
             # "Do you deliver on Saturdays?" is not answered by the support lines' Saturday hours
             return note("other_topic", best)
-        return self.compose(best, choices, need)
+        rows = self._rows_alike(best, choices)[:MAX_ROWS_LISTED - 1]
+        return [c for row in (best, *rows) for c in self.compose(row, choices, need)]
+
+    def _rows_alike(self, best: Choice, choices: list[Choice]) -> list[Choice]:
+        """The other rows of ``best``'s model source that state what was asked as well as it does
+        and say it alike (their best sentence close to ``best``'s in meaning: another booking,
+        not the booking page's "You can cancel a booking"), in order of score: "What
+        appointments do I have?" is answered by each appointment the asker may read, not by the
+        first ("Biscuit" but not "Mittens"). None without the semantic model."""
+        if not best.passage.family or self.similarity is None:
+            return []
+        found: dict[int, Choice] = {}
+        for c in choices:
+            p = c.passage
+            if (p.family == best.passage.family and p.document_id != best.passage.document_id
+                    and c.coverage >= best.coverage and c.similarity >= best.similarity - ROW_SIMILARITY_MARGIN
+                    and (p.document_id not in found or c.score > found[p.document_id].score)):
+                found[p.document_id] = c
+        if not found:
+            return []
+        rows = list(found.values())
+        likeness = self.similarity.scores(best.sentence.text, [c.sentence.text for c in rows])
+        alike = [c for c, x in zip(rows, likeness, strict=True) if x >= ROW_LIKENESS]
+        return sorted(alike, key=lambda c: (-c.score, c.passage.index))
 
     def with_similarity(self, need: Need, choices: list[Choice]) -> list[Choice]:
         """``choices`` scored by their meaning too: each sentence's similarity to what was asked
