@@ -74,7 +74,7 @@ def test_reembed_fills_a_new_space_while_the_old_one_serves_then_switches(hashin
     assert f"{OLD}: {count} chunks" in listing and "used by no profile" in listing and "used by default" in listing
 
     out = run("ragchat_reembed", "--drop-space", OLD)
-    assert f"Deleted {count} chunks of space {OLD}" in out
+    assert f"Deleted {count} chunk{'s' if count != 1 else ''} of space {OLD}" in out
     assert not Chunk.objects.filter(space=OLD).exists()
     # Answers that cited the old chunks keep their sources' labels.
     kept = MessageSource.objects.filter(message__conversation=conversation, chunk__isnull=True)
@@ -126,3 +126,10 @@ def test_the_pgvector_check_names_the_install_script():
     assert pgvector_problem(None).startswith("PostgreSQL has no pgvector extension available")
     assert "needs 0.8.0 or later" in pgvector_problem("0.7.4")
     assert pgvector_problem("0.8.0") == "" and pgvector_problem("0.10.1") == ""
+
+
+def test_a_count_of_chunks_is_said_in_the_singular_or_the_plural():
+    # An outside user's trial read "Deleted 1 chunks".
+    from django_ragchat.management.commands.ragchat_reembed import _chunks
+
+    assert (_chunks(0), _chunks(1), _chunks(1204)) == ("0 chunks", "1 chunk", "1,204 chunks")

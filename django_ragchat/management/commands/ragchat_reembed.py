@@ -30,6 +30,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 from django.db.models import Count
+from django.utils.translation import ngettext
 from tqdm import tqdm
 
 from django_ragchat import plugins, tasks
@@ -79,7 +80,7 @@ class Command(BaseCommand):
         embedder = self._embedder(options)
         space = embedder.space
         before = self._counts()
-        self.stdout.write(f"Embedding into space {space} (now {before.get(space, 0):,} chunks); "
+        self.stdout.write(f"Embedding into space {space} (now {_chunks(before.get(space, 0))}); "
                           f"other spaces keep serving: {', '.join(s for s in before if s != space) or 'none'}")
         report = reembed(embedder, batch_size=options["batch_size"], progress=self._progress(options))
         for result in report.failed:
@@ -102,7 +103,7 @@ class Command(BaseCommand):
             raise CommandError("--analysis reads the chunks of a profile's space: use --profile, in the foreground.")
         self._embedder(options)  # a wrong profile is a CommandError
         refreshed, seen = refresh_analyses(options["profile"])
-        self.stdout.write(f"Stored the answerer's reading of {refreshed:,} of {seen:,} chunk(s) again; "
+        self.stdout.write(f"Stored the answerer's reading of {refreshed:,} of {_chunks(seen)} again; "
                           f"the others were current.")
 
     def _enqueue(self, options):
@@ -180,4 +181,9 @@ class Command(BaseCommand):
         if connection.vendor == "postgresql":
             postgres.drop_hnsw_index(space)
         index = " and its HNSW index" if connection.vendor == "postgresql" else ""
-        self.stdout.write(f"Deleted {deleted:,} chunks of space {space}{index}.")
+        self.stdout.write(f"Deleted {_chunks(deleted)} of space {space}{index}.")
+
+
+def _chunks(n: int) -> str:
+    """"1 chunk", "1,204 chunks"."""
+    return ngettext("%(n)s chunk", "%(n)s chunks", n) % {"n": f"{n:,}"}
