@@ -205,7 +205,7 @@ def _spelled_by_initials(initialism: str, text: str, stopwords: frozenset[str]) 
     """Whether consecutive words of ``text`` begin with the letters of ``initialism`` and the run
     starts and ends on a word that is not a stop word: "frames per second" spells "fps", while "a
     scale and polish" does not spell "ASAP"."""
-    said = [w.lower() for w in words(text)]
+    said = words(text)  # folded
     n = len(initialism)
     return any(
         "".join(w[0] for w in said[i:i + n]) == initialism
