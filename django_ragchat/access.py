@@ -248,6 +248,14 @@ def access_sql(vendor: str, column: str, principals: Principals) -> tuple[str, l
             f"(SELECT rp.value FROM json_each(%s) rp))", [json.dumps(tokens)])
 
 
+def only_for(access: Iterable[str], principals: Principals | None) -> bool:
+    """Whether a row of ``access`` is the reader's own: only users may read it, each of them one
+    that ``principals`` is ("user:<pk>"): a customer's order, not a page or a group's notes."""
+    tokens = list(access)
+    return bool(tokens) and principals is not None and principals.tokens is not None and all(
+        t.startswith("user:") and t in principals.tokens for t in tokens)
+
+
 # --- Whose search this is ----------------------------------------------------------------------
 
 _reader: contextvars.ContextVar[Principals | None] = contextvars.ContextVar("ragchat_reader", default=None)

@@ -99,6 +99,8 @@ class RetrievedChunk:
     # The answerer's reading of the chunk stored at ingestion (``Chunk.analysis``, see
     # ``django_ragchat.answerer.stored``), fetched in the search's query; None when there is none.
     analysis: bytes | None = field(default=None, compare=False, hash=False, repr=False)
+    # Who may read it (``Chunk.access``, principal tokens); empty for a chunk made by other means.
+    access: tuple[str, ...] = field(default=(), compare=False, hash=False, repr=False)
 
     def with_score(self, score: float, **changes: Any) -> RetrievedChunk:
         return dataclasses.replace(self, score=score, **changes)

@@ -401,6 +401,19 @@ def test_a_decline_names_an_action_the_user_asked_about_in_its_ing_form(question
     assert answer.startswith(f"The documents don't say anything {named}"), answer
 
 
+@pytest.mark.parametrize("question, named", [
+    ("Show me the gift wrapping options.", "about the gift wrapping."),
+    ("Tell me about your loyalty card.", "about loyalty card."),
+    ("List the colours of the gift boxes.", "about the colours of the gift boxes."),
+])
+def test_a_decline_names_no_request_words(question, named):
+    """Trials read "... about Show me bob's." and "... about List the colours": "Show me", "Tell
+    me about", "List" say how the user asked (patterns.toml's ``request_opening``), not what."""
+    shipping = chunk(1, "Orbit Devices support > Shipping", "Orders ship within two business days.")
+    answer = AnswerSelector().answer(prompt(question, shipping))
+    assert answer.startswith(f"The documents don't say anything {named}"), answer
+
+
 def test_the_ing_form_of_a_verb():
     from django_ragchat.answerer.vocabulary import gerund
 

@@ -316,7 +316,7 @@ def test_a_booking_written_as_its_user_asks_answers_their_my_questions(theatre, 
             # "When is my booking?" has one word of its own: the opening message is searched with it.
             assert trace["queries"]["final"] == "When is my booking? What's on at the Rex in June?"
     missed = [questions for questions, ok in answered.items() if not ok]
-    assert len(missed) <= 2, missed  # docs/sources.md: 8 of 10
+    assert len(missed) <= 1, missed  # docs/sources.md: 9 of 10
     assert {("What did I book?",), ("When is my booking?",), ("Which seats did I book?",),
             ("What's on at the Rex in June?", "What did I book?"),
             ("How do I cancel a booking?", "When is my Hamlet booking?")}.isdisjoint(missed), missed
@@ -332,12 +332,64 @@ def test_my_rows_are_listed_together_when_each_states_what_was_asked(theatre, us
     Article.objects.create(title="Your booking: The Seagull, Friday 11 July 2025", owner=user,
                            body="You booked 1 seat for The Seagull at the Rex Theatre on Friday 11 July 2025 at 19:00: "
                                 "row C, seat 5. Your booking reference is 2101.")
-    for question in ("What did I book?", "Which seats did I book?"):
+    # "Which bookings do I have?" and "What have I booked?" found the public booking page first
+    # (its "cancel a booking"): a question about the asker's own things is answered by their rows.
+    for question in ("What did I book?", "Which seats did I book?", "Which bookings do I have?", "What have I booked?"):
         answer = ask(user, question).answer
         assert "14 June 2025" in answer and "11 July 2025" in answer, (question, answer)
         assert "4 July 2025" not in answer and "2077" not in answer, answer  # the other user's booking
     answer = ask(user, "When is my Hamlet booking?").answer
     assert "14 June 2025" in answer and "11 July 2025" not in answer, answer
+
+
+def test_a_date_in_a_rows_title_is_no_name_its_owner_asks_about(ragchat_settings_override, user, other_user):
+    """A bike shop's trial: an order titled "..., placed Saturday 28 November 2026" made that date
+    the subject of its passage, and its owner's "What are your opening hours on Saturday?" was
+    declined as about opening hours "for Saturday 28 November 2026" (other users were answered)."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    Article.objects.create(title="About Spoke & Sprocket", body=(
+        "Spoke & Sprocket is a bike parts shop in Leeds. Our shop is open Monday to Friday from 9am to 6pm "
+        "and on Saturday from 10am to 4pm. We are closed on Sundays."))
+    Article.objects.create(title="Delivery", body="Standard delivery within the UK takes 2 to 4 working days.")
+    Article.objects.create(title="Your order SS-1014, placed Saturday 28 November 2026", owner=user,
+                           body="You ordered 2 Trailgrip 29 tyres for $109.98. Your order SS-1014 was shipped.")
+    for asker in (user, other_user):
+        answer = ask(asker, "What are your opening hours on Saturday?").answer
+        assert "10am to 4pm" in answer and "November" not in answer, answer
+
+
+SHOP_PAGES = [
+    ("Delivery", "Standard delivery within the UK takes 2 to 4 working days and costs $4.95. "
+                 "Orders over $60 ship free."),
+    ("Returns", "You can return unused parts within 30 days. Print the returns label from your order email."),
+]
+
+
+def test_a_question_about_my_things_is_answered_by_my_rows_not_the_pages(ragchat_settings_override, user,
+                                                                        other_user):
+    """A bike shop's trial: "What orders do I have?" and "Which orders have I placed?" quoted the
+    delivery page's "Orders over $60 ship free" beside the asker's two orders. A question about
+    the asker's own things ("my", "do I have", "did I") is answered by the rows only they may read
+    when one states all the best page sentence does; "How do I return my order?" is still the
+    returns page's: no order states "return"."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    for title, body in SHOP_PAGES:
+        Article.objects.create(title=title, body=body)
+    Article.objects.create(title="Your order SS-1014", owner=user,
+                           body="You ordered 2 Trailgrip 29 tyres for $109.98. Your order SS-1014 was shipped.")
+    Article.objects.create(title="Your order SS-1021", owner=user,
+                           body="You ordered 1 Roadline chain for $29.50. Your order SS-1021 is being packed.")
+    Article.objects.create(title="Your order SS-1007", owner=other_user,
+                           body="You ordered 1 Roadline chain for $29.50. Your order SS-1007 was delivered.")
+    for question in ("What orders do I have?", "Which orders have I placed?", "What did I order?"):
+        answer = ask(user, question).answer
+        assert "SS-1014" in answer and "SS-1021" in answer and "ship free" not in answer, (question, answer)
+        assert "SS-1007" not in answer, answer
+    assert "returns label" in ask(user, "How do I return my order?").answer
+    # The other customer's own order, and no page, answers them; the pages answer anyone else.
+    answer = ask(other_user, "What orders do I have?").answer
+    assert "SS-1007" in answer and "SS-1014" not in answer and "SS-1021" not in answer, answer
+    assert "ship free" in ask(None, "Which orders ship free?").answer
 
 
 def test_the_same_booking_written_as_a_record_answers_none_of_them(theatre, user):
@@ -346,14 +398,16 @@ def test_the_same_booking_written_as_a_record_answers_none_of_them(theatre, user
     assert answered == []
 
 
-def test_with_the_hashing_embedder_the_public_booking_page_answers_one_word_questions(theatre, user,
-                                                                                     ragchat_settings_override):
+def test_with_the_hashing_embedder_my_questions_are_answered_from_my_rows_too(theatre, user,
+                                                                              ragchat_settings_override):
+    """The public page's "cancel a booking" answered "When is my booking?" (4 of 10) until a
+    question about the asker's own things went to their rows first, which needs no meaning."""
     ragchat_settings_override(PROFILES={"default": {"embedder": "hashing"}})
     call_command("ragchat_sync", "--no-progress", stdout=io.StringIO())  # the pages in the hashing space
     booking = Article.objects.create(title=WRITTEN_AS_ASKED[0], body=WRITTEN_AS_ASKED[1], owner=user)
     answered = {questions: answered_from(booking, user, questions)[0] for questions in MY_QUESTIONS}
-    assert sum(answered.values()) >= 4, answered  # docs/sources.md: 4 of 10
-    assert not answered[("When is my booking?",)]  # the public page's "cancel a booking" answered it
+    assert sum(answered.values()) >= 9, answered  # docs/sources.md: 9 of 10
+    assert answered[("When is my booking?",)] and answered[("What did I book?",)]
     assert answered[("What's on at the Rex in June?", "When is my booking?")]  # searched with "Rex June"
 
 

@@ -229,8 +229,11 @@ GOLDEN_CORPORA = ("example_project/sample_docs", "bench/data/library/docs", "ben
 #: version 4 reads a one-section topic page's title as its leaf, and added contact-and-support.md;
 #: version 5 reads a sentence of words with a little code or quotes as prose, and added
 #: site-settings.md, which version 4's code reads as dad5402ae4a97e24; version 6 reads a
-#: hyphenated word's joined spelling too: "Wi-Fi" states "wifi").
-KNOWN_READINGS = {3: "492de19ebf27982c", 4: "bd01bc77074f1327", 5: "69000030aa109880", 6: "562d66b51a4914aa"}
+#: hyphenated word's joined spelling too: "Wi-Fi" states "wifi"; version 7 takes no date for a
+#: title's name, by the language's calendar words, which the fixed language data here lacks, so
+#: its digest is version 6's; tests/test_sources.py's date-in-a-title test covers it).
+KNOWN_READINGS = {3: "492de19ebf27982c", 4: "bd01bc77074f1327", 5: "69000030aa109880", 6: "562d66b51a4914aa",
+                  7: "562d66b51a4914aa"}
 
 
 def golden_chunks() -> list[tuple[str, str, str]]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from django_ragchat.access import only_for
 from django_ragchat.answerer.vocabulary import (
     Vocabulary,
     fold,
@@ -96,6 +97,8 @@ class Passage:
     # rows of one source that state a question alike are listed together ("What appointments do I have?").
     family: str = ""
     document_id: int = 0
+    # Only the asker may read it (``access.only_for``): their order, booking or appointment.
+    asker_own: bool = False
 
 
 _TABLE_RULE_RE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
@@ -192,6 +195,19 @@ def candidate_words(text: str, light: frozenset[str]) -> list[tuple[str, str]]:
     return list(found.items())
 
 
+def _title_name(title: str, vocabulary: Vocabulary) -> tuple[str, bool]:
+    """The first name a title writes, a date not being one: "Your order SS-1014, placed Saturday
+    28 November 2026" is about no "Saturday 28 November 2026" (an outside trial's customer was
+    told the documents say nothing of opening hours "for" that date). And whether it writes a
+    date as a name: such a title is a record's, no topic's."""
+    dated = False
+    for display, folded in name_sequences(title, vocabulary.stopwords, numbers=True):
+        if not all(t.isdigit() or vocabulary.is_calendar(t) for t in folded.split()):
+            return display, dated
+        dated = True
+    return "", dated
+
+
 def analyse_text(text: str, heading: str, title: str,
                  vocabulary: Vocabulary) -> tuple[str, tuple[Sentence, ...], str, bool, str]:
     """A chunk read: (its heading's leaf, its scorable sentences, its subject, whether its text
@@ -202,15 +218,15 @@ def analyse_text(text: str, heading: str, title: str,
     found = _scorable(body, vocabulary)
     parts = [p.strip() for p in heading.split(HEADING_SEPARATOR)] if heading else []
     top = parts[0] if parts else title
-    subject = next((display for display, _ in name_sequences(top or "", vocabulary.stopwords, numbers=True)), "")
+    subject, dated = _title_name(top or "", vocabulary)
     if not subject and title:
-        subject = next((d for d, _ in name_sequences(title, vocabulary.stopwords, numbers=True)), "")
+        subject, dated = _title_name(title, vocabulary)
     article = vocabulary.messages["article"]  # "the Aurora X2": a decline writes it so too
     mentions_the = bool(subject) and f"{article}{subject}".lower() in body.lower()
     kind = kind_of(subject, body, vocabulary.language) if subject else ""
     # A page of one section about a topic ("Contact and support") writes its topic in its title
     # alone: the title is then its leaf, as a section's heading is. A subject's title names it.
-    leaf = parts[-1] if len(parts) > 1 else ("" if subject else top or "")
+    leaf = parts[-1] if len(parts) > 1 else ("" if subject or dated else top or "")
     return leaf, found, subject, mentions_the, kind
 
 
@@ -251,7 +267,7 @@ def build_passages(documents: Iterable[RetrievedChunk], vocabulary: Vocabulary,
             heading_stems=stems(leaf), title_stems=frozenset() if subject else _title_stems(chunk),
             subject_name=subject, subject=tuple(normalize(subject).split()) if subject else (),
             sentences=found, mentions_the=mentions_the, kind=kind, family=_row_family(chunk.source),
-            document_id=chunk.document_id, **extra,
+            document_id=chunk.document_id, asker_own=only_for(chunk.access, chunk.read_as), **extra,
         ))
     return passages
 

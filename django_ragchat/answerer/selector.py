@@ -380,6 +380,8 @@ class _Scoring:
         self.days_asked = {k for k in need.own if stem(word_of(k)) in v.days_asked and (
             not v.is_calendar(k) or not self._states_day_of_the_rest(k))}
         self._page_named: dict[int, tuple[str, ...] | None] = {}
+        owns = v.language.patterns.get("asker_owns")  # optional: a language may have none
+        self.asks_own = bool(owns and owns.search(need.asked))
 
     def _states_day_of_the_rest(self, day: str) -> bool:
         """Whether an eligible sentence states ``day`` about all else that was asked, in its words
@@ -856,33 +858,53 @@ class AnswerSelector:
         if self.similarity is not None:
             choices = self.with_similarity(need, choices)
         best = max(choices, key=lambda c: (c.score, -c.passage.index, -c.sentence.position))
+        if scoring.asks_own:
+            best = self._asker_own_first(best, choices)
         if best.coverage < self.min_coverage and best.similarity < self.min_similarity:
             return note("below_threshold", best)
         if (self.similarity is not None and best.similarity < OTHER_TOPIC_SIMILARITY
                 and _topics_elsewhere(need, eligible, best.passage, self.vocabulary)):
             # "Do you deliver on Saturdays?" is not answered by the support lines' Saturday hours
             return note("other_topic", best)
-        rows = self._rows_alike(best, choices)[:MAX_ROWS_LISTED - 1]
+        rows = self._rows_alike(best, choices, scoring.asks_own)[:MAX_ROWS_LISTED - 1]
         return [c for row in (best, *rows) for c in self.compose(row, choices, need)]
 
-    def _rows_alike(self, best: Choice, choices: list[Choice]) -> list[Choice]:
+    @staticmethod
+    def _asker_own_first(best: Choice, choices: list[Choice]) -> Choice:
+        """A question about the asker's own things ("What orders do I have?") is answered by a row
+        only they may read (their order) that states all ``best`` states, over a page everyone
+        reads (the delivery page's "Orders over $60 ship free"). "How do I cancel my booking?" is
+        still the booking page's: the asker's booking does not state "cancel"."""
+        own = [c for c in choices if c.passage.asker_own]
+        if not own or best.passage.asker_own:
+            return best
+        top = max(own, key=lambda c: (c.score, -c.passage.index, -c.sentence.position))
+        return top if top.coverage >= best.coverage else best
+
+    def _rows_alike(self, best: Choice, choices: list[Choice], asks_own: bool = False) -> list[Choice]:
         """The other rows of ``best``'s model source that state what was asked as well as it does
         and say it alike (their best sentence close to ``best``'s in meaning: another booking,
         not the booking page's "You can cancel a booking"), in order of score: "What
         appointments do I have?" is answered by each appointment the asker may read, not by the
-        first ("Biscuit" but not "Mittens"). None without the semantic model."""
-        if not best.passage.family or self.similarity is None:
+        first ("Biscuit" but not "Mittens"). None without the semantic model. With ``asks_own``
+        (the question is about the asker's own things) and ``best`` a row of the asker's, every
+        row of the asker's of that source that states as much is one: no page can be among them."""
+        own = asks_own and best.passage.asker_own
+        if not best.passage.family or (self.similarity is None and not own):
             return []
         found: dict[int, Choice] = {}
         for c in choices:
             p = c.passage
             if (p.family == best.passage.family and p.document_id != best.passage.document_id
-                    and c.coverage >= best.coverage and c.similarity >= best.similarity - ROW_SIMILARITY_MARGIN
+                    and c.coverage >= best.coverage and (p.asker_own if own else
+                                                         c.similarity >= best.similarity - ROW_SIMILARITY_MARGIN)
                     and (p.document_id not in found or c.score > found[p.document_id].score)):
                 found[p.document_id] = c
         if not found:
             return []
         rows = list(found.values())
+        if own:
+            return sorted(rows, key=lambda c: (-c.score, c.passage.index))
         likeness = self.similarity.scores(best.sentence.text, [c.sentence.text for c in rows])
         alike = [c for c, x in zip(rows, likeness, strict=True) if x >= ROW_LIKENESS]
         return sorted(alike, key=lambda c: (-c.score, c.passage.index))
@@ -963,6 +985,11 @@ class AnswerSelector:
         # Name what is lacking: "Do you ship to Canada?" lacks Canada, not shipping; "how long"
         # beside another word only says what kind of value was asked.
         asked = [k for k in need.groups if k in need.own and not (k.startswith("~") and len(need.own) > 1)]
+        opening = v.language.patterns.get("request_opening")  # optional: a language may have none
+        request = opening.match(need.asked) if opening else None
+        if request:  # "Show me bob's orders.": "show" is how it was asked
+            said = {stem(w) for w in words(request.group(0))}
+            asked = [k for k in asked if word_of(k) not in said] or asked
         lacking = [k for k in asked if not any(
             v.covers(k, s.stems) or v.covers(k, p.heading_stems) for p, s in eligible)]
         # Lacking words that a question word parts ("...for staff what is the warranty on them") are

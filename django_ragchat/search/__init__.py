@@ -42,7 +42,7 @@ from django_ragchat.plugins import build_component, embedder_for, get_registry
 from django_ragchat.profiles import get_profile, profile_names
 from django_ragchat.search import postgres, readings, sqlite
 from django_ragchat.search.filters import FILTER_KEYS, InvalidFilters, SearchFilters
-from django_ragchat.search.postgres import decode_metadata
+from django_ragchat.search.postgres import decode_access, decode_metadata
 from django_ragchat.search.vectorindex import vector_index
 from django_ragchat.text import STOPWORDS
 from django_ragchat.types import RetrievedChunk
@@ -84,12 +84,12 @@ def reader(principals: Principals | None) -> Principals:
 
 def _hit(row: Sequence, score: float, retriever: str, raw_scores: dict[str, float],
          principals: Principals) -> RetrievedChunk:
-    chunk_id, text, heading, ordinal, metadata, document_id, source, title = row[:8]
-    analysis = row[8] if len(row) > 8 else None
+    chunk_id, text, heading, ordinal, metadata, document_id, source, title, access = row[:9]
+    analysis = row[9] if len(row) > 9 else None
     return RetrievedChunk(
         chunk_id=int(chunk_id), text=text, score=float(score), document_id=int(document_id), source=source,
         title=title, heading=heading, ordinal=ordinal, retriever=retriever, metadata=decode_metadata(metadata),
-        raw_scores=raw_scores, read_as=principals, analysis=analysis,
+        raw_scores=raw_scores, read_as=principals, analysis=analysis, access=tuple(decode_access(access)),
     )
 
 
@@ -104,6 +104,7 @@ def _fetch_sql(using: str, ids: list[int], analysis: bool, principals: Principal
               for name in ("id", "text", "heading", "ordinal", "metadata", "document", "access", "analysis")}
     selected = [column[name] for name in ("id", "text", "heading", "ordinal", "metadata", "document")]
     selected += [f"d.{qn(document.get_field(name).column)}" for name in ("source", "title")]
+    selected.append(column["access"])
     if analysis:
         selected.append(column["analysis"])
     access, params = access_sql(connection.vendor, column["access"], principals)
@@ -177,7 +178,7 @@ def vector_search(space: str, vector, k: int, *, filters: Any = None, ef_search:
     if _is_postgres(using):
         rows = postgres.vector_search(space, vector, k, filters=filters, ef_search=ef_search, exact=exact,
                                       using=using, principals=principals)
-        return [_hit(row, row[9], retriever, {retriever: float(row[9])}, principals) for row in rows]
+        return [_hit(row, row[10], retriever, {retriever: float(row[10])}, principals) for row in rows]
     return fetch_chunks(vector_ids(space, vector, k, filters=filters, using=using, principals=principals),
                         retriever, using, principals=principals)
 
@@ -202,7 +203,7 @@ def fulltext_search(space: str, text: str, k: int, *, filters: Any = None, confi
     if _is_postgres(using):
         rows = postgres.fulltext_search(space, terms, k, filters=filters, config=config, using=using,
                                         principals=principals)
-        return [_hit(row, row[9], retriever, {retriever: float(row[9])}, principals) for row in rows]
+        return [_hit(row, row[10], retriever, {retriever: float(row[10])}, principals) for row in rows]
 
     return fetch_chunks(sqlite.fulltext_ids(space, terms, k, filters=filters, using=using, principals=principals),
                         retriever, using, principals=principals)
@@ -245,12 +246,12 @@ def hybrid_search(space: str, vector, text: str, k: int, *, filters: Any = None,
                                       config=config, using=using, principals=principals)
         hits = []
         for row in rows:
-            raw = {retriever: float(row[9])}
-            if row[10] is not None:
-                raw["vector"] = float(row[10])
+            raw = {retriever: float(row[10])}
             if row[11] is not None:
-                raw["fulltext"] = float(row[11])
-            hits.append(_hit(row, row[9], retriever, raw, principals))
+                raw["vector"] = float(row[11])
+            if row[12] is not None:
+                raw["fulltext"] = float(row[12])
+            hits.append(_hit(row, row[10], retriever, raw, principals))
         return hits
 
     by_vector = (vector_ids(space, vector, candidates, filters=filters, using=using, principals=principals)

@@ -414,8 +414,9 @@ def create_fulltext_index(config: str, *, concurrently: bool = False, using: str
 
 # --- Queries ---------------------------------------------------------------------------------
 
-# The columns of a hit, after the search: chunk c joined with its document d.
-_HIT_COLUMNS = "c.id, c.text, c.heading, c.ordinal, c.metadata, c.document_id, d.source, d.title, c.analysis"
+# The columns of a hit, after the search: chunk c joined with its document d (``search._hit``).
+_HIT_COLUMNS = ("c.id, c.text, c.heading, c.ordinal, c.metadata, c.document_id, d.source, d.title, c.access, "
+                "c.analysis")
 # The same with no stored reading (NULL in its place: the rows keep their shape).
 _HIT_COLUMNS_NO_READING = _HIT_COLUMNS.replace("c.analysis", "NULL")
 
@@ -641,4 +642,9 @@ def copy_chunks(chunks: Iterable, using: str = "default") -> int:
 def decode_metadata(value) -> dict:
     # Django loads jsonb as text (JSONField decodes it); raw cursors see the same.
     return json.loads(value) if isinstance(value, (str, bytes)) else (value or {})
+
+
+def decode_access(value) -> list[str]:
+    """A chunk's ``access`` column as read by a raw cursor: its list of principal tokens."""
+    return json.loads(value) if isinstance(value, (str, bytes)) else (value or [])
 
