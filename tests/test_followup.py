@@ -733,6 +733,18 @@ def test_the_topic_page_is_a_subject_with_no_kind_that_writes_every_asked_word()
     assert without_texts.topic_page(without_texts.subjects[0], ["contact"]) is None
 
 
+def test_a_topic_pages_whole_name_decides_alone():
+    """A bike shop's trial: "How much does delivery cost?" after a tyre's price stayed on the tyre
+    (its page writes "costs" too) and was answered with the tyre's price, the Delivery page at rank 3."""
+    texts = {**TEXTS, 6: "Standard delivery costs $4.95. Orders over $60 ship free."}
+    index = SubjectIndex.from_rows([*KIND_ROWS, (6, "Delivery", [])], openings=OPENINGS,
+                                   document_text=lambda ids: [texts[i] for i in ids])
+    [buds] = [s for s in index.subjects if s.name == "Zephyr Buds"]  # "Spare ear tips cost $9 a pair."
+    assert index.topic_page(buds, ["delivery", "cost"]).name == "Delivery"
+    assert index.topic_page(buds, ["spare", "cost"]) is None  # no page's name: the buds write both
+    assert index.topic_page(buds, ["ship", "cost"]) is None  # "ship" makes no page's name
+
+
 def test_only_a_plain_question_leaves_the_subject_for_a_topic_page():
     index = topic_index()
 

@@ -210,8 +210,14 @@ class SubjectIndex:
         never says stays on the phone, to be declined, when the earbuds' page writes "headphone
         jack"). None otherwise, without the documents' texts, or with more than ``MAX_TOPIC_SCAN``
         topic pages (their texts are read on a turn). Over more items than that, whether one
-        writes every key is asked of the database (``writes_all``), and is taken as yes without it."""
-        if not keys or self.document_text is None or any(self.uses(current, key) for key in keys):
+        writes every key is asked of the database (``writes_all``), and is taken as yes without it.
+        Keys that make up a topic page's whole name decide alone: "How much does delivery cost?"
+        after a tyre asks the Delivery page, though the tyre's page writes "costs" too."""
+        if not keys or self.document_text is None:
+            return None
+        names = self.topic_names_in({name_key(key) for key in keys})
+        keys = [key for key in keys if name_key(key) in names] or keys
+        if any(self.uses(current, key) for key in keys):
             return None
         topics = [s for s in self.subjects if s is not current and not self.kinds.get(s.name)]
         if len(topics) > self.MAX_TOPIC_SCAN:
