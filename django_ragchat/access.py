@@ -248,6 +248,13 @@ def access_sql(vendor: str, column: str, principals: Principals) -> tuple[str, l
             f"(SELECT rp.value FROM json_each(%s) rp))", [json.dumps(tokens)])
 
 
+def users_only(principals: Principals) -> Principals:
+    """``principals`` narrowed to their user token(s): what was shared with the reader by name
+    (their orders, bookings), not what everyone, a group or a permission reads. Never wider;
+    ``UNRESTRICTED`` and the anonymous read nothing so."""
+    return Principals(frozenset(t for t in principals.tokens or () if t.startswith("user:")))
+
+
 def only_for(access: Iterable[str], principals: Principals | None) -> bool:
     """Whether a row of ``access`` is the reader's own: only users may read it, each of them one
     that ``principals`` is ("user:<pk>"): a customer's order, not a page or a group's notes."""

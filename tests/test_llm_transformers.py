@@ -236,7 +236,7 @@ def test_the_model_requests_per_turn_are_exactly_what_the_profile_implies(
 def test_offline_profiles_are_unchanged():
     components = components_for(get_profile())
     assert [c.name for c in components.query_transformers] == ["followup"]
-    assert [c.name for c in components.query_expanders] == ["synonyms"]  # offline; no multi_query
+    assert [c.name for c in components.query_expanders] == ["synonyms", "asker_rows"]  # offline; no multi_query
 
 
 # --- The reply checks, directly ------------------------------------------------------------------

@@ -393,6 +393,72 @@ def test_a_question_about_my_things_is_answered_by_my_rows_not_the_pages(ragchat
     assert "ship free" in ask(None, "Which orders ship free?").answer
 
 
+VET_PAGES = [
+    ("Booking an appointment", "Book an appointment online or call 0161 555 0100. Appointments last 15 minutes."),
+    ("Vaccinations", "Puppies need two vaccination appointments, two to four weeks apart."),
+    ("Cancelling appointments", "Cancel an appointment at least 24 hours ahead, or a fee of £20 applies."),
+    ("Neutering", "Neutering appointments are on weekday mornings. Drop your pet off at 8am."),
+    ("Dental care", "Dental appointments include a scale and polish under anaesthetic."),
+]
+
+
+def test_a_question_about_my_things_searches_my_rows_too(ragchat_settings_override, user, other_user):
+    """A vet practice's trial: "Which pets do I have appointments for?" retrieved neither of the
+    asker's appointments: five public pages say "appointments" and took the top ``k``. A question
+    about the asker's own things is searched a second time among the rows shared with them by
+    name (``asker_rows``), and their row's title ("Your appointment: Biscuit") says what each of
+    its sentences is about."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    for title, body in VET_PAGES:
+        Article.objects.create(title=title, body=body)
+    group = Group.objects.create(name="Vets")
+    user.groups.add(group)
+    Article.objects.create(title="Rota", group=group, body="The rota lists every vet's appointments this week.")
+    mine = [Article.objects.create(title=f"Your appointment: {pet}", owner=user, body=body) for pet, body in (
+        ("Biscuit", "Biscuit, your cat, is booked in for a vaccination booster on Tuesday 8 December at 10:15."),
+        ("Mittens", "Mittens, your kitten, is booked in for neutering on Thursday 10 December at 8am."))]
+    Article.objects.create(title="Your appointment: Rex", owner=other_user,
+                           body="Rex, your labrador, is booked in for a dental check on Friday 11 December at 9am.")
+
+    result = ask(user, "What appointments do I have?")
+
+    assert "8 December" in result.answer and "10 December" in result.answer, result.answer
+    assert "11 December" not in result.answer, result.answer
+    assert result.trace["queries"]["expanded"] == [
+        "What appointments do I have?", "What appointments do I have? (only the asker's own rows)"]
+    own_search = [r for r in result.trace["retrieval"] if r["query"].endswith("(only the asker's own rows)")]
+    found_ids = {h["chunk_id"] for r in own_search for h in r["hits"]}
+    assert {c.document.object_pk for c in Chunk.objects.filter(pk__in=found_ids)} == {str(a.pk) for a in mine}
+    # Nobody else's rows, not even the group's: only what is shared with the asker by name.
+    assert found(result, mine[0], "theatre") and found(result, mine[1], "theatre")
+    # An anonymous visitor has no rows of their own: no second search.
+    assert ask(None, "What appointments do I have?").trace["queries"]["expanded"] == ["What appointments do I have?"]
+    assert "Cancel an appointment" in ask(user, "How do I cancel my appointment?").answer
+
+
+def test_my_next_session_is_my_booking(ragchat_settings_override, user):
+    """A climbing gym's trial: "When is my next bouldering session?" was declined "about next for
+    Bouldering" with the asker's booking the first passage: "next" says which of them, as
+    "exactly" says how (words.toml ``qualifying``)."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    Article.objects.create(title="Beginner courses", body=(
+        "The Intro to Bouldering course runs over three weekly sessions of 90 minutes each and costs £65."))
+    Article.objects.create(title="Your booking: Intro to Bouldering course", owner=user, body=(
+        "You booked the Intro to Bouldering course (session 2 of 3) with instructor Maya Lindqvist on Saturday "
+        "12 December 2026 at 10:00. Your booking reference is CRX-4821."))
+    answer = ask(user, "When is my next bouldering session?").answer
+    assert "Saturday 12 December 2026 at 10:00" in answer, answer
+
+
+def test_users_only_narrows_principals_to_the_user():
+    from django_ragchat.access import UNRESTRICTED, users_only
+
+    reader = Principals(frozenset({"public", "authenticated", "user:7", "group:2", "perm:shop.view_order"}))
+    assert users_only(reader).tokens == frozenset({"user:7"})
+    assert reader.covers(users_only(reader))
+    assert users_only(PUBLIC_ONLY).tokens == frozenset() and users_only(UNRESTRICTED).tokens == frozenset()
+
+
 def test_the_same_booking_written_as_a_record_answers_none_of_them(theatre, user):
     booking = Article.objects.create(title=WRITTEN_AS_A_RECORD[0], body=WRITTEN_AS_A_RECORD[1], owner=user)
     answered = [questions for questions in MY_QUESTIONS if answered_from(booking, user, questions)[0]]
@@ -644,3 +710,5 @@ def test_the_source_list_counts_only_what_the_member_of_staff_may_see(sources_on
     # With the model's view permission the objects are counted (the model's own admin lists them).
     staff_user.user_permissions.add(Permission.objects.get(codename="view_article"))
     assert row()["objects"] == "3"
+    # ... and so are the documents they may not read: "1" alone read as nothing indexed (a trial).
+    assert ">1</a> (and 2 only their own readers may read)" in row()["indexed"]

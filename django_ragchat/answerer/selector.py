@@ -419,7 +419,9 @@ class _Scoring:
             evidence = self._stated(key, s)
             if evidence and key in need.own and _qualifies_a_fault(key, s, self.asked_labels, v):
                 evidence *= FAULT_QUALIFIER_EVIDENCE  # "covers battery failure" is no battery life
-            evidence = evidence or 0.6 * v.covers(key, p.heading_stems)
+            # The asker's own row is one record: its title ("Your appointment: Biscuit") says what
+            # every sentence of it is, when they ask about their own things.
+            evidence = evidence or (1.0 if self.asks_own and p.asker_own else 0.6) * v.covers(key, p.heading_stems)
             if not evidence and key in need.carried:
                 # What the value is of may be the page's topic: "A standard visit lasts about two
                 # hours." under "Plant care service > How long a visit takes".

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from django_ragchat import hookimpl
+from django_ragchat.access import Principals, users_only
 from django_ragchat.components import Component
 from django_ragchat.types import EndTurn, Query, SkipRetrieval
 
@@ -62,6 +63,43 @@ class SynonymExpander(QueryExpander):
         return [query.replace(text=f"{query.text} {' '.join(names)}")]
 
 
+#: ``Query.metadata`` key: search only the rows shared with the asker by name (``access.users_only``).
+ASKER_ROWS = "asker_rows"
+
+
+#: How the trace names that variant after its text.
+ASKER_ROWS_MARK = "(only the asker's own rows)"
+
+
+def principals_for_query(query: Query, turn: TurnContext) -> Principals:
+    """Whom a retriever reads as for ``query``: the asker, or only their own rows for a query
+    marked ``ASKER_ROWS`` (``AskerRowsExpander``); never anyone wider."""
+    return users_only(turn.principals) if query.metadata.get(ASKER_ROWS) else turn.principals
+
+
+class AskerRowsExpander(QueryExpander):
+    """Offline: a question about the asker's own things ("Which pets do I have appointments
+    for?", "my booking", the language's ``asker_owns`` pattern) is searched a second time among
+    the rows only shared with the asker by name (their appointments, orders), so that public
+    pages that share its words ("appointments") cannot push them out of the top ``k``: the joiner
+    fuses both lists. Signed-in askers only; the variant has the same text, marked
+    ``ASKER_ROWS``."""
+
+    name = "asker_rows"
+    description = "searches a question about the asker's own things among the rows shared with them by name too"
+    uses_vocabulary = True
+
+    def __init__(self, profile, *, vocabulary: Vocabulary, **options):
+        super().__init__(profile, **options)
+        self.pattern = vocabulary.language.patterns.get("asker_owns")  # optional: a language may have none
+
+    def expand(self, query: Query, turn: TurnContext) -> list[Query]:
+        if self.pattern is None or not users_only(turn.principals).tokens or not self.pattern.search(turn.question):
+            return []
+        return [query.replace(metadata={**query.metadata, ASKER_ROWS: True})]
+
+
 @hookimpl
 def register_query_expanders(register):
     register(SynonymExpander)
+    register(AskerRowsExpander)

@@ -42,6 +42,7 @@ from django_ragchat.components import Component
 from django_ragchat.models import Chunk
 from django_ragchat.search import SearchFilters, fetch_chunks
 from django_ragchat.search.postgres import check_config
+from django_ragchat.stages.expanders import principals_for_query
 from django_ragchat.types import Query, RetrievedChunk
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ class VectorRetriever(_FilteredRetriever):
     async def retrieve(self, query, turn, k):
         vector = (await turn.embed([query.text]))[0]
         return await sync_to_async(self.search)(turn.components.embedder.space, vector, k,
-                                                query.metadata.get("filters"), principals=turn.principals)
+                                                query.metadata.get("filters"), principals=principals_for_query(query, turn))
 
 
 class FullTextRetriever(_FilteredRetriever):
@@ -161,7 +162,7 @@ class FullTextRetriever(_FilteredRetriever):
 
     async def retrieve(self, query, turn, k):
         return await sync_to_async(self.search)(turn.components.embedder.space, query.text, k,
-                                                query.metadata.get("filters"), principals=turn.principals)
+                                                query.metadata.get("filters"), principals=principals_for_query(query, turn))
 
 
 class HybridRetriever(VectorRetriever):
@@ -203,7 +204,7 @@ class HybridRetriever(VectorRetriever):
         vector = (await turn.embed([query.text]))[0]
         return await sync_to_async(self.search)(turn.components.embedder.space, vector, k,
                                                 query.metadata.get("filters"), text=query.text,
-                                                principals=turn.principals)
+                                                principals=principals_for_query(query, turn))
 
 
 @hookimpl

@@ -67,6 +67,7 @@ from django_ragchat.plugins import await_me_maybe, get_registry, notify
 from django_ragchat.profiles import Profile, get_profile
 from django_ragchat.search.freshness import stamps_kept
 from django_ragchat.search.readings import fetching_readings
+from django_ragchat.stages.expanders import ASKER_ROWS, ASKER_ROWS_MARK
 from django_ragchat.stages.retrievers import EmbeddingSpaceMismatch
 from django_ragchat.text import is_blank
 from django_ragchat.tokens import count_tokens, tokenizer_name
@@ -332,7 +333,8 @@ async def transform_query(turn: TurnContext) -> EndTurn | None:
 
 
 async def expand_query(turn: TurnContext) -> EndTurn | None:
-    queries = {turn.query.text: turn.query}
+    # Keyed by text and whose rows it reads: the asker's-rows variant has the question's text.
+    queries = {(turn.query.text, False): turn.query}
     for expander in turn.components.query_expanders:
         result = await await_me_maybe(expander.expand(turn.query, turn))
         if isinstance(result, EndTurn):
@@ -341,10 +343,15 @@ async def expand_query(turn: TurnContext) -> EndTurn | None:
             turn.retrieval_skipped = True
             break
         for query in checked_list(expander, "expand", result, Query, "a list of Query, SkipRetrieval or an EndTurn"):
-            queries.setdefault(query.text, query)
+            queries.setdefault((query.text, bool(query.metadata.get(ASKER_ROWS))), query)
     turn.queries = list(queries.values())
-    turn.trace["queries"]["expanded"] = [q.text for q in turn.queries]
+    turn.trace["queries"]["expanded"] = [_traced(q) for q in turn.queries]
     return None
+
+
+def _traced(query: Query) -> str:
+    """A query as the trace names it: the asker's-rows variant says so."""
+    return f"{query.text} {ASKER_ROWS_MARK}" if query.metadata.get(ASKER_ROWS) else query.text
 
 
 async def retrieve(turn: TurnContext) -> None:
@@ -368,7 +375,7 @@ async def retrieve(turn: TurnContext) -> None:
         _warn_dropped(turn, results, kept)
         results = kept
     turn.trace["retrieval"] = [
-        {"query": q.text, "retriever": name, "ms": round(ms, 3),
+        {"query": _traced(q), "retriever": name, "ms": round(ms, 3),
          "hits": [{"chunk_id": h.chunk_id, "score": round(h.score, 6)} for h in hits]}
         for q, name, hits, ms in results
     ]
