@@ -18,6 +18,8 @@ from django.core.management.base import CommandError
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from django.utils.formats import date_format
+from django.utils.timezone import localtime
 
 from django_ragchat.access import PUBLIC_ONLY, Principals, access_tokens, principals_for, principals_of_user_id
 from django_ragchat.models import Chunk, Conversation, Document, SourceState
@@ -665,6 +667,11 @@ def test_the_admin_shows_each_sources_state_and_resyncs(sources_on, client, djan
     # The list says what the last sync did, not its stored JSON.
     row = client.get("/admin/django_ragchat/sourcestate/").content.decode().split('class="field-last_sync_summary">')[1]
     assert "2 unchanged" in row.split("</td>")[0] and "&quot;counts&quot;" not in row.split("</td>")[0]
+    # Its time is written as the row's other times are (a trial saw ISO beside Django's format).
+    finished = SourceState.objects.get(name="articles").last_sync_finished_at
+    assert date_format(localtime(finished), "DATETIME_FORMAT") in row.split("</td>")[0]
+    # No "Delete selected": a registered source's row would come back on the next visit.
+    assert "delete_selected" not in client.get("/admin/django_ragchat/sourcestate/").content.decode()
     # Documents and chunks: who may read each is shown; what the superuser may not read is not listed.
     documents = client.get("/admin/django_ragchat/document/").content.decode()
     assert "Atlas" in documents and "Private atlas" not in documents and "everyone" in documents

@@ -16,12 +16,14 @@ from django_ragchat.admin import views as admin_views
 from django_ragchat.admin.base import ProfileFilter, ReadOnlyAdmin, admin_link, profile_shown, short, user_link
 from django_ragchat.models import (
     ENDING_STAGES,
+    LABEL_CHARS,
     Feedback,
     Message,
     MessageSource,
     ToolInvocation,
     TurnTrace,
 )
+from django_ragchat.text import shorten
 
 # --- A source's passage: shown while the asker and the member of staff looking may read it ------
 
@@ -325,11 +327,11 @@ class EndedByFilter(admin.SimpleListFilter):
 @admin.register(TurnTrace)
 class TurnTraceAdmin(ReadOnlyAdmin):
     # "Trace of assistant #12" links to the trace; the message's link beside it (not wrapped in it).
-    list_display = ("__str__", "message_link", "conversation_link", "profile_title", "ended_early_by", "total_ms",
+    list_display = ("__str__", "message_link", "conversation_link", "profile_title", "ended_early_by", "total_time",
                     "created_at")
     list_filter = (ProfileFilter, EndedByFilter, ("created_at", admin.DateFieldListFilter))
     search_fields = ("message__content", "message__conversation__title")
-    fields = ("message_link", "conversation_link", "profile_title", "ended_early_by", "total_ms", "created_at")
+    fields = ("message_link", "conversation_link", "profile_title", "ended_early_by", "total_time", "created_at")
 
     @admin.display(description="profile", ordering="profile")
     def profile_title(self, obj):
@@ -357,11 +359,16 @@ class TurnTraceAdmin(ReadOnlyAdmin):
 
     @admin.display(description="answer", ordering="message")
     def message_link(self, obj):
-        return admin_link(obj.message)
+        # The answer's words: its role and number are the row's own name ("Trace of assistant #4").
+        return admin_link(obj.message, shorten(obj.message.content, LABEL_CHARS))
 
     @admin.display(description="conversation")
     def conversation_link(self, obj):
         return admin_link(obj.message.conversation)
+
+    @admin.display(description="total", ordering="total_ms")
+    def total_time(self, obj):
+        return f"{obj.total_ms:,.1f} ms"  # "12.619" read as seconds or as a count
 
     @admin.display(description="ended early by", ordering="ended_by")
     def ended_early_by(self, obj):

@@ -19,7 +19,9 @@ from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import OuterRef
 from django.urls import reverse
+from django.utils.formats import date_format
 from django.utils.html import format_html
+from django.utils.timezone import localtime
 
 from django_ragchat import tasks
 from django_ragchat.access import principals_of_user_id
@@ -86,6 +88,11 @@ class SourceStateAdmin(RagchatAdmin):
     def has_change_permission(self, request, obj=None):
         return False  # nothing to edit: the action resyncs
 
+    def has_delete_permission(self, request, obj=None):
+        # A registered source's row comes back on the next visit: only a source no longer
+        # registered may go, from its own page (no "Delete selected" on the list).
+        return obj is not None and self._source(obj) is None and super().has_delete_permission(request, obj)
+
     def has_resync_permission(self, request):
         return request.user.has_perm("django_ragchat.change_sourcestate")
 
@@ -132,8 +139,9 @@ class SourceStateAdmin(RagchatAdmin):
             return "never"
         counts = (obj.last_sync or {}).get("counts", {})
         done = ", ".join(f"{n} {name}" for name, n in counts.items() if n)
-        return format_html("{} ({}): {}", obj.last_sync_finished_at.strftime("%Y-%m-%d %H:%M"),
-                           (obj.last_sync or {}).get("mode", ""), done or "nothing to do")
+        # Written as the admin writes the row's other times (last live sync), in the site's zone.
+        finished = date_format(localtime(obj.last_sync_finished_at), "DATETIME_FORMAT")
+        return format_html("{} ({}): {}", finished, (obj.last_sync or {}).get("mode", ""), done or "nothing to do")
 
     @admin.display(description="pending changes")
     def pending_changes(self, obj):
