@@ -433,6 +433,10 @@ def test_a_question_about_my_things_searches_my_rows_too(ragchat_settings_overri
     assert {c.document.object_pk for c in Chunk.objects.filter(pk__in=found_ids)} == {str(a.pk) for a in mine}
     # Nobody else's rows, not even the group's: only what is shared with the asker by name.
     assert found(result, mine[0], "theatre") and found(result, mine[1], "theatre")
+    # The trace says among whose rows the second search looked, not as if it were searched text.
+    trace = admin_page_of_trace(result)
+    assert "searched “What appointments do I have?” among only the rows shared with the asker by name" in trace
+    assert "(only the asker" not in trace
     # An anonymous visitor has no rows of their own: no second search.
     assert ask(None, "What appointments do I have?").trace["queries"]["expanded"] == ["What appointments do I have?"]
     assert "Cancel an appointment" in ask(user, "How do I cancel my appointment?").answer
@@ -450,6 +454,19 @@ def test_my_next_session_is_my_booking(ragchat_settings_override, user):
         "12 December 2026 at 10:00. Your booking reference is CRX-4821."))
     answer = ask(user, "When is my next bouldering session?").answer
     assert "Saturday 12 December 2026 at 10:00" in answer, answer
+
+
+def admin_page_of_trace(result) -> str:
+    """The admin's page of ``result``'s trace, as a superuser reads it."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from django_ragchat.models import TurnTrace
+
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("trace-reader", "t@example.com", "pw"))
+    trace = TurnTrace.objects.get(message_id=result.message["id"])
+    return client.get(f"/admin/django_ragchat/turntrace/{trace.pk}/change/").content.decode()
 
 
 def test_users_only_narrows_principals_to_the_user():
@@ -718,4 +735,4 @@ def test_the_source_list_counts_only_what_the_member_of_staff_may_see(sources_on
     staff_user.user_permissions.add(Permission.objects.get(codename="view_article"))
     assert row()["objects"] == "3"
     # ... and so are the documents they may not read: "1" alone read as nothing indexed (a trial).
-    assert ">1</a> (and 2 only their own readers may read)" in row()["indexed"]
+    assert ">1</a> (and 2 you may not read)" in row()["indexed"]

@@ -135,7 +135,11 @@ def test_a_stale_reading_is_read_from_the_text_until_ragchat_reembed_analysis(pr
     assert all(stored_key(blob) == key for blob in Chunk.objects.filter(space=embedder.space)
                .values_list("analysis", flat=True))
     call_command("ragchat_reembed", "--analysis", stdout=(out := io.StringIO()))
-    assert f"0 of {total:,} chunk{'s' if total != 1 else ''} again" in out.getvalue()
+    assert f"0 of {total:,} chunk{'s' if total != 1 else ''} again; the others were current." in out.getvalue()
+    Chunk.objects.filter(space=embedder.space).update(analysis=None)
+    call_command("ragchat_reembed", "--analysis", stdout=(out := io.StringIO()))
+    # Every one stored again: no "others" (a trial read "32 of 32 ...; the others were current").
+    assert out.getvalue().strip().endswith(f"{total:,} of {total:,} chunk{'s' if total != 1 else ''} again."), out
 
 
 def test_a_reading_of_another_text_is_not_used(product_corpus):

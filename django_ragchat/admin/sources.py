@@ -123,8 +123,7 @@ class SourceStateAdmin(RagchatAdmin):
         if hidden and getattr(obj, "viewer_may_view_model", False):
             # A trial's superuser read "0" beside customers' bookings as nothing indexed: those
             # documents are their customers' own. Counted only for who may view the objects anyway.
-            return format_html('<a href="{}">{}</a> (and {} only their own readers may read)', url, obj._documents,
-                               hidden)
+            return format_html('<a href="{}">{}</a> (and {} you may not read)', url, obj._documents, hidden)
         return format_html('<a href="{}">{}</a>', url, obj._documents)
 
     @admin.display(description="chunks (readable by you)", ordering="_chunks")

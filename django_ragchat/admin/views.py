@@ -39,6 +39,7 @@ from django_ragchat.models import (
     ToolInvocation,
     TurnTrace,
 )
+from django_ragchat.stages.expanders import ASKER_ROWS_MARK
 from django_ragchat.text import shorten
 
 # The follow-up transformer's raw rule at the end of its note ("subject none, attribute new
@@ -408,7 +409,7 @@ def _read_queries(view: TraceView, data: dict) -> None:
         for step in view.steps:  # what it did ("added the opening message ...") still is
             if step["by"] == "followup":
                 step["note"] = _FOLLOWUP_RULE_RE.sub("", str(step["note"])).strip()
-    view.expanded = [str(q) for q in _as_list(queries.get("expanded")) if str(q) != view.final_query]
+    view.expanded = [_own_rows_said(str(q)) for q in _as_list(queries.get("expanded")) if str(q) != view.final_query]
 
 
 def followup_sentence(followup: dict) -> str:
@@ -430,11 +431,25 @@ def followup_sentence(followup: dict) -> str:
     return f"{said}; {part}." if part else f"{said}."
 
 
+OWN_ROWS_SAID = "among only the rows shared with the asker by name (asker_rows)"
+
+
+def _own_rows_said(query: str) -> str:
+    """An expanded query as staff read it: the asker_rows variant's mark said in words."""
+    if query.endswith(" " + ASKER_ROWS_MARK):
+        return f"“{query[:-len(ASKER_ROWS_MARK) - 1]}” {OWN_ROWS_SAID}"
+    return query
+
+
 def _read_retrieval(view: TraceView, data: dict, hits: _Hits) -> None:
     for search in _as_list(data.get("retrieval")):
         search = _as_dict(search)
+        query = str(search.get("query", ""))
+        # The asker_rows expander's search: the mark says among whose rows, it was not searched for.
+        own_rows = query.endswith(" " + ASKER_ROWS_MARK)
         view.retrieval.append({
-            "retriever": str(search.get("retriever", "")), "query": str(search.get("query", "")),
+            "retriever": str(search.get("retriever", "")), "own_rows": own_rows,
+            "query": query[:-len(ASKER_ROWS_MARK) - 1] if own_rows else query,
             "ms": _number(search.get("ms")),
             "hits": [hits.hit(_as_dict(h).get("chunk_id"), _as_dict(h).get("score"))
                      for h in _as_list(search.get("hits"))],

@@ -103,8 +103,8 @@ class Command(BaseCommand):
             raise CommandError("--analysis reads the chunks of a profile's space: use --profile, in the foreground.")
         self._embedder(options)  # a wrong profile is a CommandError
         refreshed, seen = refresh_analyses(options["profile"])
-        self.stdout.write(f"Stored the answerer's reading of {refreshed:,} of {_chunks(seen)} again; "
-                          f"the others were current.")
+        rest = "; the others were current." if refreshed < seen else "."  # "of 32 of 32 ...; the others": none
+        self.stdout.write(f"Stored the answerer's reading of {refreshed:,} of {_chunks(seen)} again{rest}")
 
     def _enqueue(self, options):
         if options["embedder"]:
