@@ -141,7 +141,8 @@ def test_a_trace_page_has_one_raw_json_and_the_trace_list_names_how_each_turn_en
     choices = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#changelist-filter a")]
     assert "none (ran to the end)" in choices and "input_guardrails" in choices
     answer_link = browser.find_element(By.CSS_SELECTOR, f".field-message_link a[href$='/message/{answer.pk}/change/']")
-    assert answer_link.text == "assistant #2: The <b>Aurora X2</b> costs $699 with 256 GB of storage, a…"
+    # The answer's words: "Trace of assistant #2" beside it names the row already.
+    assert answer_link.text == "The <b>Aurora X2</b> costs $699 with 256 GB of storage, a…"
     browser.save_screenshot(str(SCREENSHOTS / "admin-traces-ended-by.png"))
     browser.find_element(By.LINK_TEXT, "none (ran to the end)").click()
     WebDriverWait(browser, 20).until(lambda d: "ended_by=none" in d.current_url)
