@@ -434,22 +434,26 @@ def followup_sentence(followup: dict) -> str:
 OWN_ROWS_SAID = "among only the rows shared with the asker by name (asker_rows)"
 
 
+def _own_rows(query: str) -> tuple[str, bool]:
+    """A traced query's text and whether it is the asker_rows expander's search (the trace marks
+    it after the text: the mark says among whose rows, it was not searched for)."""
+    mark = " " + ASKER_ROWS_MARK
+    return (query[:-len(mark)], True) if query.endswith(mark) else (query, False)
+
+
 def _own_rows_said(query: str) -> str:
     """An expanded query as staff read it: the asker_rows variant's mark said in words."""
-    if query.endswith(" " + ASKER_ROWS_MARK):
-        return f"“{query[:-len(ASKER_ROWS_MARK) - 1]}” {OWN_ROWS_SAID}"
-    return query
+    text, own = _own_rows(query)
+    return f"“{text}” {OWN_ROWS_SAID}" if own else text
 
 
 def _read_retrieval(view: TraceView, data: dict, hits: _Hits) -> None:
     for search in _as_list(data.get("retrieval")):
         search = _as_dict(search)
-        query = str(search.get("query", ""))
-        # The asker_rows expander's search: the mark says among whose rows, it was not searched for.
-        own_rows = query.endswith(" " + ASKER_ROWS_MARK)
+        query, own = _own_rows(str(search.get("query", "")))
         view.retrieval.append({
-            "retriever": str(search.get("retriever", "")), "own_rows": own_rows,
-            "query": query[:-len(ASKER_ROWS_MARK) - 1] if own_rows else query,
+            "retriever": str(search.get("retriever", "")), "query": query,
+            "among": OWN_ROWS_SAID if own else "",
             "ms": _number(search.get("ms")),
             "hits": [hits.hit(_as_dict(h).get("chunk_id"), _as_dict(h).get("score"))
                      for h in _as_list(search.get("hits"))],

@@ -639,12 +639,17 @@ def copy_chunks(chunks: Iterable, using: str = "default") -> int:
     return written
 
 
-def decode_metadata(value) -> dict:
+def _decoded(value, empty):
     # Django loads jsonb as text (JSONField decodes it); raw cursors see the same.
-    return json.loads(value) if isinstance(value, (str, bytes)) else (value or {})
+    return json.loads(value) if isinstance(value, (str, bytes)) else (value or empty)
+
+
+def decode_metadata(value) -> dict:
+    """A chunk's ``metadata`` column as read by a raw cursor."""
+    return _decoded(value, {})
 
 
 def decode_access(value) -> list[str]:
     """A chunk's ``access`` column as read by a raw cursor: its list of principal tokens."""
-    return json.loads(value) if isinstance(value, (str, bytes)) else (value or [])
+    return _decoded(value, [])
 
