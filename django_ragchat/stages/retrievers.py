@@ -42,7 +42,7 @@ from django_ragchat.components import Component
 from django_ragchat.models import Chunk
 from django_ragchat.search import SearchFilters, fetch_chunks
 from django_ragchat.search.postgres import check_config
-from django_ragchat.stages.expanders import principals_for_query
+from django_ragchat.stages.expanders import ASKER_ROWS, principals_for_query
 from django_ragchat.types import Query, RetrievedChunk
 
 if TYPE_CHECKING:
@@ -109,10 +109,16 @@ class _FilteredRetriever(Retriever):
         """The profile's filters and the request's (``query.metadata["filters"]``), both to hold."""
         return self.filters & SearchFilters.parse(query.metadata.get("filters"))
 
-    def _found(self, hits: list[RetrievedChunk], space: str) -> list[RetrievedChunk]:
-        if not hits:
+    def _found(self, hits: list[RetrievedChunk], space: str, check_space: bool) -> list[RetrievedChunk]:
+        if not hits and check_space:
             check_space_has_chunks(space)
         return hits
+
+
+def _checks_space(query: Query) -> bool:
+    """An empty asker's-rows search says nothing of the space: the same text is searched
+    unnarrowed beside it, and that search checks (one statement less per such turn)."""
+    return not query.metadata.get(ASKER_ROWS)
 
 
 class VectorRetriever(_FilteredRetriever):
@@ -128,18 +134,20 @@ class VectorRetriever(_FilteredRetriever):
         self.exact = bool(exact)
 
     def search(self, space: str, vector: np.ndarray, k: int, filters: Any = None, *,
-               principals: Principals | None = None) -> list[RetrievedChunk]:
+               principals: Principals | None = None, check_space: bool = True) -> list[RetrievedChunk]:
         """The search itself, synchronous (``filters`` on top of the profile's), reading as
-        ``principals`` (by default the turn's asker, else the public)."""
+        ``principals`` (by default the turn's asker, else the public); when nothing is found,
+        ``check_space`` raises ``EmbeddingSpaceMismatch`` if the documents are in another space."""
         hits = search.vector_search(space, vector, k, filters=self.filters & SearchFilters.parse(filters),
                                     ef_search=self.ef_search, exact=self.exact, retriever=self.name,
                                     principals=principals)
-        return self._found(hits, space)
+        return self._found(hits, space, check_space)
 
     async def retrieve(self, query, turn, k):
         vector = (await turn.embed([query.text]))[0]
         return await sync_to_async(self.search)(turn.components.embedder.space, vector, k,
-                                                query.metadata.get("filters"), principals=principals_for_query(query, turn))
+                                                query.metadata.get("filters"), principals=principals_for_query(query, turn),
+                                                check_space=_checks_space(query))
 
 
 class FullTextRetriever(_FilteredRetriever):
@@ -155,14 +163,15 @@ class FullTextRetriever(_FilteredRetriever):
         self.config = check_config(config)
 
     def search(self, space: str, text: str, k: int, filters: Any = None, *,
-               principals: Principals | None = None) -> list[RetrievedChunk]:
+               principals: Principals | None = None, check_space: bool = True) -> list[RetrievedChunk]:
         hits = search.fulltext_search(space, text, k, filters=self.filters & SearchFilters.parse(filters),
                                       config=self.config, retriever=self.name, principals=principals)
-        return self._found(hits, space)
+        return self._found(hits, space, check_space)
 
     async def retrieve(self, query, turn, k):
         return await sync_to_async(self.search)(turn.components.embedder.space, query.text, k,
-                                                query.metadata.get("filters"), principals=principals_for_query(query, turn))
+                                                query.metadata.get("filters"), principals=principals_for_query(query, turn),
+                                                check_space=_checks_space(query))
 
 
 class HybridRetriever(VectorRetriever):
@@ -192,19 +201,21 @@ class HybridRetriever(VectorRetriever):
         self.config = check_config(config)
 
     def search(self, space: str, vector: np.ndarray, k: int, filters: Any = None, *,
-               text: str = "", principals: Principals | None = None) -> list[RetrievedChunk]:
+               text: str = "", principals: Principals | None = None,
+               check_space: bool = True) -> list[RetrievedChunk]:
         hits = search.hybrid_search(
             space, vector, text, k, filters=self.filters & SearchFilters.parse(filters), ef_search=self.ef_search,
             exact=self.exact, config=self.config, weights=self.weights, rrf_k=self.rrf_k,
             candidates=self.candidates, retriever=self.name, principals=principals,
         )
-        return self._found(hits, space)
+        return self._found(hits, space, check_space)
 
     async def retrieve(self, query, turn, k):
         vector = (await turn.embed([query.text]))[0]
         return await sync_to_async(self.search)(turn.components.embedder.space, vector, k,
                                                 query.metadata.get("filters"), text=query.text,
-                                                principals=principals_for_query(query, turn))
+                                                principals=principals_for_query(query, turn),
+                                                check_space=_checks_space(query))
 
 
 @hookimpl
