@@ -388,6 +388,9 @@ def test_a_question_about_my_things_is_answered_by_my_rows_not_the_pages(ragchat
         answer = ask(user, question).answer
         assert "SS-1014" in answer and "SS-1021" in answer and "ship free" not in answer, (question, answer)
         assert "SS-1007" not in answer, answer
+        # Stated by the orders, not named by a decline's list of what was found: "placed" is the
+        # asker's act, which their row records ("You ordered ...").
+        assert "$109.98" in answer and "$29.50" in answer and "don't say" not in answer, (question, answer)
     assert "returns label" in ask(user, "How do I return my order?").answer
     # The other customer's own order, and no page, answers them; the pages answer anyone else.
     answer = ask(other_user, "What orders do I have?").answer
@@ -736,3 +739,52 @@ def test_the_source_list_counts_only_what_the_member_of_staff_may_see(sources_on
     assert row()["objects"] == "3"
     # ... and so are the documents they may not read: "1" alone read as nothing indexed (a trial).
     assert ">1</a> (and 2 you may not read)" in row()["indexed"]
+
+
+def _on(days: int) -> str:
+    """A date ``days`` from today as a site's row writes it ("Tuesday 8 December 2026")."""
+    return date_format(timezone.localdate() + timedelta(days=days), "l j F Y")
+
+
+def test_my_rows_are_read_by_their_dates(ragchat_settings_override, user, other_user):
+    """A climbing gym's and a library's trials: "When is my next loan due?" listed both loans, the
+    later first; "What do I have booked this week?" quoted the kids' parties page ("book a party
+    one week ahead"); "What time is my session?" got "Every coached session lasts 90 minutes".
+    The asker's rows are read by the dates they write: the soonest still to come answers "next",
+    a window of time keeps the rows dated in it (or says none is), the rest come in date order,
+    and a time of day states "what time"."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    Article.objects.create(title="Sessions", body=(
+        "Every coached session lasts 90 minutes. Kids' parties run at weekends; book a party at least "
+        "one week ahead."))
+    for days, what, ref in ((16, "Lead climbing workshop", "CRX-5110"), (2, "Intro to Bouldering session", "CRX-4821"),
+                            (-3, "Rope skills session", "CRX-4102")):
+        Article.objects.create(title=f"Your booking: {what}", owner=user, body=(
+            f"You booked the {what} on {_on(days)} at 10:00. Your booking reference is {ref}."))
+    Article.objects.create(title="Your booking: Yoga session", owner=other_user, body=(
+        f"You booked the Yoga session on {_on(1)} at 10:00. Your booking reference is CRX-9999."))
+
+    answer = ask(user, "When is my next session?").answer
+    assert _on(2) in answer and _on(16) not in answer and _on(-3) not in answer, answer
+    answer = ask(user, "What have I booked?").answer
+    assert answer.index(_on(-3)) < answer.index(_on(2)) < answer.index(_on(16)), answer
+    answer = ask(user, "What do I have booked this week?").answer  # today + 2 is always in it
+    assert _on(2) in answer and _on(16) not in answer and "party" not in answer, answer
+    assert ask(user, "What do I have booked today?").answer == "I can't see anything of yours dated today."
+    answer = ask(user, "What time is my bouldering session?").answer
+    assert f"{_on(2)} at 10:00" in answer and "90 minutes" not in answer, answer
+    assert "CRX-9999" not in ask(user, "What have I booked tomorrow?").answer
+    assert "90 minutes" in ask(user, "How long is a session?").answer
+
+
+def test_the_trace_says_why_none_of_my_rows_answers_a_window(ragchat_settings_override, user):
+    """Staff read why "What do I have booked this week?" was answered that none is, though the
+    kids' parties page states "book" and "week": the asker's only booking is in 16 days."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    Article.objects.create(title="Sessions", body="Kids' parties run at weekends; book a party one week ahead.")
+    Article.objects.create(title="Your booking: Rope skills session", owner=user,
+                           body=f"You booked the Rope skills session on {_on(16)} at 10:00.")
+    result = ask(user, "What do I have booked this week?")
+    assert result.answer == "I can't see anything of yours dated this week."
+    trace = admin_page_of_trace(result)
+    assert "The asker&#x27;s own rows found are all dated outside the time asked; the closest other sentence" in trace

@@ -56,6 +56,9 @@ def attempt_sentence(attempt: dict, thresholds: dict, subjects: str, passages: d
         scores += f"; a sentence answers with at least {_share(thresholds['min_coverage'])} of them"
         if "min_similarity" in thresholds:
             scores += f" or a similarity of {_number(thresholds['min_similarity'])}"
+    if reason == "none_in_window":
+        return (f"The asker's own rows found are all dated outside the time asked; the closest other sentence, "
+                f"{_sentence(closest, passages or {})}, is not theirs, so it does not say what they have then.")
     if reason == "other_topic":
         return (f"The closest, {_sentence(closest, passages or {})}, {scores}, but was taken for another topic: "
                 f"under {_number(thresholds.get('other_topic_similarity'))} similar, and another passage's "

@@ -6,7 +6,11 @@ import copy
 import math
 import re
 from dataclasses import dataclass, field, replace
+from datetime import datetime, time
 
+from django.utils import timezone
+
+from django_ragchat.answerer.dates import asked_window, says_clock_time, window_span
 from django_ragchat.answerer.passages import Passage, Sentence, build_passages, candidate_words, cite
 from django_ragchat.answerer.question import (
     Entity,
@@ -382,6 +386,21 @@ class _Scoring:
         self._page_named: dict[int, tuple[str, ...] | None] = {}
         owns = v.language.patterns.get("asker_owns")  # optional: a language may have none
         self.asks_own = bool(owns and owns.search(need.asked))
+        # "What do I have booked this week?": the window's words are stated by the asker's rows
+        # dated in it, and by none of their others (answerer/dates.py).
+        self.now = timezone.localtime().replace(tzinfo=None)  # the site's TIME_ZONE, as rows write dates
+        self.window = asked_window(need.asked, v.time_window) if self.asks_own and v.dates else None
+        said = {stem(w) for w in words(self.window[1])} if self.window else set()
+        self.window_keys = {k for k in need.groups if stem(word_of(k)) in said}
+        self.soonest = self.asks_own and self.window is None and bool({stem(w) for w in words(need.asked)} & {
+            stem(w) for w in v.soonest})
+        self._when: dict[int, datetime | None] = {}
+        # "Which orders have I placed?": the asker's row is the record of their act ("You ordered ...").
+        act = v.language.patterns.get("asker_act") if self.asks_own else None  # optional
+        acts = {stem(m.group(1) or m.group(2)) for m in act.finditer(need.asked)} if act else set()
+        self.act_keys = {k for k in need.own if stem(word_of(k)) in acts}
+        self.clock_keys = {k for k in need.own if stem(word_of(k)) in v.clock_words} if (
+            v.clock_question and v.clock_question.search(need.asked)) else set()
 
     def _states_day_of_the_rest(self, day: str) -> bool:
         """Whether an eligible sentence states ``day`` about all else that was asked, in its words
@@ -416,7 +435,12 @@ class _Scoring:
         need, v = self.need, self.vocabulary
         own_cov = all_cov = 0.0
         for key, weight in need.groups.items():
-            evidence = self._stated(key, s)
+            if key in self.window_keys and p.asker_own:
+                evidence = float(self.in_window(p))
+                all_cov += evidence * weight * self.idf[key]
+                own_cov += evidence * self.idf[key] if key in need.own else 0.0
+                continue
+            evidence = 1.0 if key in self.act_keys and p.asker_own else self._stated(key, s)
             if evidence and key in need.own and _qualifies_a_fault(key, s, self.asked_labels, v):
                 evidence *= FAULT_QUALIFIER_EVIDENCE  # "covers battery failure" is no battery life
             # The asker's own row is one record: its title ("Your appointment: Biscuit") says what
@@ -438,6 +462,26 @@ class _Scoring:
                 own_cov -= PROXIMITY_PENALTY * min(self.idf[a], self.idf[b])
         return own_cov / self.own_total, all_cov / self.all_total
 
+    def when(self, p: Passage) -> datetime | None:
+        """The date an asker's row ``p`` writes first (its text, else its heading), or None."""
+        if id(p) not in self._when:
+            reader, today = self.vocabulary.dates, self.now.date()
+            self._when[id(p)] = (reader.first(" ".join(s.text for s in p.sentences), today)
+                                 or reader.first(p.heading_leaf, today)) if reader else None
+        return self._when[id(p)]
+
+    def in_window(self, p: Passage) -> bool:
+        """Whether ``p`` is dated in the window of time asked."""
+        when = self.when(p)
+        if when is None or self.window is None:
+            return False
+        first, last = window_span(self.window[0], self.now.date())
+        return first <= when.date() <= last
+
+    def upcoming(self, when: datetime) -> bool:
+        """Whether a row dated ``when`` is still to come (a date without a time: all that day)."""
+        return when >= self.now or (when.date() == self.now.date() and when.time() == time(0, 0))
+
     def _stated(self, key: str, s: Sentence) -> float:
         """How strongly ``s`` itself states ``key``: its words and the table's, or a value of the
         asked kind written as such (an amount, a figure, a code, a number of days)."""
@@ -451,6 +495,8 @@ class _Scoring:
             return 1.0  # "fps" is "frames per second"
         if not evidence and self._says_days(key, s):
             return SYNONYM_EVIDENCE  # "Deliveries run Tuesday to Saturday" answers "on Sundays?"
+        if key in self.clock_keys and s.has_number and says_clock_time(s.text):
+            return 1.0  # "What time is my session?": "... on Tuesday 8 December at 10:00"
         if evidence or not s.has_number:
             return evidence
         if _coded(word_of(key), s.stems):
@@ -868,8 +914,29 @@ class AnswerSelector:
                 and _topics_elsewhere(need, eligible, best.passage, self.vocabulary)):
             # "Do you deliver on Saturdays?" is not answered by the support lines' Saturday hours
             return note("other_topic", best)
-        rows = self._rows_alike(best, choices, scoring.asks_own)[:MAX_ROWS_LISTED - 1]
-        return [c for row in (best, *rows) for c in self.compose(row, choices, need)]
+        if scoring.window and not best.passage.asker_own and any(
+                c.passage.asker_own and scoring.when(c.passage) for c in choices):
+            return note("none_in_window", best)  # "... this week?": all their dated rows are later
+        rows = [best, *self._rows_alike(best, choices, scoring.asks_own)[:MAX_ROWS_LISTED - 1]]
+        if scoring.asks_own and best.passage.asker_own:
+            rows = self._in_time_order(rows, scoring)
+        return [c for row in rows for c in self.compose(row, choices, need)]
+
+    @staticmethod
+    def _in_time_order(rows: list[Choice], scoring: _Scoring) -> list[Choice]:
+        """The asker's rows by their dates, when each writes one: those in the window of time
+        asked ("this week"), or only the soonest still to come ("When is my next loan due?"), or
+        all of them from the earliest."""
+        when = [scoring.when(c.passage) for c in rows]
+        if None in when:
+            return rows  # an undated row: the order of their scores
+        ordered = [c for _, c in sorted(zip(when, rows, strict=True), key=lambda pair: pair[0])]
+        if scoring.window:
+            return [c for c in ordered if scoring.in_window(c.passage)] or rows
+        if scoring.soonest:
+            upcoming = [c for c in ordered if scoring.upcoming(scoring.when(c.passage))]
+            return upcoming[:1] or ordered
+        return ordered
 
     @staticmethod
     def _asker_own_first(best: Choice, choices: list[Choice]) -> Choice:
@@ -1008,9 +1075,28 @@ class AnswerSelector:
         topic = narrow[0] if narrow else span_of(need.asked, together) if together else ""
         return _as_named(topic or " ".join(dict.fromkeys(missing[:3])), need.asked, v)
 
+    def _window_unmet(self, need: Need, eligible: list[tuple[Passage, Sentence]]) -> str:
+        """The window of time a question about the asker's own things asks ("this week"), when
+        their rows found are dated but none in it; "" otherwise."""
+        v = self.vocabulary
+        owns = v.language.patterns.get("asker_owns")
+        window = asked_window(need.asked, v.time_window) if owns and owns.search(need.asked) and v.dates else None
+        if window is None:
+            return ""
+        today = timezone.localdate()
+        first, last = window_span(window[0], today)
+        dated = [when.date() for when in (v.dates.first(" ".join(s.text for s in p.sentences), today)
+                                          for p in {id(p): p for p, _ in eligible if p.asker_own}.values()) if when]
+        return window[1] if dated and not any(first <= d <= last for d in dated) else ""
+
     def decline(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> str:
         """Say plainly that the documents don't state it, naming what they do describe."""
         m = self.messages
+        window = self._window_unmet(need, eligible)
+        if window:  # "What do I have booked this week?": their rows are all dated outside it
+            if self.why is not None:
+                self.why.outcome, self.why.missing = "declined", window
+            return m["none_in_window"].format(window=echoed(window))
         topic = echoed(self._topic(need, eligible))
         if self.why is not None:
             self.why.outcome, self.why.missing = "declined", topic
@@ -1025,7 +1111,9 @@ class AnswerSelector:
             text = m["decline"].format(topic=topic)
         # "Illustrator's what you wrote" reads as nothing; "about ... who can join" reads well.
         clauses = self.vocabulary.wh if subject is not None else frozenset()
-        leaves = list(dict.fromkeys(_leaf_in_sentence(p.heading_leaf, clauses) for p in on_subject if p.heading_leaf))
+        # The asker's rows are theirs, not what the documents describe ("Your loan: Middlemarch").
+        leaves = list(dict.fromkeys(_leaf_in_sentence(p.heading_leaf, clauses) for p in on_subject
+                                    if p.heading_leaf and not p.asker_own))
         if leaves and (subject is not None or not need.subjects):
             described = leaves[0] if len(leaves) == 1 else ", ".join(leaves[:-1]) + m["and_joiner"] + leaves[-1]
             if subject is not None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from django_ragchat.answerer.dates import DateReader
 from django_ragchat.language import Language, load_language
 from django_ragchat.text import normalize
 from django_ragchat.text import stem as _light_stem
@@ -292,6 +293,13 @@ class Vocabulary:
         self.noun_of = language.noun_of
         # Optional: words that ask for a figure ("What number do I ring?"), stated by one.
         self.figure_words = frozenset(stem(w) for w in language.words.get("figure_words", ()))
+        # Optional: reading the asker's rows' dates (answerer/dates.py): the months, the words
+        # asking for the soonest row, a window of time asked, what a time of day states.
+        self.dates = DateReader(language.ordered.get("months", ()))
+        self.soonest = frozenset(language.words.get("soonest", ()))
+        self.time_window = language.patterns.get("time_window")
+        self.clock_words = frozenset(stem(w) for w in language.words.get("clock_words", ()))
+        self.clock_question = language.patterns.get("clock_question")
         self.classes = language.group_classes
         self.messages = language.messages
 
