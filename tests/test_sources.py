@@ -788,3 +788,17 @@ def test_the_trace_says_why_none_of_my_rows_answers_a_window(ragchat_settings_ov
     assert result.answer == "I can't see anything of yours dated this week."
     trace = admin_page_of_trace(result)
     assert "The asker&#x27;s own rows found are all dated outside the time asked; the closest other sentence" in trace
+
+
+def test_my_next_loan_is_read_by_its_due_date(ragchat_settings_override, user):
+    """A library's trial: "When is my next loan due?" listed both loans, the later first. Each
+    loan writes two dates; the one after the asked word ("due") orders them, not the first."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    Article.objects.create(title="Borrowing", body="You can borrow up to 12 books for three weeks at a time.")
+    for book, borrowed, due in (("Middlemarch", -5, 16), ("Persuasion", -19, 3)):
+        Article.objects.create(title=f"Your loan: {book}", owner=user, body=(
+            f"You borrowed {book} on {_on(borrowed)}; it is due back on {_on(due)}."))
+    answer = ask(user, "When is my next loan due?").answer
+    assert _on(3) in answer and "Middlemarch" not in answer, answer
+    answer = ask(user, "When did I borrow Persuasion?").answer
+    assert _on(-19) in answer, answer

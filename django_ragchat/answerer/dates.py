@@ -42,15 +42,22 @@ class DateReader:
 
     def first(self, text: str, today: date) -> datetime | None:
         """The first date (and its time of day, when written just after it) in ``text``."""
-        found = []
-        for match in (self.day_first.search(text), self.month_first.search(text), _ISO_RE.search(text)):
-            if match is not None:
-                found.append(match)
-        for match in sorted(found, key=lambda m: m.start()):
-            day = self._date(match, today)
+        found = self.all(text, today)
+        return found[0][1] if found else None
+
+    def all(self, text: str, today: date) -> list[tuple[int, datetime]]:
+        """Every date in ``text``, with where it starts, in order ("borrowed on 1 December;
+        due back on 22 December": two)."""
+        matches = [m for pattern in (self.day_first, self.month_first, _ISO_RE) for m in pattern.finditer(text)]
+        found: list[tuple[int, datetime]] = []
+        end = -1
+        for match in sorted(matches, key=lambda m: m.start()):
+            day = self._date(match, today) if match.start() >= end else None  # "8 December 2026" is one
             if day is not None:
-                return datetime.combine(day, _clock(text[match.end():match.end() + _CLOCK_REACH], match))
-        return None
+                found.append((match.start(), datetime.combine(
+                    day, _clock(text[match.end():match.end() + _CLOCK_REACH], match))))
+                end = match.end()
+        return found
 
     def _date(self, match: re.Match, today: date) -> date | None:
         try:

@@ -394,7 +394,7 @@ class _Scoring:
         self.window_keys = {k for k in need.groups if stem(word_of(k)) in said}
         self.soonest = self.asks_own and self.window is None and bool({stem(w) for w in words(need.asked)} & {
             stem(w) for w in v.soonest})
-        self._when: dict[int, datetime | None] = {}
+        self._when: dict[tuple[int, int], datetime | None] = {}
         # "Which orders have I placed?": the asker's row is the record of their act ("You ordered ...").
         act = v.language.patterns.get("asker_act") if self.asks_own else None  # optional
         acts = {stem(m.group(1) or m.group(2)) for m in act.finditer(need.asked)} if act else set()
@@ -436,7 +436,7 @@ class _Scoring:
         own_cov = all_cov = 0.0
         for key, weight in need.groups.items():
             if key in self.window_keys and p.asker_own:
-                evidence = float(self.in_window(p))
+                evidence = float(self.in_window(p, s))
                 all_cov += evidence * weight * self.idf[key]
                 own_cov += evidence * self.idf[key] if key in need.own else 0.0
                 continue
@@ -462,17 +462,35 @@ class _Scoring:
                 own_cov -= PROXIMITY_PENALTY * min(self.idf[a], self.idf[b])
         return own_cov / self.own_total, all_cov / self.all_total
 
-    def when(self, p: Passage) -> datetime | None:
-        """The date an asker's row ``p`` writes first (its text, else its heading), or None."""
-        if id(p) not in self._when:
+    def when(self, p: Passage, s: Sentence | None = None) -> datetime | None:
+        """The date an asker's row ``p`` gives in sentence ``s`` (of several, the one after the
+        last asked word before one: "borrowed on 1 December; due back on 22 December" is the
+        22nd for "When is my next loan due?"), else the first its text or heading writes."""
+        key = (id(p), s.position if s is not None else -1)
+        if key not in self._when:
             reader, today = self.vocabulary.dates, self.now.date()
-            self._when[id(p)] = (reader.first(" ".join(s.text for s in p.sentences), today)
-                                 or reader.first(p.heading_leaf, today)) if reader else None
-        return self._when[id(p)]
+            found = reader.all(s.text, today) if s is not None and reader else []
+            if found:
+                self._when[key] = self._anchored(s.text, found)
+            else:
+                self._when[key] = (reader.first(" ".join(s.text for s in p.sentences), today)
+                                   or reader.first(p.heading_leaf, today)) if reader else None
+        return self._when[key]
 
-    def in_window(self, p: Passage) -> bool:
-        """Whether ``p`` is dated in the window of time asked."""
-        when = self.when(p)
+    def _anchored(self, text: str, found: list[tuple[int, datetime]]) -> datetime:
+        if len(found) == 1:
+            return found[0][1]
+        v, asked = self.vocabulary, [k for k in self.need.own if k not in self.window_keys]
+        places = [m.start() for m in _WORD_RE.finditer(text)
+                  if any(v.covers(k, frozenset({stem(m.group(0).lower())})) for k in asked)]
+        before = [at for at in places if at < found[-1][0]]
+        if not before:
+            return found[0][1]
+        return next(when for start, when in found if start > before[-1])
+
+    def in_window(self, p: Passage, s: Sentence | None = None) -> bool:
+        """Whether ``p`` (its sentence ``s``) is dated in the window of time asked."""
+        when = self.when(p, s)
         if when is None or self.window is None:
             return False
         first, last = window_span(self.window[0], self.now.date())
@@ -915,7 +933,7 @@ class AnswerSelector:
             # "Do you deliver on Saturdays?" is not answered by the support lines' Saturday hours
             return note("other_topic", best)
         if scoring.window and not best.passage.asker_own and any(
-                c.passage.asker_own and scoring.when(c.passage) for c in choices):
+                c.passage.asker_own and scoring.when(c.passage, c.sentence) for c in choices):
             return note("none_in_window", best)  # "... this week?": all their dated rows are later
         rows = [best, *self._rows_alike(best, choices, scoring.asks_own)[:MAX_ROWS_LISTED - 1]]
         if scoring.asks_own and best.passage.asker_own:
@@ -927,16 +945,16 @@ class AnswerSelector:
         """The asker's rows by their dates, when each writes one: those in the window of time
         asked ("this week"), or only the soonest still to come ("When is my next loan due?"), or
         all of them from the earliest."""
-        when = [scoring.when(c.passage) for c in rows]
+        when = [scoring.when(c.passage, c.sentence) for c in rows]
         if None in when:
             return rows  # an undated row: the order of their scores
-        ordered = [c for _, c in sorted(zip(when, rows, strict=True), key=lambda pair: pair[0])]
+        ordered = sorted(zip(when, rows, strict=True), key=lambda pair: pair[0])
         if scoring.window:
-            return [c for c in ordered if scoring.in_window(c.passage)] or rows
+            return [c for _, c in ordered if scoring.in_window(c.passage, c.sentence)] or rows
         if scoring.soonest:
-            upcoming = [c for c in ordered if scoring.upcoming(scoring.when(c.passage))]
-            return upcoming[:1] or ordered
-        return ordered
+            upcoming = [c for at, c in ordered if scoring.upcoming(at)]
+            return upcoming[:1] or [c for _, c in ordered]
+        return [c for _, c in ordered]
 
     @staticmethod
     def _asker_own_first(best: Choice, choices: list[Choice]) -> Choice:
