@@ -802,3 +802,34 @@ def test_my_next_loan_is_read_by_its_due_date(ragchat_settings_override, user):
     assert _on(3) in answer and "Middlemarch" not in answer, answer
     answer = ask(user, "When did I borrow Persuasion?").answer
     assert _on(-19) in answer, answer
+
+
+DENTAL_PAGES = [
+    ("Opening hours", "Smile Street Dental is open Monday to Friday from 8:00 to 18:00, and on Saturday from 9:00 to "
+                      "13:00. We are closed on Sundays and bank holidays."),
+    ("Late evenings", "On Thursdays we stay open until 20:00 for check-ups and hygiene appointments."),
+    ("Prices", "A check-up with one of our dentists costs £55 for adults and is free for children under 18."),
+    ("Emergency appointments", "If you are in pain or have broken a tooth, call us on 020 7946 0123 as soon as we "
+                               "open and we will see you the same day. An emergency appointment costs £80, plus the "
+                               "cost of any treatment."),
+    ("Our team", "Dr Sarah Okafor is our principal dentist and leads our hygiene team. Dr James Patel does "
+                 "check-ups, fillings and root canal treatment."),
+]
+
+
+def test_a_dental_practices_patient_asks_about_their_appointments(ragchat_settings_override, user):
+    """A dental practice's trial (PostgreSQL, Django 6.1): "Do I have anything booked this week?"
+    was declined as another topic's (the opening hours page's heading), though the asker's
+    check-up in two days was found; "Which dentist am I seeing next?" was no question about the
+    asker's own things ("am I seeing") and got the emergency page's phone number."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    for title, body in DENTAL_PAGES:
+        Article.objects.create(title=title, body=body)
+    for days, what, who in ((-22, "hygiene visit", "Dr Sarah Okafor"), (2, "check-up", "Dr James Patel"),
+                            (12, "teeth whitening session", "Dr Emma Reid")):
+        Article.objects.create(title=f"Your appointment: {what}", owner=user,
+                               body=f"You booked a {what} with {who} on {_on(days)} at 14:15.")
+    answer = ask(user, "Do I have anything booked this week?").answer
+    assert _on(2) in answer and _on(12) not in answer, answer
+    answer = ask(user, "Which dentist am I seeing next?").answer
+    assert "Dr James Patel" in answer and _on(2) in answer and "020 7946" not in answer, answer

@@ -384,6 +384,11 @@ class _Scoring:
         self.days_asked = {k for k in need.own if stem(word_of(k)) in v.days_asked and (
             not v.is_calendar(k) or not self._states_day_of_the_rest(k))}
         self._page_named: dict[int, tuple[str, ...] | None] = {}
+        self._read_asker_terms(need, v)
+
+    def _read_asker_terms(self, need: Need, v: Vocabulary) -> None:
+        """What a question about the asker's own things asks of their rows: a window of time,
+        the soonest, their act, a time of day."""
         owns = v.language.patterns.get("asker_owns")  # optional: a language may have none
         self.asks_own = bool(owns and owns.search(need.asked))
         # "What do I have booked this week?": the window's words are stated by the asker's rows
@@ -397,7 +402,7 @@ class _Scoring:
         self._when: dict[tuple[int, int], datetime | None] = {}
         # "Which orders have I placed?": the asker's row is the record of their act ("You ordered ...").
         act = v.language.patterns.get("asker_act") if self.asks_own else None  # optional
-        acts = {stem(m.group(1) or m.group(2)) for m in act.finditer(need.asked)} if act else set()
+        acts = {stem(next(g for g in m.groups() if g)) for m in act.finditer(need.asked)} if act else set()
         self.act_keys = {k for k in need.own if stem(word_of(k)) in acts}
         self.clock_keys = {k for k in need.own if stem(word_of(k)) in v.clock_words} if (
             v.clock_question and v.clock_question.search(need.asked)) else set()
@@ -929,16 +934,36 @@ class AnswerSelector:
         if best.coverage < self.min_coverage and best.similarity < self.min_similarity:
             return note("below_threshold", best)
         if (self.similarity is not None and best.similarity < OTHER_TOPIC_SIMILARITY
+                and not (scoring.asks_own and best.passage.asker_own)  # their own row is their topic
                 and _topics_elsewhere(need, eligible, best.passage, self.vocabulary)):
             # "Do you deliver on Saturdays?" is not answered by the support lines' Saturday hours
             return note("other_topic", best)
         if scoring.window and not best.passage.asker_own and any(
                 c.passage.asker_own and scoring.when(c.passage, c.sentence) for c in choices):
             return note("none_in_window", best)  # "... this week?": all their dated rows are later
-        rows = [best, *self._rows_alike(best, choices, scoring.asks_own)[:MAX_ROWS_LISTED - 1]]
-        if scoring.asks_own and best.passage.asker_own:
-            rows = self._in_time_order(rows, scoring)
-        return [c for row in rows for c in self.compose(row, choices, need)]
+        return [c for row in self._listed(best, choices, scoring) for c in self.compose(row, choices, need)]
+
+    def _listed(self, best: Choice, choices: list[Choice], scoring: _Scoring) -> list[Choice]:
+        """The rows the answer quotes: ``best`` and the rows alike; the asker's by their dates."""
+        if not (scoring.asks_own and best.passage.asker_own):
+            return [best, *self._rows_alike(best, choices)[:MAX_ROWS_LISTED - 1]]
+        if scoring.soonest or scoring.window:  # which of them is a matter of dates, not of words
+            rows = self._asker_rows(best, choices)
+        else:
+            rows = [best, *self._rows_alike(best, choices, asks_own=True)]
+        return self._in_time_order(rows, scoring)[:MAX_ROWS_LISTED]
+
+    def _asker_rows(self, best: Choice, choices: list[Choice]) -> list[Choice]:
+        """``best`` and every other row of the asker's in its source that answers at all (its best
+        sentence at ``min_coverage``): "Which dentist am I seeing next?" is the soonest of them,
+        not of those naming a dentist as well as the best one does."""
+        found = {best.passage.document_id: best}
+        for c in sorted(choices, key=lambda c: -c.score):
+            p = c.passage
+            if (p.asker_own and p.family == best.passage.family and c.coverage >= self.min_coverage
+                    and p.document_id not in found):
+                found[p.document_id] = c
+        return list(found.values())
 
     @staticmethod
     def _in_time_order(rows: list[Choice], scoring: _Scoring) -> list[Choice]:
