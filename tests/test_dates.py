@@ -4,7 +4,7 @@ from datetime import date, datetime
 
 import pytest
 
-from django_ragchat.answerer.dates import DateReader, asked_window, says_clock_time, window_span
+from django_ragchat.answerer.dates import WINDOWS, DateReader, asked_window, says_clock_time, window_span
 from django_ragchat.language import load_language
 
 ENGLISH = load_language("en")
@@ -45,3 +45,12 @@ def test_windows_of_time():
 def test_a_time_of_day():
     assert says_clock_time("at 10:00") and says_clock_time("from 6pm") and says_clock_time("18:30 sharp") and says_clock_time("at 18.30")
     assert not says_clock_time("lasts 90 minutes") and not says_clock_time("costs £6.50") and not says_clock_time("1.25 litres")
+
+
+def test_a_sites_own_window_names_ask_no_window():
+    """A site's language folder may name a ``time_window`` group otherwise: no window, no error."""
+    import re
+
+    assert asked_window("Anything this fortnight?", re.compile(r"(?P<fortnight>\bthis fortnight\b)")) is None
+    assert asked_window("Anything today?", re.compile(r"\btoday\b")) is None
+    assert all(window_span(name, TODAY)[0] <= window_span(name, TODAY)[1] for name in WINDOWS)

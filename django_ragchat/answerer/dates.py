@@ -13,8 +13,6 @@ from __future__ import annotations
 import re
 from datetime import date, datetime, time, timedelta
 
-#: A year-less date ("Friday 11 December") is the one nearest today: within half a year.
-_HALF_YEAR = timedelta(days=183)
 # "6pm", "10.30am", "at 10:00", "18:30", "at 18.30"; not "£6.50" nor "1.25 litres".
 _CLOCK_RE = re.compile(r"\b(?:at\s+)?(?P<h>\d{1,2})(?:[:.](?P<m>\d{2}))?\s*(?P<ap>am|pm)\b"
                        r"|(?<![\d$€£¥.,])(?:at\s+)?(?P<h2>\d{1,2}):(?P<m2>\d{2})(?!\d)"
@@ -25,8 +23,9 @@ _CLOCK_REACH = 24
 
 
 class DateReader:
-    """Reads the first date written in a text with ``months`` (the language's month names, in
-    order; a name's first three letters stand for it too)."""
+    """Reads the dates written in a text with ``months`` (the language's month names, in order;
+    a name's first three letters stand for it too). A date without a year is the one nearest
+    today."""
 
     def __init__(self, months: tuple[str, ...]):
         self.month_of = {name.lower(): n for n, name in enumerate(months, 1)}
@@ -93,6 +92,10 @@ def says_clock_time(text: str) -> bool:
     return _CLOCK_RE.search(text) is not None
 
 
+#: The windows of time ``window_span`` knows: a language's ``time_window`` names its groups so.
+WINDOWS = ("today", "tomorrow", "this_week", "next_week", "this_weekend", "this_month", "next_month")
+
+
 def window_span(name: str, today: date) -> tuple[date, date]:
     """The first and last day of window ``name`` (a group name of ``time_window``) from ``today``;
     a week runs Monday to Sunday, and "this week" asked on a Saturday or Sunday runs to the next
@@ -118,5 +121,6 @@ def asked_window(question: str, pattern: re.Pattern | None) -> tuple[str, str] |
     match = pattern.search(question) if pattern is not None else None
     if match is None:
         return None
-    name = next(n for n, value in match.groupdict().items() if value)
-    return name, match[0]
+    # A site's own pattern may name a group otherwise: that phrase asks no window known here.
+    name = next((n for n, value in match.groupdict().items() if value and n in WINDOWS), None)
+    return (name, match[0]) if name else None

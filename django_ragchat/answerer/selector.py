@@ -6,7 +6,7 @@ import copy
 import math
 import re
 from dataclasses import dataclass, field, replace
-from datetime import datetime, time
+from datetime import date, datetime, time
 
 from django.utils import timezone
 
@@ -352,6 +352,24 @@ def _carried_topic(need: Need, typed: set[str], vocabulary: Vocabulary) -> set[s
     return {k for k in need.carried if not set(labels(k)) & kinds}
 
 
+def asks_own(asked: str, v: Vocabulary) -> bool:
+    """Whether ``asked`` is about the asker's own things (the language's ``asker_owns``; a
+    language may have none)."""
+    owns = v.language.patterns.get("asker_owns")
+    return bool(owns and owns.search(asked))
+
+
+def window_asked(asked: str, v: Vocabulary) -> tuple[str, str] | None:
+    """The window of time ("this week") a question about the asker's own things asks, when the
+    language reads dates (answerer/dates.py)."""
+    return asked_window(asked, v.time_window) if v.dates and asks_own(asked, v) else None
+
+
+def row_date(p: Passage, v: Vocabulary, today: date) -> datetime | None:
+    """The first date an asker's row ``p`` writes in its text, else in its heading."""
+    return v.dates.first(" ".join(s.text for s in p.sentences), today) or v.dates.first(p.heading_leaf, today)
+
+
 @dataclass
 class _Scoring:
     """Scores the sentences for one need (``AnswerSelector.select``)."""
@@ -389,12 +407,11 @@ class _Scoring:
     def _read_asker_terms(self, need: Need, v: Vocabulary) -> None:
         """What a question about the asker's own things asks of their rows: a window of time,
         the soonest, their act, a time of day."""
-        owns = v.language.patterns.get("asker_owns")  # optional: a language may have none
-        self.asks_own = bool(owns and owns.search(need.asked))
+        self.asks_own = asks_own(need.asked, v)
         # "What do I have booked this week?": the window's words are stated by the asker's rows
         # dated in it, and by none of their others (answerer/dates.py).
         self.now = timezone.localtime().replace(tzinfo=None)  # the site's TIME_ZONE, as rows write dates
-        self.window = asked_window(need.asked, v.time_window) if self.asks_own and v.dates else None
+        self.window = window_asked(need.asked, v)
         said = {stem(w) for w in words(self.window[1])} if self.window else set()
         self.window_keys = {k for k in need.groups if stem(word_of(k)) in said}
         self.soonest = self.asks_own and self.window is None and bool({stem(w) for w in words(need.asked)} & {
@@ -473,13 +490,12 @@ class _Scoring:
         22nd for "When is my next loan due?"), else the first its text or heading writes."""
         key = (id(p), s.position if s is not None else -1)
         if key not in self._when:
-            reader, today = self.vocabulary.dates, self.now.date()
-            found = reader.all(s.text, today) if s is not None and reader else []
+            v, today = self.vocabulary, self.now.date()
+            found = v.dates.all(s.text, today) if s is not None and v.dates else []
             if found:
                 self._when[key] = self._anchored(s.text, found)
             else:
-                self._when[key] = (reader.first(" ".join(s.text for s in p.sentences), today)
-                                   or reader.first(p.heading_leaf, today)) if reader else None
+                self._when[key] = row_date(p, v, today) if v.dates else None
         return self._when[key]
 
     def _anchored(self, text: str, found: list[tuple[int, datetime]]) -> datetime:
@@ -1122,14 +1138,13 @@ class AnswerSelector:
         """The window of time a question about the asker's own things asks ("this week"), when
         their rows found are dated but none in it; "" otherwise."""
         v = self.vocabulary
-        owns = v.language.patterns.get("asker_owns")
-        window = asked_window(need.asked, v.time_window) if owns and owns.search(need.asked) and v.dates else None
+        window = window_asked(need.asked, v)
         if window is None:
             return ""
         today = timezone.localdate()
         first, last = window_span(window[0], today)
-        dated = [when.date() for when in (v.dates.first(" ".join(s.text for s in p.sentences), today)
-                                          for p in {id(p): p for p, _ in eligible if p.asker_own}.values()) if when]
+        dated = [when.date() for when in (row_date(p, v, today) for p in
+                                          {id(p): p for p, _ in eligible if p.asker_own}.values()) if when]
         return window[1] if dated and not any(first <= d <= last for d in dated) else ""
 
     def decline(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> str:

@@ -115,10 +115,12 @@ class _FilteredRetriever(Retriever):
         return hits
 
 
-def _checks_space(query: Query) -> bool:
-    """An empty asker's-rows search says nothing of the space: the same text is searched
-    unnarrowed beside it, and that search checks (one statement less per such turn)."""
-    return not query.metadata.get(ASKER_ROWS)
+def _reading(query: Query, turn) -> dict[str, Any]:
+    """How ``query`` is searched for ``turn``: as whom (``principals_for_query``), and whether an
+    empty result checks the embedding space. An empty asker's-rows search says nothing of the
+    space: the same text is searched unnarrowed beside it, and that search checks (one statement
+    less per such turn)."""
+    return {"principals": principals_for_query(query, turn), "check_space": not query.metadata.get(ASKER_ROWS)}
 
 
 class VectorRetriever(_FilteredRetriever):
@@ -146,8 +148,7 @@ class VectorRetriever(_FilteredRetriever):
     async def retrieve(self, query, turn, k):
         vector = (await turn.embed([query.text]))[0]
         return await sync_to_async(self.search)(turn.components.embedder.space, vector, k,
-                                                query.metadata.get("filters"), principals=principals_for_query(query, turn),
-                                                check_space=_checks_space(query))
+                                                query.metadata.get("filters"), **_reading(query, turn))
 
 
 class FullTextRetriever(_FilteredRetriever):
@@ -170,8 +171,7 @@ class FullTextRetriever(_FilteredRetriever):
 
     async def retrieve(self, query, turn, k):
         return await sync_to_async(self.search)(turn.components.embedder.space, query.text, k,
-                                                query.metadata.get("filters"), principals=principals_for_query(query, turn),
-                                                check_space=_checks_space(query))
+                                                query.metadata.get("filters"), **_reading(query, turn))
 
 
 class HybridRetriever(VectorRetriever):
@@ -214,8 +214,7 @@ class HybridRetriever(VectorRetriever):
         vector = (await turn.embed([query.text]))[0]
         return await sync_to_async(self.search)(turn.components.embedder.space, vector, k,
                                                 query.metadata.get("filters"), text=query.text,
-                                                principals=principals_for_query(query, turn),
-                                                check_space=_checks_space(query))
+                                                **_reading(query, turn))
 
 
 @hookimpl
