@@ -817,11 +817,7 @@ DENTAL_PAGES = [
 ]
 
 
-def test_a_dental_practices_patient_asks_about_their_appointments(ragchat_settings_override, user):
-    """A dental practice's trial (PostgreSQL, Django 6.1): "Do I have anything booked this week?"
-    was declined as another topic's (the opening hours page's heading), though the asker's
-    check-up in two days was found; "Which dentist am I seeing next?" was no question about the
-    asker's own things ("am I seeing") and got the emergency page's phone number."""
+def _dental_practice(ragchat_settings_override, user) -> None:
     ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
     for title, body in DENTAL_PAGES:
         Article.objects.create(title=title, body=body)
@@ -829,7 +825,41 @@ def test_a_dental_practices_patient_asks_about_their_appointments(ragchat_settin
                             (12, "teeth whitening session", "Dr Emma Reid")):
         Article.objects.create(title=f"Your appointment: {what}", owner=user,
                                body=f"You booked a {what} with {who} on {_on(days)} at 14:15.")
+
+
+def test_a_dental_practices_patient_asks_about_their_appointments(ragchat_settings_override, user):
+    """A dental practice's trial (PostgreSQL, Django 6.1): "Do I have anything booked this week?"
+    was declined as another topic's (the opening hours page's heading), though the asker's
+    check-up in two days was found; "Which dentist am I seeing next?" was no question about the
+    asker's own things ("am I seeing") and got the emergency page's phone number."""
+    _dental_practice(ragchat_settings_override, user)
     answer = ask(user, "Do I have anything booked this week?").answer
     assert _on(2) in answer and _on(12) not in answer, answer
     answer = ask(user, "Which dentist am I seeing next?").answer
     assert "Dr James Patel" in answer and _on(2) in answer and "020 7946" not in answer, answer
+
+
+def test_a_window_asked_without_my_is_answered_by_my_rows_in_it(ragchat_settings_override, user):
+    """A bike shop's trial: "What is ready this week?" was declined, for dates were read only in a
+    question saying "my". The asker's rows found answer a window of time asked without it; a
+    question about the site's hours in that window is still the hours page's."""
+    _dental_practice(ragchat_settings_override, user)
+    answer = ask(user, "What is booked this week?").answer
+    assert _on(2) in answer and _on(12) not in answer and "check-up" in answer, answer
+    answer = ask(user, "Are you open late this week?").answer
+    assert "8:00 to 18:00" in answer and "You booked" not in answer, answer
+
+
+def test_a_follow_up_pointing_at_my_row_asks_of_what_the_row_said(ragchat_settings_override, user):
+    """A dental practice's trial: after "When is my next appointment?" (a check-up, from the
+    asker's row), "And how much does that cost?" priced an emergency appointment: the follow-up
+    carried the question's words ("appointment"), not what the answer quoted. It now carries the
+    answer's topic words (not its names and dates, which no price page writes)."""
+    _dental_practice(ragchat_settings_override, user)
+    conversation = Conversation.objects.create(owner=user)
+    assert "check-up with Dr James Patel" in run_turn_sync(conversation, "When is my next appointment?").answer
+    result = run_turn_sync(conversation, "And how much does that cost?")
+    assert "£55" in result.answer and "£80" not in result.answer, result.answer
+    assert "check-up" in result.trace["queries"]["final"] and "Patel" not in result.trace["queries"]["final"]
+    answer = run_turn_sync(conversation, "Who is it with?").answer
+    assert "Dr James Patel" in answer and _on(2) in answer, answer

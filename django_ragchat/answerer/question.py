@@ -520,7 +520,11 @@ def _take_carried_attribute(need: Need, asked: str, typed_keys: set[str], vocabu
 
 def _value_asked(need: Need, asked: str, vocabulary: Vocabulary) -> None:
     """What kind of value answers (an amount, a number) and the groups that kind implies."""
-    own_groups = {label for k in need.own if word_of(k) not in need.comparatives for label in labels(k)}
+    # "How much is a check-up this week?": a window of time says when, not what is measured.
+    window = vocabulary.time_window.search(asked) if vocabulary.time_window else None
+    when = stems(window.group(0)) if window else set()
+    own_groups = {label for k in need.own if word_of(k) not in need.comparatives and stem(word_of(k)) not in when
+                  for label in labels(k)}
     all_groups = {label for k in need.groups for label in labels(k)}
     if ("shipping" in own_groups and "return" in all_groups and "return shipping" not in own_groups
             and ("price" in own_groups or "postag" in stems(asked))):

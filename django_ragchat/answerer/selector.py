@@ -359,10 +359,13 @@ def asks_own(asked: str, v: Vocabulary) -> bool:
     return bool(owns and owns.search(asked))
 
 
-def window_asked(asked: str, v: Vocabulary) -> tuple[str, str] | None:
+def window_asked(asked: str, v: Vocabulary, own_rows_found: bool = False) -> tuple[str, str] | None:
     """The window of time ("this week") a question about the asker's own things asks, when the
-    language reads dates (answerer/dates.py)."""
-    return asked_window(asked, v.time_window) if v.dates and asks_own(asked, v) else None
+    language reads dates (answerer/dates.py). With ``own_rows_found`` (rows of the asker's are
+    among the passages), any question asking a window is read so: "What is ready this week?"."""
+    if not v.dates or not (own_rows_found or asks_own(asked, v)):
+        return None
+    return asked_window(asked, v.time_window)
 
 
 def row_date(p: Passage, v: Vocabulary, today: date) -> datetime | None:
@@ -411,7 +414,9 @@ class _Scoring:
         # "What do I have booked this week?": the window's words are stated by the asker's rows
         # dated in it, and by none of their others (answerer/dates.py).
         self.now = timezone.localtime().replace(tzinfo=None)  # the site's TIME_ZONE, as rows write dates
-        self.window = window_asked(need.asked, v)
+        self.window = window_asked(need.asked, v, any(p.asker_own for p, _ in self.eligible))
+        # "What is ready this week?" says no "my", but the asker's rows found answer it as theirs.
+        self.reads_own = self.asks_own or self.window is not None
         said = {stem(w) for w in words(self.window[1])} if self.window else set()
         self.window_keys = {k for k in need.groups if stem(word_of(k)) in said}
         self.soonest = self.asks_own and self.window is None and bool({stem(w) for w in words(need.asked)} & {
@@ -467,7 +472,7 @@ class _Scoring:
                 evidence *= FAULT_QUALIFIER_EVIDENCE  # "covers battery failure" is no battery life
             # The asker's own row is one record: its title ("Your appointment: Biscuit") says what
             # every sentence of it is, when they ask about their own things.
-            evidence = evidence or (1.0 if self.asks_own and p.asker_own else 0.6) * v.covers(key, p.heading_stems)
+            evidence = evidence or (1.0 if self.reads_own and p.asker_own else 0.6) * v.covers(key, p.heading_stems)
             if not evidence and key in need.carried:
                 # What the value is of may be the page's topic: "A standard visit lasts about two
                 # hours." under "Plant care service > How long a visit takes".
@@ -945,23 +950,23 @@ class AnswerSelector:
         if self.similarity is not None:
             choices = self.with_similarity(need, choices)
         best = max(choices, key=lambda c: (c.score, -c.passage.index, -c.sentence.position))
-        if scoring.asks_own:
+        if scoring.reads_own:
             best = self._asker_own_first(best, choices)
         if best.coverage < self.min_coverage and best.similarity < self.min_similarity:
             return note("below_threshold", best)
         if (self.similarity is not None and best.similarity < OTHER_TOPIC_SIMILARITY
-                and not (scoring.asks_own and best.passage.asker_own)  # their own row is their topic
+                and not (scoring.reads_own and best.passage.asker_own)  # their own row is their topic
                 and _topics_elsewhere(need, eligible, best.passage, self.vocabulary)):
             # "Do you deliver on Saturdays?" is not answered by the support lines' Saturday hours
             return note("other_topic", best)
-        if scoring.window and not best.passage.asker_own and any(
+        if scoring.window and scoring.asks_own and not best.passage.asker_own and any(
                 c.passage.asker_own and scoring.when(c.passage, c.sentence) for c in choices):
             return note("none_in_window", best)  # "... this week?": all their dated rows are later
         return [c for row in self._listed(best, choices, scoring) for c in self.compose(row, choices, need)]
 
     def _listed(self, best: Choice, choices: list[Choice], scoring: _Scoring) -> list[Choice]:
         """The rows the answer quotes: ``best`` and the rows alike; the asker's by their dates."""
-        if not (scoring.asks_own and best.passage.asker_own):
+        if not (scoring.reads_own and best.passage.asker_own):
             return [best, *self._rows_alike(best, choices)[:MAX_ROWS_LISTED - 1]]
         if scoring.soonest or scoring.window:  # which of them is a matter of dates, not of words
             rows = self._asker_rows(best, choices)

@@ -82,8 +82,9 @@ class AskerRowsExpander(QueryExpander):
     for?", "my booking", the language's ``asker_owns`` pattern) is searched a second time among
     the rows only shared with the asker by name (their appointments, orders), so that public
     pages that share its words ("appointments") cannot push them out of the top ``k``: the joiner
-    fuses both lists. Signed-in askers only; the variant has the same text, marked
-    ``ASKER_ROWS``."""
+    fuses both lists. So is a question asking a window of time (the language's ``time_window``:
+    "What is ready this week?"), which their dated rows may answer. Signed-in askers only; the
+    variant has the same text, marked ``ASKER_ROWS``."""
 
     name = "asker_rows"
     description = "searches a question about the asker's own things among the rows shared with them by name too"
@@ -91,10 +92,11 @@ class AskerRowsExpander(QueryExpander):
 
     def __init__(self, profile, *, vocabulary: Vocabulary, **options):
         super().__init__(profile, **options)
-        self.pattern = vocabulary.language.patterns.get("asker_owns")  # optional: a language may have none
+        # Both optional: a language may have neither.
+        self.patterns = [p for p in map(vocabulary.language.patterns.get, ("asker_owns", "time_window")) if p]
 
     def expand(self, query: Query, turn: TurnContext) -> list[Query]:
-        if self.pattern is None or not users_only(turn.principals).tokens or not self.pattern.search(turn.question):
+        if not users_only(turn.principals).tokens or not any(p.search(turn.question) for p in self.patterns):
             return []
         return [query.replace(metadata={**query.metadata, ASKER_ROWS: True})]
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 
 from django_ragchat import hookimpl
+from django_ragchat.access import users_only
 from django_ragchat.components import Component
 from django_ragchat.search.subjects import Subject, SubjectIndex, name_key, subject_index
 from django_ragchat.text import STOPWORDS, content_terms, normalize, stem, words
@@ -54,6 +55,8 @@ class QueryTransformer(Component):
 _TOKEN_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*")
 # How far into a message names are looked for: long answers add cost, not subjects.
 _MAX_SCAN_CHARS = 1000
+#: An answer's citation marks ("[1]"), left out when an answer is carried into a search.
+_CITATION_MARK = re.compile(r"\s*\[\d+\]")
 
 NAME, ACRONYM, CODE, TOPIC = "name", "acronym", "code", "topic"
 
@@ -564,6 +567,10 @@ class FollowUpEnricher(QueryTransformer):
     def transform(self, query, turn):
         """The follow-up resolved (see the class docstring). With a turn, the corpus's subject
         names are looked up first (one query, cached); without one (unit use) there are none."""
+        answer = self._answer_about_own_things(query, turn)
+        if answer:
+            return _noted(query, f"follow-up: added the words of the answer about the asker's own things {answer!r}",
+                          text=f"{query.text} {answer}")
         # A first message is looked at only when it may name a kind ("the tablet").
         if not self.track_subjects or turn is None or not (query.history or self.grammar.kind_pointer.search(query.text)):
             return self.resolve(query, turn, None)
@@ -768,6 +775,29 @@ class FollowUpEnricher(QueryTransformer):
         if not terms:
             return _noted(query, "no salient terms")
         return _noted(query, f"follow-up: added {terms}", text=f"{query.text} {' '.join(terms)}")
+
+    def _answer_about_own_things(self, query: Query, turn: TurnContext | None) -> str:
+        """The topic words of the answer to the question that opened the topic, when it asked
+        about the asker's own things (the language's ``asker_owns``), the asker is signed in
+        (their rows may have answered) and the question points back with a pronoun: after "When
+        is my next appointment?", "And how much does that cost?" asks of the check-up their row
+        says, which the question's words ("appointment") do not name; "" otherwise."""
+        owns = self.vocabulary.language.patterns.get("asker_owns")  # optional: a language may have none
+        if (owns is None or turn is None or not users_only(turn.principals).tokens
+                or not any(t in self.grammar.anaphora for t in words(self.grammar.pointing(query.text)))):
+            return ""
+        said = [m for m in query.history if not (m.is_tool_exchange or m.from_memory)]
+        # "Who is it with?" after "And how much does that cost?" still asks of the check-up.
+        opened = max((i for i, m in enumerate(said) if m.role == "user" and not self._points_back(m.content)),
+                     default=-1)
+        if (opened < 0 or not owns.search(said[opened].content) or opened + 1 >= len(said)
+                or said[opened + 1].role != "assistant"):
+            return ""
+        # Its topic words only: the names it quotes ("Dr James Patel", "Tuesday") are the row's
+        # details, not a subject every passage must name ("A check-up ... costs £55" names none).
+        answer = _CITATION_MARK.sub("", said[opened + 1].content)
+        return " ".join(token for token, kind in classify_tokens(answer)
+                        if kind == TOPIC and not any(c.isdigit() for c in token))
 
     def opening_message(self, query: Query, *, newest_topic: bool = False) -> str:
         """The user's first message within ``lookback`` user turns (``query``'s history starts at
