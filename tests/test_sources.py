@@ -863,3 +863,47 @@ def test_a_follow_up_pointing_at_my_row_asks_of_what_the_row_said(ragchat_settin
     assert "check-up" in result.trace["queries"]["final"] and "Patel" not in result.trace["queries"]["final"]
     answer = run_turn_sync(conversation, "Who is it with?").answer
     assert "Dr James Patel" in answer and _on(2) in answer, answer
+
+
+def _bed_and_breakfast(ragchat_settings_override, user) -> None:
+    """A bed and breakfast's trial: each reservation row writes its dates, price, breakfast and
+    reference in three sentences, as sources.md's booking example does."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    Article.objects.create(title="Rooms and prices", body=(
+        "The Heron Suite has a king-size bed and a roll-top bath. The Heron Suite costs £140 per night for two "
+        "people, breakfast included. The Willow Room is a twin room on the ground floor. The Willow Room costs £85 "
+        "per night for two people."))
+    Article.objects.create(title="Breakfast", body="Breakfast is served in the dining room from 7:30am to 9:30am.")
+    for days, room, nights, reference, breakfast in ((3, "Heron Suite", 2, "HH-2041", True),
+                                                     (40, "Willow Room", 3, "HH-2107", False),
+                                                     (-50, "Kingfisher Room", 1, "HH-1893", True)):
+        Article.objects.create(title=f"Your reservation: {room}", owner=user, body=(
+            f"You booked the {room} for {nights} nights, arriving on {_on(days)} and leaving on "
+            f"{_on(days + nights)}. Breakfast is {'' if breakfast else 'not '}included in your stay. "
+            f"Your booking reference is {reference}."))
+
+
+def test_my_rows_are_quoted_by_their_dated_sentence_and_named_when_it_does_not(ragchat_settings_override, user):
+    """A bed and breakfast's trial: "When is my next booking?" and "What have I booked?" quoted
+    "Your booking reference is HH-2041" (it states "booking" as well as the dated sentence does);
+    three references in a row did not say which stay each was."""
+    _bed_and_breakfast(ragchat_settings_override, user)
+    answer = ask(user, "When is my next booking?").answer
+    assert answer.startswith("You booked the Heron Suite") and _on(3) in answer and "Willow" not in answer, answer
+    answer = ask(user, "What have I booked?").answer
+    assert answer.index("Kingfisher") < answer.index("Heron") < answer.index("Willow"), answer
+    assert "reference" not in answer, answer
+    answer = ask(user, "What is my booking reference?").answer
+    assert "Heron Suite \N{EM DASH} Your booking reference is HH-2041" in answer, answer
+    assert ask(user, "What is my booking reference for the Willow Room?").answer.startswith(
+        "Your booking reference is HH-2107")
+
+
+def test_a_follow_up_pointing_at_my_row_carries_the_subject_it_names(ragchat_settings_override, user):
+    """A bed and breakfast's trial: "And is breakfast included in that?" after "When is my next
+    stay?" quoted every stay's breakfast sentence, the Willow Room's "not included" first."""
+    _bed_and_breakfast(ragchat_settings_override, user)
+    conversation = Conversation.objects.create(owner=user)
+    assert "Heron Suite" in run_turn_sync(conversation, "When is my next stay?").answer
+    answer = run_turn_sync(conversation, "And is breakfast included in that?").answer
+    assert "Breakfast is included" in answer and "not included" not in answer, answer

@@ -181,6 +181,7 @@ class Choice:
     score: float
     coverage: float
     similarity: float = 0.0  # to what was asked, by the semantic model (0 without one)
+    label: str = ""  # which of the asker's rows it is, said before it when its words do not
 
 
 #: An initialism asked is known by having none of these ("fps", "mah"), or by its capitals.
@@ -422,6 +423,7 @@ class _Scoring:
         self.soonest = self.asks_own and self.window is None and bool({stem(w) for w in words(need.asked)} & {
             stem(w) for w in v.soonest})
         self._when: dict[tuple[int, int], datetime | None] = {}
+        self._row_said: dict[tuple[int, str], bool] = {}
         # "Which orders have I placed?": the asker's row is the record of their act ("You ordered ...").
         act = v.language.patterns.get("asker_act") if self.asks_own else None  # optional
         acts = {stem(next(g for g in m.groups() if g)) for m in act.finditer(need.asked)} if act else set()
@@ -467,7 +469,9 @@ class _Scoring:
                 all_cov += evidence * weight * self.idf[key]
                 own_cov += evidence * self.idf[key] if key in need.own else 0.0
                 continue
-            evidence = 1.0 if key in self.act_keys and p.asker_own else self._stated(key, s)
+            evidence = self._stated(key, s)
+            if not evidence and key in self.act_keys and p.asker_own and not self._row_states(p, key):
+                evidence = 1.0  # "Which orders have I placed?": "You ordered ..." records the act
             if evidence and key in need.own and _qualifies_a_fault(key, s, self.asked_labels, v):
                 evidence *= FAULT_QUALIFIER_EVIDENCE  # "covers battery failure" is no battery life
             # The asker's own row is one record: its title ("Your appointment: Biscuit") says what
@@ -513,6 +517,14 @@ class _Scoring:
         if not before:
             return found[0][1]
         return next(when for start, when in found if start > before[-1])
+
+    def _row_states(self, p: Passage, key: str) -> bool:
+        """Whether a sentence of the asker's row ``p`` states ``key`` in its own words: then that
+        sentence says their act ("You booked ..."), not its others ("Your booking reference is ...")."""
+        cache = (id(p), key)
+        if cache not in self._row_said:
+            self._row_said[cache] = any(self._stated(key, t) for t in p.sentences)
+        return self._row_said[cache]
 
     def in_window(self, p: Passage, s: Sentence | None = None) -> bool:
         """Whether ``p`` (its sentence ``s``) is dated in the window of time asked."""
@@ -600,6 +612,17 @@ class _Scoring:
             # stated: "...can buy a Visitor Card for £12 a year", not "...can join for free".
             score += SUBJECT_OPENING_BONUS
         return Choice(p, s, score, own_cov)
+
+
+def _labelled(parts: list[Choice]) -> list[Choice]:
+    """One of several rows of the asker's quoted, what its title names said before it when its
+    sentences do not ("Heron Suite \N{EM DASH} Your booking reference is HH-2041"): three
+    references in a row say nothing of which stay each is."""
+    passage = parts[0].passage
+    named = passage.subject_name or passage.heading_leaf.rsplit(":", 1)[-1].strip()
+    if not named or any(named.lower() in c.sentence.text.lower() for c in parts):
+        return parts
+    return [replace(parts[0], label=named), *parts[1:]]
 
 
 def _no_note(reason: str, best: Choice | None = None) -> list[Choice]:
@@ -912,7 +935,8 @@ class AnswerSelector:
 
     @staticmethod
     def cited(picked: list[Choice]) -> str:
-        return " ".join(cite(c.sentence.text, c.passage.index) for c in picked)
+        return " ".join(cite(f"{c.label} \N{EM DASH} {c.sentence.text}" if c.label else c.sentence.text, c.passage.index)
+                        for c in picked)
 
     def describe(self, need: Need, eligible: list[tuple[Passage, Sentence]]) -> list[Choice]:
         """No attribute asked ("Tell me about the Aurora X2"): the subject's description, which
@@ -962,7 +986,11 @@ class AnswerSelector:
         if scoring.window and scoring.asks_own and not best.passage.asker_own and any(
                 c.passage.asker_own and scoring.when(c.passage, c.sentence) for c in choices):
             return note("none_in_window", best)  # "... this week?": all their dated rows are later
-        return [c for row in self._listed(best, choices, scoring) for c in self.compose(row, choices, need)]
+        listed = self._listed(best, choices, scoring)
+        said = [self.compose(row, choices, need) for row in listed]
+        if len(listed) > 1 and best.passage.asker_own:
+            said = [_labelled(parts) for parts in said]
+        return [c for parts in said for c in parts]
 
     def _listed(self, best: Choice, choices: list[Choice], scoring: _Scoring) -> list[Choice]:
         """The rows the answer quotes: ``best`` and the rows alike; the asker's by their dates."""
@@ -972,6 +1000,7 @@ class AnswerSelector:
             rows = self._asker_rows(best, choices)
         else:
             rows = [best, *self._rows_alike(best, choices, asks_own=True)]
+        rows = [self._dated_sentence(c, choices, scoring) for c in rows]
         return self._in_time_order(rows, scoring)[:MAX_ROWS_LISTED]
 
     def _asker_rows(self, best: Choice, choices: list[Choice]) -> list[Choice]:
@@ -985,6 +1014,21 @@ class AnswerSelector:
                     and p.document_id not in found):
                 found[p.document_id] = c
         return list(found.values())
+
+    @staticmethod
+    def _dated_sentence(row: Choice, choices: list[Choice], scoring: _Scoring) -> Choice:
+        """``row``, or when its sentence writes no date, the best sentence of its passage that
+        does and states as much (any, for "next" or a window of time: "When is my next stay?" is
+        answered by a date): "When is my next booking?" and "What have I booked?" are said by
+        "You booked ... arriving on 9 December", not by "Your booking reference is HH-2041",
+        though both state "booking"; "What is my booking reference?" is still the reference's."""
+        dates, today = scoring.vocabulary.dates, scoring.now.date()
+        if not dates or dates.first(row.sentence.text, today):
+            return row
+        by_date = scoring.soonest or scoring.window is not None  # the date is what answers
+        dated = [c for c in choices if c.passage is row.passage and (by_date or c.coverage >= row.coverage)
+                 and dates.first(c.sentence.text, today)]
+        return max(dated, key=lambda c: (c.score, -c.sentence.position), default=row)
 
     @staticmethod
     def _in_time_order(rows: list[Choice], scoring: _Scoring) -> list[Choice]:

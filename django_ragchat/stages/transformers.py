@@ -30,6 +30,7 @@ from asgiref.sync import sync_to_async
 from django_ragchat import hookimpl
 from django_ragchat.access import users_only
 from django_ragchat.components import Component
+from django_ragchat.models import MessageSource
 from django_ragchat.search.subjects import Subject, SubjectIndex, name_key, subject_index
 from django_ragchat.text import STOPWORDS, content_terms, normalize, stem, words
 from django_ragchat.types import EndTurn, Query, SkipRetrieval
@@ -567,14 +568,19 @@ class FollowUpEnricher(QueryTransformer):
     def transform(self, query, turn):
         """The follow-up resolved (see the class docstring). With a turn, the corpus's subject
         names are looked up first (one query, cached); without one (unit use) there are none."""
-        answer = self._answer_about_own_things(query, turn)
+        # A first message is looked at only when it may name a kind ("the tablet").
+        if not self.track_subjects or turn is None or not (query.history or self.grammar.kind_pointer.search(query.text)):
+            return self._resolve_own_answer_first(query, turn, None)
+        return self._resolve_with_subjects(query, turn)
+
+    def _resolve_own_answer_first(self, query: Query, turn: TurnContext | None, index: SubjectIndex | None):
+        """``resolve``, unless the question points back at an answer about the asker's own things
+        (read in the search's thread: the cited sources' titles are one statement)."""
+        answer = self._answer_about_own_things(query, turn) if index is not None else ""
         if answer:
             return _noted(query, f"follow-up: added the words of the answer about the asker's own things {answer!r}",
                           text=f"{query.text} {answer}")
-        # A first message is looked at only when it may name a kind ("the tablet").
-        if not self.track_subjects or turn is None or not (query.history or self.grammar.kind_pointer.search(query.text)):
-            return self.resolve(query, turn, None)
-        return self._resolve_with_subjects(query, turn)
+        return self.resolve(query, turn, index)
 
     async def _resolve_with_subjects(self, query, turn):
         # In the thread: "Do you sell blenders?" may read the current subject's documents.
@@ -583,7 +589,7 @@ class FollowUpEnricher(QueryTransformer):
     def _resolve_in_thread(self, query, turn):
         index = subject_index(turn.components.embedder.space, language=self.vocabulary.language,
                               principals=getattr(turn, "principals", None))
-        return self.resolve(query, turn, index)
+        return self._resolve_own_answer_first(query, turn, index)
 
     def state_of(self, query: Query, index: SubjectIndex) -> tuple[ConversationState, ConversationState, Reading]:
         """(the state before the question, after it, and the question's reading), from the
@@ -777,11 +783,14 @@ class FollowUpEnricher(QueryTransformer):
         return _noted(query, f"follow-up: added {terms}", text=f"{query.text} {' '.join(terms)}")
 
     def _answer_about_own_things(self, query: Query, turn: TurnContext | None) -> str:
-        """The topic words of the answer to the question that opened the topic, when it asked
-        about the asker's own things (the language's ``asker_owns``), the asker is signed in
-        (their rows may have answered) and the question points back with a pronoun: after "When
-        is my next appointment?", "And how much does that cost?" asks of the check-up their row
-        says, which the question's words ("appointment") do not name; "" otherwise."""
+        """What the answer to the question that opened the topic was about, when that question
+        asked about the asker's own things (the language's ``asker_owns``), the asker is signed
+        in (their rows may have answered) and the question points back with a pronoun: after
+        "When is my next appointment?", "And how much does that cost?" asks of the check-up their
+        row says, which the question's words ("appointment") do not name; after "When is my next
+        stay?", "Is breakfast included in that?" asks of the Heron Suite. That is the answer's
+        topic words and what the titles of the sources it cited name ("Your reservation: Heron
+        Suite": one statement, in those turns only); "" otherwise."""
         owns = self.vocabulary.language.patterns.get("asker_owns")  # optional: a language may have none
         if (owns is None or turn is None or not users_only(turn.principals).tokens
                 or not any(t in self.grammar.anaphora for t in words(self.grammar.pointing(query.text)))):
@@ -793,11 +802,15 @@ class FollowUpEnricher(QueryTransformer):
         if (opened < 0 or not owns.search(said[opened].content) or opened + 1 >= len(said)
                 or said[opened + 1].role != "assistant"):
             return ""
-        # Its topic words only: the names it quotes ("Dr James Patel", "Tuesday") are the row's
+        answer = said[opened + 1]
+        # Its topic words, not its names ("Dr James Patel", "Tuesday"): those are the row's
         # details, not a subject every passage must name ("A check-up ... costs £55" names none).
-        answer = _CITATION_MARK.sub("", said[opened + 1].content)
-        return " ".join(token for token, kind in classify_tokens(answer)
-                        if kind == TOPIC and not any(c.isdigit() for c in token))
+        topic = [token for token, kind in classify_tokens(_CITATION_MARK.sub("", answer.content))
+                 if kind == TOPIC and not any(c.isdigit() for c in token)]
+        titles = MessageSource.objects.filter(message__conversation_id=turn.conversation.pk, message__seq=answer.seq,
+                                              cited=True).values_list("title", flat=True)
+        named = [title.rsplit(":", 1)[-1].strip() for title in titles]
+        return " ".join(dict.fromkeys(word for word in [*topic, *named] if word))
 
     def opening_message(self, query: Query, *, newest_topic: bool = False) -> str:
         """The user's first message within ``lookback`` user turns (``query``'s history starts at
