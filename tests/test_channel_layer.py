@@ -30,6 +30,9 @@ from tests.live_servers import (
 
 QUESTION = "How much does the Aurora X2 cost?"
 
+# Heavy (real uvicorn processes) and alike whatever the Django version or the database: each once.
+pytestmark = pytest.mark.pairwise
+
 
 @pytest.fixture(scope="module")
 def layerless_server(live_env):

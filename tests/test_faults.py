@@ -112,6 +112,7 @@ def users_with_conversations(django_user_model, n_users: int, per_user: int, pre
     return [(u, [Conversation.objects.create(owner=u, profile="fake") for _ in range(per_user)]) for u in users]
 
 
+@pytest.mark.pairwise  # a crash of real server processes: each Django version and database once
 def test_sigkill_mid_stream_loses_no_heartbeat_and_blocks_nothing(
         fault_server, openai_server, product_corpus, django_user_model, live_prefix):
     openai_server.token_delay = DELAY
@@ -177,6 +178,7 @@ def test_sigkill_mid_stream_loses_no_heartbeat_and_blocks_nothing(
                 ("user", "complete"), ("assistant", "interrupted"), ("user", "complete"), ("assistant", "complete")]
 
 
+@pytest.mark.pairwise  # a crash of real server processes: each Django version and database once
 @pytest.mark.parametrize("fault_server", ["uvicorn", "daphne", "gunicorn"], indirect=True)
 def test_sigterm_saves_every_answer_incomplete_and_tells_every_client(
         fault_server, openai_server, product_corpus, django_user_model):

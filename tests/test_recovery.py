@@ -213,6 +213,7 @@ def check_saved(conversation, index: int, received: str) -> None:
     assert interrupted.metadata["error"]["code"] == "interrupted"
 
 
+@pytest.mark.pairwise  # a crash of real server processes: each Django version and database once
 def test_after_a_kill_every_resend_replays_free_of_the_limits_and_new_messages_start_at_once(
         crash_server, openai_server, product_corpus, django_user_model, live_prefix):
     server = crash_server

@@ -22,6 +22,9 @@ QUESTION = "How much does the Aurora X2 cost?"
 FINAL = ("done", "error")
 
 
+# Heavy (two real server processes) and alike whatever the Django version or the database: each once.
+pytestmark = pytest.mark.pairwise
+
 
 @pytest.fixture
 def tabs(redis_workers, user, product_corpus):

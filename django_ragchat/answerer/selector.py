@@ -960,10 +960,10 @@ class AnswerSelector:
         note = self.why.attempt if self.why is not None else _no_note
         if not eligible:
             return note("no_sentence_on_subject")
-        if not need.own:
-            return self.describe(need, eligible)
         scoring = _Scoring(need, _weights(need, passages, eligible, self.vocabulary, self.word_norms),
                            self.vocabulary, self.rank_prior, eligible)
+        if not need.own:
+            return self._by_date_alone(eligible, scoring) or self.describe(need, eligible)
         choices = [scoring.choice(p, s) for p, s in eligible if not scoring.excluded(p, s)]
         if need.must_amount:  # "how much" is answered by an amount, not by a description
             choices = [c for c in choices if c.sentence.has_currency]
@@ -1002,6 +1002,22 @@ class AnswerSelector:
             rows = [best, *self._rows_alike(best, choices, asks_own=True)]
         rows = [self._dated_sentence(c, choices, scoring) for c in rows]
         return self._in_time_order(rows, scoring)[:MAX_ROWS_LISTED]
+
+    def _by_date_alone(self, eligible: list[tuple[Passage, Sentence]], scoring: _Scoring) -> list[Choice]:
+        """"When is my next stay?" asks no word a row must state ("stay" says nothing: "Where
+        does the pen stay?"), only which row of the asker's comes next, or is dated in a window
+        of time: each row's first dated sentence, by date; [] for any other question."""
+        if not (scoring.asks_own and (scoring.soonest or scoring.window)):
+            return []
+        dates, today = self.vocabulary.dates, scoring.now.date()
+        rows: dict[int, Choice] = {}
+        for p, s in eligible:
+            if p.asker_own and p.document_id not in rows and dates.first(s.text, today):
+                rows[p.document_id] = Choice(p, s, 0.0, 0.0)
+        listed = self._in_time_order(list(rows.values()), scoring)
+        if scoring.window and not any(scoring.in_window(c.passage, c.sentence) for c in listed):
+            return []  # none in it: the decline says so (``_window_unmet``)
+        return listed[:MAX_ROWS_LISTED]
 
     def _asker_rows(self, best: Choice, choices: list[Choice]) -> list[Choice]:
         """``best`` and every other row of the asker's in its source that answers at all (its best
