@@ -1035,9 +1035,14 @@ def test_the_trace_says_why_the_offline_answerer_answered_or_declined(admin_clie
     ({"outcome": "unknown_subject", "unknown": ["Galaxy S9"]},
      "Declined: the question names “Galaxy S9”, which no passage is about."),
     ({"outcome": "no_passages"}, "No passage had a sentence to answer from."),
+    ({"outcome": "answered", "picked": [{"passage": 2}, {"passage": 3}],
+      "by_date": {"order": "window", "window": "this week"}},
+     "Answered with 2 sentences of passages [2] (Aurora X2 — Warranty), [3]; it quotes the asker's own rows "
+     "dated this week, earliest first."),
     # Odd shapes (a plugin's or another version's trace) leave parts out, never an error.
     ({"outcome": "declined", "asked": "x", "attempts": ["y", {"closest": "z"}], "thresholds": []},
      "Declined: no sentence states what was asked. No sentence answered (None)."),
+    ({"outcome": "answered", "by_date": {"order": "latest"}}, "Answered with 0 sentences."),
     ({}, ""), ("declined", ""),
 ])
 def test_the_answerers_reasons_read_as_sentences(why, said):

@@ -66,6 +66,22 @@ def attempt_sentence(attempt: dict, thresholds: dict, subjects: str, passages: d
     return f"The closest, {_sentence(closest, passages or {})}, {scores}."
 
 
+#: How the asker's rows quoted were picked by their dates (``Why.by_date``'s order).
+BY_DATE = {
+    "soonest": "the soonest of the asker's own rows still to come, by the dates they write",
+    "window": "the asker's own rows dated {window}, earliest first",
+    "earliest": "the asker's own rows, earliest first by the dates they write",
+}
+
+
+def _by_date(by_date: Any) -> str:
+    """"; it quotes the soonest of the asker's own rows still to come ..." or ""."""
+    if not isinstance(by_date, dict) or by_date.get("order") not in BY_DATE:
+        return ""
+    window = by_date.get("window") if isinstance(by_date.get("window"), str) else "in the time asked"
+    return "; it quotes " + BY_DATE[by_date["order"]].format(window=window)
+
+
 def _answered(why: dict, thresholds: dict, names: dict[int, str]) -> str:
     picked = [p for p in why.get("picked") or [] if isinstance(p, dict)]
     passages = sorted({p["passage"] for p in picked if isinstance(p.get("passage"), int)})
@@ -73,6 +89,7 @@ def _answered(why: dict, thresholds: dict, names: dict[int, str]) -> str:
     if passages:
         text += f" of passage{'s' if len(passages) != 1 else ''} " + ", ".join(
             f"[{n}]" + (f" ({names[n]})" if n in names else "") for n in passages)
+    text += _by_date(why.get("by_date"))
     parts = why.get("parts") if isinstance(why.get("parts"), dict) else {}
     if picked and why.get("asked"):
         of = "its part's" if parts else "the"

@@ -650,6 +650,8 @@ class Why:
     picked: list[dict] = field(default_factory=list)
     parts: dict = field(default_factory=dict)  # a question of several parts: how many were answered
     attempts: list[dict] = field(default_factory=list)
+    # The asker's rows read by their dates: {"order": "soonest", "window" or "earliest", "window": "this week"}.
+    by_date: dict = field(default_factory=dict)
 
     def attempt(self, reason: str, best: Choice | None = None) -> list[Choice]:
         """A search of the sentences that returned none, and why; always ``[]``."""
@@ -664,7 +666,7 @@ class Why:
     def as_dict(self, selector: AnswerSelector) -> dict:
         found = {"outcome": self.outcome or "answered", "asked": self.asked, "subjects": self.subjects,
                  "unknown": self.unknown, "missing": self.missing, "picked": self.picked, "parts": self.parts,
-                 "attempts": self.attempts}
+                 "attempts": self.attempts, "by_date": self.by_date}
         thresholds = {"min_coverage": selector.min_coverage}
         if selector.similarity is not None:
             thresholds.update(min_similarity=selector.min_similarity, other_topic_similarity=OTHER_TOPIC_SIMILARITY)
@@ -987,6 +989,7 @@ class AnswerSelector:
                 c.passage.asker_own and scoring.when(c.passage, c.sentence) for c in choices):
             return note("none_in_window", best)  # "... this week?": all their dated rows are later
         listed = self._listed(best, choices, scoring)
+        self._note_by_date(listed, scoring)
         said = [self.compose(row, choices, need) for row in listed]
         if len(listed) > 1 and best.passage.asker_own:
             said = [_labelled(parts) for parts in said]
@@ -1003,6 +1006,15 @@ class AnswerSelector:
         rows = [self._dated_sentence(c, choices, scoring) for c in rows]
         return self._in_time_order(rows, scoring)[:MAX_ROWS_LISTED]
 
+    def _note_by_date(self, listed: list[Choice], scoring: _Scoring) -> None:
+        """Tell staff (the trace's "Why this answer") that the asker's rows quoted were picked and
+        ordered by their dates, and how: the soonest still to come, those in a window, the earliest first."""
+        if self.why is None or not listed or not all(
+                c.passage.asker_own and scoring.when(c.passage, c.sentence) for c in listed):
+            return
+        order = "soonest" if scoring.soonest else "window" if scoring.window else "earliest"
+        self.why.by_date = {"order": order, **({"window": scoring.window[1]} if scoring.window else {})}
+
     def _by_date_alone(self, eligible: list[tuple[Passage, Sentence]], scoring: _Scoring) -> list[Choice]:
         """"When is my next stay?" asks no word a row must state ("stay" says nothing: "Where
         does the pen stay?"), only which row of the asker's comes next, or is dated in a window
@@ -1017,6 +1029,7 @@ class AnswerSelector:
         listed = self._in_time_order(list(rows.values()), scoring)
         if scoring.window and not any(scoring.in_window(c.passage, c.sentence) for c in listed):
             return []  # none in it: the decline says so (``_window_unmet``)
+        self._note_by_date(listed[:MAX_ROWS_LISTED], scoring)
         return listed[:MAX_ROWS_LISTED]
 
     def _asker_rows(self, best: Choice, choices: list[Choice]) -> list[Choice]:
