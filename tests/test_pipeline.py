@@ -161,6 +161,38 @@ def test_a_turn_issues_the_same_number_of_queries_whatever_the_history_length(pr
     assert own[2] == own[200] and own[2] - counts[2] == (0 if connection.vendor == "sqlite" else 1), (own, counts)
 
 
+def _grow_history_about_my_things(conversation, n):
+    """``n`` earlier messages, the newest two a question about the asker's own things and its answer."""
+    _grow_history(conversation, n)
+    Message.objects.bulk_create([
+        Message(conversation=conversation, seq=n + 1, role="user", content="Which colour is my Aurora X2?"),
+        Message(conversation=conversation, seq=n + 2, role="assistant", content="You chose the black Aurora X2 [1]."),
+    ])
+    conversation.last_seq = n + 2
+    conversation.save(update_fields=["last_seq"])
+
+
+def test_a_follow_up_on_an_answer_about_my_things_costs_one_statement_whatever_the_history(product_corpus, user):
+    """"How much does it cost?" after an answer about the asker's own things carries what that
+    answer's cited sources' titles name: one statement more than the same follow-up after a
+    question about the shop's things, whatever the history's length."""
+    warm = Conversation.objects.create(owner=user)
+    run_turn_sync(warm, "warm up the vector index")
+    run_turn_sync(warm, "and the subject names?")
+    counts = {}
+    for grow, n in ((_grow_history_about_my_things, 2), (_grow_history_about_my_things, 200), (_grow_history, 4)):
+        conversation = Conversation.objects.create(owner=user)
+        grow(conversation, n)
+        with CaptureQueriesContext(connection) as queries:
+            result = run_turn_sync(conversation, "How much does it cost?")
+        assert result.status == "complete"
+        counts[grow.__name__, n] = len(queries)
+        note = result.trace["queries"]["transformed"][0]["note"]
+        assert ("about the asker's own things" in note) == (grow is _grow_history_about_my_things), note
+    mine = [count for (name, _), count in counts.items() if name == "_grow_history_about_my_things"]
+    assert mine[0] == mine[1] == counts["_grow_history", 4] + 1, counts
+
+
 def test_history_budget_is_reserved_for_the_conversation(product_corpus, conversation, ragchat_settings_override):
     ragchat_settings_override(PROFILES={"default": {"context_window": 1200, "max_answer_tokens": 200}})
     _grow_history(conversation, 40)
