@@ -1043,6 +1043,9 @@ def test_the_trace_says_why_the_offline_answerer_answered_or_declined(admin_clie
     ({"outcome": "declined", "asked": "x", "attempts": ["y", {"closest": "z"}], "thresholds": []},
      "Declined: no sentence states what was asked. No sentence answered (None)."),
     ({"outcome": "answered", "by_date": {"order": "latest"}}, "Answered with 0 sentences."),
+    # One row listed "from the earliest" has no order to tell (a bed and breakfast's re-check).
+    ({"outcome": "answered", "picked": [{"passage": 3}], "by_date": {"order": "earliest"}},
+     "Answered with 1 sentence of passage [3]."),
     ({}, ""), ("declined", ""),
 ])
 def test_the_answerers_reasons_read_as_sentences(why, said):

@@ -74,9 +74,12 @@ BY_DATE = {
 }
 
 
-def _by_date(by_date: Any) -> str:
-    """"; it quotes the soonest of the asker's own rows still to come ..." or ""."""
+def _by_date(by_date: Any, rows: int) -> str:
+    """"; it quotes the soonest of the asker's own rows still to come ..." or "" (also for one
+    row listed from the earliest: one row has no order)."""
     if not isinstance(by_date, dict) or by_date.get("order") not in BY_DATE:
+        return ""
+    if by_date["order"] == "earliest" and rows < 2:
         return ""
     window = by_date.get("window") if isinstance(by_date.get("window"), str) else "in the time asked"
     return "; it quotes " + BY_DATE[by_date["order"]].format(window=window)
@@ -89,7 +92,7 @@ def _answered(why: dict, thresholds: dict, names: dict[int, str]) -> str:
     if passages:
         text += f" of passage{'s' if len(passages) != 1 else ''} " + ", ".join(
             f"[{n}]" + (f" ({names[n]})" if n in names else "") for n in passages)
-    text += _by_date(why.get("by_date"))
+    text += _by_date(why.get("by_date"), len(passages))
     parts = why.get("parts") if isinstance(why.get("parts"), dict) else {}
     if picked and why.get("asked"):
         of = "its part's" if parts else "the"
