@@ -962,10 +962,9 @@ class AnswerSelector:
         note = self.why.attempt if self.why is not None else _no_note
         if not eligible:
             return note("no_sentence_on_subject")
-        scoring = _Scoring(need, _weights(need, passages, eligible, self.vocabulary, self.word_norms),
-                           self.vocabulary, self.rank_prior, eligible)
         if not need.own:
-            return self._by_date_alone(eligible, scoring) or self.describe(need, eligible)
+            return self._nothing_asked(need, passages, eligible)
+        scoring = self._scoring(need, passages, eligible)
         choices = [scoring.choice(p, s) for p, s in eligible if not scoring.excluded(p, s)]
         if need.must_amount:  # "how much" is answered by an amount, not by a description
             choices = [c for c in choices if c.sentence.has_currency]
@@ -994,6 +993,19 @@ class AnswerSelector:
         if len(listed) > 1 and best.passage.asker_own:
             said = [_labelled(parts) for parts in said]
         return [c for parts in said for c in parts]
+
+    def _scoring(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> _Scoring:
+        return _Scoring(need, _weights(need, passages, eligible, self.vocabulary, self.word_norms),
+                        self.vocabulary, self.rank_prior, eligible)
+
+    def _nothing_asked(self, need: Need, passages: list[Passage], eligible: list[tuple[Passage, Sentence]]) -> list[Choice]:
+        """No word asked of a sentence: the subject's description (``describe``), or for "When is
+        my next stay?" the asker's rows by their dates; only then are the sentences scored."""
+        if asks_own(need.asked, self.vocabulary):
+            found = self._by_date_alone(eligible, self._scoring(need, passages, eligible))
+            if found:
+                return found
+        return self.describe(need, eligible)
 
     def _listed(self, best: Choice, choices: list[Choice], scoring: _Scoring) -> list[Choice]:
         """The rows the answer quotes: ``best`` and the rows alike; the asker's by their dates."""
