@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from django_ragchat import hookimpl
 from django_ragchat.exceptions import InvalidMessage, LLMError
-from django_ragchat.models import Conversation, Message, MessageSource, TurnTrace
+from django_ragchat.ingestion.pipeline import ingest_text
+from django_ragchat.models import Chunk, Conversation, Message, MessageSource, TurnTrace
 from django_ragchat.stages.llms import LLMBackend
 from django_ragchat.stages.postprocessors import DocumentPostProcessor
 from django_ragchat.turn.persistence import TurnInProgress
@@ -162,12 +163,15 @@ def test_a_turn_issues_the_same_number_of_queries_whatever_the_history_length(pr
 
 
 def _grow_history_about_my_things(conversation, n):
-    """``n`` earlier messages, the newest two a question about the asker's own things and its answer."""
+    """``n`` earlier messages, the newest two a question about the asker's own things and its
+    answer, which cited the asker's order (a row only they may read)."""
     _grow_history(conversation, n)
-    Message.objects.bulk_create([
+    order = Chunk.objects.select_related("document").get(document__source=f"order-{conversation.owner_id}")
+    _, answer = Message.objects.bulk_create([
         Message(conversation=conversation, seq=n + 1, role="user", content="Which colour is my Aurora X2?"),
         Message(conversation=conversation, seq=n + 2, role="assistant", content="You chose the black Aurora X2 [1]."),
     ])
+    MessageSource.objects.create(message=answer, chunk=order, rank=1, score=1.0, cited=True, title=order.document.title)
     conversation.last_seq = n + 2
     conversation.save(update_fields=["last_seq"])
 
@@ -176,6 +180,10 @@ def test_a_follow_up_on_an_answer_about_my_things_costs_one_statement_whatever_t
     """"How much does it cost?" after an answer about the asker's own things carries what that
     answer's cited sources' titles name: one statement more than the same follow-up after a
     question about the shop's things, whatever the history's length."""
+    # The asker's order, which the answer about their things cites (before the warm-up: a
+    # document ingested later would make the measured turn reload the vector index).
+    ingest_text(f"order-{user.pk}", "You ordered the black Aurora X2.", title="Your order: Aurora X2",
+                access=[f"user:{user.pk}"])
     warm = Conversation.objects.create(owner=user)
     run_turn_sync(warm, "warm up the vector index")
     run_turn_sync(warm, "and the subject names?")

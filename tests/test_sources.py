@@ -865,6 +865,24 @@ def test_a_follow_up_pointing_at_my_row_asks_of_what_the_row_said(ragchat_settin
     assert "Dr James Patel" in answer and _on(2) in answer, answer
 
 
+def test_a_follow_up_after_a_public_page_answered_my_question_is_not_about_my_rows(ragchat_settings_override, user):
+    """A yoga studio's trial: the asker's row does not write "class", so "When is my next class?"
+    was answered by the public timetable; "And how much does that cost?" then carried that
+    answer's words as if it were about the asker's own things and was declined ("The documents
+    don't say anything about price beginners yoga"). An answer carries its words only when it
+    cited the asker's own rows; otherwise the question that opened the topic is carried."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    Article.objects.create(title="Timetable", body="Our beginners' yoga class runs every Tuesday at 18:30 in the "
+                                                   "studio. The vinyasa flow class runs every Thursday at 7:00.")
+    Article.objects.create(title="Prices", body="A drop-in class costs £12. A pass for ten classes costs £100.")
+    Article.objects.create(title="Your booking: vinyasa flow", owner=user, body=f"You booked vinyasa flow on {_on(3)}.")
+    conversation = Conversation.objects.create(owner=user)
+    assert "every Tuesday at 18:30" in run_turn_sync(conversation, "When is my next class?").answer
+    result = run_turn_sync(conversation, "And how much does that cost?")
+    assert "£12" in result.answer, result.answer
+    assert "asker's own things" not in result.trace["queries"]["transformed"][0]["note"]
+
+
 def _bed_and_breakfast(ragchat_settings_override, user) -> None:
     """A bed and breakfast's trial: each reservation row writes its dates, price, breakfast and
     reference in three sentences, as sources.md's booking example does."""

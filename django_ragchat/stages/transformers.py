@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 
 from django_ragchat import hookimpl
-from django_ragchat.access import users_only
+from django_ragchat.access import only_for, users_only
 from django_ragchat.components import Component
 from django_ragchat.models import MessageSource
 from django_ragchat.search.subjects import Subject, SubjectIndex, name_key, subject_index
@@ -790,7 +790,8 @@ class FollowUpEnricher(QueryTransformer):
         row says, which the question's words ("appointment") do not name; after "When is my next
         stay?", "Is breakfast included in that?" asks of the Heron Suite. That is the answer's
         topic words and what the titles of the sources it cited name ("Your reservation: Heron
-        Suite": one statement, in those turns only); "" otherwise."""
+        Suite": one statement, in those turns only), when some of those sources were the asker's
+        own rows; "" otherwise."""
         owns = self.vocabulary.language.patterns.get("asker_owns")  # optional: a language may have none
         if (owns is None or turn is None or not users_only(turn.principals).tokens
                 or not any(t in self.grammar.anaphora for t in words(self.grammar.pointing(query.text)))):
@@ -803,13 +804,17 @@ class FollowUpEnricher(QueryTransformer):
                 or said[opened + 1].role != "assistant"):
             return ""
         answer = said[opened + 1]
+        cited = MessageSource.objects.filter(message__conversation_id=turn.conversation.pk, message__seq=answer.seq,
+                                             cited=True).values_list("title", "chunk__access")
+        # Only an answer that quoted the asker's own rows was about them: "When is my next
+        # class?" answered from the public timetable is carried as any follow-up is.
+        named = [title.rsplit(":", 1)[-1].strip() for title, access in cited if only_for(access or (), turn.principals)]
+        if not named:
+            return ""
         # Its topic words, not its names ("Dr James Patel", "Tuesday"): those are the row's
         # details, not a subject every passage must name ("A check-up ... costs £55" names none).
         topic = [token for token, kind in classify_tokens(_CITATION_MARK.sub("", answer.content))
                  if kind == TOPIC and not any(c.isdigit() for c in token)]
-        titles = MessageSource.objects.filter(message__conversation_id=turn.conversation.pk, message__seq=answer.seq,
-                                              cited=True).values_list("title", flat=True)
-        named = [title.rsplit(":", 1)[-1].strip() for title in titles]
         return " ".join(dict.fromkeys(word for word in [*topic, *named] if word))
 
     def opening_message(self, query: Query, *, newest_topic: bool = False) -> str:
