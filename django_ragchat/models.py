@@ -317,6 +317,9 @@ class MessageSource(models.Model):
     cited = models.BooleanField(default=False)
     source = models.CharField(max_length=1000, blank=True, default="")
     title = models.CharField(max_length=500, blank=True, default="")
+    # Who could read the chunk when the answer was saved: once the chunk is gone (a customer's
+    # booking cancelled), its saved title is shown only to staff that access lets read it.
+    access = AccessField(blank=True, default=list)
 
     class Meta:
         ordering = ["message", "rank"]

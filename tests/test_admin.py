@@ -226,7 +226,8 @@ def test_a_source_the_viewer_may_not_read_is_named_nowhere_in_the_admin(admin_cl
     message = Message.objects.create(conversation=conversation, seq=2, role="assistant", content="Shipped [1].")
     hidden = MessageSource.objects.create(message=message, chunk=own, rank=1, score=0.5, cited=True,
                                           title="Order ORD-101", source="orders/ORD-101")
-    MessageSource.objects.create(message=message, chunk=None, rank=2, score=0.4, title="Delivery times")
+    MessageSource.objects.create(message=message, chunk=None, rank=2, score=0.4, title="Delivery times",
+                                 access=["public"])
     trace = TurnTrace.objects.create(message=message, profile="default", data={
         "retrieval": [{"hits": [{"chunk_id": own.pk, "score": 1.0}]}],
         "documents": [{"chunk_id": own.pk, "index": 1, "score": 0.5, "source": "orders/ORD-101"}]})
@@ -240,6 +241,34 @@ def test_a_source_the_viewer_may_not_read_is_named_nowhere_in_the_admin(admin_cl
     found = admin_client.get(url("messagesource_changelist"), {"q": "ORD-101"}).context["cl"].result_count
     assert found == 0
     assert admin_client.get(url("messagesource_changelist"), {"q": "Delivery"}).context["cl"].result_count == 1
+
+
+def test_a_customers_row_gone_since_is_not_named_to_staff_who_could_not_read_it(admin_client, user):
+    """A garage's trial: once a customer's brake check was cancelled (its row deleted, so its
+    chunk), its title "Your booking: brake check for AL19 CEX" showed to staff under "Documents
+    the model saw" and in the transcript's sources, which while the row existed hid it. A source
+    keeps the access saved with the answer; gone since, it is named only to whom that lets read."""
+    conversation = Conversation.objects.create(owner=user)
+    message = Message.objects.create(conversation=conversation, seq=2, role="assistant", content="At 14:00 [1].")
+    booking = MessageSource.objects.create(message=message, chunk=None, rank=1, score=0.5, cited=True,
+                                           title="Your booking: brake check for AL19 CEX", source="bookings:7",
+                                           access=[f"user:{user.pk}"])
+    MessageSource.objects.create(message=message, chunk=None, rank=2, score=0.4, title="Opening hours",
+                                 source="pages:1", access=["public"])
+    trace = TurnTrace.objects.create(message=message, profile="default", data={
+        "retrieval": [{"hits": [{"chunk_id": 999998, "score": 1.0}, {"chunk_id": 999999, "score": 0.9}]}],
+        "documents": [{"chunk_id": 999998, "index": 1, "score": 0.5, "source": "bookings:7"},
+                      {"chunk_id": 999999, "index": 2, "score": 0.4, "source": "pages:1"}]})
+    pages = [url("conversation_change", conversation.pk), url("turntrace_change", trace.pk),
+             url("message_change", message.pk), url("messagesource_changelist"),
+             url("messagesource_change", booking.pk)]
+    for page in pages:
+        html = admin_client.get(page).content.decode()
+        assert "AL19 CEX" not in html and "bookings:7" not in html, page
+    assert "Opening hours" in admin_client.get(url("turntrace_change", trace.pk)).content.decode()
+    assert "Opening hours" in admin_client.get(url("conversation_change", conversation.pk)).content.decode()
+    assert admin_client.get(url("messagesource_changelist"), {"q": "AL19"}).context["cl"].result_count == 0
+    assert admin_client.get(url("messagesource_changelist"), {"q": "Opening"}).context["cl"].result_count == 1
 
 
 # --- Conversation list -------------------------------------------------------------------------

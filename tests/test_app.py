@@ -7,11 +7,14 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from django_ragchat import checks
 from django_ragchat.conf import ragchat_settings
 from django_ragchat.models import Conversation, MemoryRecord, Message, expired_conversations
+from django_ragchat.models import MessageSource as MessageSourceNow
 
 
 def ids(errors):
@@ -137,6 +140,29 @@ def test_models_and_migrations_agree():
     out = StringIO()
     call_command("makemigrations", "django_ragchat", "--check", "--dry-run", stdout=out)
     assert "No changes detected" in out.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sources_migration_saves_each_sources_chunk_access_and_none_for_a_chunk_gone(user):
+    """0011: a source whose chunk is still there takes its access (a customer's booking stays
+    theirs once cancelled); one whose chunk was already gone has none saved, so the admin names
+    it to no one rather than to everyone."""
+    executor = MigrationExecutor(connection)
+    executor.migrate([("django_ragchat", "0010_stop_requests")])
+    old = executor.loader.project_state([("django_ragchat", "0010_stop_requests")]).apps
+    Document, Chunk = old.get_model("django_ragchat", "Document"), old.get_model("django_ragchat", "Chunk")
+    Message, MessageSource = old.get_model("django_ragchat", "Message"), old.get_model("django_ragchat", "MessageSource")
+    Conversation = old.get_model("django_ragchat", "Conversation")
+    document = Document.objects.create(source="bookings:7", title="Your booking", checksum="x")
+    chunk = Chunk.objects.create(document=document, ordinal=0, text="Brake check", space="s", access=[f"user:{user.pk}"])
+    message = Message.objects.create(conversation=Conversation.objects.create(owner_id=user.pk), seq=2,
+                                     role="assistant", content="At 14:00 [1].")
+    MessageSource.objects.create(message=message, chunk=chunk, rank=1, score=0.5)
+    MessageSource.objects.create(message=message, chunk=None, rank=2, score=0.4, title="Gone")
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())
+    saved = dict(MessageSourceNow.objects.filter(message_id=message.pk).values_list("rank", "access"))
+    assert saved == {1: [f"user:{user.pk}"], 2: []}
 
 
 @pytest.mark.django_db

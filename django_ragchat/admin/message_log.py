@@ -29,11 +29,13 @@ from django_ragchat.text import shorten
 
 
 def readable_sources(queryset, request):
-    """``queryset`` of ``MessageSource`` with ``chunk_readable``: may the member of staff
-    looking read the chunk now (the asker is checked too, by ``source_chunk_text``)."""
+    """``queryset`` of ``MessageSource`` with ``chunk_readable`` (may the member of staff looking
+    read the chunk now) and ``saved_readable`` (the access saved with the answer, for a chunk gone
+    since); the asker is checked too, by ``_withheld``."""
     viewer = principals_of_user_id(request.user.pk)
-    return queryset.select_related("message__conversation").annotate(chunk_readable=ExpressionWrapper(
-        Q(chunk__access__visible_to=viewer), output_field=BooleanField()))
+    return queryset.select_related("message__conversation").annotate(
+        chunk_readable=ExpressionWrapper(Q(chunk__access__visible_to=viewer), output_field=BooleanField()),
+        saved_readable=ExpressionWrapper(Q(access__visible_to=viewer), output_field=BooleanField()))
 
 
 def _asker(message: Message):
@@ -49,10 +51,12 @@ NOT_READABLE = "(not readable by the asker or by you)"
 
 
 def _withheld(source: MessageSource) -> bool:
-    """Whether ``source``'s chunk is there but the asker or the member of staff looking may not
-    read it now: its document's name, heading and passage are then shown nowhere."""
-    return source.chunk is not None and (
-        not getattr(source, "chunk_readable", False) or not _asker(source.message).may_read(source.chunk.access))
+    """Whether the asker or the member of staff looking may not read ``source``'s chunk now, or,
+    once it is gone (a customer's booking cancelled), may not read what its saved access let
+    read: its document's name, heading and passage are then shown nowhere."""
+    if source.chunk is None:
+        return not getattr(source, "saved_readable", False) or not _asker(source.message).may_read(source.access)
+    return not getattr(source, "chunk_readable", False) or not _asker(source.message).may_read(source.chunk.access)
 
 
 def source_chunk_text(source: MessageSource, attribute: str) -> str:
@@ -260,10 +264,10 @@ class MessageSourceAdmin(ReadOnlyAdmin):
 
     def get_search_results(self, request, queryset, search_term):
         # A search by title must not tell which unreadable documents exist: it finds only the
-        # sources whose chunk the member of staff may read (or that are gone since).
+        # sources whose chunk the member of staff may read (or, gone since, could read).
         queryset, duplicates = super().get_search_results(request, queryset, search_term)
         if search_term:
-            queryset = queryset.filter(Q(chunk__isnull=True) | Q(chunk_readable=True))
+            queryset = queryset.filter(Q(chunk__isnull=True, saved_readable=True) | Q(chunk_readable=True))
         return queryset, duplicates
 
     @admin.display(description="source", ordering="rank")

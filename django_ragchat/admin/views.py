@@ -111,7 +111,9 @@ class Hit:
     seen: bool = False  # the model was given it
     cited: bool = False  # the answer cited it
     missing: bool = False  # the chunk is gone (re-ingested or deleted since)
-    hidden: bool = False  # the chunk is there, but the asker or the member of staff may not read it now
+    # The chunk is there, but the asker or the member of staff may not read it now; or it is gone
+    # and the access saved with the answer did not let them.
+    hidden: bool = False
     hidden_reason: str = ""  # which of them: "you may not read it", "the asker may not read it now"
 
 
@@ -327,12 +329,22 @@ class LoadedChunks(dict):
 
     hidden: frozenset[int] = frozenset()
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, readers: tuple[Principals, ...] = (), **kwargs):
         super().__init__(*args, **kwargs)
         self.hidden_reasons: dict[int, str] = {}
+        self.readers = readers
 
     def hidden_reason(self, chunk_id) -> str:
         return self.hidden_reasons.get(chunk_id, "the asker or you may not read it now")
+
+    def saved_hidden_reason(self, access) -> str:
+        """Why a source whose chunk is gone since is not named, from the access saved with the
+        answer (``MessageSource.access``: a cancelled booking stays the customer's); "" when
+        every reader may read it."""
+        who = tuple(not reader.may_read(access or ()) for reader in self.readers)
+        if not any(who):
+            return ""
+        return f"gone since; {HIDDEN_REASONS.get(who, 'the asker or you may not read it')}"
 
 
 def load_chunks(ids, *readers: Principals) -> LoadedChunks:
@@ -340,7 +352,7 @@ def load_chunks(ids, *readers: Principals) -> LoadedChunks:
     the asker of the conversation and the member of staff looking), with their documents'
     titles, in one query (no embeddings); a second, only when some are left out, says which of
     those still exist: they show as hidden, the others as gone."""
-    loaded = LoadedChunks()
+    loaded = LoadedChunks(readers=readers)
     if not ids:
         return loaded
     chunks = Chunk.objects.filter(pk__in=list(ids))
@@ -374,6 +386,19 @@ class _Hits:
         self.by_rank = {s.rank: s for s in self.sources}
         self.seen = {s.chunk_id for s in self.sources if s.chunk_id is not None}
         self.cited = {s.chunk_id for s in self.sources if s.cited and s.chunk_id is not None}
+
+    def name_saved(self, hit: Hit, title: str, source: str, access=None) -> None:
+        """The document's name saved with the answer, for a chunk replaced since, when the access
+        saved with it (``access``; ``None``: no source row, only the trace's source path) lets
+        the asker and the member of staff read it; a hidden chunk's name is not shown."""
+        if hit.hidden:
+            return
+        reason = self.chunks.saved_hidden_reason(access) if hit.missing and access is not None else ""
+        if reason:
+            hit.hidden, hit.hidden_reason = True, reason
+            return
+        hit.title = hit.title or title or source
+        hit.source = hit.source or source
 
     def hit(self, chunk_id, score) -> Hit:
         chunk = self.chunks.get(chunk_id)
@@ -465,24 +490,16 @@ def _read_retrieval(view: TraceView, data: dict, hits: _Hits) -> None:
         source = hits.by_rank.get(document.get("index"))
         if source is not None:
             hit.cited = source.cited
-            _saved_name(hit, source.title, source.source)
+            hits.name_saved(hit, source.title, source.source, source.access)
         else:
-            _saved_name(hit, "", str(document.get("source", "")))
+            hits.name_saved(hit, "", str(document.get("source", "")))
         view.documents.append(hit)
     if not view.documents and hits.sources:  # an older trace without "documents": the sources say it
         for source in hits.sources:
             hit = hits.hit(source.chunk_id, source.score)
             hit.seen, hit.cited = True, source.cited
-            _saved_name(hit, source.title, source.source)
+            hits.name_saved(hit, source.title, source.source, source.access)
             view.documents.append(hit)
-
-
-def _saved_name(hit: Hit, title: str, source: str) -> None:
-    """The document's name saved with the answer, for a chunk replaced since; a hidden chunk's
-    name is not shown (the asker or the member of staff may not read it now)."""
-    if not hit.hidden:
-        hit.title = hit.title or title or source
-        hit.source = hit.source or source
 
 
 def _read_changes(view: TraceView, data: dict, hits: _Hits) -> None:
@@ -784,6 +801,9 @@ def transcript(conversation: Conversation, page_number: Any = 1, per_page: int =
             readable = source.chunk_id in chunks
             source.hidden = source.chunk_id is not None and not readable
             source.hidden_reason = chunks.hidden_reason(source.chunk_id) if source.hidden else ""
+            if source.chunk_id is None:  # gone since: its saved access says whether to name it
+                source.hidden_reason = chunks.saved_hidden_reason(source.access)
+                source.hidden = bool(source.hidden_reason)
             source.display_heading = short_heading(source.chunk.heading, source.title) if readable else ""
         trace = traces.get(message.pk)
         turns.append(Turn(

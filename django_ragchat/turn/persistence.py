@@ -533,7 +533,8 @@ def finish_turn(turn: TurnContext, answer: Answer, status: str, error: dict[str,
     message.lease_expires_at = None
     message.updated_at = timezone.now()
     sources = [MessageSource(message=message, chunk_id=doc.chunk_id, rank=rank, score=doc.score,
-                             cited=doc.chunk_id in cited, source=doc.source[:1000], title=doc.title[:500])
+                             cited=doc.chunk_id in cited, source=doc.source[:1000], title=doc.title[:500],
+                             access=list(doc.access))
                for rank, doc in documents]
     try:
         _save_answer(turn, message, sources)
