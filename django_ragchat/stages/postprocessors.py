@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django_ragchat import hookimpl
+from django_ragchat.access import only_for
 from django_ragchat.components import Component
 from django_ragchat.types import Query, RetrievedChunk
 
@@ -54,13 +55,27 @@ class SimilarityThreshold(DocumentPostProcessor):
 
 
 class TopK(DocumentPostProcessor):
-    """Keeps the profile's ``top_k`` best chunks."""
+    """Keeps the profile's ``top_k`` best chunks, and the asker's own rows besides them.
+
+    A row only the asker may read (their booking, order: ``access.only_for``) takes no place of
+    a page: up to ``top_k`` of each are kept, in their order. "Is there somewhere to leave my
+    car?" still gets the parking page when three stays of the asker's match "leave" better,
+    and "When is my next appointment?" every appointment of theirs beside the pages. A turn
+    that found none of their rows keeps ``top_k`` chunks, as before.
+    """
 
     name = "top_k"
     order = 1000
 
     def process(self, query, documents, turn):
-        return documents[: self.profile.top_k]
+        k = self.profile.top_k
+        own = [only_for(d.access, d.read_as) for d in documents]
+        if not any(own):
+            return documents[:k]
+        rows = [d for d, mine in zip(documents, own, strict=True) if mine][:k]
+        pages = [d for d, mine in zip(documents, own, strict=True) if not mine][:k]
+        kept = {d.chunk_id for d in (*rows, *pages)}
+        return [d for d in documents if d.chunk_id in kept]
 
 
 @hookimpl
