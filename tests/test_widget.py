@@ -10,8 +10,10 @@ import re
 
 import httpx
 import pytest
+from django.conf import settings as django_settings
 from django.contrib.sessions.backends.db import SessionStore
 from django.core.exceptions import ImproperlyConfigured
+from django.shortcuts import resolve_url
 from django.template import Context, Template, engines
 from django.utils.html import escape
 
@@ -167,6 +169,18 @@ def test_a_site_sets_the_message_boxs_placeholder(rf, client, user, tmp_path, se
     client.force_login(user)
     page = client.get("/chat/").content.decode()
     assert 'placeholder="Ask the help desk…"' in message_box(page) and "Sign out" in page
+
+
+@pytest.mark.django_db
+def test_an_anonymous_visitor_on_the_chat_page_is_shown_where_to_sign_in(client, user, ragchat_settings_override):
+    """A garage's trial: with anonymous chat on, the chat page gave a customer who has an account
+    no way to sign in (their own bookings answer only then); a signed-in user has "Sign out"."""
+    ragchat_settings_override(ALLOW_ANONYMOUS=True)
+    page = client.get("/chat/?x=1").content.decode()
+    assert f'<a href="{resolve_url(django_settings.LOGIN_URL)}?next=%2Fchat%2F%3Fx%3D1">Sign in</a>' in page
+    client.force_login(user)
+    page = client.get("/chat/").content.decode()
+    assert "Sign out" in page and ">Sign in</a>" not in page
 
 
 def test_the_tag_says_what_is_missing_without_the_request():

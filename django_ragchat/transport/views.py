@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from django.contrib.auth.views import LoginView, LogoutView, redirect_to_login
 from django.core.exceptions import ImproperlyConfigured
 from django.core.handlers.asgi import ASGIRequest
 from django.middleware.csrf import get_token
-from django.shortcuts import render
+from django.shortcuts import render, resolve_url
 from django.urls import NoReverseMatch, get_script_prefix, reverse, reverse_lazy
 from django.views.decorators.http import require_safe
 
@@ -130,7 +131,21 @@ def chat_page(request):
     # its profiles that have no model). ``notice`` is the default profile's, for templates made
     # before ``model_notice``.
     notice = MODEL_NOTICE if is_extractive(ragchat_settings.DEFAULT_PROFILE) else ""
-    return render(request, "django_ragchat/chat.html", {"model_notice": MODEL_NOTICE, "notice": notice})
+    # A visitor chatting anonymously who has an account finds where to sign in (their own rows
+    # answer only then), and comes back here.
+    login_url = "" if request.user.is_authenticated else _login_url(request)
+    return render(request, "django_ragchat/chat.html",
+                  {"model_notice": MODEL_NOTICE, "notice": notice, "login_url": login_url})
+
+
+def _login_url(request) -> str:
+    """``settings.LOGIN_URL`` with ``?next=`` this page; "" when it names no URL (the system
+    check ``ragchat.W031`` says so; the page still renders)."""
+    try:
+        login = resolve_url(settings.LOGIN_URL)
+    except NoReverseMatch:
+        return ""
+    return f"{login}?{urlencode({'next': request.get_full_path()})}"
 
 
 #: The chat page's notice for a conversation whose profile has no language model.
