@@ -513,6 +513,11 @@ def check_saved(answers: list[Answer]) -> None:
         a.saved_differs = saved.get(a.conversation_id) != a.text
 
 
+def _first_on_path(tree: str) -> str:
+    """``PYTHONPATH`` with ``tree`` first: its code, the packages the caller added after it."""
+    return os.pathsep.join(filter(None, (tree, os.environ.get("PYTHONPATH"))))
+
+
 def start_servers(stack: contextlib.ExitStack, env: dict, paths: list[str], clients: int, ws_deflate: bool,
                   workers: int, baseline: str | None, redis: bool | None = None,
                   pids: dict[str, int] | None = None, baseline_env: dict | None = None) -> dict[str, list[str]]:
@@ -535,7 +540,7 @@ def start_servers(stack: contextlib.ExitStack, env: dict, paths: list[str], clie
         servers["asgi"] = [uvicorn("example_project.asgi:application", f"uvicorn {w}") for w in range(workers)]
     if {"websocket before", "sse asgi before"} & set(paths):  # the same app from another checkout
         servers["asgi before"] = [uvicorn("example_project.asgi:application", "baseline uvicorn", Path(baseline),
-                                          {"PYTHONPATH": baseline, **(baseline_env or {})})]
+                                          {"PYTHONPATH": _first_on_path(baseline), **(baseline_env or {})})]
     if "bare relay" in paths:
         servers["bare"] = [uvicorn("bench.bare_relay:application", "bare relay")]
     def gunicorn(name: str, cwd: Path = ROOT, extra_env: dict | None = None) -> str:
@@ -550,7 +555,7 @@ def start_servers(stack: contextlib.ExitStack, env: dict, paths: list[str], clie
         servers["wsgi"] = [gunicorn("gunicorn")]
     if "sse wsgi before" in paths:
         servers["wsgi before"] = [gunicorn("baseline gunicorn", Path(baseline),
-                                           {"PYTHONPATH": baseline, **(baseline_env or {})})]
+                                           {"PYTHONPATH": _first_on_path(baseline), **(baseline_env or {})})]
     return servers
 
 
@@ -595,7 +600,8 @@ def bench(tokens: int, llm: str, most: int, token_delay: float = 0.0):
         arrivals_log = os.path.join(tmpdir, "arrivals.log")
         model_port = free_port()
         env = {**os.environ, "RAGCHAT_BENCH_LLM": llm, "RAGCHAT_BENCH_TOKENS": str(tokens),
-               "RAGCHAT_BENCH_MODEL_URL": f"http://127.0.0.1:{model_port}/v1", "PYTHONPATH": str(ROOT)}
+               "RAGCHAT_BENCH_MODEL_URL": f"http://127.0.0.1:{model_port}/v1",
+               "PYTHONPATH": _first_on_path(str(ROOT))}
         os.environ.update({k: env[k] for k in ("RAGCHAT_BENCH_LLM", "RAGCHAT_BENCH_MODEL_URL")})
         pids: dict[str, int] = {}
         with contextlib.ExitStack() as stack:
@@ -913,6 +919,10 @@ def main(argv: list[str] | None = None) -> None:
     pace = f", a token every {args.token_delay * 1000:g} ms" if args.token_delay else ""
     print(f"Streaming: {args.tokens}-token answers ({args.llm}{pace}), {args.rounds} round(s) per cell; {asgi_workers} "
           f"(websocket compression {deflate}), one gunicorn gthread worker, {connection.vendor}; {machine()}")
+    from bench import streaming_settings
+
+    print(f"The app's model client over {streaming_settings._http_client} (RAGCHAT_BENCH_HTTP_CLIENT; "
+          "the baseline's as its own settings say).")
     if set(BEFORE_PATHS) & set(paths):
         extra = "".join(f" {key}={value}" for key, value in baseline_env.items())
         print(f"{', '.join(p for p in paths if p in BEFORE_PATHS)}: the app from {args.baseline}{' with' + extra if extra else ''}")

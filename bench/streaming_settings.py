@@ -4,6 +4,7 @@ profile answering through the loopback OpenAI-compatible server the benchmark st
 the benchmark process and by the server processes it starts; the environment variables are
 set by the benchmark."""
 
+import importlib.util
 import os
 
 # The demo's settings refuse to load without a key of their own unless in demo mode; the
@@ -46,6 +47,10 @@ if os.environ.get("RAGCHAT_BENCH_REDIS_PREFIX"):  # --workers 2 and more
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 _llm = os.environ.get("RAGCHAT_BENCH_LLM", "openai")
+# The model client's HTTP library: aiohttp when installed (docs/deployment.md recommends it),
+# else httpx; RAGCHAT_BENCH_HTTP_CLIENT=httpx measures the other one.
+_http_client = os.environ.get("RAGCHAT_BENCH_HTTP_CLIENT") or (
+    "aiohttp" if importlib.util.find_spec("aiohttp") else "httpx")
 RAGCHAT = {
     "ALLOW_ANONYMOUS": False,
     "LOAD_ENTRY_POINTS": False,
@@ -60,7 +65,7 @@ RAGCHAT = {
     "PROFILES": {
         "default": {"llm": _llm, "options": {"openai": {
             "base_url": os.environ.get("RAGCHAT_BENCH_MODEL_URL", "http://127.0.0.1:9/v1"),
-            "model": "gpt-4o-mini", "max_retries": 0, "timeout": 60,
+            "model": "gpt-4o-mini", "max_retries": 0, "timeout": 60, "http_client": _http_client,
         }}} if _llm == "openai" else {"llm": _llm},
     },
 }

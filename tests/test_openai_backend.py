@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,10 @@ from tests.conftest import PRODUCT_DOCS
 pytestmark = pytest.mark.django_db
 
 QUESTION = "How much does the Aurora X2 cost?"
+# The async client's HTTP library (the ``http_client`` option): every answer, fault and error
+# code the same over either.
+HTTP_CLIENTS = ["httpx", pytest.param("aiohttp", marks=pytest.mark.skipif(
+    find_spec("aiohttp") is None, reason='needs pip install "openai[aiohttp]"'))]
 ANSWER = "The Aurora X2 costs $699 with 128 GB of storage [1]."
 
 
@@ -96,7 +101,11 @@ def test_a_whole_turn_answers_through_the_client_and_records_server_usage(site, 
     assert result.trace["usage"] == {"prompt_tokens": server_prompt_words, "completion_tokens": len(ANSWER.split())}
 
 
-def test_a_streamed_turn_sends_deltas_and_records_the_usage_chunk(site, conversation):
+@pytest.mark.parametrize("http_client", HTTP_CLIENTS)
+def test_a_streamed_turn_sends_deltas_and_records_the_usage_chunk(openai_server, ragchat_settings_override,
+                                                                  conversation, http_client):
+    site = openai_server
+    use_openai(ragchat_settings_override, site, {"http_client": http_client})
     site.script(ANSWER)
 
     events = events_of(conversation, QUESTION)
@@ -163,12 +172,14 @@ FAULTS = [
 ]
 
 
+@pytest.mark.parametrize("http_client", HTTP_CLIENTS)
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
 @pytest.mark.parametrize("fault,opts,timeout,code,partial", FAULTS, ids=[f"{f[0]}-{f[3]}" for f in FAULTS])
 def test_every_model_fault_ends_in_a_clear_error_and_loses_nothing(
     openai_server, ragchat_settings_override, conversation, caplog, stream, fault, opts, timeout, code, partial,
+    http_client,
 ):
-    use_openai(ragchat_settings_override, openai_server, {"timeout": timeout})
+    use_openai(ragchat_settings_override, openai_server, {"timeout": timeout, "http_client": http_client})
     openai_server.script(ANSWER)
     openai_server.fail_next(fault, path="chat/completions", **opts)
     if fault == "cut_stream" and not stream:
@@ -235,14 +246,16 @@ def test_an_embedding_failure_is_a_clear_error_and_the_question_is_kept(site, co
     assert site.count("chat/completions") == 0  # nothing to answer with
 
 
-def test_an_unreachable_server_is_model_unavailable(ragchat_settings_override, conversation):
+@pytest.mark.parametrize("http_client", HTTP_CLIENTS)
+def test_an_unreachable_server_is_model_unavailable(ragchat_settings_override, conversation, http_client):
     import socket
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ragchat_settings_override(PROFILES={"default": {
-        "llm": "openai", "options": {"openai": {"base_url": f"http://127.0.0.1:{port}/v1", "max_retries": 0}},
+        "llm": "openai", "options": {"openai": {"base_url": f"http://127.0.0.1:{port}/v1", "max_retries": 0,
+                                                "http_client": http_client}},
         "empty_context": "answer",
     }})
 
@@ -326,12 +339,14 @@ def test_invalid_options_fail_the_system_check(ragchat_settings_override):
         "typo": {"llm": "openai", "options": {"openai": {"modle": "gpt-4o"}}},
         "timeout": {"llm": "openai", "options": {"openai": {"timeout": -1}}},
         "bad_size": {"embedder": "openai", "options": {"openai": {"embedding_dimensions": "768"}}},
+        "bad_client": {"llm": "openai", "options": {"openai": {"http_client": "curl"}}},
     })
 
     messages = {e.msg.split(":")[0]: e.msg for e in check_profiles()}
     assert "'modle'" in messages["Profile 'typo'"]
     assert "timeout" in messages["Profile 'timeout'"]
     assert "embedding_dimensions" in messages["Profile 'bad_size'"]
+    assert "http_client" in messages["Profile 'bad_client'"] and "'curl'" in messages["Profile 'bad_client'"]
 
 
 # --- The embedder --------------------------------------------------------------------------------

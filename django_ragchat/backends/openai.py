@@ -35,6 +35,7 @@ import contextlib
 import dataclasses
 import email.utils
 import functools
+import importlib.util
 import json
 import json.scanner
 import logging
@@ -75,7 +76,11 @@ EMBEDDING_MODEL_DIMENSIONS = {
 }
 
 # The keys of the shared ``options["openai"]`` block, by what uses them.
-CONNECTION_OPTIONS = ("base_url", "api_key_env", "timeout", "max_retries", "headers")
+CONNECTION_OPTIONS = ("base_url", "api_key_env", "timeout", "max_retries", "headers", "http_client")
+# The async client's HTTP library: httpx (the openai client's own), or aiohttp, openai's
+# ``DefaultAioHttpClient`` (``pip install "openai[aiohttp]"``), whose C parser reads a streamed
+# answer for about half the CPU of httpx's pure-Python one (bench/README.md, issue 27).
+HTTP_CLIENTS = ("httpx", "aiohttp")
 CHAT_OPTIONS = ("model", "temperature", "max_tokens", "max_tokens_param", "stream_usage", "extra_body")
 EMBEDDING_OPTIONS = ("embedding_model", "embedding_dimensions", "send_dimensions", "batch_size")
 
@@ -133,6 +138,7 @@ class OpenAIConnection:
     timeout: float = 60.0
     max_retries: int = 2
     headers: tuple[tuple[str, str], ...] = ()
+    http_client: str = "httpx"
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> OpenAIConnection:
@@ -148,6 +154,7 @@ class OpenAIConnection:
         if "max_retries" in values and not (isinstance(values["max_retries"], int) and values["max_retries"] >= 0):
             raise ImproperlyConfigured(
                 f"openai option 'max_retries' must be an integer >= 0, not {values['max_retries']!r}.")
+        _check_http_client(values.get("http_client", "httpx"))
         return cls(**values)
 
     def api_key(self) -> str | None:
@@ -185,8 +192,8 @@ class OpenAIConnection:
             await closer.asend(None)  # started: the loop now tracks it (runs to its yield, no suspension)
         clients = entry[0]
         if key not in clients:
-            http_client = openai.DefaultAsyncHttpxClient(verify=_ssl_context())
-            clients[key] = openai.AsyncOpenAI(http_client=http_client, **kwargs)
+            client_class = openai.DefaultAioHttpClient if self.http_client == "aiohttp" else openai.DefaultAsyncHttpxClient
+            clients[key] = openai.AsyncOpenAI(http_client=client_class(verify=_ssl_context()), **kwargs)
         return clients[key]
 
     def sync_client(self) -> openai.OpenAI:
@@ -199,6 +206,16 @@ class OpenAIConnection:
                 http_client = openai.DefaultHttpxClient(verify=_ssl_context())
                 _sync_clients[key] = openai.OpenAI(http_client=http_client, **kwargs)
             return _sync_clients[key]
+
+
+def _check_http_client(name: Any) -> None:
+    """Refuses an ``http_client`` option this process cannot use, at startup, not at a turn."""
+    if name not in HTTP_CLIENTS:
+        raise ImproperlyConfigured(f"openai option 'http_client' must be one of {HTTP_CLIENTS}, not {name!r}.")
+    if name == "aiohttp" and (importlib.util.find_spec("aiohttp") is None
+                              or not hasattr(openai, "DefaultAioHttpClient")):
+        raise ImproperlyConfigured("openai option 'http_client': 'aiohttp' needs aiohttp and an openai "
+                                   "client that supports it: pip install \"openai[aiohttp]\".")
 
 
 # --- Errors ------------------------------------------------------------------------------------
@@ -220,6 +237,20 @@ def _retry_after(exc: openai.APIStatusError) -> float | None:
         return None
 
 
+def _timed_out(exc: BaseException) -> bool:
+    """Whether the client's error is a timeout. Under the ``aiohttp`` http_client, openai's
+    adapter raises httpx's ``ConnectTimeout`` for every aiohttp connection error (refused,
+    dropped): one that is not aiohttp's own timeout is a connection error, as under httpx."""
+    if not isinstance(exc, (openai.APITimeoutError, _http.TimeoutException)):
+        return False
+    cause = exc.__cause__
+    while cause is not None:
+        if type(cause).__module__.startswith("aiohttp."):
+            return isinstance(cause, TimeoutError)  # aiohttp's timeouts are TimeoutErrors
+        cause = cause.__cause__
+    return True
+
+
 def llm_error(exc: BaseException, *, what: str, during_stream: bool = False) -> LLMError | None:
     """The ``LLMError`` for an exception raised by the ``openai`` client, or ``None`` when the
     exception is not a model failure (a bug: let it propagate). Logs the detail.
@@ -233,7 +264,7 @@ def llm_error(exc: BaseException, *, what: str, during_stream: bool = False) -> 
     retry_after = None
     if isinstance(exc, LLMError):
         return exc
-    if isinstance(exc, (openai.APITimeoutError, _http.TimeoutException)):
+    if _timed_out(exc):
         code = "timeout"
     elif isinstance(exc, (openai.APIConnectionError, _http.TransportError)):
         code = "stream_interrupted" if during_stream else "model_unavailable"
