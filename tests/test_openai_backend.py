@@ -14,6 +14,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
+import openai
 import pytest
 from asgiref.sync import async_to_sync
 
@@ -310,8 +311,9 @@ def test_a_local_server_needs_no_key(openai_server, ragchat_settings_override, m
     assert openai_server.last("embeddings").headers["authorization"] == "Bearer not-needed"
 
 
-def test_clients_are_pooled_per_event_loop_and_closed_with_it(openai_server):
-    connection = OpenAIConnection(base_url=openai_server.base_url, max_retries=0)
+@pytest.mark.parametrize("http_client", HTTP_CLIENTS)
+def test_clients_are_pooled_per_event_loop_and_closed_with_it(openai_server, http_client):
+    connection = OpenAIConnection(base_url=openai_server.base_url, max_retries=0, http_client=http_client)
 
     async def two_calls():
         first = await connection.async_client()
@@ -323,6 +325,8 @@ def test_clients_are_pooled_per_event_loop_and_closed_with_it(openai_server):
     try:
         first, second = loop.run_until_complete(two_calls())
         assert first is second and not first.is_closed()
+        library = openai.DefaultAioHttpClient if http_client == "aiohttp" else openai.DefaultAsyncHttpxClient
+        assert isinstance(first._client, library)  # the HTTP library the option names
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())  # what asyncio.run does on the way out
         loop.close()
