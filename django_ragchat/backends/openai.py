@@ -130,7 +130,8 @@ class OpenAIConnection:
     (a local Ollama, vLLM or llama.cpp) gets a placeholder, as those ignore it. ``timeout``
     (seconds) and ``max_retries`` go to the client, whose retry loop handles 429 (honouring
     ``Retry-After``), 5xx and connection errors. Instances are hashable: clients are pooled per
-    connection (and per event loop), never created per request.
+    connection (and per event loop), never created per request. ``http_client`` is the async
+    client's HTTP library (``HTTP_CLIENTS``); the synchronous client is always httpx.
     """
 
     base_url: str | None = None
