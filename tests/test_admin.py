@@ -269,6 +269,12 @@ def test_a_customers_row_gone_since_is_not_named_to_staff_who_could_not_read_it(
     assert "Opening hours" in admin_client.get(url("conversation_change", conversation.pk)).content.decode()
     assert admin_client.get(url("messagesource_changelist"), {"q": "AL19"}).context["cl"].result_count == 0
     assert admin_client.get(url("messagesource_changelist"), {"q": "Opening"}).context["cl"].result_count == 1
+    page = admin_client.get(url("conversation_change", conversation.pk)).content.decode()
+    assert "a passage (hidden: gone since; you may not read it)" in page
+    # A source saved before sources kept their access (migration 0011) says so, not whose it is.
+    MessageSource.objects.filter(pk=booking.pk).update(access=[])
+    page = admin_client.get(url("conversation_change", conversation.pk)).content.decode()
+    assert "a passage (hidden: gone since; saved without who could read it)" in page and "AL19" not in page
 
 
 # --- Conversation list -------------------------------------------------------------------------

@@ -341,7 +341,9 @@ class LoadedChunks(dict):
         """Why a source whose chunk is gone since is not named, from the access saved with the
         answer (``MessageSource.access``: a cancelled booking stays the customer's); "" when
         every reader may read it."""
-        who = tuple(not reader.may_read(access or ()) for reader in self.readers)
+        if not access:  # saved before sources kept their access (migration 0011): no one's to name
+            return "gone since; saved without who could read it"
+        who = tuple(not reader.may_read(access) for reader in self.readers)
         if not any(who):
             return ""
         return f"gone since; {HIDDEN_REASONS.get(who, 'the asker or you may not read it')}"
