@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q, Value
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -319,7 +319,9 @@ class MessageSource(models.Model):
     title = models.CharField(max_length=500, blank=True, default="")
     # Who could read the chunk when the answer was saved: once the chunk is gone (a customer's
     # booking cancelled), its saved title is shown only to staff that access lets read it.
-    access = AccessField(blank=True, default=list)
+    # Its database default too: a worker still running the release before 0011 saves answers
+    # with no access (named to no one once the chunk is gone) rather than failing the turn.
+    access = AccessField(blank=True, default=list, db_default=Value([], output_field=models.JSONField()))
 
     class Meta:
         ordering = ["message", "rank"]

@@ -166,6 +166,19 @@ def test_the_sources_migration_saves_each_sources_chunk_access_and_none_for_a_ch
 
 
 @pytest.mark.django_db
+def test_a_worker_of_the_release_before_0011_still_saves_its_answers_sources(user):
+    """During an upgrade, a worker still running the code before migration 0011 inserts sources
+    without ``access``: the column's database default takes them (no access saved), not an error."""
+    message = Message.objects.create(conversation=Conversation.objects.create(owner=user), seq=2, role="assistant",
+                                     content="At 14:00 [1].")
+    table = MessageSourceNow._meta.db_table
+    with connection.cursor() as cursor:  # the columns the release before 0011 wrote
+        cursor.execute(f"INSERT INTO {table} (message_id, chunk_id, rank, score, cited, source, title) "
+                       "VALUES (%s, NULL, 1, 0.5, %s, 'bookings:7', 'Your booking')", [message.pk, True])
+    assert MessageSourceNow.objects.get(message=message).access == []
+
+
+@pytest.mark.django_db
 def test_retention_expires_old_anonymous_conversations_only(user):
     old = timezone.now() - timedelta(days=40)
     anon_old = Conversation.objects.create(session_key="s1")

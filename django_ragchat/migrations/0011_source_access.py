@@ -2,9 +2,10 @@
 # A source keeps who could read its chunk when the answer was saved: once the chunk is gone (a
 # customer's booking cancelled, its row re-indexed), its saved title is shown to staff only if
 # that access lets them read it. Sources whose chunk is still there take its access now; those
-# already gone have none saved, and their titles are hidden from then on.
+# already gone have none saved, and their titles are hidden from then on. The column has a
+# database default ([]), so a worker of the release before it still saves its answers.
 
-from django.db import migrations
+from django.db import migrations, models
 from django.db.models import OuterRef, Subquery
 
 import django_ragchat.fields
@@ -28,7 +29,8 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='messagesource',
             name='access',
-            field=django_ragchat.fields.AccessField(blank=True, default=list),
+            field=django_ragchat.fields.AccessField(blank=True, db_default=models.Value([], output_field=models.JSONField()),
+                                                  default=list),
         ),
         migrations.RunPython(copy_chunk_access, migrations.RunPython.noop),
     ]
