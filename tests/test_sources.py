@@ -398,6 +398,26 @@ def test_a_question_about_my_things_is_answered_by_my_rows_not_the_pages(ragchat
     assert "ship free" in ask(None, "Which orders ship free?").answer
 
 
+def test_a_question_about_another_persons_things_is_not_answered_by_my_rows(ragchat_settings_override, user,
+                                                                            other_user):
+    """A shop's trial: alice's "What is bob's order number?" quoted her own order ("Your order
+    ORD-17 was shipped ..."): "order" and "number" were stated, only "bob" was not. A bare
+    possessive no passage writes names someone else; "my friend's" or "today's" does not."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    for title, body in SHOP_PAGES:
+        Article.objects.create(title=title, body=body)
+    Article.objects.create(title="Your order ORD-17", owner=user,
+                           body="You ordered a Blue Kettle for $40. Your order ORD-17 was shipped on 2 December.")
+    Article.objects.create(title="Your order ORD-18", owner=other_user,
+                           body="You ordered a Red Toaster for $30. Your order ORD-18 is being packed.")
+    for question in ("What is bob's order number?", "Has bob\N{RIGHT SINGLE QUOTATION MARK}s order shipped?"):
+        answer = ask(user, question).answer
+        assert "don't mention bob" in answer and "ORD-1" not in answer, (question, answer)
+    assert "ORD-17" in ask(user, "What is my order number?").answer
+    assert "mention" not in ask(user, "What is today's status of my order?").answer  # read as a window
+    assert "ORD-17" in ask(user, "Has my daughter's kettle order shipped?").answer
+
+
 VET_PAGES = [
     ("Booking an appointment", "Book an appointment online or call 0161 555 0100. Appointments last 15 minutes."),
     ("Vaccinations", "Puppies need two vaccination appointments, two to four weeks apart."),
@@ -943,6 +963,20 @@ GARAGE_PAGES = [
     ("Courtesy car", "A courtesy car is free for customers who book a full service or a repair over £300."),
     ("Payment", "We take cash, debit and credit cards, Apple Pay and Google Pay. We do not take cheques."),
 ]
+
+
+def test_a_question_whose_verb_is_a_names_word_asks_its_own_thing(ragchat_settings_override, user):
+    """The garage's trial: "Can I pay with Apple Pay?" after "What does the MOT actually check?"
+    was declined ("The documents don't say anything about mot actually check"): every word it
+    asks with is the name's, so the earlier question's words were taken as what it asked."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    for title, body in GARAGE_PAGES + [("MOT tests", "An MOT test checks lights, brakes, tyres, seatbelts, steering "
+                                                     "and emissions. It takes about an hour.")]:
+        Article.objects.create(title=title, body=body)
+    conversation = Conversation.objects.create(owner=user)
+    assert "seatbelts" in run_turn_sync(conversation, "What does the MOT actually check?").answer
+    answer = run_turn_sync(conversation, "Can I pay with Apple Pay?").answer
+    assert "Apple Pay and Google Pay" in answer, answer
 
 
 def test_my_rows_are_quoted_by_their_dated_sentence_and_named_when_it_does_not(ragchat_settings_override, user):

@@ -32,6 +32,8 @@ _CLAUSE_SEPARATOR_RE = re.compile(r",\s+|\s+[-–—]+\s+|[;:]\s+|[.!]\s+")
 # A decline names "Galaxy S9", not "Galaxy S9's" of "Galaxy S9's battery".
 _POSSESSIVE_END_RE = re.compile(r"['’]s?$")
 # A code: a word that starts with a letter and holds a digit ("ORD-18", "X3", "SKU1042").
+# A bare possessive ("bob's order"): its word, and where the text before it ends.
+_POSSESSIVE_RE = re.compile(r"(?<![\w'’-])([^\W\d_]+)['’]s(?![\w'’])")
 _CODE_RE = re.compile(r"(?<![\w-])[^\W\d_][\w-]*\d[\w-]*(?![\w-])")
 
 Entity = tuple[str, ...]
@@ -331,6 +333,23 @@ def _unknown_codes(question: str, known_stems: frozenset[str], vocabulary: Vocab
             if m.group(0) not in in_names and not _known_code(fold(m.group(0)), known_stems)]
 
 
+def _other_owners(question: str, known_stems: frozenset[str], vocabulary: Vocabulary) -> list[str]:
+    """Owners a question names by a bare possessive that no passage writes: "What is bob's order
+    number?" asked by a customer whose own order was found asks about someone else's, which their
+    rows do not answer ("Your order ORD-17" quoted as bob's). After a determiner it is a thing or
+    a relative of the asker's ("my friend's", "the shop's"), and "let's" or "today's" name no one."""
+    v, found = vocabulary, []
+    for m in _POSSESSIVE_RE.finditer(question):
+        owner, before = fold(m.group(1)), words(question[:m.start()])[-1:]
+        if (before and before[0] in v.possessive_determiners) or owner in v.unnamed_possessors:
+            continue
+        if owner in v.stopwords or owner in v.generic or owner in v.calendar or stem(owner) in v.time_units:
+            continue
+        if owner not in known_stems and stem(owner) not in known_stems:
+            found.append(m.group(0))
+    return found
+
+
 def _unknown_numbered(question: str, entities: _Entities, passages: list[Passage]) -> list[str]:
     """Things named by a kind and a number that no passage names, where the passages name things
     of that kind by number: "What is the status of order 2?" over the passage of Order 1 asks
@@ -373,6 +392,8 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
     # part, and the conversation's subject is not what the question is about either.
     foreign = (_foreign_names(question, entities, known_stems) + _unknown_codes(question, known_stems, v)
                + _unknown_numbered(question, entities, passages))
+    if any(p.asker_own for p in passages):  # only their own rows could be quoted as someone else's
+        foreign += _other_owners(question, known_stems, v)
     for display in foreign:
         need.unknown.append(_POSSESSIVE_END_RE.sub("", display))  # "Zephyr Kettle's lid"
         question, search_query = question.replace(display, " "), search_query.replace(display, " ")
@@ -481,6 +502,14 @@ def _drop_words_that_say_how(need: Need, asked: str, asked_at: dict[str, int], v
         need.forget(coming, asked_at)  # "How much storage does it come with?" asks the storage
 
 
+def _acts_on_a_name(asked: str, names: set[str], vocabulary: Vocabulary) -> bool:
+    """Whether the asking clause's verb is a word of a name it holds: "Can I pay with Apple Pay?"
+    asks its own thing (paying so) though each of its words is the name's, not the attribute a
+    question before it carried ("What does the MOT check?")."""
+    tokens = words(asked)
+    return any(doer in vocabulary.doers and verb in names for doer, verb in zip(tokens, tokens[1:]))
+
+
 def _take_carried_attribute(need: Need, asked: str, typed_keys: set[str], vocabulary: Vocabulary) -> None:
     """Make the words the search query carried (the transformer's, or the question's context)
     the asked attribute where the asking clause alone does not say what it is about."""
@@ -572,7 +601,7 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], voc
     _drop_words_that_say_how(need, asked, asked_at, vocabulary)
     by_place = sorted((at, key) for key, at in asked_at.items() if not key.startswith("~"))
     need.adjacent = [(a, b) for (i, a), (j, b) in zip(by_place, by_place[1:]) if j - i <= 2]
-    if not part:
+    if not part and not _acts_on_a_name(asked, names, vocabulary):
         _take_carried_attribute(need, asked, set(asked_at), vocabulary)
     _value_asked(need, asked, vocabulary)
     return need

@@ -278,6 +278,10 @@ class Vocabulary:
         # -ing form, unless a form of "be" asked it ("Are you open ...?" asks a state).
         self.doers = frozenset(language.words.get("doers", ()))
         self.be_forms = frozenset(language.words.get("be_forms", ()))
+        # Optional: reading "bob's order" as another person's (``question._other_owners``).
+        self.possessive_determiners = frozenset(language.words.get("possessive_determiners", ())).union(
+            self.pointing, self.articles, language.words.get("pronouns", ()))
+        self.unnamed_possessors = frozenset(language.words.get("unnamed_possessors", ()))
         self.polar = word("polar")
         # Optional (a language written before it has none): days and months, never a subject.
         self.calendar = language.words.get("calendar", frozenset())
