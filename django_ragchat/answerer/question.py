@@ -507,7 +507,9 @@ def _acts_on_a_name(asked: str, names: set[str], vocabulary: Vocabulary) -> bool
     asks its own thing (paying so) though each of its words is the name's, not the attribute a
     question before it carried ("What does the MOT check?")."""
     tokens = words(asked)
-    return any(doer in vocabulary.doers and verb in names for doer, verb in zip(tokens, tokens[1:]))
+    # Written twice, once as the verb and once in the name: "And to Millbrook?" holds no verb.
+    return any(doer in vocabulary.doers and verb in names and tokens.count(verb) > 1
+               for doer, verb in zip(tokens, tokens[1:]))
 
 
 def _take_carried_attribute(need: Need, asked: str, typed_keys: set[str], vocabulary: Vocabulary) -> None:
