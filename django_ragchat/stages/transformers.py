@@ -805,9 +805,10 @@ class FollowUpEnricher(QueryTransformer):
             return ""
         answer = said[opened + 1]
         cited = MessageSource.objects.filter(message__conversation_id=turn.conversation.pk, message__seq=answer.seq,
-                                             cited=True).values_list("title", "chunk__access")
+                                             cited=True).values_list("title", "access")
         # Only an answer that quoted the asker's own rows was about them: "When is my next
-        # class?" answered from the public timetable is carried as any follow-up is.
+        # class?" answered from the public timetable is carried as any follow-up is. Who could
+        # read each source is the copy saved with the answer: a row deleted since still counts.
         named = [title.rsplit(":", 1)[-1].strip() for title, access in cited if only_for(access or (), turn.principals)]
         if not named:
             return ""
