@@ -95,6 +95,16 @@ def test_a_question_naming_an_unknown_product_is_not_answered_with_a_known_ones_
     assert ask("How long does the Galaxy S9's battery last?").startswith("The documents don't mention Galaxy S9,")
 
 
+def test_a_name_only_the_context_writes_is_not_what_is_asked(sample_docs):
+    """"We fly back to Spain on Thursday ... How much is express delivery?" was "The documents
+    don't mention Spain": a name the context clause writes names nothing asked. Named in the
+    asking clause ("Do you deliver to Spain?") it still declines."""
+    answer = ask("We fly back to Spain on Thursday and I'd like the parcel before then. How much is express delivery?")
+    assert "$15" in answer, answer
+    assert "$15" in ask("Hello. How much does standard shipping cost? Thanks, Mark")
+    assert ask("Do you deliver to Spain? We live near Alicante.").startswith("The documents don't mention Spain,")
+
+
 # Found by a new user of the example project: "the Zephyr Kettle" was declined "for Zephyr Buds".
 @pytest.mark.parametrize(("question", "name"), [("How long does the Zephyr Kettle take to boil?", "Zephyr Kettle"),
                                                 ("Does the Zephyr Kettle have a warranty?", "Zephyr Kettle"),

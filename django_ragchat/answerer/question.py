@@ -405,7 +405,8 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
     inherited = {e for e in entities.known if set(e) <= set(words(search_query))}
     # Of the names the question holds, those of its asking clauses: "How long is the Aurora X2's
     # warranty? My Zephyr Buds came with two years." asks about the Aurora X2 alone.
-    asking_words = set(words(" ".join(asked_clauses(question, v)) if asked is None else asked))
+    asking = " ".join(asked_clauses(question, v)) if asked is None else asked
+    asking_words = set(words(asking))
     in_asking = {e for e in entities.known if set(e) <= asking_words | {stem(w) for w in asking_words}}
     need.subjects = in_asking or entities.named(own_words, type_words=not inherited, partial=not foreign)
     if not need.subjects and not foreign:
@@ -417,7 +418,9 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
                       and set(e) & (own_words - light)}
     if not need.subjects:
         need.subjects = _subject_by_kind(question, passages, v)
-    for display, folded in name_sequences(question, v.stopwords):
+    # A name only the context writes ("We fly back to Spain on Thursday. How much is express
+    # delivery?") is not what is asked: the asking clauses' unknown names decline.
+    for display, folded in name_sequences(asking, v.stopwords):
         tokens = set(folded.split())
         calendar = {t for t in tokens if t in v.calendar or stem(t) in v.calendar}
         # "What time is the Spin class?" over "Spin class runs at 7am": a word the passages write
