@@ -398,6 +398,30 @@ def test_a_question_about_my_things_is_answered_by_my_rows_not_the_pages(ragchat
     assert "ship free" in ask(None, "Which orders ship free?").answer
 
 
+def test_an_order_written_as_sources_md_writes_it_answers_its_customers_questions(ragchat_settings_override, user,
+                                                                                  other_user):
+    """docs/sources.md's order text (an outside trial asked which words it needs): the nouns
+    customers ask with ("carrier", "status") are in the sentence, the question's own words and
+    "my" are not needed."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    for title, body in SHOP_PAGES:
+        Article.objects.create(title=title, body=body)
+    delivered = date_format(localtime() + timedelta(days=4), "l j F Y")
+    order = Article.objects.create(title="Your order ORD-17", owner=user, body=(
+        f"Your order ORD-17 is shipped (status: shipped), with the carrier PostNord. "
+        f"It should be delivered on {delivered}."))
+    Article.objects.create(title="Your order ORD-18", owner=other_user, body=(
+        "Your order ORD-18 is processing (status: processing)."))
+    for question in ("Where is my order?", "Has my order shipped?", "Which carrier is my order with?",
+                     "What is the status of my order?"):
+        answer = ask(user, question).answer
+        assert answer.startswith("Your order ORD-17 is shipped") and "ORD-18" not in answer, (question, answer)
+    assert ask(user, "When will my order be delivered?").answer.startswith(f"It should be delivered on {delivered}")
+    order.body = f"Your order ORD-17 is shipped (status: shipped), with PostNord. It should be delivered on {delivered}."
+    order.save()
+    assert "don't say anything about carrier" in ask(user, "Which carrier is my order with?").answer
+
+
 def test_a_question_about_another_persons_things_is_not_answered_by_my_rows(ragchat_settings_override, user,
                                                                             other_user):
     """A shop's trial: alice's "What is bob's order number?" quoted her own order ("Your order
