@@ -12,8 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# pairwise: on Django 5.x with PostgreSQL and 6.x with SQLite in scripts/test.sh (pyproject.toml).
-pytestmark = pytest.mark.pairwise
+# pairwise, crossed: on Django 5.x with SQLite and 6.x with PostgreSQL in scripts/test.sh (pyproject.toml).
+pytestmark = pytest.mark.pairwise(crossed=True)
 
 
 def run_bench(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
