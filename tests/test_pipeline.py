@@ -171,7 +171,8 @@ def _grow_history_about_my_things(conversation, n):
         Message(conversation=conversation, seq=n + 1, role="user", content="Which colour is my Aurora X2?"),
         Message(conversation=conversation, seq=n + 2, role="assistant", content="You chose the black Aurora X2 [1]."),
     ])
-    MessageSource.objects.create(message=answer, chunk=order, rank=1, score=1.0, cited=True, title=order.document.title)
+    MessageSource.objects.create(message=answer, chunk=order, rank=1, score=1.0, cited=True, title=order.document.title,
+                                 access=order.access)  # as a turn saves it (migration 0011)
     conversation.last_seq = n + 2
     conversation.save(update_fields=["last_seq"])
 
