@@ -214,6 +214,17 @@ def test_the_trace_says_how_a_follow_up_was_read_and_what_each_stage_did_in_word
     assert 'question rewritten <code class="ragchat-stage">query_transformers</code>' in html
 
 
+def _assert_named_on_no_page(admin_client, trace, source, *words: str) -> None:
+    """None of ``words`` on any admin page that shows ``source``'s answer or its trace."""
+    message = source.message
+    pages = [url("conversation_change", message.conversation_id), url("turntrace_change", trace.pk),
+             url("message_change", message.pk), url("messagesource_changelist"),
+             url("messagesource_change", source.pk)]
+    for page in pages:
+        html = admin_client.get(page).content.decode()
+        assert not any(word in html for word in words), page
+
+
 def test_a_source_the_viewer_may_not_read_is_named_nowhere_in_the_admin(admin_client, user):
     """The trace's retrieval table hid a restricted chunk's document, but "Documents the model
     saw", the transcript's sources and the message-source pages showed the title saved with the
@@ -231,12 +242,7 @@ def test_a_source_the_viewer_may_not_read_is_named_nowhere_in_the_admin(admin_cl
     trace = TurnTrace.objects.create(message=message, profile="default", data={
         "retrieval": [{"hits": [{"chunk_id": own.pk, "score": 1.0}]}],
         "documents": [{"chunk_id": own.pk, "index": 1, "score": 0.5, "source": "orders/ORD-101"}]})
-    pages = [url("conversation_change", conversation.pk), url("turntrace_change", trace.pk),
-             url("message_change", message.pk), url("messagesource_changelist"),
-             url("messagesource_change", hidden.pk)]
-    for page in pages:
-        html = admin_client.get(page).content.decode()
-        assert "ORD-101" not in html and "Blue teapot" not in html, page
+    _assert_named_on_no_page(admin_client, trace, hidden, "ORD-101", "Blue teapot")
     assert "Delivery times" in admin_client.get(url("conversation_change", conversation.pk)).content.decode()
     found = admin_client.get(url("messagesource_changelist"), {"q": "ORD-101"}).context["cl"].result_count
     assert found == 0
@@ -259,12 +265,7 @@ def test_a_customers_row_gone_since_is_not_named_to_staff_who_could_not_read_it(
         "retrieval": [{"hits": [{"chunk_id": 999998, "score": 1.0}, {"chunk_id": 999999, "score": 0.9}]}],
         "documents": [{"chunk_id": 999998, "index": 1, "score": 0.5, "source": "bookings:7"},
                       {"chunk_id": 999999, "index": 2, "score": 0.4, "source": "pages:1"}]})
-    pages = [url("conversation_change", conversation.pk), url("turntrace_change", trace.pk),
-             url("message_change", message.pk), url("messagesource_changelist"),
-             url("messagesource_change", booking.pk)]
-    for page in pages:
-        html = admin_client.get(page).content.decode()
-        assert "AL19 CEX" not in html and "bookings:7" not in html, page
+    _assert_named_on_no_page(admin_client, trace, booking, "AL19 CEX", "bookings:7")
     assert "Opening hours" in admin_client.get(url("turntrace_change", trace.pk)).content.decode()
     assert "Opening hours" in admin_client.get(url("conversation_change", conversation.pk)).content.decode()
     assert admin_client.get(url("messagesource_changelist"), {"q": "AL19"}).context["cl"].result_count == 0

@@ -801,11 +801,11 @@ def transcript(conversation: Conversation, page_number: Any = 1, per_page: int =
         sources = list(message.sources.all())
         for source in sources:  # what the template shows: a hidden chunk's name is not shown
             readable = source.chunk_id in chunks
-            source.hidden = source.chunk_id is not None and not readable
-            source.hidden_reason = chunks.hidden_reason(source.chunk_id) if source.hidden else ""
             if source.chunk_id is None:  # gone since: its saved access says whether to name it
                 source.hidden_reason = chunks.saved_hidden_reason(source.access)
-                source.hidden = bool(source.hidden_reason)
+            else:
+                source.hidden_reason = "" if readable else chunks.hidden_reason(source.chunk_id)
+            source.hidden = bool(source.hidden_reason)
             source.display_heading = short_heading(source.chunk.heading, source.title) if readable else ""
         trace = traces.get(message.pk)
         turns.append(Turn(
