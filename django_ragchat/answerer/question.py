@@ -31,9 +31,9 @@ _WORD_RE = re.compile(r"[^\W_]+(?:['’\-][^\W_]+)*", re.UNICODE)  # as text.wor
 _CLAUSE_SEPARATOR_RE = re.compile(r",\s+|\s+[-–—]+\s+|[;:]\s+|[.!]\s+")
 # A decline names "Galaxy S9", not "Galaxy S9's" of "Galaxy S9's battery".
 _POSSESSIVE_END_RE = re.compile(r"['’]s?$")
-# A code: a word that starts with a letter and holds a digit ("ORD-18", "X3", "SKU1042").
-# A bare possessive ("bob's order"): its word, and where the text before it ends.
+# A bare possessive ("bob's order"): the owner's word.
 _POSSESSIVE_RE = re.compile(r"(?<![\w'’-])([^\W\d_]+)['’]s(?![\w'’])")
+# A code: a word that starts with a letter and holds a digit ("ORD-18", "X3", "SKU1042").
 _CODE_RE = re.compile(r"(?<![\w-])[^\W\d_][\w-]*\d[\w-]*(?![\w-])")
 
 Entity = tuple[str, ...]
