@@ -368,6 +368,16 @@ SHOP_PAGES = [
 ]
 
 
+def _shop_with_orders(ragchat_settings_override, orders: list[tuple]) -> list[Article]:
+    """The shop's public pages and ``orders`` ((owner, number, text)), each its owner's alone,
+    titled "Your order <number>"; the order articles, in order."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    for title, body in SHOP_PAGES:
+        Article.objects.create(title=title, body=body)
+    return [Article.objects.create(title=f"Your order {number}", owner=owner, body=body)
+            for owner, number, body in orders]
+
+
 def test_a_question_about_my_things_is_answered_by_my_rows_not_the_pages(ragchat_settings_override, user,
                                                                         other_user):
     """A bike shop's trial: "What orders do I have?" and "Which orders have I placed?" quoted the
@@ -375,15 +385,10 @@ def test_a_question_about_my_things_is_answered_by_my_rows_not_the_pages(ragchat
     the asker's own things ("my", "do I have", "did I") is answered by the rows only they may read
     when one states all the best page sentence does; "How do I return my order?" is still the
     returns page's: no order states "return"."""
-    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
-    for title, body in SHOP_PAGES:
-        Article.objects.create(title=title, body=body)
-    Article.objects.create(title="Your order SS-1014", owner=user,
-                           body="You ordered 2 Trailgrip 29 tyres for $109.98. Your order SS-1014 was shipped.")
-    Article.objects.create(title="Your order SS-1021", owner=user,
-                           body="You ordered 1 Roadline chain for $29.50. Your order SS-1021 is being packed.")
-    Article.objects.create(title="Your order SS-1007", owner=other_user,
-                           body="You ordered 1 Roadline chain for $29.50. Your order SS-1007 was delivered.")
+    _shop_with_orders(ragchat_settings_override, [
+        (user, "SS-1014", "You ordered 2 Trailgrip 29 tyres for $109.98. Your order SS-1014 was shipped."),
+        (user, "SS-1021", "You ordered 1 Roadline chain for $29.50. Your order SS-1021 is being packed."),
+        (other_user, "SS-1007", "You ordered 1 Roadline chain for $29.50. Your order SS-1007 was delivered.")])
     for question in ("What orders do I have?", "Which orders have I placed?", "What did I order?"):
         answer = ask(user, question).answer
         assert "SS-1014" in answer and "SS-1021" in answer and "ship free" not in answer, (question, answer)
@@ -403,15 +408,11 @@ def test_an_order_written_as_sources_md_writes_it_answers_its_customers_question
     """docs/sources.md's order text (an outside trial asked which words it needs): the nouns
     customers ask with ("carrier", "status") are in the sentence, the question's own words and
     "my" are not needed."""
-    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
-    for title, body in SHOP_PAGES:
-        Article.objects.create(title=title, body=body)
     delivered = date_format(localtime() + timedelta(days=4), "l j F Y")
-    order = Article.objects.create(title="Your order ORD-17", owner=user, body=(
-        f"Your order ORD-17 is shipped (status: shipped), with the carrier PostNord. "
-        f"It should be delivered on {delivered}."))
-    Article.objects.create(title="Your order ORD-18", owner=other_user, body=(
-        "Your order ORD-18 is processing (status: processing)."))
+    order, _ = _shop_with_orders(ragchat_settings_override, [
+        (user, "ORD-17", "Your order ORD-17 is shipped (status: shipped), with the carrier PostNord. "
+                         f"It should be delivered on {delivered}."),
+        (other_user, "ORD-18", "Your order ORD-18 is processing (status: processing).")])
     for question in ("Where is my order?", "Has my order shipped?", "Which carrier is my order with?",
                      "What is the status of my order?"):
         answer = ask(user, question).answer
@@ -427,13 +428,9 @@ def test_a_question_about_another_persons_things_is_not_answered_by_my_rows(ragc
     """A shop's trial: alice's "What is bob's order number?" quoted her own order ("Your order
     ORD-17 was shipped ..."): "order" and "number" were stated, only "bob" was not. A bare
     possessive no passage writes names someone else; "my friend's" or "today's" does not."""
-    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
-    for title, body in SHOP_PAGES:
-        Article.objects.create(title=title, body=body)
-    Article.objects.create(title="Your order ORD-17", owner=user,
-                           body="You ordered a Blue Kettle for $40. Your order ORD-17 was shipped on 2 December.")
-    Article.objects.create(title="Your order ORD-18", owner=other_user,
-                           body="You ordered a Red Toaster for $30. Your order ORD-18 is being packed.")
+    _shop_with_orders(ragchat_settings_override, [
+        (user, "ORD-17", "You ordered a Blue Kettle for $40. Your order ORD-17 was shipped on 2 December."),
+        (other_user, "ORD-18", "You ordered a Red Toaster for $30. Your order ORD-18 is being packed.")])
     for question in ("What is bob's order number?", "Has bob\N{RIGHT SINGLE QUOTATION MARK}s order shipped?"):
         answer = ask(user, question).answer
         assert "don't mention bob" in answer and "ORD-1" not in answer, (question, answer)
