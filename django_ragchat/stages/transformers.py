@@ -809,7 +809,7 @@ class FollowUpEnricher(QueryTransformer):
         # Only an answer that quoted the asker's own rows was about them: "When is my next
         # class?" answered from the public timetable is carried as any follow-up is. Who could
         # read each source is the copy saved with the answer: a row deleted since still counts.
-        named = [title.rsplit(":", 1)[-1].strip() for title, access in cited if only_for(access or (), turn.principals)]
+        named = [title.rsplit(":", 1)[-1].strip() for title, access in cited if only_for(access, turn.principals)]
         if not named:
             return ""
         # Its topic words, not its names ("Dr James Patel", "Tuesday"): those are the row's
