@@ -243,6 +243,9 @@ def test_a_source_the_viewer_may_not_read_is_named_nowhere_in_the_admin(admin_cl
         "retrieval": [{"hits": [{"chunk_id": own.pk, "score": 1.0}]}],
         "documents": [{"chunk_id": own.pk, "index": 1, "score": 0.5, "source": "orders/ORD-101"}]})
     _assert_named_on_no_page(admin_client, trace, hidden, "ORD-101", "Blue teapot")
+    # In its place, words that do not say the asker may not read their own order.
+    assert "(hidden: the asker or you may not read it)" in admin_client.get(
+        url("messagesource_changelist")).content.decode()
     assert "Delivery times" in admin_client.get(url("conversation_change", conversation.pk)).content.decode()
     found = admin_client.get(url("messagesource_changelist"), {"q": "ORD-101"}).context["cl"].result_count
     assert found == 0

@@ -46,8 +46,10 @@ def _asker(message: Message):
     return principals
 
 
-#: What the admin shows in place of a source the asker or the member of staff may not read now.
-NOT_READABLE = "(not readable by the asker or by you)"
+#: What the admin shows in place of a source the asker or the member of staff may not read now
+#: (one of them, not both: an outside trial read "not readable by the asker or by you" as both
+#: for a customer's own order; the transcript's words).
+NOT_READABLE = "(hidden: the asker or you may not read it)"
 
 
 def _withheld(source: MessageSource) -> bool:
