@@ -323,6 +323,8 @@ def test_rest_websocket_static_files_and_api_docs_under_the_asgi_server(new_site
     assert "must consume synchronous iterators" not in log.read_text(), log.read_text()
     # README's INSTALLED_APPS names ServeStatic (its middleware warns in DEBUG otherwise).
     assert "Django checks for ServeStatic are disabled" not in log.read_text(), log.read_text()
+    # README's command says --lifespan off: Channels' router has no lifespan (a trial's question).
+    assert "lifespan" not in log.read_text(), log.read_text()
 
 
 def test_server_sent_events_under_gunicorn(new_site):
