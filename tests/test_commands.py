@@ -12,6 +12,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -431,3 +433,14 @@ def test_purge_older_than_days_overrides_the_anonymous_retention_for_one_run(use
 
     with pytest.raises(CommandError, match="0 or more"):
         run("ragchat_purge", "--older-than-days", "-1")
+
+
+def test_ragchat_plugins_piped_into_a_reader_that_leaves_ends_without_a_traceback():
+    """``manage.py ragchat_plugins | head`` (an outside user's trial ended in a BrokenPipeError
+    traceback): here the reader leaves before the first line, as ``| head -0`` does."""
+    process = subprocess.Popen([sys.executable, "manage.py", "ragchat_plugins"], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # before Django has even started: every write meets a closed pipe
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 1, stderr
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr

@@ -10,6 +10,8 @@ each indexes. ``--json`` prints the same as one JSON object.
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 from django.core.management.base import BaseCommand
 
@@ -73,6 +75,17 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="Print one JSON object.")
+
+    def execute(self, *args, **options):
+        try:
+            output = super().execute(*args, **options)
+            self.stdout.flush()  # inside the try: a pipe closed early fails here, not at exit
+            return output
+        except BrokenPipeError:
+            # "ragchat_plugins | head": the reader has what it wanted. End as Python's docs advise
+            # (https://docs.python.org/3/library/signal.html#note-on-sigpipe), not with a traceback.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(1) from None
 
     def handle(self, *args, **options):
         data = describe()
