@@ -431,12 +431,14 @@ def test_a_question_about_another_persons_things_is_not_answered_by_my_rows(ragc
     _shop_with_orders(ragchat_settings_override, [
         (user, "ORD-17", "You ordered a Blue Kettle for $40. Your order ORD-17 was shipped on 2 December."),
         (other_user, "ORD-18", "You ordered a Red Toaster for $30. Your order ORD-18 is being packed.")])
-    for question in ("What is bob's order number?", "Has bob\N{RIGHT SINGLE QUOTATION MARK}s order shipped?"):
+    for question in ("What is bob's order number?", "Has bob\N{RIGHT SINGLE QUOTATION MARK}s order shipped?",
+                     "What is the order number of bob?"):
         answer = ask(user, question).answer
         assert "don't mention bob" in answer and "ORD-1" not in answer, (question, answer)
     assert "ORD-17" in ask(user, "What is my order number?").answer
     assert "mention" not in ask(user, "What is today's status of my order?").answer  # read as a window
     assert "ORD-17" in ask(user, "Has my daughter's kettle order shipped?").answer
+    assert "ORD-17" in ask(user, "What is the number of my order?").answer  # "of my order" names no one
 
 
 VET_PAGES = [

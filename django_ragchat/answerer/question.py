@@ -337,16 +337,20 @@ def _other_owners(question: str, known_stems: frozenset[str], vocabulary: Vocabu
     """Owners a question names by a bare possessive that no passage writes: "What is bob's order
     number?" asked by a customer whose own order was found asks about someone else's, which their
     rows do not answer ("Your order ORD-17" quoted as bob's). After a determiner it is a thing or
-    a relative of the asker's ("my friend's", "the shop's"), and "let's" or "today's" name no one."""
+    a relative of the asker's ("my friend's", "the shop's"), and "let's" or "today's" name no one.
+    The language's ``owner_after`` pattern finds one written after the thing ("the order number
+    of bob"); the decline names the owner alone then."""
     v, found = vocabulary, []
-    for m in _POSSESSIVE_RE.finditer(question):
-        owner, before = fold(m.group(1)), words(question[:m.start()])[-1:]
+    after = v.language.patterns.get("owner_after")  # optional: a language may have none
+    for m, named in [*((m, m.group(0)) for m in _POSSESSIVE_RE.finditer(question)),
+                     *((m, m.group(1)) for m in (after.finditer(question) if after else ()))]:
+        owner, before = fold(m.group(1)), words(question[:m.start(1)])[-1:]
         if (before and before[0] in v.possessive_determiners) or owner in v.unnamed_possessors:
             continue
         if owner in v.stopwords or owner in v.generic or owner in v.calendar or stem(owner) in v.time_units:
             continue
         if owner not in known_stems and stem(owner) not in known_stems:
-            found.append(m.group(0))
+            found.append(named)
     return found
 
 
