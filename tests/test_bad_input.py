@@ -252,3 +252,76 @@ def test_an_upload_nested_too_deeply_to_parse_is_invalid_document(client, upload
     response = client.post("/api/ragchat/documents/", {"file": SimpleUploadedFile("deep.html", b"<div>" * 100_000)})
     assert (response.status_code, response.json()["code"]) == (400, "invalid_document")
     assert not Document.objects.exists()
+
+
+# --- an outside probe of a help desk on PostgreSQL under gunicorn (7 December) ------------------
+
+
+def test_a_signed_out_caller_is_not_authenticated_before_any_csrf_check_on_every_transport(user,
+                                                                                          ragchat_settings_override):
+    """Without a CSRF cookie, a signed-out POST to the stream was ``csrf_failed`` while the REST
+    API said ``not_authenticated``: the same caller, two codes."""
+    from django.test import Client
+
+    ragchat_settings_override(ALLOW_ANONYMOUS=False)
+    conversation = Conversation.objects.create(owner=user)
+    client = Client(enforce_csrf_checks=True)
+    for url in (f"/chat/conversations/{conversation.pk}/stream/", "/chat/stream/",
+                f"/api/ragchat/conversations/{conversation.pk}/messages/"):
+        response = client.post(url, data='{"content": "Hi"}', content_type="application/json")
+        assert (response.status_code, json.loads(response.content)["code"]) == (403, "not_authenticated"), url
+    assert not Message.objects.exists()
+
+
+FORM_BODIES = [
+    ("multipart/form-data; boundary=b", b'--b\r\nContent-Disposition: form-data; name="content"\r\n\r\nHi\r\n--b--\r\n'),
+    ("multipart/form-data", b"content=Hi"),  # no boundary: Django cannot parse it
+    ("application/x-www-form-urlencoded", b"content=Hi"),
+]
+
+
+@pytest.mark.parametrize(("content_type", "body"), FORM_BODIES)
+def test_a_form_body_with_the_csrf_token_is_415_on_every_transport(user, content_type, body):
+    """A multipart body on the stream was a 500: the CSRF check read the form, and the view could
+    no longer read the body; without a boundary, Django's HTML 400 page."""
+    from django.test import Client
+
+    conversation = Conversation.objects.create(owner=user)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    client.cookies["csrftoken"] = secret = "a" * 32
+    for url in (f"/chat/conversations/{conversation.pk}/stream/", "/chat/stream/",
+                f"/api/ragchat/conversations/{conversation.pk}/messages/"):
+        response = client.post(url, data=body, content_type=content_type, HTTP_X_CSRFTOKEN=secret)
+        assert response["Content-Type"].startswith("application/json"), (url, response.content[:200])
+        assert (response.status_code, json.loads(response.content)["code"]) == (415, "unsupported_media_type"), url
+    assert not Message.objects.exists() and Conversation.objects.count() == 1
+
+
+@pytest.mark.parametrize("content_type", ["", "application/vnd.api+json", "application/problem+json; charset=utf-8"])
+def test_a_body_with_no_content_type_or_a_json_suffix_is_json_on_every_transport(signed_in, user, content_type):
+    """docs/protocol.md: ``…+json`` or none declared is read as JSON, alike on REST and server-sent
+    events; the REST API answered both 415."""
+    conversation = Conversation.objects.create(owner=user)
+    for url in ("/chat/stream/", f"/api/ragchat/conversations/{conversation.pk}/messages/"):
+        response = signed_in.post(url, data='{"content": 42}', content_type=content_type)
+        assert (response.status_code, json.loads(response.content)["code"]) == (400, "invalid_type"), url
+
+
+@pytest.mark.parametrize("title", ["\u200b", "\u200b\u200d\ufeff", " \u2060 "])
+def test_a_title_that_shows_nothing_is_no_title(signed_in, user, title):
+    """A zero-width title made the conversation's entry in the list invisible."""
+    created = signed_in.post("/api/ragchat/conversations/", data=json.dumps({"title": title}),
+                             content_type="application/json")
+    assert created.status_code == 201 and created.json()["title"] == "", created.content
+    conversation = Conversation.objects.create(owner=user, title="Kept")
+    renamed = signed_in.patch(f"/api/ragchat/conversations/{conversation.pk}/", data=json.dumps({"title": title}),
+                              content_type="application/json")
+    assert renamed.status_code == 200 and renamed.json()["title"] == ""
+
+
+@pytest.mark.parametrize("path", ["docs/", "redoc/", "schema/"])
+def test_options_on_the_api_documentation_pages(client, path):
+    """``OPTIONS /api/ragchat/docs/`` was a 500 (DRF's metadata, rendered with a page's renderer)."""
+    response = client.options(f"/api/ragchat/{path}")
+    assert response.status_code == 200 and "GET" in response["Allow"]

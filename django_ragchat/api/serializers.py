@@ -26,7 +26,7 @@ from django_ragchat.models import (
 from django_ragchat.permissions import can_use_profile
 from django_ragchat.plugins import PIPELINE_ORDER
 from django_ragchat.profiles import UnknownProfile, get_profile, profile_names
-from django_ragchat.text import question_label
+from django_ragchat.text import is_blank, question_label
 
 
 class StrictCharField(serializers.CharField):
@@ -37,6 +37,16 @@ class StrictCharField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class TitleField(StrictCharField):
+    """A conversation's title: one that shows nothing (zero-width or other format characters
+    only) is no title, as such a message is no message: the conversation is untitled and goes by
+    its first question (an outside probe made its entry in the list invisible)."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        return "" if is_blank(value) else value
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -106,7 +116,7 @@ class ProfileNameField(serializers.ChoiceField):
 
 
 class ConversationCreateSerializer(serializers.Serializer):
-    title = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+    title = TitleField(max_length=200, required=False, allow_blank=True, default="")
     profile = StrictCharField(max_length=100, required=False, allow_null=True, default=None,
                               help_text="A profile name from RAGCHAT['PROFILES']; the default profile if omitted.")
 
@@ -127,7 +137,7 @@ class ConversationCreateSerializer(serializers.Serializer):
 
 
 class ConversationRenameSerializer(serializers.ModelSerializer):
-    title = StrictCharField(max_length=200, allow_blank=True)
+    title = TitleField(max_length=200, allow_blank=True)
 
     class Meta:
         model = Conversation

@@ -10,6 +10,7 @@ unknown one. ``schema/`` serves the OpenAPI document of these endpoints only, ``
 
 from django.templatetags.static import static
 from django.urls import include, path
+from django.views import View
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
@@ -62,7 +63,15 @@ class SchemaView(SpectacularAPIView):
         return super().get(request, *args, **kwargs)
 
 
-class SwaggerView(SpectacularSwaggerView):
+class _Page:
+    """A page rendered from a template: ``OPTIONS`` gets Django's answer (the methods allowed),
+    not DRF's metadata, which its HTML renderer has no template for (a 500, an outside probe)."""
+
+    def options(self, request, *args, **kwargs):
+        return View.options(self, request, *args, **kwargs)
+
+
+class SwaggerView(_Page, SpectacularSwaggerView):
     """Swagger UI over :class:`SchemaView`, from the site's static files (works offline)."""
 
     schema = AutoSchema()
@@ -78,7 +87,7 @@ class SwaggerView(SpectacularSwaggerView):
         return _sidecar("swagger-ui-dist/favicon-32x32.png")
 
 
-class RedocView(SpectacularRedocView):
+class RedocView(_Page, SpectacularRedocView):
     """Redoc over :class:`SchemaView`, from the site's static files (works offline)."""
 
     schema = AutoSchema()

@@ -43,7 +43,7 @@ from django_ragchat.models import Conversation, Document, Feedback, Message, Mes
 from django_ragchat.plugins import PIPELINE_ORDER, get_registry, plugin_listing, profile_listing, tool_listing
 from django_ragchat.transport import jsonbody
 from django_ragchat.transport import turns as transport
-from django_ragchat.transport.jsonbody import LimitedJSONParser
+from django_ragchat.transport.jsonbody import JSONBodyNegotiation, LimitedJSONParser
 from django_ragchat.turn import limits, persistence
 from django_ragchat.turn.confirmations import DecisionRefused, decide_tool_call, parse_invocation_id
 from django_ragchat.turn.pipeline import built_profile, run_turn_sync
@@ -146,6 +146,7 @@ class RagchatAPIView(APIView):
     schema = RagchatAutoSchema()
     permission_classes = [access.CanChat]
     parser_classes = [LimitedJSONParser]
+    content_negotiation_class = JSONBodyNegotiation  # no Content-Type, or ...+json: JSON too
     #: Whether a POST, PUT or PATCH must carry a body (an action such as ``cancel`` needs none).
     body_required = True
 

@@ -11,6 +11,9 @@ itself: the same check ``CsrfViewMiddleware`` makes, with the site's settings
 
 from __future__ import annotations
 
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.http import RawPostDataException
+from django.http.multipartparser import MultiPartParserError
 from django.middleware.csrf import CsrfViewMiddleware
 
 #: The code of the refusal, alike on every endpoint.
@@ -32,7 +35,20 @@ def failure(request) -> str | None:
     calls it after ``await request.auser()``."""
     check = _Check(lambda request: None)
     check.process_request(request)
-    return check.process_view(request, None, (), {})
+    # The check reads a form's token from ``request.POST``: parsed from the stream, that would
+    # leave the view's ``request.body`` unreadable (a multipart body was a 500). Read from the
+    # body instead, which the view reads anyway; none of these endpoints takes a form, so a
+    # form it cannot parse carries no token, and the view refuses its media type (415).
+    try:
+        _ = request.body  # buffered: request.POST is parsed from it
+    except (RequestDataTooBig, RawPostDataException):
+        pass  # too large: the view refuses it (413); already read: POST is parsed from it
+    try:
+        return check.process_view(request, None, (), {})
+    except (MultiPartParserError, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent):
+        # A form it cannot read carries no token it can read: the header alone decides.
+        request._mark_post_parse_error()  # request.POST is empty from now on, as Django leaves it
+        return check.process_view(request, None, (), {})
 
 
 def message(reason: str, advice: str = "") -> str:

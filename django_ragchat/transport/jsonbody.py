@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from rest_framework.exceptions import ParseError
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import JSONParser
 
 #: Nesting deeper than this is refused. No request of the API nests more than three levels.
@@ -141,3 +142,17 @@ class LimitedJSONParser(JSONParser):
             return loads(body_text(raw, parser_context.get("encoding")))
         except JSONRefused as exc:
             raise ParseError(str(exc), code=exc.code) from None
+
+
+class JSONBodyNegotiation(DefaultContentNegotiation):
+    """DRF's negotiation, but a body ``check_media_type`` accepts (no ``Content-Type``, or a
+    ``...+json`` one) goes to the JSON parser, as on the server-sent events and OpenAI-compatible
+    endpoints: DRF matches ``application/json`` alone and answered such a body 415."""
+
+    def select_parser(self, request, parsers):
+        media = (request.content_type or "").split(";")[0].strip().lower()
+        if not media or media.endswith("+json"):
+            json_parser = next((p for p in parsers if isinstance(p, JSONParser)), None)
+            if json_parser is not None:
+                return json_parser
+        return super().select_parser(request, parsers)

@@ -381,15 +381,17 @@ async def stream_view(request, conversation_id=None):
         response["Allow"] = "POST"
         return response
     user = await request.auser()
+    if not getattr(user, "is_authenticated", False) and not ragchat_settings.ALLOW_ANONYMOUS:
+        # The REST API's answer to the same caller (docs/api.md), not a 404, and before the CSRF
+        # check, as there: a visitor who is not signed in has no session to forge.
+        return refusal_response(TurnRefused("not_authenticated", "Sign in to chat (anonymous conversations are "
+                                            "not enabled).", 403))
     reason = csrf.failure(request)  # after auser(): the session is loaded, no database work
     if reason is not None:
         return refusal_response(TurnRefused(csrf.CODE, csrf.message(reason), 403))
     session_key = transport.caller_session_key(user, getattr(request, "session", None))
     await release_request_connection()
     try:
-        if not getattr(user, "is_authenticated", False) and not ragchat_settings.ALLOW_ANONYMOUS:
-            # The REST API's answer to the same caller (docs/api.md), not a 404.
-            raise TurnRefused("not_authenticated", "Sign in to chat (anonymous conversations are not enabled).", 403)
         content, client_id, profile = await transport.parse_off_the_loop(_read_content, request, _body_size(request))
         new = None
         if conversation_id is None and profile is not None:  # a conversation keeps the profile it has
