@@ -18,9 +18,9 @@ from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
 
 from django_ragchat.transport.origins import SameOriginValidator
-from django_ragchat.transport.routing import websocket_urlpatterns
+from django_ragchat.transport.routing import unrouted, websocket_urlpatterns
 
 application = ProtocolTypeRouter({
     "http": django_asgi_app,
-    "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter([*websocket_urlpatterns, unrouted]))),
 })

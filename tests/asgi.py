@@ -14,11 +14,11 @@ from channels.routing import ProtocolTypeRouter, URLRouter
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
 from django_ragchat.transport.origins import SameOriginValidator
-from django_ragchat.transport.routing import websocket_urlpatterns
+from django_ragchat.transport.routing import unrouted, websocket_urlpatterns
 
 application = ProtocolTypeRouter({
     # The page's script and styles are served from the app, as runserver would (the servers
     # tests start run with DEBUG off).
     "http": ASGIStaticFilesHandler(django_asgi_app),
-    "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter([*websocket_urlpatterns, unrouted]))),
 })

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -350,6 +352,53 @@ def test_cancelling_the_task_saves_the_partial_answer(product_corpus, conversati
 
     async_to_sync(run_and_cancel)()
     assert conversation.messages.get(role="assistant").status == "incomplete"
+
+
+def test_a_cancel_during_the_final_save_leaves_the_answer_complete_with_its_sources_once(
+        product_corpus, conversation, monkeypatch):
+    """An outside probe: a socket closed while the whole answer was being saved. The save went on
+    in its thread while the stop saved the answer again as incomplete: an IntegrityError (its
+    sources written twice), the answer left "complete" and its event "cancelled"."""
+    from django_ragchat.turn import persistence
+
+    saving, finish_turn = threading.Event(), persistence.finish_turn
+
+    def finish_slowly(turn, answer, status, error=None):
+        if status == Message.Status.COMPLETE:
+            saving.set()
+            time.sleep(0.3)  # the cancel arrives meanwhile
+        return finish_turn(turn, answer, status, error)
+
+    monkeypatch.setattr(persistence, "finish_turn", finish_slowly)
+
+    async def run_and_cancel():
+        async def consume():
+            async with contextlib.aclosing(stream_turn(conversation, "Which warranty do Zephyr Buds have?",
+                                                       stream=True)) as events:
+                async for _ in events:
+                    pass
+
+        task = asyncio.ensure_future(consume())
+        while not saving.is_set():
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async_to_sync(run_and_cancel)()
+    assistant = conversation.messages.get(role="assistant")
+    assert assistant.status == "complete" and "two-year" in assistant.content, assistant.content
+    ranks = list(MessageSource.objects.filter(message=assistant).values_list("rank", flat=True))
+    assert ranks and len(ranks) == len(set(ranks)), ranks
+    assert "cancelled" not in assistant.trace.data
+    # What the sender's other sockets are then told: "done" with the saved sources, not "cancelled".
+    from django_ragchat.events import Accepted
+    from django_ragchat.transport.consumers import _stopped
+
+    user_message = conversation.messages.get(role="user")
+    told = async_to_sync(_stopped)(Accepted(conversation_id=str(conversation.pk), user_message_id=user_message.pk,
+                                            user_seq=user_message.seq, assistant_message_id=assistant.pk))
+    assert told.type == "done" and len(told.message["sources"]) == len(ranks), told
 
 
 def test_one_turn_at_a_time_per_conversation(product_corpus, conversation):

@@ -43,7 +43,7 @@ from django.utils import timezone
 from django_ragchat import permissions
 from django_ragchat.events import PROTOCOL_VERSION, Accepted, Completed, Failed
 from django_ragchat.exceptions import TurnInProgress
-from django_ragchat.models import Conversation, Message, ToolInvocation
+from django_ragchat.models import Conversation, Message
 from django_ragchat.transport import jsonbody, relay, sessions
 from django_ragchat.transport import turns as transport
 from django_ragchat.transport.relay import LAYER_CALL_SECONDS, GroupRelay, TurnRelay
@@ -77,23 +77,18 @@ def group_name(conversation_id) -> str:
     return f"ragchat.conversation.{uuid.UUID(str(conversation_id)).hex}"
 
 
-async def _stopped(accepted: Accepted) -> Failed:
+async def _stopped(accepted: Accepted) -> Completed | Failed:
     """The ``error`` event of an answer stopped before its end, for every socket on the
     conversation, with what was saved (the saved error says why: a cancel, a disconnect, the
-    server shutting down)."""
-    payload = await sync_to_async(_stopped_payload)(accepted.assistant_message_id)
+    server shutting down). An answer saved whole before the stop reached it (the sender left
+    during its final save) is ``done``, as a resend's replay says it."""
+    payload = await sync_to_async(persistence.saved_payload)(accepted.assistant_message_id)
+    if payload is not None and payload["status"] == Message.Status.COMPLETE:
+        return Completed(message=payload)
     error = (payload or {}).get("error") or {}
     code = error.get("code", "cancelled")
     return Failed(code=code, message=error.get("message", "The answer was stopped."),
                   assistant_message=payload, retry_after=1 if code == "server_shutdown" else None)
-
-
-def _stopped_payload(message_id: int) -> dict[str, Any] | None:
-    message = Message.objects.filter(pk=message_id).first()
-    if message is None:
-        return None
-    tool_calls = [t.payload() for t in ToolInvocation.objects.filter(message_id=message_id)]
-    return persistence.message_payload(message, tool_calls=tool_calls)
 
 
 def session_is_current(user, session) -> bool:
@@ -608,9 +603,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
 
 class UnknownPathConsumer(AsyncJsonWebsocketConsumer):
-    """Any other path under ``ws/ragchat/`` (``ws/ragchat/nope/``): answered as an unknown
-    conversation is, ``not_found`` and close code 4404; unrouted, Channels' router raises and
-    the handshake ends in a 500."""
+    """Any other path under ``ws/ragchat/`` (``ws/ragchat/nope/``), and any path at all after the
+    site's routes (``routing.unrouted``): answered as an unknown conversation is, ``not_found``
+    and close code 4404; unrouted, Channels' router raises and the handshake ends in a 500."""
 
     async def connect(self):
         await self.accept()

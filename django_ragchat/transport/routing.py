@@ -7,12 +7,16 @@
     django_asgi_app = get_asgi_application()  # first: it sets Django up
 
     from django_ragchat.transport.origins import SameOriginValidator
-    from django_ragchat.transport.routing import websocket_urlpatterns
+    from django_ragchat.transport.routing import unrouted, websocket_urlpatterns
 
     application = ProtocolTypeRouter({
         "http": django_asgi_app,
-        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter([*websocket_urlpatterns, unrouted]))),
     })
+
+``unrouted`` (last: the site's own websocket routes go before it) answers any other path
+(``/``, ``ws/ragchat`` without its slash) with ``not_found`` and close code 4404: Channels'
+router raises for a path no route takes, and the handshake ends in a 500.
 
 ``SameOriginValidator`` (``origins.py``) checks the Origin's scheme, host and port, not only
 its host as Channels' ``AllowedHostsOriginValidator`` does.
@@ -34,3 +38,6 @@ websocket_urlpatterns = [
     path(f"{WEBSOCKET_PATH}conversations/<str:conversation_id>/", ChatConsumer.as_asgi()),
     re_path(rf"^{WEBSOCKET_PATH}", UnknownPathConsumer.as_asgi()),  # last: any other path of ours
 ]
+
+#: Any path at all, for the end of the site's websocket routes (``asgi.py`` above).
+unrouted = re_path(r"", UnknownPathConsumer.as_asgi())

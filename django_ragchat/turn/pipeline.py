@@ -972,7 +972,16 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         if final is not None:
             run.sent(final)
             yield final
-        payload = await _save(turn, run, run.answer, Message.Status.COMPLETE)
+        saving = asyncio.ensure_future(_save(turn, run, run.answer, Message.Status.COMPLETE))
+        try:
+            payload = await asyncio.shield(saving)
+        except asyncio.CancelledError:
+            # The client left (or a stop came) while the whole answer was being saved: it is
+            # saved as complete, and saving it again as incomplete would write its sources twice
+            # (an IntegrityError in an outside probe, the answer "complete" and its event "cancelled").
+            finished = True
+            await _saved_anyway(saving)
+            raise
         finished = True
         await notify("on_turn_completed", turn=turn, message=turn.assistant_message)
         yield Completed(message=payload)
@@ -989,6 +998,16 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         yield await _failed(turn, run, exc)
     finally:
         await heartbeat.stop()
+
+
+async def _saved_anyway(saving: asyncio.Future) -> None:
+    """Wait for ``saving`` to end, whatever cancels the waiting task meanwhile."""
+    while not saving.done():
+        try:
+            await asyncio.shield(saving)
+        except asyncio.CancelledError:
+            continue
+    saving.result()  # its own error, if any, goes up instead of the cancellation
 
 
 async def _stopped(turn: TurnContext, run: _Answering, stoppable: stops.Stoppable,
