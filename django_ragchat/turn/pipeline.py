@@ -980,10 +980,8 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
             # saved as complete, and saving it again as incomplete would write its sources twice
             # (an IntegrityError in an outside probe, the answer "complete" and its event "cancelled").
             finished = True
-            payload = await _saved_anyway(saving)
-            if not stoppable.requested:
-                raise
-            asyncio.current_task().uncancel()  # a stop from elsewhere found it done: its clients get "done"
+            await _saved_anyway(saving)
+            raise
         finished = True
         await notify("on_turn_completed", turn=turn, message=turn.assistant_message)
         yield Completed(message=payload)
@@ -1002,15 +1000,14 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         await heartbeat.stop()
 
 
-async def _saved_anyway(saving: asyncio.Future) -> Any:
-    """``saving``'s result, waited for whatever cancels the waiting task meanwhile (its own
-    error, if any, goes up instead of the cancellation)."""
+async def _saved_anyway(saving: asyncio.Future) -> None:
+    """Wait for ``saving`` to end, whatever cancels the waiting task meanwhile."""
     while not saving.done():
         try:
             await asyncio.shield(saving)
         except asyncio.CancelledError:
             continue
-    return saving.result()
+    saving.result()  # its own error, if any, goes up instead of the cancellation
 
 
 async def _stopped(turn: TurnContext, run: _Answering, stoppable: stops.Stoppable,
