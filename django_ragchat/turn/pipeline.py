@@ -976,7 +976,7 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         try:
             payload = await asyncio.shield(saving)
         except asyncio.CancelledError:
-            # The client left (or a stop came) while the whole answer was being saved: it is
+            # The client left (or the server is stopping) while the whole answer was being saved: it is
             # saved as complete, and saving it again as incomplete would write its sources twice
             # (an IntegrityError in an outside probe, the answer "complete" and its event "cancelled").
             finished = True
