@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import pytest
 import websockets
@@ -359,6 +360,27 @@ def test_a_disconnect_saves_the_partial_answer_as_incomplete(asgi, user, slow_co
         send(ws, type="message", content="Again, please", conversation_id=str(slow_conversation.pk), client_id="again")
         last = frames_until(ws, lambda f: f["type"] in FINAL and f.get("client_id") == "again")[-1]
         assert last["type"] == "done", last
+
+
+def test_a_client_that_leaves_mid_answer_is_no_server_error_in_the_log(asgi, user, product_corpus):
+    """An outside probe: a socket closed right after an answer's first delta (the offline
+    answerer writes the rest at once) logged about three tracebacks per disconnect ("could not
+    relay a turn's frame": uvicorn's ClientDisconnected), cleanly closed or cut."""
+    caller, logged = caller_for(user), asgi.log.stat().st_size
+    question = "I want to know about the warranty. " * 130 + QUESTION  # a long one, as the probe's
+    for cut in (False, True) * 2:
+        conversation = Conversation.objects.create(owner=user)
+        with open_socket(asgi, caller) as ws:
+            send(ws, type="message", content=question, conversation_id=str(conversation.pk))
+            while receive(ws)["type"] != "delta":
+                pass
+            if cut:
+                ws.socket.shutdown(socket.SHUT_RDWR)
+        wait_for(lambda c=conversation: c.messages.filter(role="assistant").exclude(status="streaming").first())
+    with asgi.log.open("rb") as log:
+        log.seek(logged)
+        written = log.read()
+    assert b"Traceback" not in written and b"could not relay" not in written, written[-3000:]
 
 
 def test_the_model_failing_mid_stream_is_an_error_event_and_the_socket_goes_on(asgi, user, product_corpus, openai_server):

@@ -594,9 +594,18 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send(text_data=relay.encode(frame))
 
     async def _send_text(self, text: str) -> None:
-        """Send a frame already encoded (``relay.encode``)."""
-        if not self.closed:
+        """Send a frame already encoded (``relay.encode``). A send that fails means the client
+        left before this consumer read its disconnect (uvicorn raises ``ClientDisconnected``,
+        the websockets library ``InvalidState``): no server error, so one line in the log, not
+        a traceback per frame (an outside probe counted three a disconnect), and the socket's
+        later frames are dropped."""
+        if self.closed:
+            return
+        try:
             await self.send(text_data=text)
+        except Exception as exc:  # noqa: BLE001  (the server's own error for a client gone)
+            self.closed = True
+            logger.info("ragchat: a websocket's client left while a frame was sent to it (%s)", type(exc).__name__)
 
     async def _error(self, code: str, message: str, client_id: str | None = None) -> None:
         await self._send_frame(self._frame(Failed(code=code, message=message).to_dict(), None, client_id))
