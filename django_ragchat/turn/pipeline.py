@@ -582,6 +582,8 @@ class _Answering:
     started: float = field(default_factory=time.perf_counter)
     # Pieces the client has been given (advisors may run ahead of it by a few events).
     delivered: int = 0
+    # The whole answer was saved, though the turn was cancelled meanwhile (``_save_whole``).
+    saved_whole: bool = False
 
     def delta(self, text: str) -> Delta:
         self.parts.append(text)
@@ -972,21 +974,12 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         if final is not None:
             run.sent(final)
             yield final
-        saving = asyncio.ensure_future(_save(turn, run, run.answer, Message.Status.COMPLETE))
-        try:
-            payload = await asyncio.shield(saving)
-        except asyncio.CancelledError:
-            # The client left (or the server is stopping) while the whole answer was being saved: it is
-            # saved as complete, and saving it again as incomplete would write its sources twice
-            # (an IntegrityError in an outside probe, the answer "complete" and its event "cancelled").
-            finished = True
-            await _saved_anyway(saving)
-            raise
+        payload = await _save_whole(turn, run)
         finished = True
         await notify("on_turn_completed", turn=turn, message=turn.assistant_message)
         yield Completed(message=payload)
     except (asyncio.CancelledError, GeneratorExit) as exc:
-        if finished:
+        if finished or run.saved_whole:
             raise
         stopped = await _stopped(turn, run, stoppable, exc)
         if stopped is None:
@@ -1000,14 +993,20 @@ async def stream_turn(conversation: Conversation, text: Any, *, stream: bool | N
         await heartbeat.stop()
 
 
-async def _saved_anyway(saving: asyncio.Future) -> None:
-    """Wait for ``saving`` to end, whatever cancels the waiting task meanwhile."""
-    while not saving.done():
-        try:
-            await asyncio.shield(saving)
-        except asyncio.CancelledError:
-            continue
-    saving.result()  # its own error, if any, goes up instead of the cancellation
+async def _save_whole(turn: TurnContext, run: _Answering) -> dict[str, Any]:
+    """``_save`` of the whole answer ("complete"). A cancellation meanwhile (the client left, the
+    server is stopping) waits the save out and then goes up, ``run.saved_whole`` set: saving
+    the answer again as incomplete would write its sources twice (an IntegrityError in an
+    outside probe, the answer "complete" and its event "cancelled")."""
+    saving = asyncio.ensure_future(_save(turn, run, run.answer, Message.Status.COMPLETE))
+    try:
+        return await asyncio.shield(saving)
+    except asyncio.CancelledError:
+        while not saving.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(saving)
+        run.saved_whole = saving.exception() is None  # a failed save is a failure to report
+        raise
 
 
 async def _stopped(turn: TurnContext, run: _Answering, stoppable: stops.Stoppable,
