@@ -139,6 +139,9 @@ class Prompt:
     tools: tuple[dict[str, Any], ...] = ()
     #: ``"none"`` forbids calls this time (the last step of the tool loop); ``None``: the model decides.
     tool_choice: str | None = None
+    #: The asking user's own names (username, first name, full name; none for a visitor who is
+    #: not signed in): the offline answerer reads "alice's order", asked by alice, as hers.
+    asker_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

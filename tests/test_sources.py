@@ -439,6 +439,14 @@ def test_a_question_about_another_persons_things_is_not_answered_by_my_rows(ragc
     assert "mention" not in ask(user, "What is today's status of my order?").answer  # read as a window
     assert "ORD-17" in ask(user, "Has my daughter's kettle order shipped?").answer
     assert "ORD-17" in ask(user, "What is the number of my order?").answer  # "of my order" names no one
+    # The asker's own name is theirs: by username, first name or full name (a trial's note).
+    user.first_name, user.last_name = "Alicia", "Jones"
+    user.save()
+    for question in ("What is alice's order number?", "What is Alicia's order number?",
+                     "Has Alicia Jones's order shipped?"):
+        answer = ask(user, question).answer
+        assert "ORD-17" in answer and "ORD-18" not in answer, (question, answer)
+    assert "don't mention" in ask(user, "What is Jones's order number?").answer  # a surname alone: a relative's
 
 
 VET_PAGES = [

@@ -4,6 +4,7 @@ groups of the words that ask), read through the profile's ``Vocabulary``."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from django_ragchat.answerer.passages import Passage
@@ -331,6 +332,17 @@ def _unknown_codes(question: str, known_stems: frozenset[str], vocabulary: Vocab
                 for w in display.split()}
     return [m.group(0) for m in _CODE_RE.finditer(question)
             if m.group(0) not in in_names and not _known_code(fold(m.group(0)), known_stems)]
+
+
+def as_the_asker(text: str, names: Sequence[str], vocabulary: Vocabulary) -> str:
+    """``text`` with the asker's own name before a possessive written as the language's own
+    possessive: "What is alice's order number?" asked by alice is "What is my order number?",
+    not someone else's order (``_other_owners``), which was declined."""
+    mine = vocabulary.asker_possessive
+    if not mine or not names:
+        return text
+    owners = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    return re.sub(rf"(?<![\w'’-])(?:{owners})['’]s(?![\w'’])", mine, text, flags=re.IGNORECASE)
 
 
 def _other_owners(question: str, known_stems: frozenset[str], vocabulary: Vocabulary) -> list[str]:

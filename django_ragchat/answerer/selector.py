@@ -16,6 +16,7 @@ from django_ragchat.answerer.question import (
     Entity,
     Need,
     analyse_query,
+    as_the_asker,
     asks_charging_time,
     capacities,
     question_parts,
@@ -793,8 +794,9 @@ class AnswerSelector:
     def answer_from(self, prompt: Prompt, passages: list[Passage]) -> str:
         """The answer to ``prompt`` from its ``passages`` (``build_passages``)."""
         # Markup in a message is no part of what it asks ("<script>...</script> How much is it?").
-        question = without_markup(prompt.question)
-        search_query = without_markup(prompt.search_query or prompt.question)
+        question = as_the_asker(without_markup(prompt.question), prompt.asker_names, self.vocabulary)
+        search_query = as_the_asker(without_markup(prompt.search_query or prompt.question), prompt.asker_names,
+                                    self.vocabulary)
         need = analyse_query(question, search_query, passages, self.vocabulary)
         if self.why is not None:
             self.why.asked = [need.labels.get(k, k) for k in need.groups if k in need.own]

@@ -282,6 +282,7 @@ class Vocabulary:
         self.possessive_determiners = frozenset(language.words.get("possessive_determiners", ())).union(
             self.pointing, self.articles, language.words.get("pronouns", ()))
         self.unnamed_possessors = frozenset(language.words.get("unnamed_possessors", ()))
+        self.asker_possessive = next(iter(language.words.get("asker_possessive", ())), "")
         self.polar = word("polar")
         # Optional (a language written before it has none): days and months, never a subject.
         self.calendar = language.words.get("calendar", frozenset())

@@ -97,7 +97,17 @@ class ContextPromptAugmenter(PromptAugmenter):
         token_count = sum(count_tokens(m["content"]) + 4 for m in messages if not _is_tool_step(m)) + sum(
             m.token_count + 4 for m in history if m.is_tool_exchange)
         return Prompt(messages=tuple(messages), question=question, search_query=query.text,
-                      documents=tuple(kept), token_count=token_count)
+                      documents=tuple(kept), token_count=token_count, asker_names=asker_names(turn.user))
+
+
+def asker_names(user) -> tuple[str, ...]:
+    """How the asking user may name themselves: their username, first name and full name (not
+    the last name alone: "Smith's order" may be a relative's); none for a visitor."""
+    if not getattr(user, "is_authenticated", False):
+        return ()
+    full_name = user.get_full_name() if hasattr(user, "get_full_name") else ""
+    found = (user.get_username(), getattr(user, "first_name", ""), full_name)
+    return tuple(dict.fromkeys(name.strip() for name in found if isinstance(name, str) and name.strip()))
 
 
 def _is_tool_step(message: dict) -> bool:
