@@ -64,13 +64,23 @@ class UnsupportedMediaType(JSONRefused):
     code = "unsupported_media_type"
 
 
+def _media(content_type: str | None) -> str:
+    return (content_type or "").split(";")[0].strip().lower()
+
+
+def declares_json(content_type: str | None) -> bool:
+    """Whether a body with this ``Content-Type`` is read as JSON: ``application/json``, a
+    ``...+json`` type, or none declared."""
+    media = _media(content_type)
+    return not media or media == "application/json" or media.endswith("+json")
+
+
 def check_media_type(content_type: str) -> None:
     """Refuse a body whose ``Content-Type`` (Django's ``request.content_type``, parameters left
-    out) is not JSON, as DRF does on the REST API: a form or ``text/plain`` is a client's
-    mistake worth naming, not a ``parse_error``. A body with no type declared is read as JSON."""
-    media = (content_type or "").strip().lower()
-    if media and media != "application/json" and not media.endswith("+json"):
-        raise UnsupportedMediaType(f'Unsupported media type "{media}": send JSON, with '
+    out) is not JSON (``declares_json``), as on the REST API: a form or ``text/plain`` is a
+    client's mistake worth naming, not a ``parse_error``."""
+    if not declares_json(content_type):
+        raise UnsupportedMediaType(f'Unsupported media type "{_media(content_type)}": send JSON, with '
                                    '"Content-Type: application/json".')
 
 
@@ -145,14 +155,12 @@ class LimitedJSONParser(JSONParser):
 
 
 class JSONBodyNegotiation(DefaultContentNegotiation):
-    """DRF's negotiation, but a body ``check_media_type`` accepts (no ``Content-Type``, or a
-    ``...+json`` one) goes to the JSON parser, as on the server-sent events and OpenAI-compatible
+    """DRF's negotiation, but a body ``declares_json`` (no ``Content-Type``, or a ``...+json``
+    one too) goes to the JSON parser, as on the server-sent events and OpenAI-compatible
     endpoints: DRF matches ``application/json`` alone and answered such a body 415."""
 
     def select_parser(self, request, parsers):
-        media = (request.content_type or "").split(";")[0].strip().lower()
-        if not media or media.endswith("+json"):
-            json_parser = next((p for p in parsers if isinstance(p, JSONParser)), None)
-            if json_parser is not None:
-                return json_parser
+        json_parser = next((p for p in parsers if isinstance(p, JSONParser)), None)
+        if json_parser is not None and declares_json(request.content_type):
+            return json_parser
         return super().select_parser(request, parsers)
