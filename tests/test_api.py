@@ -827,6 +827,30 @@ def test_session_authenticated_writes_need_the_csrf_token(user, conversation):
     assert client.get(f"{API}/conversations/").status_code == 200  # reads need no token
 
 
+def test_a_body_the_view_does_not_read_is_refused_after_the_csrf_check_and_the_permissions(user, uploader,
+                                                                                           conversation):
+    # DRF raised the 415 from inside the session CSRF check (it reads the form), so a caller
+    # without the token or without the right heard about the format first (an outside probe).
+    client = client_for(user, enforce_csrf_checks=True)
+    body = json.dumps({"source": "x"})
+    refused = client.post(f"{API}/documents/", body, content_type="application/json")
+    assert (refused.status_code, refused.json()["detail"]) == (403, "CSRF Failed: CSRF cookie not set.")
+    token = csrf_token(client)
+    for content_type in ("application/json", "text/plain"):
+        refused = client.post(f"{API}/documents/", body, content_type=content_type, HTTP_X_CSRFTOKEN=token)
+        assert (refused.status_code, refused.json()["code"]) == (403, "permission_denied"), content_type
+        staff = client_for(uploader, enforce_csrf_checks=True)
+        refused = staff.post(f"{API}/documents/", body, content_type=content_type, HTTP_X_CSRFTOKEN=csrf_token(staff))
+        assert (refused.status_code, refused.json()["code"]) == (415, "unsupported_media_type"), content_type
+    # A form sent to a JSON endpoint is still read for its token, then refused for its format,
+    # as the server-sent events endpoint answers it; without a token it is a CSRF failure.
+    form = client.post(messages_url(conversation), {"content": "hi", "csrfmiddlewaretoken": token})
+    assert (form.status_code, form.json()["code"]) == (415, "unsupported_media_type")
+    form = client.post(messages_url(conversation), {"content": "hi"})
+    assert (form.status_code, form.json()["detail"]) == (403, "CSRF Failed: CSRF token missing.")
+    assert not conversation.messages.exists() and not Document.objects.exists()
+
+
 def test_anonymous_use_is_bound_to_the_session(ragchat_settings_override, product_corpus):
     ragchat_settings_override(ALLOW_ANONYMOUS=True)
     visitor, stranger = APIClient(enforce_csrf_checks=True), APIClient(enforce_csrf_checks=True)

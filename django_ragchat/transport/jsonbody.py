@@ -16,7 +16,8 @@ from typing import Any
 from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.negotiation import DefaultContentNegotiation
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import BaseParser, FormParser, JSONParser, MultiPartParser
+from rest_framework.request import is_form_media_type
 
 #: Nesting deeper than this is refused. No request of the API nests more than three levels.
 MAX_DEPTH = 32
@@ -163,4 +164,30 @@ class JSONBodyNegotiation(DefaultContentNegotiation):
         json_parser = next((p for p in parsers if isinstance(p, JSONParser)), None)
         if json_parser is not None and declares_json(request.content_type):
             return json_parser
-        return super().select_parser(request, parsers)
+        return super().select_parser(request, parsers) or _UnreadBody()
+
+
+#: The attribute ``_UnreadBody`` sets on the DRF request: the media type no parser reads.
+UNREAD_MEDIA_TYPE = "ragchat_unread_media_type"
+
+
+class _UnreadBody(BaseParser):
+    """What ``JSONBodyNegotiation`` picks for a body none of the view's parsers reads: it reads
+    nothing (so a session CSRF check finds no form token in it, as in a JSON body) and marks the
+    request, and the view answers 415 after the CSRF check and the permissions
+    (``RagchatAPIView.initial``). DRF raised the 415 from inside the CSRF check, which reads the
+    form: a caller without a token or without rights learnt the format was wrong before being
+    refused (an outside probe's finding)."""
+
+    media_type = "*/*"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        setattr(parser_context["request"], UNREAD_MEDIA_TYPE, media_type)
+        if not is_form_media_type(media_type or ""):
+            return {}
+        # A form is read for its CSRF token only, as the server-sent events endpoint reads it.
+        parser = MultiPartParser() if media_type.startswith("multipart/") else FormParser()
+        try:
+            return parser.parse(stream, media_type, parser_context)
+        except ParseError:  # an unreadable form carries no token
+            return {}
