@@ -1068,6 +1068,16 @@ def test_the_trace_says_why_the_offline_answerer_answered_or_declined(admin_clie
       "thresholds": {"min_coverage": 0.5}},
      "Asked about “box”, “office”. Declined: no sentence states “box office hours”. The closest, sentence 3 of "
      "passage [1], matches 25% of the asked words by weight (synonyms count); a sentence answers with at least 50% of them."),
+    # A part answered and the rest declined: the answer quotes a sentence, then declines a word.
+    ({"outcome": "declined", "asked": ["watering", "day", "owns"], "missing": "owns",
+      "picked": [{"passage": 2, "sentence": 2, "coverage": 1.0, "similarity": 0.85}], "parts": {"asked": 2, "unanswered": 1},
+      "attempts": [{"reason": "below_threshold", "closest": {"passage": 2, "sentence": 2, "coverage": 0.0,
+                                                             "similarity": -0.13}}],
+      "thresholds": {"min_coverage": 0.5}},
+     "Asked about “watering”, “day”, “owns”. Answered with 1 sentence of passage [2] (Aurora X2 — Warranty); the "
+     "first matches 100% of its part's asked words by weight (synonyms count). 1 of the question's 2 parts found "
+     "no sentence. The rest declined: no sentence states “owns”. The closest, sentence 2 of passage [2] (Aurora X2 "
+     "— Warranty), matches 0% of the asked words by weight (synonyms count); a sentence answers with at least 50% of them."),
     ({"outcome": "declined", "asked": ["price"], "attempts": [{"reason": "no_amount"}], "thresholds": {}},
      "Asked about “price”. Declined: no sentence states what was asked. The question asks for an amount, and no "
      "sentence on its subject states one."),

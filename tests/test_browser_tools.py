@@ -169,6 +169,29 @@ def test_reject_leaves_it_undone_and_works_through_the_rest_api_under_wsgi(page,
     assert js(page, "return performance.getEntriesByType('resource').some(e => e.name.includes('/decision/'))")
 
 
+def test_approve_and_reject_are_scrolled_into_view_above_the_sources(page, asgi, user, openai_server):
+    """An allotment site's trial: the message's six sources, listed below its calls, filled the
+    log, which scrolled to its end: "Waiting for your approval…" with no button in sight."""
+    from django_ragchat.ingestion.pipeline import ingest_paths
+
+    ingest_paths([ROOT / "example_project" / "sample_docs"])
+    order(user, "ORD-18", status=Order.Status.PROCESSING, items="Nimbus Tab with stylus")
+    conversation = Conversation.objects.create(owner=user, profile="fake_tools", title="Cancel an order")
+    openai_server.script(tool_calls(call("cancel_order", order_number="ORD-18")), "All right.")
+    page.set_window_size(1000, 560)
+    try:
+        signed_in_chat(page, asgi, user, conversation)
+        send(page, "Please cancel my order ORD-18 for the Nimbus Tab, and what is the returns policy?")
+        wait(page, lambda d: tool_lines(d) and tool_lines(d)[0]["buttons"])
+        assert js(page, "return document.querySelectorAll('.ragchat-assistant:last-of-type .ragchat-sources li').length") >= 3
+        shot(page, "tools-confirm-in-view")
+        assert js(page, """const log = document.querySelector('.ragchat-log').getBoundingClientRect();
+            const box = document.querySelector('.ragchat-assistant:last-of-type .ragchat-approve').getBoundingClientRect();
+            return box.top >= log.top && box.bottom <= log.bottom""")
+    finally:
+        page.set_window_size(1200, 900)
+
+
 def test_stop_stops_a_running_tool(page, asgi, user, openai_server):
     conversation = Conversation.objects.create(owner=user, profile="fake_tools", title="Slow")
     openai_server.script(tool_calls(call("slow", seconds=60)), "never asked")

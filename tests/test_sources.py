@@ -449,6 +449,29 @@ def test_a_question_about_another_persons_things_is_not_answered_by_my_rows(ragc
     assert "don't mention" in ask(user, "What is Jones's order number?").answer  # a surname alone: a relative's
 
 
+def test_a_numbered_thing_the_asker_has_not_is_declined_not_answered_with_their_others(ragchat_settings_override,
+                                                                                     user, other_user):
+    """An allotment site's trial: "What is the watering day for plot 12?" asked by the renter of
+    plots 4 and 7 quoted both of theirs (plot 12 is another gardener's, hidden from her). A row's
+    title names its thing by kind and number ("Your plot: plot 7"), so a number of that kind
+    that no row found names is a thing the passages are not about, as an unknown name is."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    Article.objects.create(title="Fees", body="A full plot costs 60 pounds a year and a half plot 35 pounds a year.")
+    for owner, number, day in ((user, 4, "Tuesday"), (user, 7, "Thursday"), (other_user, 12, "Monday")):
+        Article.objects.create(title=f"Your plot: plot {number}", owner=owner,
+                               body=f"You rent plot {number}. Your watering day for plot {number} is {day}.")
+    for question in ("What is the watering day for plot 12?", "Tell me about plot 12"):
+        answer = ask(user, question).answer
+        assert "don't mention plot 12" in answer and "Tuesday" not in answer and "Monday" not in answer, answer
+    assert ask(user, "What is the watering day for plot 4?").answer.startswith("Your watering day for plot 4 is Tuesday")
+    assert "Monday" in ask(other_user, "What is the watering day for plot 12?").answer
+    conversation = Conversation.objects.create(owner=user)
+    run_turn_sync(conversation, "What is my watering day for plot 7?")
+    answer = run_turn_sync(conversation, "What is the watering day for plot 12, and who owns it?").answer
+    assert "don't mention plot 12" in answer and "Thursday" not in answer, answer
+    assert "60 pounds" in ask(user, "How much does a full plot cost per year?").answer  # a page names no number
+
+
 VET_PAGES = [
     ("Booking an appointment", "Book an appointment online or call 0161 555 0100. Appointments last 15 minutes."),
     ("Vaccinations", "Puppies need two vaccination appointments, two to four weeks apart."),

@@ -128,5 +128,10 @@ def answerer_sentence(why: dict, passages: dict[int, str] | None = None) -> str:
     if outcome == "no_passages":
         return "No passage had a sentence to answer from."
     missing = why.get("missing")
-    return " ".join([f"{opening}Declined: no sentence states {f'“{missing}”' if missing else 'what was asked'}.",
-                     *reasons])
+    missing = f"“{missing}”" if missing else "what was asked"
+    if any(isinstance(p, dict) for p in why.get("picked") or []):
+        # A part answered, the rest declined ("... The documents don't say anything about owns."):
+        # "Declined" alone misread an answer that quotes sentences (a trial's note).
+        return " ".join([opening + _answered(why, thresholds, passages or {}),
+                         f"The rest declined: no sentence states {missing}.", *reasons])
+    return " ".join([f"{opening}Declined: no sentence states {missing}.", *reasons])

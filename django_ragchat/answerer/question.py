@@ -370,8 +370,10 @@ def _unknown_numbered(question: str, entities: _Entities, passages: list[Passage
     """Things named by a kind and a number that no passage names, where the passages name things
     of that kind by number: "What is the status of order 2?" over the passage of Order 1 asks
     about an order that is not there (a site's own orders, tickets, rooms). The passages name
-    them as names ("Order 1") or, in lower case, with a mark (the ``numbered_marked`` pattern:
-    "your ticket #2", "order number 17"; not "aged 2 to 5")."""
+    them as names ("Order 1"), in lower case with a mark (the ``numbered_marked`` pattern:
+    "your ticket #2", "order number 17"; not "aged 2 to 5") or, for a site's rows, in their
+    title as written ("Your plot: plot 7": "What is the watering day for plot 12?" was answered
+    with the asker's plots 4 and 7, a trial's finding)."""
     patterns = entities.vocabulary.language.patterns
     pattern = patterns.get("numbered")  # optional: a language may have none
     numbers_of: dict[str, set[str]] = {}  # kind -> the numbers the passages name ("order" -> {"1"})
@@ -379,9 +381,12 @@ def _unknown_numbered(question: str, entities: _Entities, passages: list[Passage
         if len(e) > 1 and e[-1].isdigit():
             numbers_of.setdefault(stem(e[-2]), set()).add(e[-1])
     marked = patterns.get("numbered_marked")
-    if marked is not None:
-        for p in passages:
-            for m in marked.finditer(" ".join([p.heading_leaf, *(s.text for s in p.sentences)])):
+    for p in passages:
+        found_in = [(marked, " ".join([p.heading_leaf, *(s.text for s in p.sentences)]))] if marked else []
+        if p.family and pattern is not None:  # a row's title names the row's thing
+            found_in.append((pattern, p.heading_leaf))
+        for named, text in found_in:
+            for m in named.finditer(text):
                 numbers_of.setdefault(stem(fold(m.group(1))), set()).add(m.group(2))
     if pattern is None or not numbers_of:
         return []

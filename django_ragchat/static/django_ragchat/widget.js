@@ -488,22 +488,27 @@ class ChatWidget {
     item.className = `ragchat-tool ragchat-tool-${state}`;
   }
 
-  /* A tool_call event: the call is running, or it waits for the user's approval. */
+  /* A tool_call event: the call is running, or it waits for the user's approval. The message's
+     sources are listed below its calls, so Approve and Reject are scrolled into view rather
+     than the end of the log (a trial's six sources hid them). */
   showToolCall(view, call, turn) {
     const item = this.toolItem(view, call);
     item.querySelector(".ragchat-tool-confirm")?.remove();
     this.setProgress(view, "");
+    this.scrollToEnd();
     if (call.status === "awaiting_confirmation") {
       this.setToolLine(item, call, "pending");
       item.querySelector(".ragchat-tool-details").open = true;
       item.querySelector(".ragchat-tool-result").textContent = pretty(call.arguments);
-      item.append(this.confirmBox(call, turn));
+      const box = this.confirmBox(call, turn);
+      item.append(box);
       this.setStatus(TOOL_STATES.pending + "…");
+      item.scrollIntoView({ block: "nearest" });  // what it would do, then (if long) the buttons
+      box.scrollIntoView({ block: "nearest" });
     } else {
       this.setToolLine(item, call, "running");
       this.setStatus(item.dataset.label || "");
     }
-    this.scrollToEnd();
   }
 
   confirmBox(call, turn) {
