@@ -472,6 +472,24 @@ def test_a_numbered_thing_the_asker_has_not_is_declined_not_answered_with_their_
     assert "60 pounds" in ask(user, "How much does a full plot cost per year?").answer  # a page names no number
 
 
+def test_a_follow_up_pointing_at_a_pages_topic_is_not_answered_from_another_page(ragchat_settings_override, user):
+    """The allotment site's trial: "And what is not allowed in it?" after "What can I put in the
+    compost?" quoted the water rules' "Hosepipes are not allowed". "it" is the compost, the
+    title of a page found: asked as the same question typed whole is (declined here: "not
+    allowed" and "do not put" share no word), never answered from another page."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    Article.objects.create(title="Water rules", body="Hosepipes are not allowed on the allotments; please water "
+                                                     "with watering cans filled at the standpipes.")
+    Article.objects.create(title="Compost", body="The compost bays are behind the tool shed. Do not put diseased "
+                                                 "plants, cooked food or plastic in the compost.")
+    Article.objects.create(title="Fees", body="The annual rent for a full plot is 60 pounds, due on 1 March.")
+    conversation = Conversation.objects.create(owner=user)
+    assert "compost" in run_turn_sync(conversation, "What can I put in the compost?").answer
+    answer = run_turn_sync(conversation, "And what is not allowed in it?").answer
+    assert "Hosepipes" not in answer, answer
+    assert "Hosepipes" not in ask(user, "What is not allowed in the compost?").answer
+
+
 VET_PAGES = [
     ("Booking an appointment", "Book an appointment online or call 0161 555 0100. Appointments last 15 minutes."),
     ("Vaccinations", "Puppies need two vaccination appointments, two to four weeks apart."),

@@ -536,6 +536,19 @@ def _acts_on_a_name(asked: str, names: set[str], vocabulary: Vocabulary) -> bool
                for doer, verb in zip(tokens, tokens[1:]))
 
 
+def _take_carried_page_topic(need: Need, asked: str, passages: list[Passage], vocabulary: Vocabulary) -> None:
+    """A follow-up pointing back ("And what is not allowed in it?" after "What can I put in the
+    compost?") with no subject of its own asks about the topic the search query carried when a
+    page found is titled by it ("Compost"): that word is asked too, so a sentence of another
+    page ("Hosepipes are not allowed") does not answer it (an allotment site's trial)."""
+    if need.subjects or not set(words(asked)) & vocabulary.word_class("topic_pointers"):
+        return
+    carried = {k for k in need.groups if k not in need.own and not k.startswith("~") and "=" not in k}
+    titled = {k for k in carried if any(vocabulary.covers(k, p.title_stems) for p in passages)}
+    need.own |= titled
+    need.groups.update(dict.fromkeys(titled, 1.0))
+
+
 def _take_carried_attribute(need: Need, asked: str, typed_keys: set[str], vocabulary: Vocabulary) -> None:
     """Make the words the search query carried (the transformer's, or the question's context)
     the asked attribute where the asking clause alone does not say what it is about."""
@@ -629,5 +642,6 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], voc
     need.adjacent = [(a, b) for (i, a), (j, b) in zip(by_place, by_place[1:]) if j - i <= 2]
     if not part and not _acts_on_a_name(asked, names, vocabulary):
         _take_carried_attribute(need, asked, set(asked_at), vocabulary)
+        _take_carried_page_topic(need, asked, passages, vocabulary)
     _value_asked(need, asked, vocabulary)
     return need
