@@ -174,18 +174,18 @@ def test_a_conversation_with_a_named_profile(alice, ragchat_settings_override):
     assert response.status_code == 201 and response.json()["profile"] == "support"
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"profile": "nope"}, "profile"),
-    ({"title": "x" * 201}, "title"),
-    ({"title": 12}, "title"),
-    ({"title": "a\x00b"}, "title"),
-    ({"title": "\ud800"}, "title"),
+@pytest.mark.parametrize("body, field, code", [
+    ({"profile": "nope"}, "profile", "unknown_profile"),  # the streaming transports' code for it
+    ({"title": "x" * 201}, "title", "invalid"),
+    ({"title": 12}, "title", "invalid"),
+    ({"title": "a\x00b"}, "title", "invalid"),
+    ({"title": "\ud800"}, "title", "invalid"),
 ])
-def test_bad_conversation_input_is_a_400_naming_the_field(alice, body, field):
+def test_bad_conversation_input_is_a_400_naming_the_field(alice, body, field, code):
     response = post_json(alice, f"{API}/conversations/", body)
     assert response.status_code == 400
     error = response.json()
-    assert error["code"] == "invalid" and field in error["errors"] and error["detail"]
+    assert error["code"] == code and field in error["errors"] and error["detail"]
     assert not Conversation.objects.exists()
 
 
@@ -223,12 +223,15 @@ def test_a_message_may_start_a_conversation_only_with_a_profile_its_sender_may_u
 
 def test_unknown_profile_says_so(alice):
     error = post_json(alice, f"{API}/conversations/", {"profile": "nope"}).json()
-    assert error["errors"]["profile"] == ["There is no profile named 'nope'."]
+    # The code the websocket and server-sent events give for the same cause (an outside probe).
+    assert (error["code"], error["errors"]["profile"]) == ("unknown_profile", ["There is no profile named 'nope'."])
+    error = post_json(alice, f"{API}/conversations/", {"profile": "nope", "title": 5}).json()
+    assert error["code"] == "invalid"  # two problems: the general code
     # A profile that is no string, as the streaming transports say it (a new user's trial:
     # '"['default']" is not a valid choice.').
     for value in (["default"], 5, {"name": "default"}):
         error = post_json(alice, f"{API}/conversations/", {"profile": value}).json()
-        assert error["errors"]["profile"] == ["There is no profile named of that type."], value
+        assert error["errors"]["profile"] == ["A profile is named by a string."], value
 
 
 def test_unknown_malformed_and_foreign_ids_answer_the_same_404(alice, other_user):
@@ -342,6 +345,8 @@ def test_a_body_is_read_in_its_declared_charset(alice, conversation):
     assert (response.status_code, response.json()["code"]) == (400, "parse_error")
     response = alice.post(messages_url(conversation), b'{"content": "hi"}', content_type="application/json; charset=base64")
     assert (response.status_code, response.json()["code"]) == (400, "parse_error")
+    response = alice.post(messages_url(conversation), b'{"content": "hi"}', content_type="application/json; charset=bogus-xyz")
+    assert (response.status_code, response.json()["code"]) == (400, "parse_error")  # no codec: not read as UTF-8
     assert conversation.messages.count() == 2
 
 
@@ -706,7 +711,7 @@ def test_upload_options_and_bad_uploads(uploader):
         ("data.pdf", b"%PDF-1.4", {}, "unsupported_type"),
         ("latin1.txt", "caf\xe9".encode("latin-1"), {}, "invalid_encoding"),
         ("nul.md", b"a\x00b", {}, "invalid_document"),
-        ("ok.md", b"# Hi", {"profile": "nope"}, "invalid"),
+        ("ok.md", b"# Hi", {"profile": "nope"}, "unknown_profile"),
         ("ok.md", b"# Hi", {"content_type": "pdf"}, "invalid"),
     ]:
         response = upload(staff, name, content, **fields)

@@ -561,6 +561,8 @@ BAD_BODIES = [
     ({"model": "default", "messages": ask(QUESTION), "tools": [{"type": "function", "function": {"name": "f"}}]},
      "unsupported_parameter", "tools"),
     ({"model": "default", "messages": ask(QUESTION), "conversation": 7}, "invalid_type", "conversation"),
+    # An object without its "id" started a new conversation (an outside probe): refused.
+    ({"model": "default", "messages": ask(QUESTION), "conversation": {"uuid": "x"}}, "invalid_value", "conversation"),
 ]
 
 
@@ -569,6 +571,7 @@ def test_a_body_is_read_in_its_declared_charset_and_must_be_json(server, key, pr
     with httpx.Client(timeout=20, headers={"Authorization": f"Bearer {key}"}) as http:
         url = f"{server.url}/openai/v1/chat/completions"
         for content_type, status in [("application/json", 400), ("application/json; charset=base64", 400),
+                                     ("application/json; charset=bogus-xyz", 400),  # no codec: not read as UTF-8
                                      ("application/json; charset=iso-8859-1", 200)]:
             response = http.post(url, content=body, headers={"Content-Type": content_type})
             assert response.status_code == status, (content_type, response.text)

@@ -161,6 +161,7 @@ def test_a_body_is_read_in_its_declared_charset_and_must_be_json(server, product
     with httpx.Client(cookies=caller.cookies, timeout=20) as client:
         url = sse_url(server, conversation.pk)
         for content_type, status in [("application/json", 400), ("application/json; charset=base64", 400),
+                                     ("application/json; charset=bogus-xyz", 400),  # no codec: not read as UTF-8
                                      ("application/json; charset=iso-8859-1", 200)]:
             response = client.post(url, content=body, headers={**sse_headers(caller), "Content-Type": content_type})
             assert response.status_code == status, content_type

@@ -688,7 +688,7 @@ def test_a_tool_decision_frame_approves_a_call_over_the_websocket(use_tools, ope
     async def chat():
         communicator = await ask_on_socket(cookie, conversation, "Mail Bob.", client_id="c1")
         frames = await frames_until(communicator, lambda f: f.get("status") == "awaiting_confirmation")
-        await communicator.send_json_to({"type": "tool_decision", "confirmation_id": "12", "approve": True})
+        await communicator.send_json_to({"type": "tool_decision", "confirmation_id": "twelve", "approve": True})
         frames += await frames_until(communicator, lambda f: f["type"] == "error")
         await communicator.send_json_to({"type": "tool_decision", "confirmation_id": frames[-2]["confirmation_id"],
                                          "approve": True, "client_id": "d1"})
@@ -698,7 +698,7 @@ def test_a_tool_decision_frame_approves_a_call_over_the_websocket(use_tools, ope
 
     frames = async_to_sync(chat)()
     refused = next(f for f in frames if f["type"] == "error")
-    assert refused["code"] == "invalid_frame"  # the id must be a number
+    assert refused["code"] == "not_found"  # no tool call has that id, as REST's URL answers it
     decision = next(f for f in frames if f["type"] == "tool_decision")
     assert decision == {"type": "tool_decision", "confirmation_id": ToolInvocation.objects.get().pk,
                         "status": "approved", "conversation_id": str(conversation.pk), "client_id": "d1"}

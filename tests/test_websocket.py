@@ -111,7 +111,7 @@ MALFORMED = [
     ('{"content": "no type"}', "unknown_type"),
     ('{"type": 5}', "unknown_type"),
     ('{"type": "subscribe"}', "unknown_type"),
-    ('{"type": "ping", "client_id": ["x"]}', "invalid_frame"),
+    ('{"type": "ping", "client_id": ["x"]}', "invalid_client_id"),  # as REST and server-sent events say it
     ('{"type": "message", "content": 42}', "invalid_type"),
     ('{"type": "message"}', "invalid_type"),
     ('{"type": "message", "content": "   "}', "empty"),

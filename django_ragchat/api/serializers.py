@@ -27,6 +27,7 @@ from django_ragchat.permissions import can_use_profile
 from django_ragchat.plugins import PIPELINE_ORDER
 from django_ragchat.profiles import UnknownProfile, get_profile, profile_names
 from django_ragchat.text import is_blank, question_label
+from django_ragchat.transport.turns import NOT_A_PROFILE_NAME
 
 
 class StrictCharField(serializers.CharField):
@@ -109,7 +110,7 @@ class ProfileNameField(serializers.ChoiceField):
         if not isinstance(data, str):
             # As the websocket and server-sent events say it (transport.turns.new_conversation_options):
             # the same cause, the same code, not DRF's '"['default']" is not a valid choice.'
-            raise serializers.ValidationError("There is no profile named of that type.", code="unknown_profile")
+            raise serializers.ValidationError(NOT_A_PROFILE_NAME, code="unknown_profile")
         if data not in self.choices:
             raise serializers.ValidationError(f"There is no profile named {data!r}.", code="unknown_profile")
         return data

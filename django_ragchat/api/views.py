@@ -88,13 +88,32 @@ def api_exception_handler(exc, context):
         return None
     if isinstance(exc, exceptions.ValidationError):
         errors = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
-        response.data = {"code": "invalid", "detail": _first_message(errors), "errors": errors}
+        response.data = {"code": _validation_code(exc), "detail": _first_message(errors), "errors": errors}
     elif isinstance(exc, exceptions.APIException):
         detail = exc.detail
         response.data = {"code": getattr(detail, "code", None) or exc.default_code, "detail": str(detail)}
         for name, value in getattr(exc, "headers", {}).items():
             response[name] = value
     return response
+
+
+#: Validation codes the other transports answer with for the same cause: a body whose only
+#: problem is one of them is answered with it, not ``invalid`` (its ``errors`` still list it).
+TRANSPORT_CODES = frozenset({"unknown_profile"})
+
+
+def _validation_code(exc: exceptions.ValidationError) -> str:
+    codes = set()
+    pending = [exc.get_codes()]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        else:
+            codes.add(item)
+    return codes.pop() if len(codes) == 1 and codes <= TRANSPORT_CODES else "invalid"
 
 
 def _first_message(errors) -> str:

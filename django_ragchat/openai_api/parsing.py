@@ -92,7 +92,7 @@ def read_body(request) -> dict[str, Any]:
     except jsonbody.UnsupportedMediaType as exc:
         raise OpenAIError(415, exc.code, str(exc)) from None
     try:
-        data = jsonbody.loads(jsonbody.body_text(body, request.encoding))
+        data = jsonbody.loads(jsonbody.body_text(body, jsonbody.declared_charset(request)))
     except jsonbody.JSONRefused as exc:
         # The refusal's own code: ``too_many_fields`` is that code on every transport.
         raise OpenAIError(400, exc.code, f"We could not parse the JSON body of your request: {exc}") from None
@@ -198,7 +198,10 @@ def _conversation_id(data: dict[str, Any], headers) -> str | None:
     an object with one, as OpenAI's Responses API writes it), else the header."""
     value = data.get("conversation")
     if isinstance(value, dict):
-        value = value.get("id")
+        if "id" not in value:  # {"uuid": ...} named one the caller meant: not a new conversation
+            raise bad_request("'conversation' must be a conversation id, or an object with its 'id'.",
+                              param="conversation", code="invalid_value")
+        value = value["id"]
     if value is None:
         header = (headers.get(CONVERSATION_HEADER) or "").strip()
         return header or None

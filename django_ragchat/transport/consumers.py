@@ -352,8 +352,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         client_id = frame.get("client_id")
         try:
             transport.check_client_id(client_id)  # it is stored (the idempotency key): no NUL either
-        except TurnRefused as refusal:
-            return frame, None, ("invalid_frame", refusal.message)
+        except TurnRefused as refusal:  # not echoed: it is no client_id
+            return frame, None, (refusal.code, refusal.message)
         return frame, client_id, None
 
     async def on_message(self, frame: dict, client_id: str | None) -> None:
@@ -443,9 +443,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         ``confirmation_id``), whichever socket or worker runs its turn. Answered
         ``{"type": "tool_decision", "confirmation_id", "status"}``; the turn's own events follow."""
         confirmation, approve = frame.get("confirmation_id"), frame.get("approve")
-        if not isinstance(approve, bool) or not isinstance(confirmation, int) or isinstance(confirmation, bool):
-            return await self._error("invalid_frame", '"confirmation_id" must be a number and "approve" true or false.',
-                                     client_id)
+        if not isinstance(approve, bool):  # the REST API's code and words for the same body
+            return await self._error("invalid", "Must be true or false.", client_id)
         if not await sync_to_async(session_is_current)(self.user, self.scope.get("session")):
             return await self._error("session_ended", "Your session has ended; sign in again and reconnect.", client_id)
         try:

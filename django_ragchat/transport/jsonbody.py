@@ -126,6 +126,14 @@ def body_text(raw: bytes, charset: str | None) -> str:
         raise JSONRefused(f"The charset {encoding} is not a text encoding.") from None
 
 
+def declared_charset(request) -> str | None:
+    """The charset ``request``'s ``Content-Type`` declares, as written, else ``request.encoding``:
+    Django drops a charset no codec knows ("bogus-xyz") from ``request.encoding`` and the body
+    was read as UTF-8, where ``body_text`` refuses it as it refuses "base64" (an outside probe)."""
+    params = getattr(request, "content_params", None) or {}
+    return params.get("charset") or getattr(request, "encoding", None)
+
+
 def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     """``json.loads`` that raises ``JSONRefused`` for invalid JSON and for nesting deeper than
     ``max_depth`` (objects and arrays count one level each), ``TooManyFields`` for more object
@@ -150,7 +158,9 @@ class LimitedJSONParser(JSONParser):
         parser_context = parser_context or {}
         try:
             raw = stream.read() if stream is not None else b""
-            return loads(body_text(raw, parser_context.get("encoding")))
+            request = parser_context.get("request")
+            charset = declared_charset(request) if request is not None else parser_context.get("encoding")
+            return loads(body_text(raw, charset))
         except JSONRefused as exc:
             raise ParseError(str(exc), code=exc.code) from None
 

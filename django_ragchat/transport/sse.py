@@ -96,7 +96,7 @@ def _read_content(request) -> tuple[Any, str, Any]:
     except jsonbody.UnsupportedMediaType as exc:
         raise TurnRefused(exc.code, str(exc), 415) from None
     try:
-        data = jsonbody.loads(jsonbody.body_text(body, request.encoding))
+        data = jsonbody.loads(jsonbody.body_text(body, jsonbody.declared_charset(request)))
     except jsonbody.TooManyFields as exc:
         raise TurnRefused(exc.code, str(exc), 400) from None
     except jsonbody.JSONRefused:

@@ -255,8 +255,12 @@ def new_conversation_options(user, profile: Any) -> dict[str, Any]:
         return {}
     if isinstance(profile, str) and permissions.can_use_profile(user, profile):  # False for no profile's name
         return {"profile": profile}
-    shown = repr(profile[:100]) if isinstance(profile, str) else "of that type"
-    raise TurnRefused("unknown_profile", f"There is no profile named {shown}.", 400)
+    message = f"There is no profile named {profile[:100]!r}." if isinstance(profile, str) else NOT_A_PROFILE_NAME
+    raise TurnRefused("unknown_profile", message, 400)
+
+
+#: What every transport says of a ``profile`` that is no string (``5``, ``["default"]``).
+NOT_A_PROFILE_NAME = "A profile is named by a string."
 
 
 def shutdown_refusal() -> TurnRefused:
