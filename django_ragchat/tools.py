@@ -205,7 +205,9 @@ def shape_of(annotation: Any) -> _Shape:
             shape.schema = {**shape.schema, "description": " ".join(notes)}
         return shape
     if annotation in _SIMPLE:
-        return _Shape(dict(_SIMPLE[annotation]), float if annotation is float else None)
+        # JSON Schema counts 12.0 an integer: the function gets 12, as its annotation says (an
+        # outside probe's "plot 12.0"); 1 for a float parameter is 1.0.
+        return _Shape(dict(_SIMPLE[annotation]), {float: float, int: int}.get(annotation))
     if annotation in _FORMATTED:
         schema, convert = _FORMATTED[annotation]
         return _Shape(dict(schema), convert)

@@ -135,6 +135,13 @@ def test_the_schema_follows_the_signature():
     assert bound["when"] == datetime.date(2025, 3, 1) and bound["at"].tzinfo is not None
     assert bound["price"] == Decimal("9.99") and isinstance(bound["ref"], uuid.UUID)
     assert bound["maybe"] is None and bound["unique"] == {1, 2, 3} and "noted" not in bound  # default applies
+    # 12.0 is an integer to JSON Schema: the function gets the int its annotation names.
+    bound = everything.bind({
+        "text": "t", "count": 12.0, "ratio": 1, "flag": True, "mode": "b", "size": "l", "tags": [], "scores": {},
+        "when": "2025-03-01", "at": "2025-03-01T10:00:00+00:00", "price": 9.99,
+        "ref": "12345678-1234-5678-1234-567812345678", "maybe": 3.0, "unique": [1.0]})
+    assert [(bound[k], type(bound[k])) for k in ("count", "maybe")] == [(12, int), (3, int)] and bound["unique"] == {1}
+    assert all(type(v) is int for v in bound["unique"])
 
 
 def test_a_pydantic_model_parameter_is_described_and_validated_by_pydantic():
