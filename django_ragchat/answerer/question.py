@@ -77,6 +77,11 @@ class Need:
         self.labels[key] = label
         self.own.add(key)
 
+    def promote(self, keys: set[str]) -> None:
+        """Ask ``keys`` (carried words) as the user's own words, at full weight."""
+        self.own |= keys
+        self.groups.update(dict.fromkeys(keys, 1.0))
+
     def forget(self, keys: list[str], asked_at: dict[str, int]) -> None:
         """Take ``keys`` out of what is asked: a word that only says how something is asked."""
         for key in keys:
@@ -544,18 +549,12 @@ def _take_carried_page_topic(need: Need, asked: str, passages: list[Passage], vo
     if need.subjects or not set(words(asked)) & vocabulary.word_class("topic_pointers"):
         return
     carried = {k for k in need.groups if k not in need.own and not k.startswith("~") and "=" not in k}
-    titled = {k for k in carried if any(vocabulary.covers(k, p.title_stems) for p in passages)}
-    need.own |= titled
-    need.groups.update(dict.fromkeys(titled, 1.0))
+    need.promote({k for k in carried if any(vocabulary.covers(k, p.title_stems) for p in passages)})
 
 
 def _take_carried_attribute(need: Need, asked: str, typed_keys: set[str], vocabulary: Vocabulary) -> None:
     """Make the words the search query carried (the transformer's, or the question's context)
     the asked attribute where the asking clause alone does not say what it is about."""
-    def promote(keys: set[str]) -> None:
-        need.own |= keys
-        need.groups.update(dict.fromkeys(keys, 1.0))
-
     carried = {key for key in need.groups if key not in typed_keys and not key.startswith("~")}
     if need.own and all(key.startswith("~") or labels(key) == ["price"] for key in need.own):
         # A price carried is no length: "and how long does it take?" after "How much does a
@@ -567,12 +566,12 @@ def _take_carried_attribute(need: Need, asked: str, typed_keys: set[str], vocabu
             # "How much does that cost?" after "How fast do you ship?": it asks a price, and with
             # no product in play the words the transformer carried ("fast ship") are what "that" is.
             need.carried = carried - need.own
-            promote(need.carried)
+            need.promote(need.carried)
     if need.own and all(key.startswith("~") for key in need.own):
         # "How long is it?" asks only the kind of value: what it is about came with the search
         # query ("... Zephyr Buds warranty").
         need.carried = {key for key in carried if need.groups[key] == 0.5}
-        promote(need.carried)
+        need.promote(need.carried)
     if (not need.own and need.groups and not vocabulary.pattern("purpose").search(asked)
             and not vocabulary.pattern("price_question").search(asked)):
         # "What about the Nimbus Tab?": the attribute is the one the transformer carried over, or
@@ -583,7 +582,7 @@ def _take_carried_attribute(need: Need, asked: str, typed_keys: set[str], vocabu
         promoted = set(need.groups)
         if promoted:
             need.promoted = True
-            promote(promoted)
+            need.promote(promoted)
 
 
 def _value_asked(need: Need, asked: str, vocabulary: Vocabulary) -> None:

@@ -158,9 +158,7 @@ class LimitedJSONParser(JSONParser):
         parser_context = parser_context or {}
         try:
             raw = stream.read() if stream is not None else b""
-            request = parser_context.get("request")
-            charset = declared_charset(request) if request is not None else parser_context.get("encoding")
-            return loads(body_text(raw, charset))
+            return loads(body_text(raw, declared_charset(parser_context.get("request"))))
         except JSONRefused as exc:
             raise ParseError(str(exc), code=exc.code) from None
 
