@@ -490,6 +490,25 @@ def test_a_follow_up_pointing_at_a_pages_topic_is_not_answered_from_another_page
     assert "Hosepipes" not in ask(user, "What is not allowed in the compost?").answer
 
 
+def test_a_recipe_named_by_its_last_words_is_the_subject_not_the_one_asked_of_before(ragchat_settings_override,
+                                                                                  user):
+    """A recipe site's trial: "How many people does the lentil soup serve?" after a question on
+    the Vegetable Curry was searched with "Vegetable Curry" added and answered with the curry's
+    ingredient list ("Rice to serve"). "lentil soup" names the Red Lentil Soup (all but its first
+    word), in the search and in the answer."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    for title, ingredients in (("Red Lentil Soup", "200 g red lentils\n1 onion\n1 litre vegetable stock"),
+                               ("Vegetable Curry", "1 onion\n2 tablespoons curry paste\n200 g spinach\nRice to serve"),
+                               ("Pancakes", "100 g plain flour\n2 eggs\nLemon wedges and sugar to serve")):
+        Article.objects.create(title=title, body=f"## Ingredients\n\n{ingredients}\n\n## Cooking time\n\n"
+                                                 f"The {title} takes 30 minutes to cook.")
+    conversation = Conversation.objects.create(owner=user)
+    run_turn_sync(conversation, "How long does the vegetable curry take?")
+    result = run_turn_sync(conversation, "How many people does the lentil soup serve?")
+    assert "Vegetable Curry" not in result.trace["queries"]["final"]
+    assert "to serve" not in result.answer and "Red Lentil Soup" in result.answer, result.answer
+
+
 VET_PAGES = [
     ("Booking an appointment", "Book an appointment online or call 0161 555 0100. Appointments last 15 minutes."),
     ("Vaccinations", "Puppies need two vaccination appointments, two to four weeks apart."),

@@ -289,9 +289,17 @@ class _Entities:
         shared = query_words - light - {w for w in query_words if w in self.common or stem(w) in self.common}
         partial = {e for e in self.known if any(
             type_words or w == e[0] or any(c.isdigit() for c in w)
-            for w in set(e) & shared)} if not full and partial else set()
+            for w in set(e) & shared) or _all_but_an_end(e, query_words)} if not full and partial else set()
         # "Zappa" also means the "Frank Zappa" a heading names: add the longer names containing it.
         return (full or partial) | {e for e in self.known if any(set(f) < set(e) for f in full)}
+
+
+def _all_but_an_end(entity: Entity, query_words: set[str]) -> bool:
+    """"lentil soup" of the Red Lentil Soup, "root canal" of Root canal treatment: a name of three
+    words or more of which the question holds all the words but the first or all but the last
+    (the subject index, ``search.subjects``, names it so when they are written in a row), so the
+    name the transformer carried in for it is no reason to doubt that the user named it."""
+    return len(entity) >= 3 and (set(entity[1:]) <= query_words or set(entity[:-1]) <= query_words)
 
 
 def _subject_by_kind(question: str, passages: list[Passage], vocabulary: Vocabulary) -> set[Entity]:

@@ -124,18 +124,21 @@ def kind_of(name: str, text: str, language: Language | None = None) -> str:
     return kind if len(kind) > 2 and kind.isalpha() and kind not in language.stopwords else ""
 
 
-def _by_leading_words(subjects: list[Subject]) -> dict[str, list[tuple[Subject, tuple[str, ...]]]]:
-    """"root canal" names Root canal treatment: a name of three words or more by all its words but
-    the last, written in a row, when no other name starts with them or is them. Keyed by the first."""
-    starts: dict[tuple[str, ...], list[Subject]] = {}
+def _by_part_words(subjects: list[Subject]) -> dict[str, list[tuple[Subject, tuple[str, ...]]]]:
+    """"root canal" names Root canal treatment, "lentil soup" the Red Lentil Soup: a name of three
+    words or more by all its words but the last, or but the first, written in a row, when no
+    other name holds them so or is them (a recipe site's trial: "How many people does the lentil
+    soup serve?" was read as about the curry asked of before). Keyed by the part's first word."""
+    parts: dict[tuple[str, ...], list[Subject]] = {}
     for subject in subjects:
         for n in range(2, len(subject.tokens)):
-            starts.setdefault(subject.tokens[:n], []).append(subject)
+            parts.setdefault(subject.tokens[:n], []).append(subject)
+            parts.setdefault(subject.tokens[-n:], []).append(subject)
     whole = {subject.tokens for subject in subjects}
     found: dict[str, list[tuple[Subject, tuple[str, ...]]]] = {}
-    for leading, named in starts.items():
-        if len(named) == 1 and leading not in whole and len(leading) == len(named[0].tokens) - 1:
-            found.setdefault(leading[0], []).append((named[0], leading))
+    for part, named in parts.items():
+        if len(set(named)) == 1 and part not in whole and len(part) == len(named[0].tokens) - 1:
+            found.setdefault(part[0], []).append((named[0], part))
     return found
 
 
@@ -184,7 +187,7 @@ class SubjectIndex:
                     *(self._by_token[t] for t in words_only[1:])) == {subject}:
                 self._without_number[subject] = words_only
 
-        self._leading_words = _by_leading_words(subjects)
+        self._part_words = _by_part_words(subjects)
 
     def __len__(self) -> int:
         return len(self.subjects)
@@ -340,16 +343,17 @@ class SubjectIndex:
     def _named_by_part(self, found: dict[Subject, int], matches: list[re.Match], keys: list[str],
                        positions: dict[str, list[int]]) -> None:
         """Add to ``found`` the subjects named by a part of their name that only they have: the
-        words without the number, the leading words, the model code."""
+        words without the number, all but its last or first word, the model code."""
         for subject in dict.fromkeys(s for key in positions for s in self._by_token.get(key, ()) if s in self._without_number):
             words_only = self._without_number[subject]
             if subject not in found and all(t in positions for t in words_only) and all(
                     matches[positions[t][0]].group(0)[0].isupper() for t in words_only):
                 found[subject] = min(positions[t][0] for t in words_only)
         for key in positions:
-            # "a root canal" names Root canal treatment: the leading words of one name alone.
-            for subject, leading in self._leading_words.get(key, ()):
-                if subject not in found and self._in_a_row(leading, keys, positions):
+            # "a root canal" names Root canal treatment, "the lentil soup" the Red Lentil Soup:
+            # all but the last or the first word of one name alone.
+            for subject, part in self._part_words.get(key, ()):
+                if subject not in found and self._in_a_row(part, keys, positions):
                     found[subject] = positions[key][0]
         for key, subject in self._by_code.items():
             # "the Millstone G2 grinder", "the G2": the code alone tells which subject, whatever
