@@ -509,6 +509,23 @@ def test_a_recipe_named_by_its_last_words_is_the_subject_not_the_one_asked_of_be
     assert "to serve" not in result.answer and "Red Lentil Soup" in result.answer, result.answer
 
 
+def test_what_goes_into_a_recipe_and_how_many_it_serves_are_answered(ragchat_settings_override, user):
+    """The same trial: "What goes into the vegetable curry?" was declined ("goes" was asked as a
+    word no sentence states; "go" and "going" ask nothing, "goes" now neither) and "How many
+    people does the lentil soup serve?" was declined with "Serves 4." in the method (a line under
+    twelve characters was dropped as a fragment; one stating a value is a sentence)."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    for title, ingredients, method in (
+            ("Red Lentil Soup", "200 g red lentils\n1 onion\n1 litre vegetable stock",
+             "Simmer the lentils in the stock for 25 minutes, then blend until smooth. Serves 4."),
+            ("Vegetable Curry", "1 onion\n2 tablespoons curry paste\n400 ml coconut milk\n200 g spinach",
+             "Fry the onion, stir in the paste and the coconut milk and simmer for 20 minutes. Serves 2.")):
+        Article.objects.create(title=title, body=f"## Ingredients\n\n{ingredients}\n\n## Method\n\n{method}")
+    assert "coconut milk" in ask(user, "What goes into the vegetable curry?").answer
+    answer = ask(user, "How many people does the lentil soup serve?").answer
+    assert "Serves 4" in answer and "Serves 2" not in answer, answer
+
+
 VET_PAGES = [
     ("Booking an appointment", "Book an appointment online or call 0161 555 0100. Appointments last 15 minutes."),
     ("Vaccinations", "Puppies need two vaccination appointments, two to four weeks apart."),

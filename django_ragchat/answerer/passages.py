@@ -27,6 +27,9 @@ _CITE_BEFORE_STOP = re.compile(r"\s*([.!?])$")  # "£5 ." cites as "£5 [1]."
 _MARKUP_CHARS = set('{}[]"=<>|`\\')
 _QUOTED_WORDS = re.compile(r'"[^"{}\[\]<>=|`\\]{1,60}"')
 _LETTER_RE = re.compile(r"[^\W\d_]")
+# A short line that states a value is a sentence ("Serves 4.", "Makes 12."): a recipe site's
+# trial asked how many the soup serves, and the fragment rule below had dropped the only answer.
+_SHORT_VALUE_RE = re.compile(r"^[^\W\d_]{3,}(?: [^\W\d_]+)? \d[\d.,]*\s*[^\W\d_]*[.!]?$")
 
 
 def is_prose(sentence: str) -> bool:
@@ -168,7 +171,7 @@ def _scorable(body: str, vocabulary: Vocabulary) -> tuple[Sentence, ...]:
     found = []
     for position, sentence in enumerate(sentences(table_rows(body))):
         sentence = sentence.lstrip("-*• ").strip()
-        if len(sentence) < 12 or not is_prose(sentence):
+        if (len(sentence) < 12 and not _SHORT_VALUE_RE.match(sentence)) or not is_prose(sentence):
             continue
         has_money = bool(money.search(sentence))
         names = tuple(dict.fromkeys(folded for _, folded in name_sequences(sentence, vocabulary.stopwords)))
