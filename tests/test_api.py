@@ -832,6 +832,20 @@ def test_session_authenticated_writes_need_the_csrf_token(user, conversation):
     assert client.get(f"{API}/conversations/").status_code == 200  # reads need no token
 
 
+@pytest.mark.parametrize("raw_body", ['["not", "an", "object"]', '"just a string"', "null", "42"])
+def test_a_body_that_is_no_json_object_is_invalid_type_on_every_write(alice, conversation, raw_body):
+    """An outside trial: POST conversations/ with a JSON array answered ``invalid`` ("Expected a
+    dictionary") while messages/ answered ``invalid_type``, as api.md says of such a body."""
+    writes = [(alice, "post", f"{API}/conversations/"), (alice, "patch", f"{API}/conversations/{conversation.pk}/"),
+              (alice, "post", messages_url(conversation)), (alice, "post", f"{API}/messages/1/feedback/"),
+              (alice, "post", f"{API}/tool-calls/1/decision/"), (alice, "patch", f"{API}/memory/1/")]
+    for client, method, url in writes:
+        response = getattr(client, method)(url, raw_body, content_type="application/json")
+        assert (response.status_code, response.json()["code"]) == (400, "invalid_type"), (method, url, response.json())
+        assert response.json()["detail"].startswith("The body must be a JSON object"), url
+    assert Conversation.objects.count() == 1 and not Message.objects.exists()
+
+
 def test_a_body_the_view_does_not_read_is_refused_after_the_csrf_check_and_the_permissions(user, uploader,
                                                                                            conversation):
     # DRF raised the 415 from inside the session CSRF check (it reads the form), so a caller

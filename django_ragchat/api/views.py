@@ -168,6 +168,8 @@ class RagchatAPIView(APIView):
     content_negotiation_class = JSONBodyNegotiation  # no Content-Type, or ...+json: JSON too
     #: Whether a POST, PUT or PATCH must carry a body (an action such as ``cancel`` needs none).
     body_required = True
+    #: What a body that is no JSON object is told to look like (after "must be a JSON object").
+    object_example = ""
 
     def get_exception_handler(self):
         return api_exception_handler
@@ -185,6 +187,8 @@ class RagchatAPIView(APIView):
             unread = getattr(request, UNREAD_MEDIA_TYPE, None)
             if unread is not None:
                 raise exceptions.UnsupportedMediaType(unread)
+            if not isinstance(request.data, dict):  # [], "text", null: every body here is an object
+                raise APIError(400, "invalid_type", f"The body must be a JSON object{self.object_example}.")
 
 
 def has_body(request) -> bool:
@@ -413,6 +417,7 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
 
     serializer_class = s.MessageSerializer
     pagination_class = MessagePagination
+    object_example = ': {"content": "..."}'
 
     def get_queryset(self):
         conversation = access.get_conversation(self.request, self.kwargs["conversation_id"])
@@ -425,8 +430,6 @@ class MessageList(RagchatAPIView, generics.ListAPIView):
     def post(self, request, conversation_id):
         conversation = access.get_conversation(request, conversation_id)
         access.check_change(request, conversation)
-        if not isinstance(request.data, dict):
-            raise APIError(400, "invalid_type", 'The body must be a JSON object: {"content": "..."}.')
         try:
             text = transport.validate(request.data.get("content"))
         except transport.TurnRefused as exc:
