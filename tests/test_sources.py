@@ -526,6 +526,21 @@ def test_what_goes_into_a_recipe_and_how_many_it_serves_are_answered(ragchat_set
     assert "Serves 4" in answer and "Serves 2" not in answer, answer
 
 
+def test_the_other_case_of_a_situation_continues_the_answer(ragchat_settings_override, user):
+    """A helpdesk site's trial: "What should I do if I lose my phone with two-factor login?" was
+    answered with the section's first case alone; its second ("If you have no backup codes
+    left, ...") states no asked word but is the same situation's other case."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    Article.objects.create(title="Two-factor login", body=(
+        "## Backup codes\n\nWhen you turn on 2FA, you get ten backup codes. Each code works once.\n\n"
+        "## Lost phone\n\nIf you lose your phone, sign in with one of your backup codes and set up 2FA "
+        "again on your new phone. If you have no backup codes left, contact support: identity "
+        "verification takes up to 2 business days. Support is open on weekdays."))
+    answer = ask(user, "What should I do if I lose my phone with two-factor login?").answer
+    assert "sign in with one of your backup codes" in answer and "contact support" in answer, answer
+    assert "weekdays" not in answer, answer
+
+
 VET_PAGES = [
     ("Booking an appointment", "Book an appointment online or call 0161 555 0100. Appointments last 15 minutes."),
     ("Vaccinations", "Puppies need two vaccination appointments, two to four weeks apart."),

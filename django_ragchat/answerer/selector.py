@@ -615,6 +615,13 @@ class _Scoring:
         return Choice(p, s, score, own_cov)
 
 
+def _other_case(first: Sentence, then: Sentence, v: Vocabulary) -> bool:
+    """Whether ``then`` is another case of the situation ``first`` answers: both open with a
+    case opener ("If you lose your phone, ..." then "If you have no backup codes left, ...")."""
+    return bool(v.case_openers) and all(
+        (words(s.text)[:1] or [""])[0] in v.case_openers for s in (first, then))
+
+
 def _labelled(parts: list[Choice]) -> list[Choice]:
     """One of several rows of the asker's quoted, what its title names said before it when its
     sentences do not ("Heron Suite \N{EM DASH} Your booking reference is HH-2041"): three
@@ -1187,7 +1194,7 @@ class AnswerSelector:
             own_words = any(v.covers(k, c.sentence.stems) for k in stated)
             same_kind = (need.wants_amount and c.sentence.has_currency and best.sentence.has_currency
                          and not _has_other_topic(c.sentence, need, v))
-            if not (own_words or same_kind):
+            if not (own_words or same_kind or _other_case(best.sentence, c.sentence, v)):
                 break
             picked.append(c)
             expected += 1

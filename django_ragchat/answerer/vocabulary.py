@@ -298,6 +298,8 @@ class Vocabulary:
         self.noun_of = language.noun_of
         # Optional: words that ask for a figure ("What number do I ring?"), stated by one.
         self.figure_words = frozenset(stem(w) for w in language.words.get("figure_words", ()))
+        # Optional: words opening a sentence about one case of a situation ("If ...").
+        self.case_openers = frozenset(language.words.get("case_openers", ()))
         # Optional: reading the asker's rows' dates (answerer/dates.py): the months, the words
         # asking for the soonest row, a window of time asked, what a time of day states.
         self.dates = DateReader(language.ordered.get("months", ()))
