@@ -618,8 +618,7 @@ class _Scoring:
 def _other_case(first: Sentence, then: Sentence, v: Vocabulary) -> bool:
     """Whether ``then`` is another case of the situation ``first`` answers: both open with a
     case opener ("If you lose your phone, ..." then "If you have no backup codes left, ...")."""
-    return bool(v.case_openers) and all(
-        (words(s.text)[:1] or [""])[0] in v.case_openers for s in (first, then))
+    return bool(v.case_openers) and all(next(iter(words(s.text)), "") in v.case_openers for s in (first, then))
 
 
 def _labelled(parts: list[Choice]) -> list[Choice]:

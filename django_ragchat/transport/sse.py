@@ -97,10 +97,8 @@ def _read_content(request) -> tuple[Any, str, Any]:
         raise TurnRefused(exc.code, str(exc), 415) from None
     try:
         data = jsonbody.loads(jsonbody.body_text(body, jsonbody.declared_charset(request)))
-    except jsonbody.TooManyFields as exc:
+    except jsonbody.JSONRefused as exc:  # its code and words, as the REST API answers the same body
         raise TurnRefused(exc.code, str(exc), 400) from None
-    except jsonbody.JSONRefused as exc:  # its words, as the REST API answers the same body
-        raise TurnRefused("parse_error", str(exc), 400) from None
     if not isinstance(data, dict):
         raise TurnRefused("invalid_type", 'The body must be a JSON object: {"content": "..."}.', 400)
     return data.get("content"), transport.check_client_id(data.get("client_id")), data.get("profile")
