@@ -610,6 +610,19 @@ def test_a_name_of_three_words_is_named_by_all_but_its_last_or_first_when_no_oth
     assert index.find("whitening") == []  # a name of two words needs both
 
 
+def test_a_name_of_three_words_or_more_is_named_by_its_first_and_last_words():
+    # A cookbook site's trial: "How many people does the chickpea curry serve?" named no recipe
+    # ("Chickpea and Spinach Curry"), so the cake asked of before was carried in and answered.
+    recipes = SubjectIndex.from_rows([(1, "Chickpea and Spinach Curry", []), (2, "Lemon Drizzle Cake", []),
+                                      (3, "Chickpea Salad", [])])
+    assert [s.name for s in recipes.find("How many does the chickpea curry serve?")] == ["Chickpea and Spinach Curry"]
+    assert [s.name for s in recipes.find("the lemon cake")] == ["Lemon Drizzle Cake"]
+    assert recipes.find("a curry with chickpea") == []  # not written in a row
+    assert [s.name for s in recipes.find("the chickpea salad")] == ["Chickpea Salad"]  # a whole name
+    shared = SubjectIndex.from_rows([(1, "Lemon Drizzle Cake", []), (2, "Lemon Sponge Cake", [])])
+    assert shared.find("the lemon cake") == []  # two names open and end so
+
+
 def test_a_switch_to_a_product_titled_with_a_descriptor_is_followed(db, conversation):
     ingest_markdown({
         "trailblazer.md": "# Trailblazer 300 mountain bike\n\nThe Trailblazer 300 is a hardtail mountain bike."

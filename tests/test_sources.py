@@ -526,6 +526,35 @@ def test_what_goes_into_a_recipe_and_how_many_it_serves_are_answered(ragchat_set
     assert "Serves 4" in answer and "Serves 2" not in answer, answer
 
 
+def test_a_cookbooks_recipes_are_named_by_their_ends_and_their_lists_quoted_whole(ragchat_settings_override, user):
+    """A cookbook site's trial: "How many people does the chickpea curry serve?" was declined,
+    and in a conversation about the cake answered with the cake's "Serves 10" ("chickpea curry",
+    the first and last words of "Chickpea and Spinach Curry", named no recipe; the answerer read
+    the title as a "Spinach Curry"); "How much feta goes in the Greek salad?" was declined as about
+    a "green salad" ("Greek", a word of the title alone, was read as a slip for "green"); "What
+    ingredients do I need...?" quoted 2 of the 6 ingredients."""
+    ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
+    for title, ingredients, serves in (
+            ("Chickpea and Spinach Curry", "2 tins chickpeas, drained\n- 200 g fresh spinach\n- 1 onion, diced", 4),
+            ("Lemon Drizzle Cake", "225 g butter, softened\n- 225 g caster sugar\n- 4 eggs\n- 275 g self-raising "
+                                   "flour\n- 2 lemons, zested\n- 85 g granulated sugar for the drizzle", 10),
+            ("Greek Salad", "4 ripe tomatoes, cut into wedges\n- 1 green pepper, sliced\n- 200 g block of feta "
+                            "cheese\n- 16 black olives", 4)):
+        Article.objects.create(title=title, body=f"A favourite of ours.\n\n## Ingredients\n\n- {ingredients}\n\n"
+                                                 f"## Method\n\nMix everything, cook it with care and serve. Serves {serves}.")
+    assert "Serves 4" in ask(user, "How many people does the chickpea curry serve?").answer
+    conversation = Conversation.objects.create(owner=user)
+    run_turn_sync(conversation, "What goes into the lemon drizzle cake?")
+    answer = run_turn_sync(conversation, "How many people does the chickpea curry serve?").answer
+    assert "Serves 4" in answer and "Serves 10" not in answer, answer
+    answer = ask(user, "How much feta goes in the Greek salad?").answer
+    assert "feta cheese" in answer and "green pepper" not in answer, answer
+    answer = ask(user, "What ingredients do I need for the lemon drizzle cake?").answer
+    lines = answer.splitlines()
+    assert len(lines) == 6 and all(line.startswith("- ") for line in lines), answer
+    assert "4 eggs" in answer and "225 g caster sugar" in answer and "chickpeas" not in answer, answer
+
+
 def test_the_other_case_of_a_situation_continues_the_answer(ragchat_settings_override, user):
     """A helpdesk site's trial: "What should I do if I lose my phone with two-factor login?" was
     answered with the section's first case alone; its second ("If you have no backup codes

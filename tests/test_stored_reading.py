@@ -237,9 +237,12 @@ GOLDEN_CORPORA = ("example_project/sample_docs", "bench/data/library/docs", "ben
 #: title's name, by the language's calendar words, which the fixed language data here lacks, so
 #: its digest is version 6's; tests/test_sources.py's date-in-a-title test covers it; version 8
 #: reads a short line stating a value as a sentence, "Serves 4.", and added red-lentil-soup.md,
-#: which version 7's code reads as 80d33428897f3425).
+#: which version 7's code reads as 80d33428897f3425; version 9 marks a bulleted list's lines,
+#: keeps its short ones ("- 4 eggs") and reads a title written as a name with its small words as
+#: one name, "Chickpea and Spinach Curry", and added chickpea-and-spinach-curry.md, which version
+#: 8's code reads as ac3799b5e039ded9).
 KNOWN_READINGS = {3: "492de19ebf27982c", 4: "bd01bc77074f1327", 5: "69000030aa109880", 6: "562d66b51a4914aa",
-                  7: "562d66b51a4914aa", 8: "966078b8a4a3da33"}
+                  7: "562d66b51a4914aa", 8: "966078b8a4a3da33", 9: "44a0c9d11d568a65"}
 
 
 def golden_chunks() -> list[tuple[str, str, str]]:

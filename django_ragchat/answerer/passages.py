@@ -19,7 +19,7 @@ from django_ragchat.answerer.vocabulary import (
     stems_of,
     words,
 )
-from django_ragchat.search.subjects import kind_of
+from django_ragchat.search.subjects import kind_of, written_as_name
 from django_ragchat.text import HEADING_SEPARATOR, normalize, sentences
 from django_ragchat.types import RetrievedChunk
 
@@ -27,6 +27,8 @@ _CITE_BEFORE_STOP = re.compile(r"\s*([.!?])$")  # "£5 ." cites as "£5 [1]."
 _MARKUP_CHARS = set('{}[]"=<>|`\\')
 _QUOTED_WORDS = re.compile(r'"[^"{}\[\]<>=|`\\]{1,60}"')
 _LETTER_RE = re.compile(r"[^\W\d_]")
+_TITLE_WORD_RE = re.compile(r"[^\W_]+")
+_BULLETS = "-*•"
 # A short line that states a value is a sentence ("Serves 4.", "Makes 12."): a recipe site's
 # trial asked how many the soup serves, and the fragment rule below had dropped the only answer.
 _SHORT_VALUE_RE = re.compile(r"^[^\W\d_]{3,}(?: [^\W\d_]+)? \d[\d.,]*\s*[^\W\d_]*[.!]?$")
@@ -72,6 +74,7 @@ class Sentence:
     # The stems of its words outside its name runs: "your card", "books" (so a question's "card"
     # or "book" is a common word here, not a name of the Adult Card or a Book Bundle).
     loose: frozenset[str] = frozenset()
+    item: bool = False  # a line of a bulleted list ("- 225 g butter"): a list is quoted whole
 
 
 @dataclass(frozen=True)
@@ -170,8 +173,10 @@ def _scorable(body: str, vocabulary: Vocabulary) -> tuple[Sentence, ...]:
     money, share, number = vocabulary.pattern("money"), vocabulary.pattern("share"), vocabulary.pattern("number")
     found = []
     for position, sentence in enumerate(sentences(table_rows(body))):
-        sentence = sentence.lstrip("-*• ").strip()
-        if (len(sentence) < 12 and not _SHORT_VALUE_RE.match(sentence)) or not is_prose(sentence):
+        item = sentence[:1] in _BULLETS and sentence[1:2].isspace()
+        sentence = sentence.lstrip(_BULLETS + " ").strip()
+        # A short line is a fragment, unless it states a value or is a list's line ("- 4 eggs").
+        if (len(sentence) < 12 and not item and not _SHORT_VALUE_RE.match(sentence)) or not is_prose(sentence):
             continue
         has_money = bool(money.search(sentence))
         names = tuple(dict.fromkeys(folded for _, folded in name_sequences(sentence, vocabulary.stopwords)))
@@ -183,7 +188,7 @@ def _scorable(body: str, vocabulary: Vocabulary) -> tuple[Sentence, ...]:
             has_number=bool(number.search(sentence)),
             names=names,
             sequence=tuple(map(_word_stems, tokens)),
-            has_money=has_money, loose=_outside_names(sentence, names),
+            has_money=has_money, loose=_outside_names(sentence, names), item=item,
         ))
     return tuple(found)
 
@@ -202,7 +207,14 @@ def _title_name(title: str, vocabulary: Vocabulary) -> tuple[str, bool]:
     """The first name a title writes, a date not being one: "Your order SS-1014, placed Saturday
     28 November 2026" is about no "Saturday 28 November 2026" (an outside trial's customer was
     told the documents say nothing of opening hours "for" that date). And whether it writes a
-    date as a name: such a title is a record's, no topic's."""
+    date as a name: such a title is a record's, no topic's. A title written as a name from end
+    to end, words only, is one name with its small words: "Chickpea and Spinach Curry", as the
+    subject index reads it (a recipe site's trial was told of a "Spinach Curry")."""
+    found = list(_TITLE_WORD_RE.finditer(title))
+    if written_as_name(title) and all(m.group(0).isalpha() and not vocabulary.is_calendar(fold(m.group(0)))
+                                      for m in found):
+        start = next((m.start() for m in found if fold(m.group(0)) not in vocabulary.stopwords), 0)
+        return title[start:].strip(), False  # "The Seagull" is the Seagull, as a run of names
     dated = False
     for display, folded in name_sequences(title, vocabulary.stopwords, numbers=True):
         if not all(t.isdigit() or vocabulary.is_calendar(t) for t in folded.split()):

@@ -626,9 +626,11 @@ def analyse_query(question: str, search_query: str, passages: list[Passage], voc
     (the attribute of ``asked``, one part of the question, when given)."""
     need = Need(searched=search_query)
     known_stems = frozenset().union(*(s.stems for p in passages for s in p.sentences),
-                                    *(p.heading_stems for p in passages))
+                                    *(p.heading_stems for p in passages),
+                                    *(stems(p.subject_name) for p in passages if p.subject_name))
     # "nimbus tab weigth", "retrun policy?", "Zepyhr Buds": one slip of the keys from a word the
-    # passages or the table know is that word.
+    # passages or the table know is that word. A word of a passage's subject is known: "Greek"
+    # of the Greek Salad is no slip for "green" (a recipe site's trial).
     question = corrected(question, known_stems, vocabulary)
     search_query = corrected(search_query, known_stems, vocabulary)
     if asked is not None:

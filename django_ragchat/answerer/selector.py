@@ -61,6 +61,8 @@ FULL_COVERAGE = 0.999
 #: Rows of one model source listed in one answer, at most (``_rows_alike``), and how much less
 #: close to the question than the best row's sentence another row's may be.
 MAX_ROWS_LISTED = 5
+#: A bulleted list asked for by its heading is quoted whole up to this many lines.
+MAX_LIST_ITEMS = 12
 ROW_SIMILARITY_MARGIN = 0.1
 #: ... and how close in meaning to the best row's sentence another row's must be.
 ROW_LIKENESS = 0.7
@@ -621,6 +623,22 @@ def _other_case(first: Sentence, then: Sentence, v: Vocabulary) -> bool:
     return bool(v.case_openers) and all(next(iter(words(s.text)), "") in v.case_openers for s in (first, then))
 
 
+def _whole_list(item: Choice, in_passage: list[Choice]) -> list[Choice]:
+    """The bulleted list ``item`` stands in, from its first line to its last (at most
+    ``MAX_LIST_ITEMS``), of the passage's choices in order: what a heading alone asked for
+    ("What ingredients do I need?" over "Ingredients") is the whole list, not its closest line
+    (a recipe site's trial was given 2 of 6 ingredients)."""
+    run: list[Choice] = []
+    for c in in_passage:
+        if not c.sentence.item or (run and c.sentence.position != run[-1].sentence.position + 1):
+            if any(r is item for r in run):
+                break
+            run = []
+        if c.sentence.item:
+            run.append(c)
+    return run[:MAX_LIST_ITEMS] if any(r is item for r in run[:MAX_LIST_ITEMS]) else [item]
+
+
 def _labelled(parts: list[Choice]) -> list[Choice]:
     """One of several rows of the asker's quoted, what its title names said before it when its
     sentences do not ("Heron Suite \N{EM DASH} Your booking reference is HH-2041"): three
@@ -945,8 +963,12 @@ class AnswerSelector:
 
     @staticmethod
     def cited(picked: list[Choice]) -> str:
-        return " ".join(cite(f"{c.label} \N{EM DASH} {c.sentence.text}" if c.label else c.sentence.text, c.passage.index)
-                        for c in picked)
+        """The picked sentences with their citations; lines of a list as a list, one a line."""
+        said = [cite(f"{c.label} \N{EM DASH} {c.sentence.text}" if c.label else c.sentence.text, c.passage.index)
+                for c in picked]
+        if len(picked) > 1 and all(c.sentence.item and not c.label for c in picked):
+            return "\n".join(f"- {line}" for line in said)
+        return " ".join(said)
 
     def describe(self, need: Need, eligible: list[tuple[Passage, Sentence]]) -> list[Choice]:
         """No attribute asked ("Tell me about the Aurora X2"): the subject's description, which
@@ -1178,10 +1200,12 @@ class AnswerSelector:
         v = self.vocabulary
         best = self._passage_first(best, choices, need)
         stated = {k for k in need.own if v.covers(k, best.sentence.stems)}
+        in_passage = sorted((c for c in choices if c.passage is best.passage), key=lambda c: c.sentence.position)
         if not stated:  # stated only by the heading ("Pricing" over "$449"): continue on numbers
             stated = {k for k in need.own if v.covers(k, best.passage.heading_stems)}
+            if stated and best.sentence.item:  # "What ingredients...?" over "Ingredients": the list
+                return _whole_list(best, in_passage)
         picked = [best]
-        in_passage = sorted((c for c in choices if c.passage is best.passage), key=lambda c: c.sentence.position)
         before = [c for c in in_passage if c.sentence.position == best.sentence.position - 1]
         if before and before[0].coverage >= max(self.min_coverage, best.coverage - PRECEDING_MARGIN) and (
                 not need.must_amount or before[0].sentence.has_currency):

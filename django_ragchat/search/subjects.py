@@ -85,7 +85,7 @@ def leading_name(title: str) -> str:
     return title[:tokens[end - 1].end()]
 
 
-def _written_as_name(heading: str) -> bool:
+def written_as_name(heading: str) -> bool:
     """Every word capitalised (or a code such as "X2"), at least two words: "Basic Plan"."""
     tokens = _NAME_WORD_RE.findall(heading)
     content = [t for t in tokens if normalize(t) not in STOPWORDS]
@@ -125,19 +125,26 @@ def kind_of(name: str, text: str, language: Language | None = None) -> str:
 
 
 def _by_part_words(subjects: list[Subject]) -> dict[str, list[tuple[Subject, tuple[str, ...]]]]:
-    """"root canal" names Root canal treatment, "lentil soup" the Red Lentil Soup: a name of three
-    words or more by all its words but the last, or but the first, written in a row, when no
-    other name holds them so or is them (a recipe site's trial: "How many people does the lentil
-    soup serve?" was read as about the curry asked of before). Keyed by the part's first word."""
+    """"root canal" names Root canal treatment, "lentil soup" the Red Lentil Soup, "chickpea
+    curry" the Chickpea and Spinach Curry: a name of three words or more by all its words but the
+    last, or but the first, or by its first and last words, written in a row, when no other name
+    holds them so or is them (a recipe site's trials: "How many people does the lentil soup
+    serve?" was read as about the curry asked of before). Keyed by the part's first word."""
     parts: dict[tuple[str, ...], list[Subject]] = {}
+    ends: set[tuple[str, ...]] = set()
     for subject in subjects:
         for n in range(2, len(subject.tokens)):
             parts.setdefault(subject.tokens[:n], []).append(subject)
             parts.setdefault(subject.tokens[-n:], []).append(subject)
+        if len(subject.tokens) >= 3:
+            end = (subject.tokens[0], subject.tokens[-1])
+            ends.add(end)
+            parts.setdefault(end, []).append(subject)
     whole = {subject.tokens for subject in subjects}
     found: dict[str, list[tuple[Subject, tuple[str, ...]]]] = {}
     for part, named in parts.items():
-        if len(set(named)) == 1 and part not in whole and len(part) == len(named[0].tokens) - 1:
+        if len(set(named)) == 1 and part not in whole and (
+                len(part) == len(named[0].tokens) - 1 or part in ends):
             found.setdefault(part[0], []).append((named[0], part))
     return found
 
@@ -283,7 +290,7 @@ class SubjectIndex:
         candidates = {}
         for name, documents in headings.items():
             tokens = name_tokens(name)
-            if tokens and tokens not in named and len(documents) == 1 and _written_as_name(name):
+            if tokens and tokens not in named and len(documents) == 1 and written_as_name(name):
                 candidates[name] = next(iter(documents))
         confirmed = set(candidates) if named_in_text is None else named_in_text(candidates)
         for name, document_id in candidates.items():
@@ -343,7 +350,7 @@ class SubjectIndex:
     def _named_by_part(self, found: dict[Subject, int], matches: list[re.Match], keys: list[str],
                        positions: dict[str, list[int]]) -> None:
         """Add to ``found`` the subjects named by a part of their name that only they have: the
-        words without the number, all but its last or first word, the model code."""
+        words without the number, all but its last or first word, its first and last, the model code."""
         for subject in dict.fromkeys(s for key in positions for s in self._by_token.get(key, ()) if s in self._without_number):
             words_only = self._without_number[subject]
             if subject not in found and all(t in positions for t in words_only) and all(
@@ -351,7 +358,7 @@ class SubjectIndex:
                 found[subject] = min(positions[t][0] for t in words_only)
         for key in positions:
             # "a root canal" names Root canal treatment, "the lentil soup" the Red Lentil Soup:
-            # all but the last or the first word of one name alone.
+            # all but the last or the first word of one name alone, or its first and last.
             for subject, part in self._part_words.get(key, ()):
                 if subject not in found and self._in_a_row(part, keys, positions):
                     found[subject] = positions[key][0]
