@@ -122,6 +122,17 @@ def test_refusals_are_http_statuses_with_the_error_event_as_body(server, product
             assert (response.status_code, response.json()["code"]) == (status, code), body[:40]
             if body in (b'{"text": "hi"}', b"{}"):  # the same words as the REST API and the websocket
                 assert response.json()["message"] == "The message (content) is required and must be a string."
+        # No body at all: the REST API's code and words (a council site's trial saw "The body is
+        # not valid JSON (Expecting value...)" here and "The request has no body" there).
+        for headers in ({"Content-Type": "application/json"}, {}):
+            response = client.post(url, content=b"", headers={**sse_headers(caller), **headers})
+            refusal = response.json()
+            assert (response.status_code, refusal["type"], refusal["code"], refusal["message"]) == (
+                400, "error", "parse_error", "The request has no body: send a JSON object."), refusal
+            rest = client.post(f"{server.url}/api/ragchat/conversations/{conversation.pk}/messages/", content=b"",
+                               headers={"X-CSRFToken": caller.csrftoken, **headers})
+            assert (rest.status_code, rest.json()["code"], rest.json()["detail"]) == (
+                400, "parse_error", "The request has no body: send a JSON object."), rest.text
         # Session authentication: without the CSRF token the request is refused
         # (test_a_csrf_failure_is_the_json_error_event).
         assert client.post(url, json={"content": QUESTION}).status_code == 403

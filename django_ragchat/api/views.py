@@ -43,7 +43,7 @@ from django_ragchat.models import Conversation, Document, Feedback, Message, Mes
 from django_ragchat.plugins import PIPELINE_ORDER, get_registry, plugin_listing, profile_listing, tool_listing
 from django_ragchat.transport import jsonbody
 from django_ragchat.transport import turns as transport
-from django_ragchat.transport.jsonbody import UNREAD_MEDIA_TYPE, JSONBodyNegotiation, LimitedJSONParser
+from django_ragchat.transport.jsonbody import UNREAD_MEDIA_TYPE, JSONBodyNegotiation, JSONRefused, LimitedJSONParser
 from django_ragchat.turn import limits, persistence
 from django_ragchat.turn.confirmations import DecisionRefused, decide_tool_call, parse_invocation_id
 from django_ragchat.turn.pipeline import built_profile, run_turn_sync
@@ -181,7 +181,7 @@ class RagchatAPIView(APIView):
         if method in ("post", "put", "patch") and served and self.body_required and not has_body(request):
             # No body is not an empty change: a client that lost its body must not create or
             # edit anything with the defaults (the same code as a body that is not JSON).
-            raise APIError(400, "parse_error", "The request has no body: send a JSON object.")
+            raise APIError(400, JSONRefused.code, jsonbody.NO_BODY)
         if method in ("post", "put", "patch") and served:
             request.data  # noqa: B018 - read now: a body no parser reads is 415 (after the checks above)
             unread = getattr(request, UNREAD_MEDIA_TYPE, None)

@@ -53,6 +53,11 @@ class JSONRefused(ValueError):
     code = "parse_error"
 
 
+#: A write with no body at all: the same code as a body that is not JSON, in its own words, on
+#: the REST API and the server-sent events endpoint alike.
+NO_BODY = "The request has no body: send a JSON object."
+
+
 class TooManyFields(JSONRefused):
     """More keys than ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` (code ``too_many_fields``)."""
 

@@ -91,6 +91,8 @@ def _read_content(request) -> tuple[Any, str, Any]:
     except RequestDataTooBig:  # over DATA_UPLOAD_MAX_MEMORY_SIZE, as the REST API refuses it
         jsonbody.drain_refused_body(request)
         raise too_large from None
+    if not body:  # as the REST API words it, before the media type (a bodiless request has none)
+        raise TurnRefused(jsonbody.JSONRefused.code, jsonbody.NO_BODY, 400)
     try:
         jsonbody.check_media_type(request.content_type)
     except jsonbody.UnsupportedMediaType as exc:
