@@ -118,10 +118,11 @@ def test_a_stop_asked_in_another_process_reaches_an_answer_being_written_at_its_
     assert stopped["content"].startswith("word0 word1") and "word499" not in stopped["content"]
     # The stage it was stopped in keeps its time: the trace's stages add up to most of its total,
     # the rest being the work between stages and the save (a new user's trial: a stopped answer's
-    # trace had no llm time, the rows summing to a sliver of it).
+    # trace had no llm time, the rows summing to a sliver of it). Over half, not a tighter share:
+    # with four CI runs on two cores the work between stages took a quarter of it (435 of 591 ms).
     timings = TurnTrace.objects.get(message_id=stopped["id"]).data["timings"]
     stages = sum(ms for stage, ms in timings.items() if stage != "total")
-    assert timings["llm"] > 100 and stages > 0.75 * timings["total"], timings
+    assert timings["llm"] > 100 and stages > 0.5 * timings["total"], timings
 
 
 def test_a_websocket_cancel_stops_an_answer_another_transport_writes(use_tools, openai_server, user):
