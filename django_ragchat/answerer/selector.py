@@ -628,15 +628,17 @@ def _whole_list(item: Choice, in_passage: list[Choice]) -> list[Choice]:
     ``MAX_LIST_ITEMS``), of the passage's choices in order: what a heading alone asked for
     ("What ingredients do I need?" over "Ingredients") is the whole list, not its closest line
     (a recipe site's trial was given 2 of 6 ingredients)."""
-    run: list[Choice] = []
-    for c in in_passage:
-        if not c.sentence.item or (run and c.sentence.position != run[-1].sentence.position + 1):
-            if any(r is item for r in run):
-                break
-            run = []
-        if c.sentence.item:
-            run.append(c)
-    return run[:MAX_LIST_ITEMS] if any(r is item for r in run[:MAX_LIST_ITEMS]) else [item]
+    lines = {c.sentence.position: c for c in in_passage if c.sentence.item}
+    first = item.sentence.position
+    while first - 1 in lines:
+        first -= 1
+    if item.sentence.position - first >= MAX_LIST_ITEMS:
+        return [item]
+    run = []
+    while first in lines and len(run) < MAX_LIST_ITEMS:
+        run.append(lines[first])
+        first += 1
+    return run
 
 
 def _labelled(parts: list[Choice]) -> list[Choice]:
