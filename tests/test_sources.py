@@ -532,10 +532,13 @@ def test_a_cookbooks_recipes_are_named_by_their_ends_and_their_lists_quoted_whol
     the first and last words of "Chickpea and Spinach Curry", named no recipe; the answerer read
     the title as a "Spinach Curry"); "How much feta goes in the Greek salad?" was declined as about
     a "green salad" ("Greek", a word of the title alone, was read as a slip for "green"); "What
-    ingredients do I need...?" quoted 2 of the 6 ingredients."""
+    ingredients do I need...?" quoted 2 of the 6 ingredients. The curry's own lines use
+    "chickpeas" and "curry" ("curry paste"): its name's first and last words side by side name
+    it, where no single word of them does."""
     ragchat_settings_override(PLUGINS=["tests.bookings_plugin"], PROFILES={"default": {}})
     for title, ingredients, serves in (
-            ("Chickpea and Spinach Curry", "2 tins chickpeas, drained\n- 200 g fresh spinach\n- 1 onion, diced", 4),
+            ("Chickpea and Spinach Curry", "2 tins chickpeas, drained\n- 200 g fresh spinach\n- 1 onion, diced\n"
+                                           "- 2 tbsp curry paste", 4),
             ("Lemon Drizzle Cake", "225 g butter, softened\n- 225 g caster sugar\n- 4 eggs\n- 275 g self-raising "
                                    "flour\n- 2 lemons, zested\n- 85 g granulated sugar for the drizzle", 10),
             ("Greek Salad", "4 ripe tomatoes, cut into wedges\n- 1 green pepper, sliced\n- 200 g block of feta "

@@ -3,6 +3,7 @@ groups of the words that ask), read through the profile's ``Vocabulary``."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -277,29 +278,35 @@ class _Entities:
         known = {e for e in known if not all(t in vocabulary.calendar or stem(t) in vocabulary.calendar for t in e)}
         return cls(frozenset(known), vocabulary, frozenset().union(*(s.loose for p in passages for s in p.sentences)))
 
-    def named(self, query_words: set[str], type_words: bool = True, partial: bool = True) -> set[Entity]:
+    def named(self, query_words: set[str], type_words: bool = True, partial: bool = True,
+              pairs: frozenset[tuple[str, str]] = frozenset()) -> set[Entity]:
         """The entities ``query_words`` name. "Zephyr" alone names the Zephyr Buds; a full name
         ("Nimbus Pen") beats a shared word. Without ``type_words`` the shared word must be the
         name's first word or a model code: "the pen" is not the Nimbus Pen when the conversation
         is about the Nimbus Tab. Without ``partial``, only full names: "order" in "order ORD-18"
-        names neither Order ORD-17 nor Order ORD-19."""
+        names neither Order ORD-17 nor Order ORD-19. ``pairs``, the words the question writes
+        side by side, name a longer name by its ends ("chickpea curry")."""
         query_words = query_words | {stem(w) for w in query_words}  # "my Zephyrs"
         light = self.vocabulary.stopwords | self.vocabulary.generic
         full = {e for e in self.known if set(e) <= query_words}
         shared = query_words - light - {w for w in query_words if w in self.common or stem(w) in self.common}
         partial = {e for e in self.known if any(
             type_words or w == e[0] or any(c.isdigit() for c in w)
-            for w in set(e) & shared) or _all_but_an_end(e, query_words)} if not full and partial else set()
+            for w in set(e) & shared) or _all_but_an_end(e, query_words, pairs)} if not full and partial else set()
         # "Zappa" also means the "Frank Zappa" a heading names: add the longer names containing it.
         return (full or partial) | {e for e in self.known if any(set(f) < set(e) for f in full)}
 
 
-def _all_but_an_end(entity: Entity, query_words: set[str]) -> bool:
+def _all_but_an_end(entity: Entity, query_words: set[str], pairs: frozenset[tuple[str, str]] = frozenset()) -> bool:
     """"lentil soup" of the Red Lentil Soup, "root canal" of Root canal treatment: a name of three
     words or more of which the question holds all the words but the first or all but the last
     (the subject index, ``search.subjects``, names it so when they are written in a row), so the
-    name the transformer carried in for it is no reason to doubt that the user named it."""
-    return len(entity) >= 3 and (set(entity[1:]) <= query_words or set(entity[:-1]) <= query_words)
+    name the transformer carried in for it is no reason to doubt that the user named it. Or its
+    first and last words side by side (``pairs``): "the chickpea curry" of the Chickpea and
+    Spinach Curry, whose words the recipe's lines use too ("2 tins chickpeas", "curry paste"),
+    but not "care home ... service" of the Home Library Service."""
+    return len(entity) >= 3 and (set(entity[1:]) <= query_words or set(entity[:-1]) <= query_words
+                                 or (entity[0], entity[-1]) in pairs)
 
 
 def _subject_by_kind(question: str, passages: list[Passage], vocabulary: Vocabulary) -> set[Entity]:
@@ -433,7 +440,8 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
         question, search_query = question.replace(display, " "), search_query.replace(display, " ")
         asked = asked.replace(display, " ") if asked is not None else None
     own_words = set(words(question))
-    everything = entities.named(own_words | set(words(search_query)))
+    pairs = frozenset(pair for text in (question, search_query) for pair in itertools.pairwise(words(text)))
+    everything = entities.named(own_words | set(words(search_query)), pairs=pairs)
     # The user's own words name the subject when they name one: in "And the Aurora X2?" after
     # the Nimbus Tab, the transformer's inherited "Nimbus Tab" is context, not the subject.
     inherited = {e for e in entities.known if set(e) <= set(words(search_query))}
@@ -442,7 +450,9 @@ def _find_subjects(need: Need, question: str, search_query: str, asked: str | No
     asking = " ".join(asked_clauses(question, v)) if asked is None else asked
     asking_words = set(words(asking))
     in_asking = {e for e in entities.known if set(e) <= asking_words | {stem(w) for w in asking_words}}
-    need.subjects = in_asking or entities.named(own_words, type_words=not inherited, partial=not foreign)
+    own_pairs = frozenset(itertools.pairwise(words(question)))
+    need.subjects = in_asking or entities.named(own_words, type_words=not inherited, partial=not foreign,
+                                                pairs=own_pairs)
     if not need.subjects and not foreign:
         need.subjects, need.subjects_carried = everything, bool(everything)
     # "And the pen?" in a conversation about the Nimbus Tab: the Nimbus Pen its sentences name.
