@@ -325,3 +325,23 @@ def test_options_on_the_api_documentation_pages(client, path):
     """``OPTIONS /api/ragchat/docs/`` was a 500 (DRF's metadata, rendered with a page's renderer)."""
     response = client.options(f"/api/ragchat/{path}")
     assert response.status_code == 200 and "GET" in response["Allow"]
+
+
+def test_a_missing_csrf_token_is_csrf_failed_in_the_same_words_on_every_transport(user):
+    """A council site's trial: the REST API answered a session write without its CSRF token 403
+    ``permission_denied`` ("CSRF Failed: ...", DRF's words) where the server-sent events and
+    OpenAI-compatible endpoints said ``csrf_failed``: one cause, two codes."""
+    from django.test import Client
+
+    conversation = Conversation.objects.create(owner=user)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    answers = {}
+    for url in (f"/chat/conversations/{conversation.pk}/stream/", "/chat/stream/",
+                f"/api/ragchat/conversations/{conversation.pk}/messages/", "/api/ragchat/conversations/"):
+        response = client.post(url, data='{"content": "Hi"}', content_type="application/json")
+        body = json.loads(response.content)
+        answers[url] = (response.status_code, body["code"], body.get("detail") or body.get("message"))
+    assert {answer[:2] for answer in answers.values()} == {(403, "csrf_failed")}, answers
+    assert len({answer[2] for answer in answers.values()}) == 1, answers
+    assert not Message.objects.exists() and Conversation.objects.count() == 1

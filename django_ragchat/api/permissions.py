@@ -58,11 +58,16 @@ def reader(request) -> Principals:
     return cached
 
 
+#: How DRF's ``SessionAuthentication.enforce_csrf`` words its refusal, before the reason.
+CSRF_FAILED = "CSRF Failed: "
+
+
 def enforce_csrf(request) -> None:
-    """The check DRF's ``SessionAuthentication`` makes, for anonymous session callers."""
+    """The check DRF's ``SessionAuthentication`` makes, for anonymous session callers; refused
+    in its words, which the API's exception handler answers as ``csrf_failed``."""
     reason = csrf.failure(request)
     if reason:
-        raise exceptions.PermissionDenied(f"CSRF Failed: {reason}")
+        raise exceptions.PermissionDenied(CSRF_FAILED + reason)
 
 
 class CanChat(permissions.BasePermission):

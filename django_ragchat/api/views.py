@@ -41,7 +41,7 @@ from django_ragchat.ingestion.loaders import DocumentLoadError, content_type_for
 from django_ragchat.ingestion.pipeline import CREATED, ingest_text
 from django_ragchat.models import Conversation, Document, Feedback, Message, MessageSource, ToolInvocation
 from django_ragchat.plugins import PIPELINE_ORDER, get_registry, plugin_listing, profile_listing, tool_listing
-from django_ragchat.transport import jsonbody
+from django_ragchat.transport import csrf, jsonbody
 from django_ragchat.transport import turns as transport
 from django_ragchat.transport.jsonbody import UNREAD_MEDIA_TYPE, JSONBodyNegotiation, JSONRefused, LimitedJSONParser
 from django_ragchat.turn import limits, persistence
@@ -76,6 +76,10 @@ def api_exception_handler(exc, context):
         exc = exceptions.NotFound()  # one body for every 404, naming no model
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
+    elif isinstance(exc, exceptions.PermissionDenied) and str(exc.detail).startswith(access.CSRF_FAILED):
+        # DRF's SessionAuthentication says only "CSRF Failed: <reason>", as a plain 403: the
+        # streaming transports' code and words for the same cause.
+        exc = APIError(403, csrf.CODE, csrf.message(str(exc.detail).removeprefix(access.CSRF_FAILED)))
     elif isinstance(exc, RequestDataTooBig):
         # Django refuses bodies over DATA_UPLOAD_MAX_MEMORY_SIZE before they are parsed.
         request = context.get("request")
