@@ -347,8 +347,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return {}, None, (exc.code, str(exc))
         except jsonbody.JSONRefused:
             return {}, None, ("parse_error", "The frame is not valid JSON.")
-        if not isinstance(frame, dict):
-            return {}, None, ("invalid_frame", 'A frame is a JSON object with a "type".')
+        if not isinstance(frame, dict):  # the code REST and server-sent events give a body that is no object
+            return {}, None, ("invalid_type", 'The frame must be a JSON object with a "type".')
         client_id = frame.get("client_id")
         try:
             transport.check_client_id(client_id)  # it is stored (the idempotency key): no NUL either
