@@ -1420,3 +1420,29 @@ def test_a_citation_goes_before_the_stop_without_the_space_a_page_left_before_it
     assert cite("It costs £5 .", 1) == "It costs £5 [1]."
     assert cite("Is it open?", 2) == "Is it open [2]?"
     assert cite("No stop", 3) == "No stop [3]"
+
+
+# --- A figure the user states, in a span a sentence states (an HR intranet's trial) ------------
+
+GIFTS_POLICY = """# Code of conduct
+
+## Gifts and hospitality
+
+You may accept small gifts from suppliers, depending on their value. Cash or vouchers must never
+be accepted, whatever their value.
+
+| Value of gift | What to do |
+| --- | --- |
+| Under £50 | Accept, no need to record |
+| £50 to £150 | Record in the gifts register within 7 days |
+| Over £150 | Decline, unless a director approves in writing |
+"""
+
+
+def test_a_figure_the_user_states_is_stated_by_a_span_that_holds_it(db):
+    """"A gift worth £100" was answered "Cash or vouchers must never be accepted": no sentence
+    wrote "100", so the row "£50 to £150: record it in the gifts register" stated less of the
+    question than the sentence on a gift's value."""
+    ingest_pages({"code-of-conduct.md": GIFTS_POLICY})
+    answer = ask("What should I do with a gift worth £100?")
+    assert "gifts register" in answer and "Cash or vouchers" not in answer, answer

@@ -250,6 +250,32 @@ def _qualifies_a_fault(key: str, sentence: Sentence, asked: set[str], vocabulary
     return bool(places)
 
 
+def _figure(text: str | None) -> float | None:
+    try:
+        return float(text.replace(",", "")) if text else None
+    except ValueError:
+        return None
+
+
+def _in_a_stated_span(word: str, asked_text: str, text: str, spans: re.Pattern) -> bool:
+    """Whether the amount ``word`` (an asked word: "100" of "a gift worth £100") falls in a span
+    of amounts ``text`` states ("£50 to £150", "under £50", "over £150": the language's
+    ``number_range``). Amounts of money only: "3.5mm" is not stated by "up to 45 W"."""
+    asked = _figure(word)
+    if asked is None or not re.search(rf"[$€£¥]\s?{re.escape(word)}(?![\d,.]*\d)", asked_text):
+        return False
+    for found in spans.finditer(text):
+        if not _AMOUNT_RE.search(found.group(0)):
+            continue
+        span = {name: _figure(value) for name, value in found.groupdict().items()}
+        if (span["low"] is not None and span["high"] is not None and span["low"] < span["high"]
+                and span["low"] <= asked <= span["high"] or span["below"] is not None and asked < span["below"]
+                or span["upto"] is not None and asked <= span["upto"]
+                or span["above"] is not None and asked > span["above"]):
+            return True
+    return False
+
+
 def names_subject(sentence: Sentence, subjects: set[Entity]) -> bool:
     """Whether ``sentence`` has every word of one of ``subjects`` (as a run or not)."""
     return any(all(stem(t) in sentence.stems for t in subject) for subject in subjects if subject)
@@ -402,6 +428,7 @@ class _Scoring:
         self.number = v.pattern("number")
         self.duration = v.language.patterns.get("duration")  # optional: a language may have none
         self.days_said = v.language.patterns.get("days_said")  # optional too
+        self.number_range = v.language.patterns.get("number_range")  # optional too
         self.initialisms = {k for k in need.own if "=" not in k and _initialism(
             word_of(k), span_of(need.asked, [k]) or need.labels.get(k, ""), need.asked)}
         # Which days a sentence names answers a day asked only when no sentence states that day
@@ -558,6 +585,8 @@ class _Scoring:
             return 1.0  # "What time is my session?": "... on Tuesday 8 December at 10:00"
         if evidence or not s.has_number:
             return evidence
+        if self.number_range is not None and _in_a_stated_span(word_of(key), self.need.asked, s.text, self.number_range):
+            return 1.0  # "a gift worth £100": "£50 to £150: record it in the gifts register"
         if _coded(word_of(key), s.stems):
             return 1.0  # "IP rating": "rated IPX4" writes the IP rating as its code
         if key.startswith("~") and self.duration and "duration" in labels(key) and self.duration.search(s.text):
