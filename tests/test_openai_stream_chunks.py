@@ -207,6 +207,86 @@ def test_a_chunk_s_json_is_read_as_json_loads_reads_it(text):
         assert type(got) is type(expected)
 
 
+def _chunk_text(delta: dict, **fields) -> str:
+    return json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                       "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}], **fields})
+
+
+_SAME = _chunk_text({"content": "x"})
+_AROUND = _SAME.partition('"x"')
+
+
+@pytest.mark.parametrize("stream", [
+    # the usual stream: a role chunk, text chunks, the finish chunk
+    [_chunk_text({"role": "assistant", "content": ""}), _chunk_text({"content": "a"}),
+     _chunk_text({"content": 'caf\u00e9 "q" \\ \n \ud83d\ude00 "content": "no"'}), _chunk_text({"content": ""}),
+     _chunk_text({}, finish_reason="stop"), _chunk_text({"content": "b"})],
+    # what is around the string differs, or the string is no one JSON string
+    [_SAME, _chunk_text({"content": "y"}, usage=None), _chunk_text({"content": None}), _chunk_text({"content": 3}),
+     _AROUND[0] + '"a" "b"' + _AROUND[2], _AROUND[0] + '"a\\"' + _AROUND[2], _AROUND[0] + '"a\\q"' + _AROUND[2],
+     _AROUND[0] + '"a\x01"' + _AROUND[2], _AROUND[0] + '"a' + _AROUND[2], _AROUND[0] + '""' + _AROUND[2],
+     _AROUND[0] + '"\\ud800"' + _AROUND[2], _AROUND[0] + '"a", "content": "b"' + _AROUND[2],
+     _SAME + " ", " " + _SAME, _SAME + "x", _SAME[:-1], _SAME.replace('"x"', '"a\"b"'), _SAME],
+    # a content key elsewhere, duplicated keys, other values that are no scalars, spaces around the colon
+    ['{"choices": [{"delta": {"content": "a", "content": "b"}}]}', '{"choices": [{"delta": {"content": "a", "content": "c"}}]}',
+     '{"choices": [{"delta": {"content": "a"}}], "content": "z"}', '{"choices": [{"delta": {"content": "q"}}], "content": "z"}',
+     '{"choices": [{"delta": {"content": "a"}}], "content": "a"}', '{"choices": [{"delta": {"content": "a"}}], "content": "b"}',
+     '{"choices": [{"delta": {"content" :  "a"}}]}', '{"choices": [{"delta": {"content" :  "b"}}]}',
+     '{"choices": [{"delta": {"content": "a"}, "logprobs": {"p": 1}}]}', '{"choices": [{"delta": {"content": "b"}, "logprobs": {"p": 1}}]}',
+     '{"choices": [{"delta": {"content": "a"}}, {"delta": {"content": "a"}}]}', '{"n": NaN, "choices": [{"delta": {"content": "a"}}]}',
+     '{"n": NaN, "choices": [{"delta": {"content": "b"}}]}', '{"choices": [{"delta": {"content": "a"}}], "n": 1.5e3}',
+     '{"choices": [{"delta": {"content": "b"}}], "n": 1.5e3}'],
+])
+def test_text_chunks_are_read_as_json_loads_reads_them(stream):
+    """A stream's chunks read by ``_TextChunks`` (which reads a text chunk's string alone once it
+    kept what is around it) are what ``json.loads`` reads, or refuses with the same error, in
+    any order; each a chunk of its own (no dict or list shared with another)."""
+    from django_ragchat.backends.openai import _TextChunks
+
+    for order in (stream, stream[::-1], stream + stream):
+        reader, seen, alive = _TextChunks(), set(), []  # alive: so that their ids are not reused
+        for text in order:
+            try:
+                expected = json.loads(text)
+            except json.JSONDecodeError as exc:
+                with pytest.raises(json.JSONDecodeError) as raised:
+                    reader.read(text)
+                assert (raised.value.msg, raised.value.pos) == (exc.msg, exc.pos)
+                continue
+            got = reader.read(text)
+            assert json.dumps(got) == json.dumps(expected), text  # NaN, key order and types too
+            if isinstance(got, dict) and isinstance(got.get("choices"), list):
+                objects = [o for o in (got, got["choices"], *got["choices"], *(c.get("delta") for c in got["choices"]))
+                           if isinstance(o, dict | list)]
+                assert not seen & {id(o) for o in objects}
+                seen |= {id(o) for o in objects}
+                alive.append(objects)
+        assert reader.learnt <= reader.learn_limit
+
+
+def test_text_chunks_read_the_usual_stream_by_its_string():
+    """The usual stream's text chunks are read by their string alone (the kept text around it),
+    and a stream whose chunks differ elsewhere stops looking after a few kept shapes."""
+    from django_ragchat.backends import openai as backend
+
+    reader = backend._TextChunks()
+    for text in [_chunk_text({"role": "assistant", "content": ""})] + [_chunk_text({"content": f"w{i} "}) for i in range(5)]:
+        reader.read(text)
+    assert reader.learnt == 2 and reader.prefix.endswith('"delta": {"content": "')
+    real = backend._json_value
+    calls = []
+    backend._json_value = lambda data: calls.append(data) or real(data)
+    try:
+        assert reader.read(_chunk_text({"content": "z"}))["choices"][0]["delta"] == {"content": "z"}
+        assert calls == []
+        varying = backend._TextChunks()
+        for i in range(10):
+            varying.read(_chunk_text({"content": "w"}, obfuscation="x" * i))
+        assert varying.learnt == varying.learn_limit and len(calls) == 10
+    finally:
+        backend._json_value = real
+
+
 @contextlib.contextmanager
 def raw_server(headers: dict, body: bytes, stall: float = 0.0):
     """A server answering every POST with ``headers`` and ``body``, then ``stall`` seconds of

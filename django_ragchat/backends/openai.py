@@ -620,6 +620,115 @@ def _json_value(data: str) -> Any:
     return value if end == len(data) else json.loads(data)
 
 
+_scan_string = json.decoder.scanstring  # json.loads' reader of a string (strict, as json.loads)
+_SCALARS = (str, int, float, bool, type(None))
+
+
+class _TextChunks:
+    """Reads a stream's chunks as ``_json_value`` does, the usual text chunk at a fraction of
+    its cost. A model's text chunks differ only by their text: ``{"id": ..., "choices":
+    [{"index": 0, "delta": {"content": "word"}, ...}]}`` with the same bytes around it each
+    time. Once a chunk of that shape was read (a single choice whose delta has a ``content``
+    string, every other value a string, number, boolean or null), the text before and after its
+    ``content`` string is kept; a later chunk with exactly that text around one JSON string is
+    that chunk with another ``content``, so only the string is read (``json``'s own string
+    reader, which reads or refuses it as ``json.loads`` does) and the chunk built from the kept
+    one (new dicts and list each time, as ``json.loads`` makes). Any other text is read by
+    ``_json_value``. Where the string is in the text is checked once, by reading the chunk again
+    with another text there (``json.loads``): it must change that ``content`` and nothing else.
+    A stream whose chunks differ elsewhere too (a per-chunk random field) stops looking after
+    ``learn_limit`` kept shapes."""
+
+    learn_limit = 4
+
+    def __init__(self) -> None:
+        self.prefix: str | None = None  # the kept text up to the content string's opening quote
+        self.suffix = ""  # the kept text after its closing quote
+        self.chunk: dict = {}
+        self.choice: dict = {}
+        self.delta: dict = {}
+        self.learnt = 0
+
+    def read(self, data: str) -> Any:
+        prefix = self.prefix
+        if prefix is not None and data.startswith(prefix) and data.endswith(self.suffix):
+            try:
+                text, end = _scan_string(data, len(prefix))
+            except ValueError:  # not one valid string there: read whole (and refused as json.loads does)
+                end = -1
+            if end == len(data) - len(self.suffix):  # written out: once per token
+                delta = self.delta.copy()
+                delta["content"] = text
+                choice = self.choice.copy()
+                choice["delta"] = delta
+                chunk = self.chunk.copy()
+                chunk["choices"] = [choice]
+                return chunk
+        decoded = _json_value(data)
+        if self.learnt < self.learn_limit:
+            self._learn(data, decoded)
+        return decoded
+
+    @staticmethod
+    def _with(text: str, chunk: dict, choice: dict, delta: dict) -> dict:
+        """A chunk as ``read`` builds it from the kept ``chunk``, ``choice`` and ``delta``."""
+        delta = {**delta, "content": text}
+        return {**chunk, "choices": [{**choice, "delta": delta}]}
+
+    def _learn(self, data: str, decoded: Any) -> None:
+        parts = _text_chunk_parts(decoded)
+        span = _content_span(data) if parts is not None else None
+        if span is None:
+            return
+        (start, end), (chunk, choice, delta) = span, parts
+        try:
+            if _scan_string(data, start) != (delta["content"], end):
+                return
+            # The same text with another string there: only this chunk's content may change.
+            other = delta["content"] + "~"
+            if json.loads(data[:start] + json.dumps(other)[1:] + data[end:]) != self._with(other, *parts):
+                return
+        except ValueError:
+            return
+        self.prefix, self.suffix = data[:start], data[end:]
+        self.chunk, self.choice, self.delta = dict(chunk), dict(choice), dict(delta)
+        self.learnt += 1
+
+
+def _text_chunk_parts(decoded: Any) -> tuple[dict, dict, dict] | None:
+    """(the chunk, its choice, the choice's delta) of a chunk whose one choice's delta has a
+    ``content`` string, every other value in them a string, number, boolean or null; else ``None``."""
+    choices = decoded.get("choices") if isinstance(decoded, dict) else None
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    delta = choice.get("delta")
+    if not isinstance(delta, dict) or not isinstance(delta.get("content"), str):
+        return None
+    for values, skip in ((decoded, "choices"), (choice, "delta"), (delta, "content")):
+        if not all(isinstance(value, _SCALARS) for key, value in values.items() if key != skip):
+            return None
+    return decoded, choice, delta
+
+
+def _content_span(data: str) -> tuple[int, int] | None:
+    """Where the string after the last ``"content":`` key of ``data`` is: (the position after its
+    opening quote, the position after its closing quote); ``None`` when there is none."""
+    position = data.rfind('"content"') + len('"content"')
+    if position < len('"content"'):
+        return None
+    for expected in (":", '"'):
+        while data[position:position + 1] in (" ", "\t", "\n", "\r"):
+            position += 1
+        if data[position:position + 1] != expected:
+            return None
+        position += 1
+    try:
+        return position, _scan_string(data, position)[1]
+    except ValueError:
+        return None
+
+
 class ChunkLists(openai.AsyncStream[object]):
     """A chat completions stream read a list of chunks (their decoded JSON) at a time: every
     event the model's socket brought since the list before (one when the model writes slower
@@ -635,12 +744,13 @@ class ChunkLists(openai.AsyncStream[object]):
     async def __stream__(self) -> AsyncIterator[list]:  # type: ignore[override]
         response = self.response
         events = _Events()
+        texts = _TextChunks()
         reader = _Reader(_body_pieces(response))
         try:
             while True:
                 pieces, end = await reader.take()
                 if pieces:
-                    chunks, done, error = self._chunks(events.feed(pieces))
+                    chunks, done, error = self._chunks(events.feed(pieces), texts)
                     if chunks:
                         if reader.eager and _has_words(chunks):
                             reader.eager = False  # from now on, what comes meanwhile is read as one list
@@ -665,22 +775,24 @@ class ChunkLists(openai.AsyncStream[object]):
             await reader.finish(0)
             await response.aclose()
 
-    def _chunks(self, events: list) -> tuple[list, bool, BaseException | None]:
+    def _chunks(self, events: list, texts: _TextChunks | None = None) -> tuple[list, bool, BaseException | None]:
         """The chunks of ``events``; whether ``[DONE]`` was among them; the error of a chunk
-        that could not be read (the chunks before it are read first, as by the client)."""
+        that could not be read (the chunks before it are read first, as by the client).
+        ``texts``: the stream's reader of its text chunks (``_TextChunks``)."""
         chunks: list = []
         for item in events:
             data = item if isinstance(item, str) else item[1]
             if data.startswith("[DONE]"):
                 return chunks, True, None
             try:
-                chunks.append(self._chunk(item, data))
+                chunks.append(self._chunk(item, data, texts))
             except Exception as exc:
                 return chunks, False, exc
         return chunks, False, None
 
-    def _chunk(self, item: Any, data: str) -> Any:
-        decoded = _json_value(data)
+    def _chunk(self, item: Any, data: str, texts: _TextChunks | None = None) -> Any:
+        # An event without a name (a str): the chat completions' chunks, read by ``texts``.
+        decoded = texts.read(data) if texts is not None and isinstance(item, str) else _json_value(data)
         event = None if isinstance(item, str) else item[0]
         if event and event.startswith("thread."):  # the Assistants' events, as the client yields them
             if event == "error" and isinstance(decoded, dict) and decoded.get("error"):
