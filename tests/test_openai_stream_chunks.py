@@ -238,9 +238,9 @@ _AROUND = _SAME.partition('"x"')
      '{"choices": [{"delta": {"content": "b"}}], "n": 1.5e3}'],
 ])
 def test_text_chunks_are_read_as_json_loads_reads_them(stream):
-    """A stream's chunks read by ``_TextChunks`` (which reads a text chunk's string alone once it
-    kept what is around it) are what ``json.loads`` reads, or refuses with the same error, in
-    any order; each a chunk of its own (no dict or list shared with another)."""
+    """A stream's chunks read by ``_TextChunks`` (by their string alone, ``text``, once it kept
+    what is around it; else whole, ``read``) are what ``json.loads`` reads, or refuses with the
+    same error, in any order; each a chunk of its own (no dict or list shared with another)."""
     from django_ragchat.backends.openai import _TextChunks
 
     for order in (stream, stream[::-1], stream + stream):
@@ -249,11 +249,13 @@ def test_text_chunks_are_read_as_json_loads_reads_them(stream):
             try:
                 expected = json.loads(text)
             except json.JSONDecodeError as exc:
+                assert reader.text(text) is None
                 with pytest.raises(json.JSONDecodeError) as raised:
                     reader.read(text)
                 assert (raised.value.msg, raised.value.pos) == (exc.msg, exc.pos)
                 continue
-            got = reader.read(text)
+            content = reader.text(text)
+            got = reader.read(text) if content is None else reader.with_text(reader.chunk, content)
             assert json.dumps(got) == json.dumps(expected), text  # NaN, key order and types too
             if isinstance(got, dict) and isinstance(got.get("choices"), list):
                 objects = [o for o in (got, got["choices"], *got["choices"], *(c.get("delta") for c in got["choices"]))
@@ -271,20 +273,96 @@ def test_text_chunks_read_the_usual_stream_by_its_string():
 
     reader = backend._TextChunks()
     for text in [_chunk_text({"role": "assistant", "content": ""})] + [_chunk_text({"content": f"w{i} "}) for i in range(5)]:
-        reader.read(text)
+        if reader.text(text) is None:
+            reader.read(text)
     assert reader.learnt == 2 and reader.prefix.endswith('"delta": {"content": "')
-    real = backend._json_value
-    calls = []
-    backend._json_value = lambda data: calls.append(data) or real(data)
-    try:
-        assert reader.read(_chunk_text({"content": "z"}))["choices"][0]["delta"] == {"content": "z"}
-        assert calls == []
-        varying = backend._TextChunks()
-        for i in range(10):
-            varying.read(_chunk_text({"content": "w"}, obfuscation="x" * i))
-        assert varying.learnt == varying.learn_limit and len(calls) == 10
-    finally:
-        backend._json_value = real
+    assert reader.text(_chunk_text({"content": "z"})) == "z"
+    varying = backend._TextChunks()
+    for i in range(10):
+        assert varying.text(_chunk_text({"content": "w"}, obfuscation="x" * i)) is None
+        varying.read(_chunk_text({"content": "w"}, obfuscation="x" * i))
+    assert varying.learnt == varying.learn_limit
+
+
+def _loaded(events: list) -> tuple[list, str | None]:
+    """``events`` read by ``json.loads`` up to ``[DONE]``, a chunk ``json`` refuses or an error
+    chunk (listed then as what failed)."""
+    chunks = []
+    for data in events:
+        if data.startswith("[DONE]"):
+            return chunks, None
+        try:
+            chunk = json.loads(data)
+        except ValueError as exc:
+            return chunks, repr(exc)
+        if isinstance(chunk, dict) and chunk.get("error"):
+            return chunks, "error chunk"
+        chunks.append(chunk)
+    return chunks, None
+
+
+def _read_as_before(events: list) -> tuple:
+    """What ``ChatModel.stream`` read of ``events`` (chunk texts) before ``_TextChunks``: every
+    chunk through ``json.loads``."""
+    from django_ragchat.backends.openai import _StreamRead
+
+    read, texts = _StreamRead("asked"), []
+    chunks, error = _loaded(events)
+    bad = read.chunks(chunks, texts)
+    return texts, bad, error if bad is None else None, read.model, read.usage, read.finish, read.calls.result()
+
+
+def _read_now(events: list, per: int) -> tuple:
+    """The same, through ``ChunkLists._chunks`` (``per`` events at a time) and ``_StreamRead``;
+    whether each list has words (``_has_words``, the reader's eager start) as before."""
+    import openai
+
+    from django_ragchat.backends.openai import ChunkLists, _has_words, _http, _StreamRead, _TextChunks
+
+    stream = object.__new__(ChunkLists)
+    stream.response = type("Response", (), {"request": _http.Request("POST", "http://model/")})()
+    read, texts, bad, error, reader = _StreamRead("asked"), [], None, None, _TextChunks()
+    for start in range(0, len(events), per):
+        chunks, done, failed = stream._chunks(events[start:start + per], reader)
+        assert _has_words(chunks) == _has_words(_loaded(events[start:start + per])[0])
+        bad = read.chunks(chunks, texts)
+        if failed is not None and bad is None:
+            error = "error chunk" if isinstance(failed, openai.APIError) else repr(failed)
+        if bad is not None or done or failed is not None:
+            break
+    return texts, bad, error, read.model, read.usage, read.finish, read.calls.result()
+
+
+@pytest.mark.parametrize("per", [1, 3, 100])
+def test_a_stream_read_with_text_runs_says_what_it_said_before(per):
+    """``ChatModel.stream``'s reading (the text, whether each chunk has words, the model, usage,
+    finish reason, tool calls, a bad chunk, an error) is the same with the text chunks read by
+    their string and listed as runs as with every chunk read by ``json.loads``."""
+    text = _chunk_text
+    call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    streams = [
+        [text({"role": "assistant", "content": ""})] + [text({"content": f"w{i} "}) for i in range(7)]
+        + [text({}, finish_reason="stop"), json.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 8}}),
+           "[DONE]", text({"content": "after"})],
+        [text({"content": "a"}), text({"content": ""}), text({"content": "b"}, model="other"), text({"content": "c"}),
+         text({"content": "d"}, finish_reason="length"), text({"content": "e"}), text({"refusal": "no", "content": "f"}),
+         text({"content": "g"}), text({"content": "h", "tool_calls": [call]}), text({"content": "i"}),
+         text({"content": "j"}, usage=None), text({"content": "k"}, usage=5), text({"content": "l"})],
+        [text({"content": "a"}), text({"content": "b"}), text({"content": "c"}, error={"message": "boom"}), text({"content": "d"})],
+        [text({"content": "a"}), text({"content": "b"}), _AROUND[0] + '"bad \\q"' + _AROUND[2], text({"content": "c"})],
+        [text({"content": "a"}), text({"content": "b"}), '"just a string"', text({"content": "c"})],
+        [text({"content": "a"}), text({"content": "b"}, error=""), text({"content": "c"}, error=None)],
+        [text({"content": ""}), text({"content": ""}), text({"content": "x"})],
+        # a chunk of another shape between those of a run's: the run's fields are its chunks' again
+        [text({"content": "a"}), text({"content": "b"}), text({}, model="other"), text({"content": "c"})],
+        [text({"content": "a"}, finish_reason="stop"), text({"content": "b"}, finish_reason="stop"),
+         text({}, finish_reason="length"), text({"content": "c"}, finish_reason="stop")],
+        # a refusal or tool calls in every chunk: no run
+        [text({"content": "a", "refusal": "r"}), text({"content": "b", "refusal": "r"}), text({"content": "c", "refusal": "r"})],
+        [text({"content": "a", "tool_calls": 1}), text({"content": "", "tool_calls": 1}), text({"content": "", "tool_calls": 1})],
+    ]
+    for events in streams:
+        assert _read_now(events, per) == _read_as_before(events), events
 
 
 @contextlib.contextmanager

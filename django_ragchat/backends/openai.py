@@ -514,6 +514,10 @@ class _StreamRead:
         """Add the text of ``chunks`` to ``texts``; ``(chunk,)`` for the first chunk that is
         not an object (the text of those before it added), else ``None``."""
         for chunk in chunks:
+            if type(chunk) is _Run:  # text chunks alike but for their text: the same fields, each its text
+                self._fields(chunk.chunk)
+                texts.extend([text for text in chunk.texts if text])
+                continue
             if not isinstance(chunk, dict):
                 return (chunk,)
             model = chunk.get("model")
@@ -533,6 +537,19 @@ class _StreamRead:
                 if isinstance(delta, dict):
                     self._delta(delta, texts)
         return None
+
+    def _fields(self, chunk: dict) -> None:
+        """What ``chunks`` reads of a chunk of a ``_Run``'s shape besides its text (its
+        ``refusal`` and ``tool_calls`` are empty, every other value a scalar)."""
+        model = chunk.get("model")
+        if model and isinstance(model, str):
+            self.model = model
+        usage = chunk.get("usage")
+        if usage is not None:
+            self.usage = _usage_dict(usage) or self.usage
+        finish = chunk["choices"][0].get("finish_reason")
+        if finish and isinstance(finish, str):
+            self.finish = finish
 
     def _delta(self, delta: dict, texts: list[str]) -> None:
         for key in ("content", "refusal"):
@@ -624,86 +641,97 @@ _scan_string = json.decoder.scanstring  # json.loads' reader of a string (strict
 _SCALARS = (str, int, float, bool, type(None))
 
 
+class _Run:
+    """Text chunks that came one after the other, each ``chunk`` (a ``_TextChunks`` kept
+    chunk) but for its ``content``: their contents, in order. ``ChunkLists`` lists one run
+    instead of a dict per chunk; ``_StreamRead`` reads it as it reads those chunks."""
+
+    __slots__ = ("chunk", "texts")
+
+    def __init__(self, chunk: dict, texts: list[str]):
+        self.chunk, self.texts = chunk, texts
+
+
 class _TextChunks:
-    """Reads a stream's chunks as ``_json_value`` does, the usual text chunk at a fraction of
-    its cost. A model's text chunks differ only by their text: ``{"id": ..., "choices":
-    [{"index": 0, "delta": {"content": "word"}, ...}]}`` with the same bytes around it each
-    time. Once a chunk of that shape was read (a single choice whose delta has a ``content``
-    string, every other value a string, number, boolean or null), the text before and after its
-    ``content`` string is kept; a later chunk with exactly that text around one JSON string is
-    that chunk with another ``content``, so only the string is read (``json``'s own string
-    reader, which reads or refuses it as ``json.loads`` does) and the chunk built from the kept
-    one (new dicts and list each time, as ``json.loads`` makes). Any other text is read by
-    ``_json_value``. Where the string is in the text is checked once, by reading the chunk again
-    with another text there (``json.loads``): it must change that ``content`` and nothing else.
-    A stream whose chunks differ elsewhere too (a per-chunk random field) stops looking after
-    ``learn_limit`` kept shapes."""
+    """A stream's text chunks read by their text alone. A model's text chunks differ only by
+    their text: ``{"id": ..., "choices": [{"index": 0, "delta": {"content": "word"}, ...}]}``
+    with the same bytes around it each time. Once a chunk of that shape was read whole (a
+    single choice whose delta has a ``content`` string, no ``refusal``, no ``tool_calls``, no
+    ``error``, every other value a string, number, boolean or null), the text before and after
+    its ``content`` string is kept (``chunk``: what it decoded to); a later chunk with exactly
+    that text around one JSON string is that chunk with another ``content``, so only the string
+    is read (``json``'s own string reader, which reads or refuses it as ``json.loads`` does):
+    ``text``. Any other text is read whole by ``read`` (``_json_value``). Where the string is
+    in the text is checked once per shape, by reading the chunk again with another text there
+    (``json.loads``): it must change that ``content`` and nothing else. A stream whose chunks
+    differ elsewhere too (a per-chunk random field) stops looking after ``learn_limit`` shapes."""
 
     learn_limit = 4
 
     def __init__(self) -> None:
         self.prefix: str | None = None  # the kept text up to the content string's opening quote
         self.suffix = ""  # the kept text after its closing quote
-        self.chunk: dict = {}
-        self.choice: dict = {}
-        self.delta: dict = {}
+        self.chunk: dict | None = None
         self.learnt = 0
 
-    def read(self, data: str) -> Any:
+    def text(self, data: str) -> str | None:
+        """The ``content`` of ``data`` when it is the kept chunk but for it; else ``None``."""
         prefix = self.prefix
         if prefix is not None and data.startswith(prefix) and data.endswith(self.suffix):
             try:
                 text, end = _scan_string(data, len(prefix))
             except ValueError:  # not one valid string there: read whole (and refused as json.loads does)
-                end = -1
-            if end == len(data) - len(self.suffix):  # written out: once per token
-                delta = self.delta.copy()
-                delta["content"] = text
-                choice = self.choice.copy()
-                choice["delta"] = delta
-                chunk = self.chunk.copy()
-                chunk["choices"] = [choice]
-                return chunk
+                return None
+            if end == len(data) - len(self.suffix):
+                return text
+        return None
+
+    def read(self, data: str) -> Any:
+        """``data`` decoded (``_json_value``); kept as the shape of the chunks to come when it is one."""
         decoded = _json_value(data)
         if self.learnt < self.learn_limit:
             self._learn(data, decoded)
         return decoded
 
     @staticmethod
-    def _with(text: str, chunk: dict, choice: dict, delta: dict) -> dict:
-        """A chunk as ``read`` builds it from the kept ``chunk``, ``choice`` and ``delta``."""
-        delta = {**delta, "content": text}
-        return {**chunk, "choices": [{**choice, "delta": delta}]}
+    def with_text(chunk: dict, text: str) -> dict:
+        """``chunk`` (a kept one) with ``content`` ``text``: what ``json.loads`` reads of a chunk
+        that ``text`` returns ``text`` for (new dicts and list)."""
+        choice = chunk["choices"][0]
+        return {**chunk, "choices": [{**choice, "delta": {**choice["delta"], "content": text}}]}
 
     def _learn(self, data: str, decoded: Any) -> None:
         parts = _text_chunk_parts(decoded)
         span = _content_span(data) if parts is not None else None
         if span is None:
             return
-        (start, end), (chunk, choice, delta) = span, parts
+        (start, end), delta = span, parts[2]
+        kept = self.with_text(decoded, delta["content"])  # a copy of its own
         try:
             if _scan_string(data, start) != (delta["content"], end):
                 return
             # The same text with another string there: only this chunk's content may change.
             other = delta["content"] + "~"
-            if json.loads(data[:start] + json.dumps(other)[1:] + data[end:]) != self._with(other, *parts):
+            if json.loads(data[:start] + json.dumps(other)[1:] + data[end:]) != self.with_text(kept, other):
                 return
         except ValueError:
             return
-        self.prefix, self.suffix = data[:start], data[end:]
-        self.chunk, self.choice, self.delta = dict(chunk), dict(choice), dict(delta)
+        self.prefix, self.suffix, self.chunk = data[:start], data[end:], kept
         self.learnt += 1
 
 
 def _text_chunk_parts(decoded: Any) -> tuple[dict, dict, dict] | None:
     """(the chunk, its choice, the choice's delta) of a chunk whose one choice's delta has a
-    ``content`` string, every other value in them a string, number, boolean or null; else ``None``."""
+    ``content`` string and no ``refusal`` nor ``tool_calls``, without an ``error``, every other
+    value in them a string, number, boolean or null; else ``None``."""
     choices = decoded.get("choices") if isinstance(decoded, dict) else None
     if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
         return None
     choice = choices[0]
     delta = choice.get("delta")
     if not isinstance(delta, dict) or not isinstance(delta.get("content"), str):
+        return None
+    if decoded.get("error") or delta.get("refusal") or delta.get("tool_calls"):
         return None
     for values, skip in ((decoded, "choices"), (choice, "delta"), (delta, "content")):
         if not all(isinstance(value, _SCALARS) for key, value in values.items() if key != skip):
@@ -730,7 +758,8 @@ def _content_span(data: str) -> tuple[int, int] | None:
 
 
 class ChunkLists(openai.AsyncStream[object]):
-    """A chat completions stream read a list of chunks (their decoded JSON) at a time: every
+    """A chat completions stream read a list of chunks (their decoded JSON; a run of text chunks
+    alike but for their text as one ``_Run``, ``_TextChunks``) at a time: every
     event the model's socket brought since the list before (one when the model writes slower
     than it is read, as a remote model does; many when a local model writes faster than a busy
     worker gets to them). A worker relaying many answers then does per list, not per token,
@@ -778,12 +807,21 @@ class ChunkLists(openai.AsyncStream[object]):
     def _chunks(self, events: list, texts: _TextChunks | None = None) -> tuple[list, bool, BaseException | None]:
         """The chunks of ``events``; whether ``[DONE]`` was among them; the error of a chunk
         that could not be read (the chunks before it are read first, as by the client).
-        ``texts``: the stream's reader of its text chunks (``_TextChunks``)."""
+        ``texts``: the stream's reader of its text chunks (``_TextChunks``): the chunks it
+        reads by their text alone are listed as ``_Run`` objects, one per run of them."""
         chunks: list = []
         for item in events:
             data = item if isinstance(item, str) else item[1]
             if data.startswith("[DONE]"):
                 return chunks, True, None
+            text = texts.text(data) if texts is not None and isinstance(item, str) else None
+            if text is not None:  # the kept chunk with another text: a _Run's
+                last = chunks[-1] if chunks else None
+                if type(last) is _Run and last.chunk is texts.chunk:
+                    last.texts.append(text)
+                else:
+                    chunks.append(_Run(texts.chunk, [text]))
+                continue
             try:
                 chunks.append(self._chunk(item, data, texts))
             except Exception as exc:
@@ -828,6 +866,10 @@ def _body_pieces(response: Any) -> AsyncIterator[bytes]:
 def _has_words(chunks: list) -> bool:
     """Whether a list of chunks has a choice whose delta carries something (text, a tool call)."""
     for chunk in chunks:
+        if type(chunk) is _Run:
+            if any(chunk.texts):
+                return True
+            continue
         choices = chunk.get("choices") if isinstance(chunk, dict) else None
         for choice in choices if isinstance(choices, list) else ():
             delta = choice.get("delta") if isinstance(choice, dict) else None
