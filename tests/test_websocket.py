@@ -104,6 +104,58 @@ def test_ping(asgi, user):
         assert receive(ws) == {"type": "pong", "client_id": "p"}
 
 
+def _closes_cleaning_up(user, frames: list[dict], monkeypatch) -> tuple[list[dict], bool]:
+    """Open a socket (in process), send ``frames``, read an answer to each, close it: (the
+    answers, whether the close ran channels' cleanup of the shared thread's connections)."""
+    from channels.generic import websocket as channels_websocket
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+    from django.contrib.sessions.backends.db import SessionStore
+
+    from django_ragchat.transport.consumers import ChatConsumer
+
+    cleanups = []
+
+    async def counted():
+        cleanups.append(1)
+
+    monkeypatch.setattr(channels_websocket, "aclose_old_connections", counted)  # what websocket_disconnect calls
+    session = SessionStore()
+    session.update({SESSION_KEY: str(user.pk), BACKEND_SESSION_KEY: "django.contrib.auth.backends.ModelBackend",
+                    HASH_SESSION_KEY: user.get_session_auth_hash()})
+    session.create()
+
+    async def run():
+        socket = WebsocketCommunicator(ChatConsumer.as_asgi(), "/ws/ragchat/")
+        socket.scope.update(user=user, session=session)
+        assert (await socket.connect())[0]
+        assert (await socket.receive_json_from(10))["type"] == "ready"
+        answers = []
+        for frame in frames:
+            await socket.send_json_to(frame)
+            answers.append(await socket.receive_json_from(10))
+        await socket.disconnect()
+        return answers
+
+    return async_to_sync(run)(), bool(cleanups)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_socket_closes_without_the_shared_threads_cleanup_unless_it_worked_there(user, monkeypatch,
+                                                                                 ragchat_settings_override):
+    """Channels' cleanup of the database connections of the thread the consumers share (a thread
+    hop) runs at a socket's close only when the socket's work ran there: its ping, or a message
+    whose checks ran there (no lanes); not for a socket whose work all ran on lanes."""
+    empty = {"type": "message", "content": "   ", "client_id": "e"}
+    assert _closes_cleaning_up(user, [], monkeypatch) == ([], False)
+    answers, cleaned = _closes_cleaning_up(user, [empty], monkeypatch)
+    assert [a["code"] for a in answers] == ["empty"] and not cleaned
+    answers, cleaned = _closes_cleaning_up(user, [{"type": "ping"}], monkeypatch)
+    assert answers == [{"type": "pong"}] and cleaned
+    ragchat_settings_override(DATABASE_THREADS=1)  # no lanes: the message's checks on the shared thread
+    answers, cleaned = _closes_cleaning_up(user, [empty], monkeypatch)
+    assert [a["code"] for a in answers] == ["empty"] and cleaned
+
+
 MALFORMED = [
     ("not json", "parse_error"),
     # JSON but no object: invalid_type, as REST and server-sent events answer such a body (an

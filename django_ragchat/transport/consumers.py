@@ -146,6 +146,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.watching: dict[str, bool] = {}  # conversation id -> may this socket send to it
         self.turns: dict[str, asyncio.Task] = {}  # conversation id -> turn run by this socket
         self.closed = False
+        # Whether this socket's database work ran on the thread the process's consumers share
+        # (not on a lane): then channels' cleanup of that thread's connections runs at its close.
+        self.shared_thread_used = False
         self.session_checked = 0.0  # time.monotonic() of the last read of the session that found it current
         self.layer_groups: list[str] = []  # joined here, not in self.groups: see disconnect()
         self.channel_name: str | None = None  # set by __call__ when there is a channel layer
@@ -218,6 +221,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             self.layer_groups.append(sessions.session_group(key))  # told of a logout (left in disconnect)
         bound = self.scope.get("url_route", {}).get("kwargs", {}).get("conversation_id")
         if bound is not None:
+            self.shared_thread_used = True
             try:
                 conversation, may_send = await transport.open_conversation(
                     self.user, bound, self.session_key, for_sending=False
@@ -246,6 +250,16 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if running:
             await asyncio.gather(*running, return_exceptions=True)
 
+    async def websocket_disconnect(self, message):
+        """Channels' own, except that its cleanup of the database connections of the thread the
+        consumers share (a thread hop) runs only when this socket's work ran there: a socket
+        whose database work all ran on lanes (its messages and turns), which clean up their own,
+        has none there to clean."""
+        if self.shared_thread_used or self.groups:
+            return await super().websocket_disconnect(message)
+        await self.disconnect(message["code"])
+        raise StopConsumer()
+
     async def dispatch(self, message):
         if message["type"] == "ragchat.events":
             # Turn events relayed through the channel layer: no database work, so the base
@@ -262,8 +276,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if message["type"] in ("websocket.connect", "websocket.disconnect"):
             # Nor before the handshake and the close: connect() reads the database only to open
             # a bound conversation, which cleans its thread's connections first
-            # (open_conversation_sync); disconnect() reads none, and channels' websocket_disconnect
-            # cleans up once after it. Two thread hops saved on every socket.
+            # (open_conversation_sync); disconnect() reads none, and websocket_disconnect cleans
+            # up once after it when the socket worked on the shared thread. Up to three thread
+            # hops saved on every socket.
             connect = message["type"] == "websocket.connect"
             await (self.websocket_connect if connect else self.websocket_disconnect)(message)
             return
@@ -297,6 +312,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         now = time.monotonic()
         if not fresh and now - self.session_checked < SESSION_RECHECK_SECONDS:
             return True
+        self.shared_thread_used = True
         if await sync_to_async(session_is_current)(self.user, self.scope.get("session")):
             self.session_checked = now
             return True
@@ -322,6 +338,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         frame, client_id, problem = await transport.parse_off_the_loop(self._parse, text_data, len(text_data or ""))
         if problem is None and frame.get("type") == "message":
             return await self.on_message(frame, client_id)  # checks the session on its lane
+        self.shared_thread_used = True  # the other frames' work runs on the shared thread
         await aclose_old_connections()  # channels' cleanup before a handler (skipped in dispatch)
         # Every frame, whatever it is, first checks that the socket's session still stands.
         if not await self._session_still_open(client_id):
@@ -369,7 +386,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             # The session check and the conversation's lookup in one thread hop, on a lane's
             # thread: in a burst they do not queue behind every other socket's on the thread
             # they all share.
-            async with database_lane():
+            async with database_lane() as lane:
+                self.shared_thread_used |= not lane.on_lane
                 if self.closed:
                     return
                 checked = time.monotonic()
@@ -494,7 +512,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         # The turn's database work on a thread of its own (one of a few), not the thread every
         # turn of the worker shares: a burst of turns then does not queue behind each other's
         # I/O waits (django_ragchat.turn.lanes).
-        async with database_lane():
+        async with database_lane() as lane:
+            self.shared_thread_used |= not lane.on_lane
             await self._run_turn(conversation, content, client_id, key, new)
 
     async def _run_turn(self, conversation: Conversation | None, content: Any, client_id: str | None,

@@ -118,6 +118,11 @@ class database_lane:  # lower case: used like a function, ``async with database_
         self.index: int | None = None
         self.context: ThreadSensitiveContext | None = None
 
+    @property
+    def on_lane(self) -> bool:
+        """Whether the block's thread-sensitive calls run on a lane (else where they ran before)."""
+        return self.context is not None
+
     async def __aenter__(self) -> Self:
         size = lane_count()
         if size <= 1 or getattr(AsyncToSync.executors, "current", None) is not None:
