@@ -32,7 +32,7 @@ from asgiref.sync import sync_to_async
 from channels.db import aclose_old_connections
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from channels.utils import await_many_dispatch
 from django.conf import settings
 from django.contrib.auth import SESSION_KEY
@@ -62,6 +62,11 @@ CLOSE_SESSION_ENDED = 4401
 # logout closes the socket at once through the channel layer; this bounds what an expired or
 # deleted session still receives). Every frame from the client, and every turn's ack, reads it.
 SESSION_RECHECK_SECONDS = 1.0
+
+
+#: Channels' in-memory layer's calls that complete without waiting (they update its dicts):
+#: ``_layer_call`` awaits them in place, with no ``wait_for`` (a task and a timer each).
+_IN_PLACE = frozenset({"group_add", "group_discard"})
 
 
 def _cancel_once(task: asyncio.Task) -> None:
@@ -200,7 +205,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if self.channel_layer is None:
             return False
         try:
-            await asyncio.wait_for(getattr(self.channel_layer, method)(*args), LAYER_CALL_SECONDS)
+            call = getattr(self.channel_layer, method)(*args)
+            if type(self.channel_layer) is InMemoryChannelLayer and method in _IN_PLACE:
+                await call  # a dict's update, never waiting: no task and timer of wait_for's
+            else:
+                await asyncio.wait_for(call, LAYER_CALL_SECONDS)
         except Exception:
             logger.exception("ragchat: channel layer %s failed", method)
             return False
