@@ -385,6 +385,8 @@ async def notify(hook_name: str, **kwargs: Any) -> None:
     ``async`` implementations returned. Observers' failures are logged and never break the
     turn."""
     hook = getattr(get_plugin_manager().hook, hook_name)
+    if not hook.get_hookimpls():  # nobody observes it (a stage's end, usually): pluggy would return []
+        return
     _guard(hook, hook_name)
     try:
         results = hook(**kwargs)
