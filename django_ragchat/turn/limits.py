@@ -193,7 +193,7 @@ class StreamSlot:
     def __init__(self, user, session_key: str | None = None):
         self.prefix = f"ragchat:slot:{_subject(user, session_key)}"
         self.limit = ragchat_settings.MAX_CONCURRENT_STREAMS
-        self.token = secrets.token_hex(8)
+        self.token = secrets.token_hex(8) if self.limit else ""  # only a slot taken (acquire) is written
         self.key: str | None = None
 
     def _value(self) -> tuple[str, float, str]:
