@@ -28,12 +28,11 @@ reader may not read. A search not told whose it is reads as the turn in progress
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,12 +272,18 @@ def current_principals() -> Principals:
     return _reader.get() or PUBLIC_ONLY
 
 
-@contextlib.contextmanager
-def reading_as(principals: Principals) -> Iterator[None]:
+class reading_as:  # lower case: used like a function, ``with reading_as(principals):``
     """Searches inside this block (and the tasks and threads it starts through asyncio or
-    asgiref, which copy the context) read as ``principals`` unless told otherwise."""
-    token = _reader.set(principals)
-    try:
-        yield
-    finally:
-        _reader.reset(token)
+    asgiref, which copy the context) read as ``principals`` unless told otherwise. A class, not
+    a generator's context manager: every stage of a turn enters it (``pipeline.searching_for``)."""
+
+    __slots__ = ("principals", "token")
+
+    def __init__(self, principals: Principals):
+        self.principals = principals
+
+    def __enter__(self) -> None:
+        self.token = _reader.set(self.principals)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        _reader.reset(self.token)

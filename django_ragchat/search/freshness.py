@@ -11,9 +11,7 @@ and a change made during the turn is seen from the next turn on.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from collections.abc import Iterator
 
 from django.db import connections
 
@@ -22,15 +20,20 @@ from django_ragchat.models import Chunk, Document
 _memo: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ragchat_corpus_stamps", default=None)
 
 
-@contextlib.contextmanager
-def stamps_kept(memo: dict) -> Iterator[None]:
+class stamps_kept:  # lower case: used like a function, ``with stamps_kept(memo):``
     """Stamps read inside the block (and the tasks and threads it starts) are read once, kept
     in ``memo``."""
-    token = _memo.set(memo)
-    try:
-        yield
-    finally:
-        _memo.reset(token)
+
+    __slots__ = ("memo", "token")
+
+    def __init__(self, memo: dict):
+        self.memo = memo
+
+    def __enter__(self) -> None:
+        self.token = _memo.set(self.memo)
+
+    def __exit__(self, *exc_info: object) -> None:
+        _memo.reset(self.token)
 
 
 def corpus_stamp(space: str, using: str = "default", *, chunks: bool = True) -> tuple:

@@ -7,22 +7,25 @@ a turn answered by a model server does not carry them out of the database. The t
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from collections.abc import Iterator
 
 _wanted: contextvars.ContextVar[bool] = contextvars.ContextVar("ragchat_fetch_readings", default=True)
 
 
-@contextlib.contextmanager
-def fetching_readings(wanted: bool) -> Iterator[None]:
+class fetching_readings:  # lower case: used like a function, ``with fetching_readings(False):``
     """Searches inside this block (and the tasks and threads it starts through asyncio or
     asgiref, which copy the context) fetch ``RetrievedChunk.analysis`` only if ``wanted``."""
-    token = _wanted.set(wanted)
-    try:
-        yield
-    finally:
-        _wanted.reset(token)
+
+    __slots__ = ("wanted", "token")
+
+    def __init__(self, wanted: bool):
+        self.wanted = wanted
+
+    def __enter__(self) -> None:
+        self.token = _wanted.set(self.wanted)
+
+    def __exit__(self, *exc_info: object) -> None:
+        _wanted.reset(self.token)
 
 
 def wanted() -> bool:

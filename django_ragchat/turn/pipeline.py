@@ -39,7 +39,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,15 +172,29 @@ def _end(turn: TurnContext, stage: str, component: Any, ending: EndTurn) -> EndT
     return ending
 
 
-@contextlib.contextmanager
-def searching_for(turn: TurnContext) -> Iterator[None]:
+class searching_for:  # lower case: used like a function, ``with searching_for(turn):``
     """Searches inside the block (and in the tasks it starts) read as the asker
     (``access.reading_as``), fetch the chunks' stored readings only for an answerer that
     reads them (``search.readings``), and read the corpus's stamp once in the turn
-    (``search.freshness``)."""
-    with reading_as(turn.principals), fetching_readings(turn.components.reads_stored_readings), \
-            stamps_kept(turn.state.setdefault("_corpus_stamps", {})):
-        yield
+    (``search.freshness``). A class, not a generator's context manager: every stage enters it."""
+
+    __slots__ = ("turn", "entered")
+
+    def __init__(self, turn: TurnContext):
+        self.turn = turn
+
+    def __enter__(self) -> None:
+        turn = self.turn
+        reading = reading_as(turn.principals)
+        fetching = fetching_readings(turn.components.reads_stored_readings)
+        kept = stamps_kept(turn.state.setdefault("_corpus_stamps", {}))
+        for manager in (reading, fetching, kept):  # each sets a context variable (ContextVar.set)
+            manager.__enter__()
+        self.entered = (kept, fetching, reading)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for manager in self.entered:  # the last entered first, as ``with a, b, c`` leaves them
+            manager.__exit__(*exc_info)
 
 
 def begin_stage(turn: TurnContext, name: str) -> float:
