@@ -34,7 +34,10 @@ SAMPLE_DOCS = "example_project/sample_docs"
 
 
 class SlowAnswerer(LLMBackend):
-    """Streams "word0 word1 ..." slowly; ``started`` is set once the first word is out."""
+    """Streams "word0 word1 ..." slowly; ``started`` is set once the first word is out. After
+    its first few words it slows to half a second a word, so a Ctrl-C pressed on a loaded
+    machine (a CI run of 4 suites on 2 cores once saw all 200 words out at 20 ms each before
+    the signal landed) still finds it streaming."""
 
     name = "slow"
     model = "slow"
@@ -44,7 +47,7 @@ class SlowAnswerer(LLMBackend):
         for n in range(200):
             yield LLMDelta(text=f"word{n} ")
             type(self).started.set()
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02 if n < 5 else 0.5)
 
 
 @hookimpl
