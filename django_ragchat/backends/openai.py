@@ -503,8 +503,8 @@ class ChatModel:
 
 class _StreamRead:
     """What a streamed answer's chunks said so far besides its text: the model, the usage, the
-    finish reason, the tool calls. ``chunks`` runs once per token (a chunk each), so its walk is
-    written out in place; a field of another kind than expected is skipped."""
+    finish reason, the tool calls. A run of text chunks alike (``_Run``) is read once for its
+    fields, however many tokens it holds; a field of another kind than expected is skipped."""
 
     def __init__(self, model: str):
         self.model, self.usage, self.finish = model, None, None
@@ -516,38 +516,33 @@ class _StreamRead:
         for chunk in chunks:
             if type(chunk) is _Run:  # text chunks alike but for their text: the same fields, each its text
                 self._fields(chunk.chunk)
+                self._finish(chunk.chunk["choices"][0])  # its refusal and tool calls are empty
                 texts.extend([text for text in chunk.texts if text])
                 continue
             if not isinstance(chunk, dict):
                 return (chunk,)
-            model = chunk.get("model")
-            if model and isinstance(model, str):
-                self.model = model
-            usage = chunk.get("usage")
-            if usage is not None:
-                self.usage = _usage_dict(usage) or self.usage
+            self._fields(chunk)
             choices = chunk.get("choices")
             for choice in choices if isinstance(choices, list) else ():
                 if not isinstance(choice, dict):
                     continue
-                finish = choice.get("finish_reason")
-                if finish and isinstance(finish, str):
-                    self.finish = finish
+                self._finish(choice)
                 delta = choice.get("delta")
                 if isinstance(delta, dict):
                     self._delta(delta, texts)
         return None
 
     def _fields(self, chunk: dict) -> None:
-        """What ``chunks`` reads of a chunk of a ``_Run``'s shape besides its text (its
-        ``refusal`` and ``tool_calls`` are empty, every other value a scalar)."""
+        """The chunk's model and usage, when it says them."""
         model = chunk.get("model")
         if model and isinstance(model, str):
             self.model = model
         usage = chunk.get("usage")
         if usage is not None:
             self.usage = _usage_dict(usage) or self.usage
-        finish = chunk["choices"][0].get("finish_reason")
+
+    def _finish(self, choice: dict) -> None:
+        finish = choice.get("finish_reason")
         if finish and isinstance(finish, str):
             self.finish = finish
 
