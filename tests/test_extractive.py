@@ -838,6 +838,49 @@ def test_a_table_row_is_a_sentence_quoted_with_its_column_names():
     assert answer == "Adult Card: price free; items at a time 20 items [1].", answer
 
 
+BIN_TABLE = """Harbourton collects bins every week.
+
+| Bin | Colour | What goes in | Collected |
+| --- | --- | --- | --- |
+| General waste | Black | Nappies, crisp packets | Every other Tuesday |
+| Dry recycling | Blue | Paper, cardboard, cans | Every other Tuesday |
+
+Put your bins out by 7am on collection day.
+"""
+
+BAND_TABLE = """Council tax bands for 2026 to 2027.
+
+| Band | Property value | Annual charge |
+| --- | --- | --- |
+| C | £52,001 to £68,000 | £1,869 |
+| D | £68,001 to £88,000 | £2,103 |
+"""
+
+
+def test_a_cell_capitalised_by_table_style_is_no_name_and_a_code_keeps_its_column_name():
+    """A council trial: "What goes in the blue bin?" read the cell "Blue" (a capital only table
+    style put there) as a name, found no sentence naming it but the passage, and answered "Put
+    your bins out by 7am"; the row "D | £68,001 to £88,000 | £2,103" was read without its column's
+    name, skipped as data (more figures than letters), and "band D" then asked only "band"."""
+    bins = chunk(1, "Bin collections > What goes in which bin", BIN_TABLE)
+    answer = AnswerSelector().answer(prompt("What goes in the blue bin?", bins))
+    assert answer.startswith("Dry recycling: colour blue; what goes in paper, cardboard, cans; collected every "
+                             "other Tuesday [1]"), answer
+    bands = chunk(1, "Council tax > Bands", BAND_TABLE)
+    answer = AnswerSelector().answer(prompt("What is the annual charge for band D?", bands))
+    assert answer == "Band D: property value £68,001 to £88,000; annual charge £2,103 [1].", answer
+
+
+def test_a_names_first_words_the_passages_write_as_their_own_phrase_do_not_name_it():
+    """"council tax" is the pages' own phrase ("the council tax team"), not the Council Tax
+    Reduction scheme named by all but its last word: band D's charge is no question about it."""
+    bands = chunk(1, "Council tax > Bands", BAND_TABLE)
+    help_ = chunk(2, "Council tax > If you cannot pay", "Contact the council tax team on 01632 960 300. "
+                  "You may qualify for the Council Tax Reduction scheme if you have a low income.")
+    answer = AnswerSelector().answer(prompt("How much is council tax for band D?", help_, bands))
+    assert "£2,103" in answer and "Reduction" not in answer, answer
+
+
 def test_a_table_row_is_answered_after_ingestion(db, tmp_path):
     (tmp_path / "cards.md").write_text(f"# Library cards\n\n## Cards\n\n{CARD_TABLE}", encoding="utf-8")
     ingest_paths([tmp_path])

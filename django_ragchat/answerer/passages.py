@@ -3,6 +3,7 @@ with its heading and the subject it is about."""
 
 from __future__ import annotations
 
+import calendar
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,12 +35,14 @@ _BULLETS = "-*•"
 _SHORT_VALUE_RE = re.compile(r"^[^\W\d_]{3,}(?: [^\W\d_]+)? \d[\d.,]*\s*[^\W\d_]*[.!]?$")
 
 
-def is_prose(sentence: str) -> bool:
+def is_prose(sentence: str, table_row: bool = False) -> bool:
     """False for code, JSON, tables and markup: quoting them is never a readable answer. Words in
     quotes ('Choose "Forgot password".') are prose, and so is a word or two of code among five
     words or more ("Set DEBUG=False in your settings.")."""
     letters = len(_LETTER_RE.findall(sentence))
-    if letters / len(sentence) <= 0.5:
+    # A table's row as written out here has its figures as words: "Band D: property value
+    # £68,001 to £88,000; annual charge £2,103." ("14/06/2025 19:30, row F" as written stays data.)
+    if (letters + (sum(map(str.isdigit, sentence)) if table_row else 0)) / len(sentence) <= 0.5:
         return False
     bare, quoted = _QUOTED_WORDS.subn("", sentence) if '"' in sentence else (sentence, 0)
     if quoted > 2:  # {"product": "Aurora X2", "price": ...}: data, not words in quotes
@@ -122,14 +125,14 @@ def _cells(line: str) -> list[str]:
     return [" ".join(c.split()) for c in line.split("|")]
 
 
-def _table(block: str) -> str | None:
+def _table(block: str) -> list[str] | None:
     """A block of table rows (its first row the header) as one sentence per row, or None."""
     lines = [line for line in block.strip().split("\n") if not _TABLE_RULE_RE.match(line)]
     rows = [_cells(line) for line in lines]
     if len(rows) < 2 or len({len(r) for r in rows}) != 1 or len(rows[0]) < 2:
         return None
     header, body = rows[0], rows[1:]
-    return "\n\n".join(_row_sentence(cells, header) for cells in body)
+    return [_row_sentence(cells, header) for cells in body]
 
 
 def table_rows(text: str) -> str:
@@ -139,18 +142,47 @@ def table_rows(text: str) -> str:
     with the same number of cells, as the markdown loader stores one (``a | b`` per line) or
     as markdown writes it (``| a | b |`` with a ``| --- |`` rule). Text without one is returned
     as is. A table a chunk boundary cut reads its first row as the header."""
+    return _written_out(text)[0]
+
+
+def _written_out(text: str) -> tuple[str, frozenset[str]]:
+    """``table_rows(text)``, and the sentences its tables' rows became."""
     if "|" not in text:
-        return text
-    blocks = _BLOCK_SPLIT_RE.split(text)
-    return "".join(b if "|" not in b else (_table(b) or b) for b in blocks)
+        return text, frozenset()
+    out, rows = [], []
+    for block in _BLOCK_SPLIT_RE.split(text):
+        found = _table(block) if "|" in block else None
+        out.append("\n\n".join(found) if found else block)
+        rows += found or ()
+    return "".join(out), frozenset(rows)
+
+
+#: A row's first cell that is a code ("D", "A1", "12") means nothing without its column's name.
+_CODE_CELL_RE = re.compile(r"[A-Za-z]?\d*|\d+[A-Za-z]?")
+_CALENDAR_NAMES = frozenset(n.lower() for n in (*calendar.day_name, *calendar.month_name) if n)
+
+
+def _as_value(cell: str) -> str:
+    """A cell after its column's name, its first letter lowered when only table style put the
+    capital there ("colour Blue", "price Free": no names); a name of capitalised words ("Quay
+    Road"), a day or month, or an acronym keeps it."""
+    first, _, rest = cell.partition(" ")
+    if not first[:1].isupper() or not first[1:].islower() or first.lower() in _CALENDAR_NAMES:
+        return cell
+    if any(w[:1].isupper() and w.strip(",.").lower() not in _CALENDAR_NAMES for w in rest.split()):
+        return cell
+    return first.lower() + (" " + rest if rest else "")
 
 
 def _row_sentence(cells: list[str], header: list[str]) -> str:
     lead, rest = cells[0], cells[1:]
+    if header[0] and _CODE_CELL_RE.fullmatch(lead) and lead:
+        lead = f"{header[0]} {lead}"  # "Band D: annual charge £2,103", not "D: ..."
     # A column name reads in lower case ("price £12 a year"), so it is no name of its own; an
     # acronym ("RAM") stays as written.
-    names = [h[:1].lower() + h[1:] if h[1:2].islower() else h for h in header[1:]]
-    parts = [f"{h} {c}" if h else c for h, c in zip(names, rest, strict=True) if c]
+    names = [h[:1].lower() + h[1:] if h[1:2].islower() and h.split()[0].lower() not in _CALENDAR_NAMES else h
+             for h in header[1:]]
+    parts = [f"{h} {_as_value(c)}" if h else c for h, c in zip(names, rest, strict=True) if c]
     text = f"{lead}: {'; '.join(parts)}" if parts else lead
     return text if text.endswith((".", "!", "?")) else text + "."
 
@@ -172,11 +204,13 @@ def _word_stems(word: str) -> frozenset[str]:
 def _scorable(body: str, vocabulary: Vocabulary) -> tuple[Sentence, ...]:
     money, share, number = vocabulary.pattern("money"), vocabulary.pattern("share"), vocabulary.pattern("number")
     found = []
-    for position, sentence in enumerate(sentences(table_rows(body))):
+    text, rows = _written_out(body)
+    for position, sentence in enumerate(sentences(text)):
         item = sentence[:1] in _BULLETS and sentence[1:2].isspace()
         sentence = sentence.lstrip(_BULLETS + " ").strip()
         # A short line is a fragment, unless it states a value or is a list's line ("- 4 eggs").
-        if (len(sentence) < 12 and not item and not _SHORT_VALUE_RE.match(sentence)) or not is_prose(sentence):
+        if (len(sentence) < 12 and not item and not _SHORT_VALUE_RE.match(sentence)) or not is_prose(
+                sentence, table_row=sentence in rows):
             continue
         has_money = bool(money.search(sentence))
         names = tuple(dict.fromkeys(folded for _, folded in name_sequences(sentence, vocabulary.stopwords)))

@@ -292,9 +292,18 @@ class _Entities:
         shared = query_words - light - {w for w in query_words if w in self.common or stem(w) in self.common}
         partial = {e for e in self.known if any(
             type_words or w == e[0] or any(c.isdigit() for c in w)
-            for w in set(e) & shared) or _all_but_an_end(e, query_words, pairs)} if not full and partial else set()
+            for w in set(e) & shared) or self._by_its_ends(e, query_words, pairs)} if not full and partial else set()
         # "Zappa" also means the "Frank Zappa" a heading names: add the longer names containing it.
         return (full or partial) | {e for e in self.known if any(set(f) < set(e) for f in full)}
+
+    def _by_its_ends(self, entity: Entity, query_words: set[str], pairs: frozenset[tuple[str, str]]) -> bool:
+        """``_all_but_an_end``, unless every word the question holds of the name is one the passages
+        also write outside names: "council tax" is the passages' own phrase ("your council tax
+        bill"), not the Council Tax Reduction named in part. A name's first and last words side by
+        side still name it ("the chickpea curry", though "chickpeas" and "curry paste" are lines)."""
+        if len(entity) >= 3 and (entity[0], entity[-1]) in pairs:  # "the chickpea curry"
+            return True
+        return _all_but_an_end(entity, query_words) and bool(set(entity) & query_words - self.common)
 
 
 def _all_but_an_end(entity: Entity, query_words: set[str], pairs: frozenset[tuple[str, str]] = frozenset()) -> bool:
@@ -507,7 +516,25 @@ def _read_attribute(need: Need, asked: str, search_query: str, names: set[str], 
             if key not in need.groups:
                 need.groups[key] = weight
                 need.labels[key] = label
+    _read_coded_pairs(need, asked, names, known_stems, vocabulary, asked_at)
     return asked_at
+
+
+def _read_coded_pairs(need: Need, asked: str, names: set[str], known_stems: frozenset[str],
+                      vocabulary: Vocabulary, asked_at: dict[str, int]) -> None:
+    """"band D", "room 4": a word and the short code after it, asked as the pair a passage writes
+    ("Band D: annual charge £2,103"), since the code alone is too short a word to weigh and the
+    word alone is stated by every row (band C's too)."""
+    tokens = words(asked)
+    for at, (word, code) in enumerate(itertools.pairwise(tokens)):
+        coded = len(code) == 1 or (len(code) == 2 and code.isalnum() and any(c.isdigit() for c in code))
+        if not coded or code in vocabulary.stopwords or word in vocabulary.stopwords or {word, code} & names:
+            continue  # "storytime at", "group of": no code
+        key = stem(f"{word}-{code}")
+        if key in known_stems and key not in need.groups:
+            asked_at.setdefault(key, at)
+            need.own.add(key)
+            need.groups[key], need.labels[key] = 1.0, f"{word} {code}"
 
 
 def _read_heading_actions(need: Need, asked: str, asked_at: dict[str, int], passages: list[Passage],
