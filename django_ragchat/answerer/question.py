@@ -301,9 +301,8 @@ class _Entities:
         also write outside names: "council tax" is the passages' own phrase ("your council tax
         bill"), not the Council Tax Reduction named in part. A name's first and last words side by
         side still name it ("the chickpea curry", though "chickpeas" and "curry paste" are lines)."""
-        if len(entity) >= 3 and (entity[0], entity[-1]) in pairs:  # "the chickpea curry"
-            return True
-        return _all_but_an_end(entity, query_words) and bool(set(entity) & query_words - self.common)
+        return _all_but_an_end(entity, query_words, pairs) and (
+            (entity[0], entity[-1]) in pairs or bool(set(entity) & query_words - self.common))
 
 
 def _all_but_an_end(entity: Entity, query_words: set[str], pairs: frozenset[tuple[str, str]] = frozenset()) -> bool:
