@@ -33,7 +33,7 @@ ROOMS = ("core", "services", "answerer", "stages", "turn", "transport", "edges")
 # The top of a module's dotted name (after "django_ragchat.") -> its room.
 ROOM_OF = {
     **dict.fromkeys(("", "conf", "types", "events", "exceptions", "hookspecs", "components", "plugins", "profiles",
-                     "models", "fields", "permissions", "language", "text", "tokens", "access", "tools"), "core"),
+                     "models", "fields", "permissions", "language", "tables", "text", "tokens", "access", "tools"), "core"),
     **dict.fromkeys(("search", "ingestion", "backends", "tasks", "sources"), "services"),
     "answerer": "answerer",
     "stages": "stages",

@@ -871,6 +871,25 @@ def test_a_cell_capitalised_by_table_style_is_no_name_and_a_code_keeps_its_colum
     assert answer == "Band D: property value £68,001 to £88,000; annual charge £2,103 [1].", answer
 
 
+FULL_BAND_TABLE = BAND_TABLE + """| E | £88,001 to £120,000 | £2,570 |
+| F | £120,001 to £160,000 | £3,038 |
+"""
+
+
+def test_a_row_asked_by_its_code_is_quoted_alone():
+    """"How much is council tax for band D?" was answered with bands C to F: the rows beside
+    band D state "band" too, but they are other bands. "band A" is a code in capitals; "pay a
+    year" is none."""
+    bands = chunk(1, "Council tax > Bands", FULL_BAND_TABLE)
+    answer = AnswerSelector().answer(prompt("How much is council tax for band D?", bands))
+    assert answer == "Band D: property value £68,001 to £88,000; annual charge £2,103 [1].", answer
+    table = chunk(1, "Council tax > Bands", FULL_BAND_TABLE.replace("| C |", "| A |"))
+    answer = AnswerSelector().answer(prompt("What is the annual charge for band A?", table))
+    assert answer == "Band A: property value £52,001 to £68,000; annual charge £1,869 [1].", answer
+    need = AnswerSelector().explained(prompt("What annual charge do they pay a year for band E?", bands))[1]
+    assert "band e" in need["asked"] and "pay a" not in need["asked"], need
+
+
 def test_a_names_first_words_the_passages_write_as_their_own_phrase_do_not_name_it():
     """"council tax" is the pages' own phrase ("the council tax team"), not the Council Tax
     Reduction scheme named by all but its last word: band D's charge is no question about it."""

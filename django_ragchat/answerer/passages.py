@@ -21,6 +21,7 @@ from django_ragchat.answerer.vocabulary import (
     words,
 )
 from django_ragchat.search.subjects import kind_of, written_as_name
+from django_ragchat.tables import TABLE_RULE_RE, table_cells
 from django_ragchat.text import HEADING_SEPARATOR, normalize, sentences
 from django_ragchat.types import RetrievedChunk
 
@@ -110,25 +111,13 @@ class Passage:
     asker_own: bool = False
 
 
-_TABLE_RULE_RE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
 _BLOCK_SPLIT_RE = re.compile(r"(\n\s*\n)")
-
-
-def _cells(line: str) -> list[str]:
-    """The cells of a table row: "| a | b |" as written, or "a | b" as the markdown loader
-    stores a row; [] for a line that is no row."""
-    line = line.strip()
-    if line.startswith("|") and line.endswith("|") and len(line) > 1:
-        line = line[1:-1]
-    elif " | " not in line:
-        return []
-    return [" ".join(c.split()) for c in line.split("|")]
 
 
 def _table(block: str) -> list[str] | None:
     """A block of table rows (its first row the header) as one sentence per row, or None."""
-    lines = [line for line in block.strip().split("\n") if not _TABLE_RULE_RE.match(line)]
-    rows = [_cells(line) for line in lines]
+    lines = [line for line in block.strip().split("\n") if not TABLE_RULE_RE.match(line)]
+    rows = [table_cells(line) for line in lines]
     if len(rows) < 2 or len({len(r) for r in rows}) != 1 or len(rows[0]) < 2:
         return None
     header, body = rows[0], rows[1:]

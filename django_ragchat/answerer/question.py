@@ -71,6 +71,8 @@ class Need:
     # The subjects came from the search query alone: the transformer carried them from earlier
     # turns, and the user's own words name none of them.
     subjects_carried: bool = False
+    # Asked word-and-code pairs ("band d"): each names one row of a table, not the table.
+    codes: set[str] = field(default_factory=set)
 
     def ask(self, key: str, label: str) -> None:
         """Add ``key`` to what the user's own words ask, labelled ``label`` in a decline."""
@@ -527,13 +529,20 @@ def _read_coded_pairs(need: Need, asked: str, names: set[str], known_stems: froz
     tokens = words(asked)
     for at, (word, code) in enumerate(itertools.pairwise(tokens)):
         coded = len(code) == 1 or (len(code) == 2 and code.isalnum() and any(c.isdigit() for c in code))
-        if not coded or code in vocabulary.stopwords or word in vocabulary.stopwords or {word, code} & names:
-            continue  # "storytime at", "group of": no code
+        if not coded or word in vocabulary.stopwords or {word, code} & names or (
+                code in vocabulary.stopwords and not _written_as_code(word, code, asked)):
+            continue  # "storytime at", "group of", "pay a year": no code
         key = stem(f"{word}-{code}")
         if key in known_stems and key not in need.groups:
             asked_at.setdefault(key, at)
             need.own.add(key)
+            need.codes.add(key)
             need.groups[key], need.labels[key] = 1.0, f"{word} {code}"
+
+
+def _written_as_code(word: str, code: str, asked: str) -> bool:
+    """Whether a one-letter stop word after ``word`` is written as a code, in capitals: "band A"."""
+    return len(code) == 1 and bool(re.search(rf"(?i:\b{re.escape(word)})\s+{re.escape(code.upper())}\b", asked))
 
 
 def _read_heading_actions(need: Need, asked: str, asked_at: dict[str, int], passages: list[Passage],

@@ -1237,6 +1237,9 @@ class AnswerSelector:
             if stated and best.sentence.item:  # "What ingredients...?" over "Ingredients": the list
                 return _whole_list(best, in_passage)
         picked = [best]
+        # "band D" asked and stated: the rows beside it are other bands, not more of its answer.
+        coded = {k for k in need.codes if v.covers(k, best.sentence.stems)}
+        in_passage = [c for c in in_passage if c is best or all(v.covers(k, c.sentence.stems) for k in coded)]
         before = [c for c in in_passage if c.sentence.position == best.sentence.position - 1]
         if before and before[0].coverage >= max(self.min_coverage, best.coverage - PRECEDING_MARGIN) and (
                 not need.must_amount or before[0].sentence.has_currency):

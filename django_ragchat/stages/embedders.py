@@ -38,6 +38,7 @@ from django_ragchat.backends.openai import (
 from django_ragchat.backends.static import StaticModelUnavailable, wordllama_model
 from django_ragchat.components import Component
 from django_ragchat.exceptions import LLMError
+from django_ragchat.tables import table_words
 from django_ragchat.text import content_terms
 
 logger = logging.getLogger(__name__)
@@ -151,11 +152,12 @@ class WordLlamaEmbedder(Embedder):
         return self.model.name
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        return self.model.embed(texts)
+        # A table is read as its columns and words: averaged, its numbers would drown its meaning.
+        return self.model.embed([table_words(t) for t in texts])
 
     def token_ids(self, texts: list[str]) -> list[list[int]]:
         """Each text's token ids: what ``embed_ids`` reads (the answerer stores a chunk's words so)."""
-        return self.model.token_ids(texts)
+        return self.model.token_ids([table_words(t) for t in texts])
 
     def embed_ids(self, ids_per_text: list[list[int]]) -> np.ndarray:
         """``embed`` of texts already tokenized (``token_ids``): the same vectors, bit for bit."""
@@ -168,7 +170,7 @@ class WordLlamaEmbedder(Embedder):
     async def aembed(self, texts: list[str]) -> np.ndarray:
         # A query is embedded in tens of microseconds: a thread hop would cost more than it saves.
         if len(texts) <= 8:
-            return self.model.embed(texts)
+            return self.embed(texts)
         return await super().aembed(texts)
 
 
