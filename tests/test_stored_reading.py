@@ -242,7 +242,8 @@ GOLDEN_CORPORA = ("example_project/sample_docs", "bench/data/library/docs", "ben
 #: one name, "Chickpea and Spinach Curry", and added chickpea-and-spinach-curry.md, which version
 #: 8's code reads as ac3799b5e039ded9).
 KNOWN_READINGS = {3: "492de19ebf27982c", 4: "bd01bc77074f1327", 5: "69000030aa109880", 6: "562d66b51a4914aa",
-                  7: "562d66b51a4914aa", 8: "966078b8a4a3da33", 9: "44a0c9d11d568a65", 10: "edfe8351be793990"}
+                  7: "562d66b51a4914aa", 8: "966078b8a4a3da33", 9: "44a0c9d11d568a65", 10: "edfe8351be793990",
+                  11: "2ebf22899cb274f4"}
 
 
 def golden_chunks() -> list[tuple[str, str, str]]:

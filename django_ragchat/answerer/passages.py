@@ -79,6 +79,7 @@ class Sentence:
     # or "book" is a common word here, not a name of the Adult Card or a Book Bundle).
     loose: frozenset[str] = frozenset()
     item: bool = False  # a line of a bulleted list ("- 225 g butter"): a list is quoted whole
+    row: bool = False  # a table's row written out ("Food waste: colour green caddy; ..."): one case of many
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,7 @@ def _scorable(body: str, vocabulary: Vocabulary) -> tuple[Sentence, ...]:
             has_number=bool(number.search(sentence)),
             names=names,
             sequence=tuple(map(_word_stems, tokens)),
-            has_money=has_money, loose=_outside_names(sentence, names), item=item,
+            has_money=has_money, loose=_outside_names(sentence, names), item=item, row=sentence in rows,
         ))
     return tuple(found)
 

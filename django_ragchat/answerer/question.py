@@ -71,7 +71,7 @@ class Need:
     # The subjects came from the search query alone: the transformer carried them from earlier
     # turns, and the user's own words name none of them.
     subjects_carried: bool = False
-    # Asked word-and-code pairs ("band d"): each names one row of a table, not the table.
+    # Asked word-and-code pairs ("band d", "aurora x2"): each names one row or model, not its kin.
     codes: set[str] = field(default_factory=set)
 
     def ask(self, key: str, label: str) -> None:

@@ -1237,9 +1237,14 @@ class AnswerSelector:
             if stated and best.sentence.item:  # "What ingredients...?" over "Ingredients": the list
                 return _whole_list(best, in_passage)
         picked = [best]
-        # "band D" asked and stated: the rows beside it are other bands, not more of its answer.
-        coded = {k for k in need.codes if v.covers(k, best.sentence.stems)}
-        in_passage = [c for c in in_passage if c is best or all(v.covers(k, c.sentence.stems) for k in coded)]
+        # A table's row is one case of many: the rows beside it continue its answer only when they
+        # state all it states of the question ("green caddy" asked: other bins); and a sentence
+        # beside one stating an asked code ("band D", "Aurora X2") must state the code too.
+        # (of a row, what the question's own words ask: not a word an earlier turn carried, "pothole")
+        asked = {k for k in need.own if k in need.codes or span_of(need.asked, [k])} if best.sentence.row else need.codes
+        held = {k for k in asked if v.covers(k, best.sentence.stems)}
+        in_passage = [c for c in in_passage if c is best or (not c.sentence.row and not need.codes & held)
+                      or all(v.covers(k, c.sentence.stems) for k in held)]
         before = [c for c in in_passage if c.sentence.position == best.sentence.position - 1]
         if before and before[0].coverage >= max(self.min_coverage, best.coverage - PRECEDING_MARGIN) and (
                 not need.must_amount or before[0].sentence.has_currency):

@@ -43,7 +43,7 @@ MAGIC = b"RCA1"
 #: older version are stale (read from the text in the turn until ``ragchat_reembed --analysis``).
 #: An edit elsewhere keeps them. ``tests/test_stored_reading.py`` reads a fixed corpus with
 #: fixed language data and fails, naming this constant, when the readings change without it.
-READING_VERSION = 10
+READING_VERSION = 11
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def stored_key(blob: bytes | memoryview | None) -> str:
 def _sentence_row(s: Sentence, sets: dict[frozenset[str], int]) -> list:
     """A sentence as a JSON row; its word positions' stem sets as indexes into the chunk's
     ``sets`` (a word's stems repeat: decoded once a chunk)."""
-    flags = s.has_currency | s.has_number << 1 | s.has_money << 2 | s.item << 3
+    flags = s.has_currency | s.has_number << 1 | s.has_money << 2 | s.item << 3 | s.row << 4
     sequence = [sets.setdefault(found, len(sets)) for found in s.sequence]
     return [s.text, s.position, flags, list(s.names), sorted(s.stems), sequence, sorted(s.loose)]
 
@@ -176,7 +176,8 @@ def _decoded(blob: bytes, key: str, space: str, source: tuple[str, str, str] | N
     sentences = tuple(
         Sentence(text=text, position=position, stems=frozenset(st), has_currency=bool(flags & 1),
                  has_number=bool(flags & 2), names=tuple(names), sequence=tuple(map(sets.__getitem__, sequence)),
-                 has_money=bool(flags & 4), loose=frozenset(loose), item=bool(flags & 8))
+                 has_money=bool(flags & 4), loose=frozenset(loose), item=bool(flags & 8),
+                 row=bool(flags & 16))
         for text, position, flags, names, st, sequence, loose in head["sentences"])
     vectors: dict[str, np.ndarray] = {}
     texts = head["texts"]
